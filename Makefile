@@ -1,0 +1,47 @@
+# Makefile for the idempotency extension (PGXS)
+
+EXTENSION = idempotency
+EXTVERSION = $(shell grep default_version $(EXTENSION).control | sed -e "s/default_version[[:space:]]*=[[:space:]]*'\([^']*\)'/\1/")
+
+MODULE_big = idempotency
+OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
+HEADERS_src = src/idempotency.h
+
+DATA = $(sort $(wildcard $(EXTENSION)--*.sql))
+
+# pg_regress: sql/*.sql against expected/*.out, on a throwaway instance
+REGRESS = $(patsubst sql/%.sql,%,$(sort $(wildcard sql/*.sql)))
+REGRESS_OPTS = --temp-config=test/idempotency.conf \
+	--temp-instance=./tmp_check_regress --port=$(TEST_PORT)
+
+# pg_isolation_regress: test/specs/*.spec against test/expected/*.out
+ISOLATION = $(patsubst test/specs/%.spec,%,$(sort $(wildcard test/specs/*.spec)))
+ISOLATION_OPTS = --inputdir=test --outputdir=output_iso \
+	--temp-config=test/idempotency.conf \
+	--temp-instance=./tmp_check_iso --port=$(TEST_PORT_ISO)
+
+# TAP tests (PostgreSQL::Test::Cluster) live in test/t
+TAP_TESTS = 1
+PROVE_TESTS = $(sort $(wildcard test/t/*.pl))
+
+TEST_PORT ?= 54391
+TEST_PORT_ISO ?= 54392
+
+EXTRA_CLEAN = tmp_check_regress tmp_check_iso output_iso results regression.diffs regression.out
+
+PG_CPPFLAGS = -I$(srcdir)/src
+PG_CFLAGS = -Wall -Wmissing-prototypes -Wpointer-arith -Wendif-labels \
+	-Wmissing-format-attribute -Wformat-security -Wno-unused-parameter
+
+PG_CONFIG ?= pg_config
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# pgTAP contract tests, against the server named by PGHOST/PGPORT
+.PHONY: pgtap
+pgtap:
+	pg_prove --ext .sql -v test/pgtap/
+
+ifeq ($(shell test $(VERSION_NUM) -lt 130000 && echo old),old)
+$(error idempotency requires PostgreSQL 13 or later)
+endif
