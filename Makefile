@@ -5,7 +5,6 @@ EXTVERSION = $(shell grep default_version $(EXTENSION).control | sed -e "s/defau
 
 MODULE_big = idempotency
 OBJS = $(patsubst %.c,%.o,$(sort $(wildcard src/*.c)))
-HEADERS_src = src/idempotency.h
 
 DATA = $(sort $(wildcard $(EXTENSION)--*.sql))
 
@@ -30,8 +29,7 @@ TEST_PORT_ISO ?= 54392
 EXTRA_CLEAN = tmp_check_regress tmp_check_iso output_iso results regression.diffs regression.out
 
 PG_CPPFLAGS = -I$(srcdir)/src
-PG_CFLAGS = -Wall -Wmissing-prototypes -Wpointer-arith -Wendif-labels \
-	-Wmissing-format-attribute -Wformat-security -Wno-unused-parameter
+PG_CFLAGS = -Wno-unused-parameter
 
 PG_CONFIG ?= pg_config
 PGXS := $(shell $(PG_CONFIG) --pgxs)

@@ -1,0 +1,199 @@
+/*-------------------------------------------------------------------------
+ *
+ * consume.c
+ *	  The processed-message ledger: idem_consume_message() and
+ *	  idem_consume_messages().
+ *
+ * A message is identified by (calling role, consumer, message id).  The
+ * first transaction to consume it records it and gets true; any later one
+ * gets false once the first has committed, and waits for it while it is
+ * still open, so false is never answered for work that may yet roll back.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/consume.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
+
+PG_FUNCTION_INFO_V1(idem_consume_message);
+PG_FUNCTION_INFO_V1(idem_consume_messages);
+
+/* One element of a batch, in the order it is recorded */
+typedef struct IdemBatchItem
+{
+	pg_uuid_t	digest;
+	int			position;		/* index in the input array */
+} IdemBatchItem;
+
+static int	IdemBatchItemCmp(const void *a, const void *b);
+
+/*
+ * idem_consume_message(consumer text, message_id text, ttl interval)
+ *		RETURNS boolean
+ *
+ * True: first delivery, recorded in this transaction.  False: already
+ * consumed (by a committed transaction, or earlier in this one).
+ */
+Datum
+idem_consume_message(PG_FUNCTION_ARGS)
+{
+	text	   *consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
+	text	   *message_id = IdemCheckKeyArg(fcinfo, 1, "message_id");
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz expires_at;
+	pg_uuid_t	digest;
+
+	expires_at = IdemExpiresAt(fcinfo, 2, now, idem_message_ttl,
+							   "idempotency.message_ttl");
+	IdemCheckWritable("idem_consume_message()");
+
+	IdemComputeDigest(VARDATA_ANY(consumer), VARSIZE_ANY_EXHDR(consumer),
+					  VARDATA_ANY(message_id), VARSIZE_ANY_EXHDR(message_id),
+					  &digest);
+
+	PG_RETURN_BOOL(IdemRecordMessage(GetUserId(), &digest, now, expires_at) ==
+				   IDEM_ABSENT);
+}
+
+/*
+ * idem_consume_messages(consumer text, message_ids text[], ttl interval)
+ *		RETURNS SETOF text
+ *
+ * Records every id of the batch and returns those that were new, each once,
+ * in input order.  Every element is checked before anything is recorded.
+ * The ids are recorded in digest order, so that concurrent batches sharing
+ * ids wait for each other instead of deadlocking.
+ */
+Datum
+idem_consume_messages(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz expires_at;
+	ArrayType  *ids;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			nelems;
+	IdemBatchItem *items;
+	bool	   *is_new;
+	TupleDesc	tupdesc;
+	Tuplestorestate *tupstore;
+	MemoryContext oldcontext;
+	Oid			role = GetUserId();
+	int			i;
+
+	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
+		(rsinfo->allowedModes & SFRM_Materialize) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("set-valued function called in context that cannot accept a set")));
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("message_ids must not be null")));
+	ids = PG_GETARG_ARRAYTYPE_P(1);
+	if (ARR_NDIM(ids) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("message_ids must be a one-dimensional array")));
+	expires_at = IdemExpiresAt(fcinfo, 2, now, idem_message_ttl,
+							   "idempotency.message_ttl");
+
+	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &nulls, &nelems);
+
+	/* check everything before recording anything */
+	items = palloc(Max(nelems, 1) * sizeof(IdemBatchItem));
+	for (i = 0; i < nelems; i++)
+	{
+		text	   *id;
+		int			len;
+
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("message_ids must not contain nulls"),
+					 errdetail("Element %d is null.", i + 1)));
+		id = DatumGetTextPP(elems[i]);
+		len = VARSIZE_ANY_EXHDR(id);
+		if (len == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("message_id must not be empty"),
+					 errdetail("Element %d is empty.", i + 1)));
+		if (len > idem_max_key_length)
+			ereport(ERROR,
+					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+					 errmsg("message_id is too long"),
+					 errdetail("Element %d is %d bytes long; the limit is %d bytes.",
+							   i + 1, len, idem_max_key_length),
+					 errhint("Raise %s, or send a shorter value such as a hash.",
+							 "idempotency.max_key_length")));
+		IdemComputeDigest(VARDATA_ANY(consumer), VARSIZE_ANY_EXHDR(consumer),
+						  VARDATA_ANY(id), len, &items[i].digest);
+		items[i].position = i;
+	}
+	IdemCheckWritable("idem_consume_messages()");
+
+	/* record in digest order; of equal ids, the first one in the input wins */
+	qsort(items, nelems, sizeof(IdemBatchItem), IdemBatchItemCmp);
+	is_new = palloc0(Max(nelems, 1) * sizeof(bool));
+	for (i = 0; i < nelems; i++)
+	{
+		if (i > 0 && memcmp(&items[i].digest, &items[i - 1].digest,
+							IDEM_DIGEST_LEN) == 0)
+			continue;
+		is_new[items[i].position] =
+			IdemRecordMessage(role, &items[i].digest, now, expires_at) == IDEM_ABSENT;
+	}
+
+	/* return the new ones in input order */
+	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
+	tupdesc = CreateTemplateTupleDesc(1);
+	TupleDescInitEntry(tupdesc, (AttrNumber) 1, "message_id", TEXTOID, -1, 0);
+	tupstore = tuplestore_begin_heap(true, false, work_mem);
+	MemoryContextSwitchTo(oldcontext);
+
+	for (i = 0; i < nelems; i++)
+	{
+		bool		isnull = false;
+
+		if (is_new[i])
+			tuplestore_putvalues(tupstore, tupdesc, &elems[i], &isnull);
+	}
+
+	rsinfo->returnMode = SFRM_Materialize;
+	rsinfo->setResult = tupstore;
+	rsinfo->setDesc = tupdesc;
+
+	pfree(items);
+	pfree(is_new);
+	return (Datum) 0;
+}
+
+/* orders batch items by digest, then by input position */
+static int
+IdemBatchItemCmp(const void *a, const void *b)
+{
+	const IdemBatchItem *x = (const IdemBatchItem *) a;
+	const IdemBatchItem *y = (const IdemBatchItem *) b;
+	int			c = memcmp(&x->digest, &y->digest, IDEM_DIGEST_LEN);
+
+	if (c != 0)
+		return c;
+	return (x->position > y->position) - (x->position < y->position);
+}

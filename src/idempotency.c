@@ -1,0 +1,187 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.c
+ *	  Module initialization, settings, and the argument checks every SQL
+ *	  function of the extension shares.
+ *
+ * _PG_init only defines the settings and delegates to the subsystems.  The
+ * extension works without shared_preload_libraries: nothing here needs
+ * shared memory.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/idempotency.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/timestamp.h"
+
+PG_MODULE_MAGIC;
+
+/* Settings; durations in seconds */
+int			idem_message_ttl = 7 * SECS_PER_DAY;
+int			idem_key_ttl = SECS_PER_DAY;
+int			idem_max_ttl = 30 * SECS_PER_DAY;
+int			idem_partition_interval = SECS_PER_HOUR;
+int			idem_premake = 1;
+int			idem_max_key_length = 255;
+
+void		_PG_init(void);
+
+/*
+ * _PG_init defines the settings and initializes the subsystems.
+ */
+void
+_PG_init(void)
+{
+	DefineCustomIntVariable("idempotency.message_ttl",
+							gettext_noop("Sets how long a consumed message id is remembered when idem_consume_message() gets no ttl."),
+							gettext_noop("It also sizes the partitions of the message ledger."),
+							&idem_message_ttl,
+							7 * SECS_PER_DAY, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.key_ttl",
+							gettext_noop("Sets how long an idempotency key lives when idem_claim() gets no ttl."),
+							gettext_noop("It also sizes the partitions of the key ledger."),
+							&idem_key_ttl,
+							SECS_PER_DAY, 1, INT_MAX,
+							PGC_USERSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_ttl",
+							gettext_noop("Sets the longest ttl a key or message may be given."),
+							NULL,
+							&idem_max_ttl,
+							30 * SECS_PER_DAY, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.partition_interval",
+							gettext_noop("Sets how often a partition of each ledger becomes droppable."),
+							gettext_noop("Applies to partitions made from now on; existing partitions keep their ranges."),
+							&idem_partition_interval,
+							SECS_PER_HOUR, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.premake",
+							gettext_noop("Sets how many partitions per lane are made ahead beyond the default ttl."),
+							NULL,
+							&idem_premake,
+							1, 0, 64,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_key_length",
+							gettext_noop("Sets the longest key, message id, consumer or scope accepted, in bytes."),
+							NULL,
+							&idem_max_key_length,
+							255, 1, 1024 * 1024,
+							PGC_SUSET, 0,
+							NULL, NULL, NULL);
+
+	MarkGUCPrefixReserved("idempotency");
+
+	IdemStorageInit();
+}
+
+/*
+ * IdemCheckKeyArg returns text argument "argno", named "argname" in error
+ * messages, after checking that it is not NULL, not empty and not longer
+ * than idempotency.max_key_length.
+ */
+text *
+IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	text	   *t;
+	int			len;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname)));
+
+	t = PG_GETARG_TEXT_PP(argno);
+	len = VARSIZE_ANY_EXHDR(t);
+	if (len == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", argname)));
+	if (len > idem_max_key_length)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", argname),
+				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
+						   argname, len, idem_max_key_length),
+				 errhint("Raise %s, or send a shorter value such as a hash.",
+						 "idempotency.max_key_length")));
+	return t;
+}
+
+/*
+ * IdemExpiresAt computes the expiry of a row written at "now" from the ttl
+ * argument "argno" (an interval, or NULL for the default ttl setting named
+ * "default_ttl_name"), checking that it is positive and within
+ * idempotency.max_ttl.
+ */
+TimestampTz
+IdemExpiresAt(FunctionCallInfo fcinfo, int argno, TimestampTz now,
+			  int default_ttl, const char *default_ttl_name)
+{
+	TimestampTz expires_at;
+	TimestampTz limit = now + (int64) idem_max_ttl * USECS_PER_SEC;
+
+	if (PG_ARGISNULL(argno))
+	{
+		if (default_ttl > idem_max_ttl)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("%s exceeds %s", default_ttl_name, "idempotency.max_ttl"),
+					 errdetail("%s is %d seconds; %s is %d seconds.",
+							   default_ttl_name, default_ttl,
+							   "idempotency.max_ttl", idem_max_ttl)));
+		return now + (int64) default_ttl * USECS_PER_SEC;
+	}
+
+	expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														 TimestampTzGetDatum(now),
+														 PG_GETARG_DATUM(argno)));
+	if (expires_at <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be a positive interval")));
+	if (expires_at > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl exceeds %s", "idempotency.max_ttl"),
+				 errdetail("The limit is %d seconds.", idem_max_ttl),
+				 errhint("Pass a shorter ttl, or raise %s.", "idempotency.max_ttl")));
+	return expires_at;
+}
+
+/*
+ * IdemCheckWritable raises the usual errors for a write attempted on a
+ * standby, in a read-only transaction or in parallel mode.
+ */
+void
+IdemCheckWritable(const char *funcname)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s during recovery", funcname),
+				 errhint("Call it on the primary server.")));
+	PreventCommandIfReadOnly(funcname);
+	PreventCommandIfParallelMode(funcname);
+}

@@ -1,0 +1,145 @@
+/*-------------------------------------------------------------------------
+ *
+ * idempotency.h
+ *	  Declarations shared by the files of the idempotency extension.
+ *
+ * The extension keeps two ledgers (processed messages and idempotency keys)
+ * in range-partitioned tables of schema "idempotency".  Every file below
+ * owns one concern; this header is the only place their interfaces meet.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/idempotency.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_H
+#define IDEMPOTENCY_H
+
+#include "postgres.h"
+
+#include "datatype/timestamp.h"
+#include "storage/itemptr.h"
+#include "storage/lock.h"
+#include "utils/relcache.h"
+#include "utils/uuid.h"
+
+#define IDEM_SCHEMA_NAME	"idempotency"
+
+/* ----------------------------------------------------------------
+ * Settings (idempotency.c).  Durations are in seconds.
+ * ----------------------------------------------------------------
+ */
+extern int	idem_message_ttl;
+extern int	idem_key_ttl;
+extern int	idem_max_ttl;
+extern int	idem_partition_interval;
+extern int	idem_premake;
+extern int	idem_max_key_length;
+
+/* ----------------------------------------------------------------
+ * Ledger identity and hashing (keyhash.c)
+ * ----------------------------------------------------------------
+ */
+
+/* The ledgers.  Each has its own partitioned table. */
+typedef enum IdemLedger
+{
+	IDEM_LEDGER_MESSAGES = 0,
+	IDEM_LEDGER_KEYS,
+	IDEM_NUM_LEDGERS
+} IdemLedger;
+
+/* Digest of (namespace, key): first 16 bytes of SHA-256, stored as uuid. */
+#define IDEM_DIGEST_LEN		UUID_LEN
+
+/* Upper bound on hash lanes per ledger (see storage.c) */
+#define IDEM_MAX_LANES		64
+
+/* Kinds of lock tags the extension uses (LOCKTAG_ADVISORY, field4) */
+#define IDEM_LOCK_KEY		0x4944	/* one key of one role: probe + insert */
+#define IDEM_LOCK_CREATE	0x4945	/* creating storage of one ledger */
+#define IDEM_LOCK_MAINTAIN	0x4946	/* one idem_maintain() run per database */
+
+extern void IdemComputeDigest(const char *ns, int nslen,
+							  const char *key, int keylen,
+							  pg_uuid_t *digest);
+extern int16 IdemLaneValue(const pg_uuid_t *digest, int lanes);
+extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
+							  const pg_uuid_t *digest);
+extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
+
+/* ----------------------------------------------------------------
+ * Argument checks shared by the SQL functions (idempotency.c)
+ * ----------------------------------------------------------------
+ */
+extern text *IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno,
+							 const char *argname);
+extern TimestampTz IdemExpiresAt(FunctionCallInfo fcinfo, int argno,
+								 TimestampTz now, int default_ttl,
+								 const char *default_ttl_name);
+extern void IdemCheckWritable(const char *funcname);
+
+/* ----------------------------------------------------------------
+ * Partitioned storage (storage.c)
+ * ----------------------------------------------------------------
+ */
+
+/* One attached partition of a ledger: one lane, one range of expires_at */
+typedef struct IdemPartition
+{
+	Oid			relid;
+	int16		lane;			/* (lanes << 8) | lane number */
+	TimestampTz lower;			/* inclusive */
+	TimestampTz upper;			/* exclusive; droppable once upper <= now */
+} IdemPartition;
+
+/* The layout new partitions get under the current settings */
+typedef struct IdemLayout
+{
+	int			lanes;			/* hash lanes */
+	int64		interval_us;	/* stagger between lanes */
+	int64		width_us;		/* range of one partition = lanes * interval */
+} IdemLayout;
+
+extern void IdemStorageInit(void);
+extern Oid	IdemLedgerParent(IdemLedger ledger, bool create);
+extern const char *IdemLedgerName(IdemLedger ledger);
+extern int	IdemLedgerDefaultTtl(IdemLedger ledger);
+extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);
+extern uint64 IdemPartitionsGeneration(void);
+extern int	IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
+									 TimestampTz now, IdemPartition *out,
+									 int maxout);
+extern bool IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
+							 TimestampTz expires_at, IdemPartition *out);
+extern bool IdemLanePartitionAt(IdemLedger ledger, int16 lane, TimestampTz t,
+								IdemPartition *out);
+extern bool IdemLedgerDefined(IdemLedger ledger);
+extern List *IdemAllPartitions(IdemLedger ledger);
+extern Oid	IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
+								int lane_number, TimestampTz lower);
+extern void IdemPartitionBounds(const IdemLayout *layout, int lane_number,
+								TimestampTz t, TimestampTz *lower,
+								TimestampTz *upper);
+extern bool IdemDropPartition(Oid relid, int lock_timeout_ms);
+extern void IdemEnsureExtensionDependency(IdemLedger ledger);
+
+/* ----------------------------------------------------------------
+ * The dedup protocol: key lock, dirty probe of live partitions, insert
+ * (probe.c)
+ * ----------------------------------------------------------------
+ */
+typedef enum IdemProbeStatus
+{
+	IDEM_ABSENT,				/* no live row: caller may insert */
+	IDEM_FOUND_OWN,				/* live row written by this transaction */
+	IDEM_FOUND_COMMITTED		/* live row committed by another transaction */
+} IdemProbeStatus;
+
+extern IdemProbeStatus IdemRecordMessage(Oid role, const pg_uuid_t *digest,
+										 TimestampTz now,
+										 TimestampTz expires_at);
+
+#endif							/* IDEMPOTENCY_H */

@@ -1,0 +1,104 @@
+/*-------------------------------------------------------------------------
+ *
+ * keyhash.c
+ *	  Digests of keys, hash lanes and the lock tags derived from them.
+ *
+ * A ledger row does not store the caller's key text: it stores a 16-byte
+ * digest, the first half of SHA-256 over the key's namespace (the consumer
+ * of a message, the scope of an idempotency key) and the key itself.  That
+ * keeps rows and index entries small and fixed-width whatever the keys look
+ * like.  SHA-256 is used rather than a fast non-cryptographic hash so that a
+ * tenant who chooses its own message ids cannot construct a collision with
+ * another tenant's id in the same namespace.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/keyhash.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "common/cryptohash.h"
+#include "common/sha2.h"
+#include "miscadmin.h"
+#include "port/pg_bswap.h"
+
+/*
+ * IdemComputeDigest computes the digest of key "key" in namespace "ns".
+ *
+ * The namespace length is hashed first, so that ("ab", "c") and ("a", "bc")
+ * never share a digest.
+ */
+void
+IdemComputeDigest(const char *ns, int nslen, const char *key, int keylen,
+				  pg_uuid_t *digest)
+{
+	pg_cryptohash_ctx *ctx;
+	uint8		full[PG_SHA256_DIGEST_LENGTH];
+	uint32		nslen_be = pg_hton32((uint32) nslen);
+
+	ctx = pg_cryptohash_create(PG_SHA256);
+	if (pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) &nslen_be, sizeof(nslen_be)) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) ns, nslen) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) key, keylen) < 0 ||
+		pg_cryptohash_final(ctx, full, sizeof(full)) < 0)
+	{
+		pg_cryptohash_free(ctx);
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not compute SHA-256 digest of idempotency key")));
+	}
+	pg_cryptohash_free(ctx);
+
+	memcpy(digest->data, full, IDEM_DIGEST_LEN);
+}
+
+/*
+ * IdemLaneValue returns the value of the "lane" partition column for a digest
+ * under a layout with "lanes" hash lanes.
+ *
+ * The lane count is encoded in the value ((lanes << 8) | lane number), so
+ * partitions made under different settings never share a lane value and a
+ * key can be looked up under every layout that still has live partitions.
+ */
+int16
+IdemLaneValue(const pg_uuid_t *digest, int lanes)
+{
+	uint32		h;
+
+	Assert(lanes >= 1 && lanes <= IDEM_MAX_LANES);
+	memcpy(&h, digest->data + 12, sizeof(h));
+	return (int16) ((lanes << 8) | (int) (h % (uint32) lanes));
+}
+
+/*
+ * IdemSetKeyLockTag fills in the lock tag that serializes the probe and
+ * insert of one key of one role in one ledger.
+ *
+ * Distinct keys may share a tag (64 bits of hash); that only makes two
+ * callers wait for each other for the length of a probe.
+ */
+void
+IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
+				  const pg_uuid_t *digest)
+{
+	uint64		h;
+
+	memcpy(&h, digest->data, sizeof(h));
+	h ^= ((uint64) role * UINT64CONST(0x9E3779B97F4A7C15)) + (uint64) ledger;
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 IDEM_LOCK_KEY);
+}
+
+/*
+ * IdemSetLedgerLockTag fills in a per-ledger (or, for IDEM_LOCK_MAINTAIN,
+ * per-database) lock tag of the given kind.
+ */
+void
+IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind)
+{
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) ledger, 0, kind);
+}

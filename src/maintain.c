@@ -1,0 +1,150 @@
+/*-------------------------------------------------------------------------
+ *
+ * maintain.c
+ *	  idem_maintain(): make partitions ahead, drop expired ones.
+ *
+ * One run, in the caller's transaction:
+ *	- for every lane of the current layout, make partitions so that
+ *	  [now, now + default ttl + premake partition widths) is covered;
+ *	- drop every partition whose range has ended (upper bound <= now).  All
+ *	  its rows have expired, and calls on the ledgers never lock the parent
+ *	  nor expired partitions, so the drop waits for nobody and blocks nobody;
+ *	  if its locks cannot be had within a moment (a pg_dump, a long query on
+ *	  the parent) it is left for the next run.
+ *
+ * Runs are serialized per database by a lock taken without waiting: a run
+ * that finds another one in progress returns at once.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/maintain.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/htup_details.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "utils/inval.h"
+#include "utils/timestamp.h"
+
+PG_FUNCTION_INFO_V1(idem_maintain);
+
+/* How long a drop may wait for its locks before it is left for next time */
+#define IDEM_DROP_LOCK_TIMEOUT_MS	100
+
+static int	IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now);
+static int	IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now);
+
+/*
+ * idem_maintain(OUT partitions_created int, OUT partitions_dropped int)
+ */
+Datum
+idem_maintain(PG_FUNCTION_ARGS)
+{
+	TupleDesc	tupdesc;
+	Datum		values[2];
+	bool		nulls[2] = {false, false};
+	LOCKTAG		tag;
+	int			created = 0;
+	int			dropped = 0;
+	TimestampTz now;
+	int			ledger;
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+
+	IdemCheckWritable("idem_maintain()");
+
+	IdemSetLedgerLockTag(&tag, 0, IDEM_LOCK_MAINTAIN);
+	if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+	{
+		ereport(NOTICE,
+				(errmsg("idem_maintain() is already running in this database, skipping")));
+	}
+	else
+	{
+		now = GetCurrentTimestamp();
+		for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+		{
+			if (!IdemLedgerDefined(ledger))
+				continue;
+			(void) IdemLedgerParent(ledger, true);
+			IdemEnsureExtensionDependency(ledger);
+			created += IdemMakePartitionsAhead(ledger, now);
+			dropped += IdemDropExpiredPartitions(ledger, now);
+		}
+	}
+
+	values[0] = Int32GetDatum(created);
+	values[1] = Int32GetDatum(dropped);
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/*
+ * IdemMakePartitionsAhead makes the missing partitions of every lane of the
+ * current layout up to the horizon.  Returns how many it made.
+ */
+static int
+IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now)
+{
+	IdemLayout	layout;
+	TimestampTz horizon;
+	int			created = 0;
+	int			lane_number;
+
+	IdemCurrentLayout(ledger, &layout);
+	horizon = now + (int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC +
+		idem_premake * layout.width_us;
+
+	for (lane_number = 0; lane_number < layout.lanes; lane_number++)
+	{
+		int16		lane = (int16) ((layout.lanes << 8) | lane_number);
+		TimestampTz t = now;
+
+		while (t < horizon)
+		{
+			IdemPartition p;
+
+			CHECK_FOR_INTERRUPTS();
+			if (!IdemLanePartitionAt(ledger, lane, t, &p))
+			{
+				(void) IdemCreatePartition(ledger, &layout, lane_number, t);
+				created++;
+				AcceptInvalidationMessages();
+				if (!IdemLanePartitionAt(ledger, lane, t, &p))
+					elog(ERROR, "partition made for lane %d is not in the partition cache",
+						 (int) lane);
+			}
+			t = p.upper;
+		}
+	}
+	return created;
+}
+
+/*
+ * IdemDropExpiredPartitions drops the partitions of a ledger whose range has
+ * ended.  Returns how many it dropped.
+ */
+static int
+IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
+{
+	List	   *partitions = IdemAllPartitions(ledger);
+	ListCell   *lc;
+	int			dropped = 0;
+
+	foreach(lc, partitions)
+	{
+		IdemPartition *p = (IdemPartition *) lfirst(lc);
+
+		CHECK_FOR_INTERRUPTS();
+		if (p->upper <= now &&
+			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS))
+			dropped++;
+	}
+	list_free_deep(partitions);
+	return dropped;
+}

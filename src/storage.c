@@ -1,0 +1,859 @@
+/*-------------------------------------------------------------------------
+ *
+ * storage.c
+ *	  The partitioned tables of the ledgers: their creation, the backend's
+ *	  cache of their live partitions, and partition DDL.
+ *
+ * Each ledger is one table partitioned by RANGE (lane, expires_at).  A
+ * partition holds one lane and one range of expiry times.  A row's lane is
+ * a hash of its digest, so a key only ever lives in the partitions of its
+ * own lane, and a lookup touches the two or three live partitions of that
+ * lane however many partitions the ledger has.  Lane boundaries are
+ * staggered by one partition interval, so one lane partition becomes
+ * droppable every interval (see README, "How it works").
+ *
+ * The tables are created on first use, not by the extension script: they
+ * are not extension members, which keeps pg_dump/pg_restore of them and of
+ * partitions made at run time working.  An AUTO dependency on the extension
+ * makes DROP EXTENSION remove them.
+ *
+ * The list of partitions is read from pg_inherits and pg_class.relpartbound
+ * without locking the parent, and cached per backend until a relcache
+ * invalidation of the parent (sent by ATTACH, DETACH and DROP of any of its
+ * partitions) arrives.  Calls that use the ledgers never lock the parent, so
+ * DDL on the parent never waits for them and never blocks them.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/storage.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/dependency.h"
+#include "catalog/indexing.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_depend.h"
+#include "catalog/pg_extension.h"
+#include "catalog/pg_inherits.h"
+#include "catalog/pg_namespace.h"
+#include "commands/extension.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/datetime.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/syscache.h"
+
+/* Partition boundaries are aligned to the Unix epoch */
+#define IDEM_ORIGIN \
+	((TimestampTz) (UNIX_EPOCH_JDATE - POSTGRES_EPOCH_JDATE) * USECS_PER_DAY)
+
+/* What one ledger's table looks like */
+typedef struct IdemLedgerDef
+{
+	const char *name;			/* table name in schema idempotency */
+	const char *columns;		/* column list of CREATE TABLE */
+	const char *indexes;		/* index definitions, "%s" = table name */
+	const char *comment;
+} IdemLedgerDef;
+
+static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
+	[IDEM_LEDGER_MESSAGES] = {
+		"messages",
+		"expires_at pg_catalog.timestamptz NOT NULL, "
+		"digest pg_catalog.uuid NOT NULL, "
+		"role pg_catalog.regrole NOT NULL, "
+		"lane pg_catalog.int2 NOT NULL",
+		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest)",
+		"Processed-message ledger of idem_consume_message(); managed by the idempotency extension."
+	},
+	[IDEM_LEDGER_KEYS] = {
+		"keys", NULL, NULL, NULL
+	},
+};
+
+/* The backend's view of one ledger */
+typedef struct IdemLedgerCache
+{
+	bool		valid;
+	Oid			parent;			/* InvalidOid if the table does not exist */
+	int			npartitions;
+	IdemPartition *partitions;	/* sorted by (lane, lower) */
+	int			nlayouts;
+	int			layouts[IDEM_MAX_LANES];	/* distinct lane counts present */
+} IdemLedgerCache;
+
+static IdemLedgerCache ledger_cache[IDEM_NUM_LEDGERS];
+static MemoryContext IdemCacheContext = NULL;
+static uint64 cache_generation = 0;
+
+static void IdemRelcacheCallback(Datum arg, Oid relid);
+static IdemLedgerCache *IdemGetLedgerCache(IdemLedger ledger);
+static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
+static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
+						  TimestampTz *lower, TimestampTz *upper);
+static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
+static void IdemExecAsOwner(const char *sql, int lock_timeout_ms);
+static void IdemAppendTimestamp(StringInfo buf, TimestampTz t);
+
+/*
+ * IdemStorageInit registers the relcache callback that invalidates the
+ * partition cache.  Called once from _PG_init.
+ */
+void
+IdemStorageInit(void)
+{
+	CacheRegisterRelcacheCallback(IdemRelcacheCallback, (Datum) 0);
+}
+
+/*
+ * IdemRelcacheCallback marks a ledger's cache stale when its parent table's
+ * relcache entry is invalidated, which PostgreSQL does whenever a partition
+ * is attached, detached or dropped.  No catalog access here.
+ */
+static void
+IdemRelcacheCallback(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+	{
+		if (relid == InvalidOid || relid == ledger_cache[i].parent)
+		{
+			ledger_cache[i].valid = false;
+			cache_generation++;
+		}
+	}
+}
+
+const char *
+IdemLedgerName(IdemLedger ledger)
+{
+	return ledger_defs[ledger].name;
+}
+
+/*
+ * IdemLedgerDefaultTtl returns the default ttl (seconds) of a ledger, which
+ * also sizes its partitions.
+ */
+int
+IdemLedgerDefaultTtl(IdemLedger ledger)
+{
+	return ledger == IDEM_LEDGER_MESSAGES ? idem_message_ttl : idem_key_ttl;
+}
+
+/*
+ * IdemCurrentLayout computes the layout that new partitions of a ledger get
+ * under the current settings: as many lanes as partition intervals fit in
+ * the ledger's default ttl (at most IDEM_MAX_LANES), each partition spanning
+ * lanes * interval.  A row written with the default ttl then lands in the
+ * second live partition of its lane, and lookups probe two or three.
+ */
+void
+IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout)
+{
+	int64		ttl = IdemLedgerDefaultTtl(ledger);
+	int64		interval = idem_partition_interval;
+	int64		lanes;
+
+	lanes = (ttl + interval / 2) / interval;
+	lanes = Max(lanes, 1);
+	lanes = Min(lanes, IDEM_MAX_LANES);
+
+	layout->lanes = (int) lanes;
+	layout->interval_us = interval * USECS_PER_SEC;
+	layout->width_us = lanes * interval * USECS_PER_SEC;
+}
+
+/*
+ * IdemPartitionBounds returns the aligned range of lane "lane_number" of a
+ * layout that contains time t.
+ */
+void
+IdemPartitionBounds(const IdemLayout *layout, int lane_number, TimestampTz t,
+					TimestampTz *lower, TimestampTz *upper)
+{
+	TimestampTz offset = IDEM_ORIGIN + lane_number * layout->interval_us;
+	int64		k;
+
+	k = (t - offset) / layout->width_us;
+	if ((t - offset) < 0 && (t - offset) % layout->width_us != 0)
+		k--;					/* floor division */
+	*lower = offset + k * layout->width_us;
+	*upper = *lower + layout->width_us;
+}
+
+/*
+ * IdemPartitionsGeneration returns a counter that changes whenever any
+ * ledger cache is rebuilt; callers holding copies of cache entries compare
+ * it before and after taking locks.
+ */
+uint64
+IdemPartitionsGeneration(void)
+{
+	return cache_generation;
+}
+
+static IdemLedgerCache *
+IdemGetLedgerCache(IdemLedger ledger)
+{
+	IdemLedgerCache *cache = &ledger_cache[ledger];
+
+	if (!cache->valid)
+		IdemRebuildLedgerCache(ledger, cache);
+	return cache;
+}
+
+/*
+ * IdemRebuildLedgerCache reads the ledger's partitions from the catalogs.
+ *
+ * Partitions whose detach is pending and partitions whose bounds are not of
+ * the (lane, lane) x (lower, upper) shape this extension makes are ignored.
+ */
+static void
+IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
+{
+	Oid			nspid;
+	Oid			parent = InvalidOid;
+	Relation	inhrel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tup;
+	int			allocated = 16;
+	int			n = 0;
+	IdemPartition *parts;
+	MemoryContext oldcxt;
+	int			i;
+
+	if (IdemCacheContext == NULL)
+		IdemCacheContext = AllocSetContextCreate(CacheMemoryContext,
+												 "idempotency partition cache",
+												 ALLOCSET_SMALL_SIZES);
+
+	/* Free the previous contents of this ledger's cache */
+	if (cache->partitions)
+		pfree(cache->partitions);
+	cache->partitions = NULL;
+	cache->npartitions = 0;
+	cache->nlayouts = 0;
+	cache_generation++;
+
+	/*
+	 * Mark valid before reading: an invalidation that arrives while we read
+	 * marks it stale again, and the next caller reads once more.
+	 */
+	cache->valid = true;
+
+	nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+	if (OidIsValid(nspid))
+		parent = get_relname_relid(ledger_defs[ledger].name, nspid);
+	cache->parent = parent;
+	if (!OidIsValid(parent))
+	{
+		/* nothing to cache; look again next time */
+		cache->valid = false;
+		return;
+	}
+
+	parts = MemoryContextAlloc(IdemCacheContext,
+							   allocated * sizeof(IdemPartition));
+
+	inhrel = table_open(InheritsRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_inherits_inhparent, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(parent));
+	scan = systable_beginscan(inhrel, InheritsParentIndexId, true, NULL,
+							  1, &key);
+	while ((tup = systable_getnext(scan)) != NULL)
+	{
+		Form_pg_inherits inh = (Form_pg_inherits) GETSTRUCT(tup);
+		HeapTuple	reltup;
+		Datum		datum;
+		bool		isnull;
+		PartitionBoundSpec *spec;
+		IdemPartition p;
+
+		if (inh->inhdetachpending)
+			continue;
+		reltup = SearchSysCache1(RELOID, ObjectIdGetDatum(inh->inhrelid));
+		if (!HeapTupleIsValid(reltup))
+			continue;
+		datum = SysCacheGetAttr(RELOID, reltup, Anum_pg_class_relpartbound,
+								&isnull);
+		if (isnull)
+		{
+			ReleaseSysCache(reltup);
+			continue;
+		}
+		spec = (PartitionBoundSpec *) stringToNode(TextDatumGetCString(datum));
+		ReleaseSysCache(reltup);
+		if (!IsA(spec, PartitionBoundSpec) ||
+			!IdemReadBound(spec, &p.lane, &p.lower, &p.upper))
+			continue;
+		p.relid = inh->inhrelid;
+
+		if (n == allocated)
+		{
+			allocated *= 2;
+			parts = repalloc(parts, allocated * sizeof(IdemPartition));
+		}
+		parts[n++] = p;
+	}
+	systable_endscan(scan);
+	table_close(inhrel, AccessShareLock);
+
+	/* sort by (lane, lower): insertion sort, lists are short and mostly sorted */
+	for (i = 1; i < n; i++)
+	{
+		IdemPartition p = parts[i];
+		int			j = i - 1;
+
+		while (j >= 0 &&
+			   (parts[j].lane > p.lane ||
+				(parts[j].lane == p.lane && parts[j].lower > p.lower)))
+		{
+			parts[j + 1] = parts[j];
+			j--;
+		}
+		parts[j + 1] = p;
+	}
+
+	/* distinct lane counts present */
+	oldcxt = MemoryContextSwitchTo(IdemCacheContext);
+	for (i = 0; i < n; i++)
+	{
+		int			lanes = parts[i].lane >> 8;
+		int			k;
+
+		for (k = 0; k < cache->nlayouts; k++)
+			if (cache->layouts[k] == lanes)
+				break;
+		if (k == cache->nlayouts && cache->nlayouts < IDEM_MAX_LANES)
+			cache->layouts[cache->nlayouts++] = lanes;
+	}
+	MemoryContextSwitchTo(oldcxt);
+
+	cache->partitions = parts;
+	cache->npartitions = n;
+}
+
+/*
+ * IdemReadBound extracts (lane, lower, upper) from a range bound of the form
+ * FROM (lane, lower) TO (lane, upper).  Returns false for any other shape.
+ */
+static bool
+IdemReadBound(PartitionBoundSpec *spec, int16 *lane, TimestampTz *lower,
+			  TimestampTz *upper)
+{
+	PartitionRangeDatum *lo_lane,
+			   *lo_time,
+			   *hi_lane,
+			   *hi_time;
+
+	if (spec->strategy != PARTITION_STRATEGY_RANGE || spec->is_default ||
+		list_length(spec->lowerdatums) != 2 ||
+		list_length(spec->upperdatums) != 2)
+		return false;
+
+	lo_lane = linitial_node(PartitionRangeDatum, spec->lowerdatums);
+	lo_time = lsecond_node(PartitionRangeDatum, spec->lowerdatums);
+	hi_lane = linitial_node(PartitionRangeDatum, spec->upperdatums);
+	hi_time = lsecond_node(PartitionRangeDatum, spec->upperdatums);
+	if (lo_lane->kind != PARTITION_RANGE_DATUM_VALUE ||
+		lo_time->kind != PARTITION_RANGE_DATUM_VALUE ||
+		hi_lane->kind != PARTITION_RANGE_DATUM_VALUE ||
+		hi_time->kind != PARTITION_RANGE_DATUM_VALUE ||
+		!IsA(lo_lane->value, Const) || !IsA(lo_time->value, Const) ||
+		!IsA(hi_lane->value, Const) || !IsA(hi_time->value, Const))
+		return false;
+
+	if (DatumGetInt16(castNode(Const, lo_lane->value)->constvalue) !=
+		DatumGetInt16(castNode(Const, hi_lane->value)->constvalue))
+		return false;
+
+	*lane = DatumGetInt16(castNode(Const, lo_lane->value)->constvalue);
+	*lower = DatumGetTimestampTz(castNode(Const, lo_time->value)->constvalue);
+	*upper = DatumGetTimestampTz(castNode(Const, hi_time->value)->constvalue);
+	return (*lane >> 8) >= 1 && (*lane >> 8) <= IDEM_MAX_LANES;
+}
+
+/* index of the first cached partition of a lane (binary search) */
+static int
+IdemFirstInLane(IdemLedgerCache *cache, int16 lane)
+{
+	int			lo = 0,
+				hi = cache->npartitions;
+
+	while (lo < hi)
+	{
+		int			mid = (lo + hi) / 2;
+
+		if (cache->partitions[mid].lane < lane)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+/*
+ * IdemLivePartitionsForKey copies into "out" every partition a live row of
+ * the key with this digest can be in: the partitions of its lane, under each
+ * layout present, whose range has not ended.  Returns how many there are.
+ */
+int
+IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
+						 TimestampTz now, IdemPartition *out, int maxout)
+{
+	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
+	int			n = 0;
+	int			k;
+
+	for (k = 0; k < cache->nlayouts; k++)
+	{
+		int16		lane = IdemLaneValue(digest, cache->layouts[k]);
+		int			i;
+
+		for (i = IdemFirstInLane(cache, lane);
+			 i < cache->npartitions && cache->partitions[i].lane == lane;
+			 i++)
+		{
+			if (cache->partitions[i].upper <= now)
+				continue;
+			if (n >= maxout)
+				ereport(ERROR,
+						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+						 errmsg("too many live partitions in one lane of \"%s.%s\"",
+								IDEM_SCHEMA_NAME, ledger_defs[ledger].name),
+						 errhint("Increase idempotency.partition_interval, or run idem_maintain() to drop expired partitions.")));
+			out[n++] = cache->partitions[i];
+		}
+	}
+	return n;
+}
+
+/*
+ * IdemPartitionFor finds the partition a new row of this digest expiring at
+ * expires_at goes to, preferring the layout of the current settings.
+ */
+bool
+IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
+				 TimestampTz expires_at, IdemPartition *out)
+{
+	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
+	IdemLayout	layout;
+	int			pass;
+
+	IdemCurrentLayout(ledger, &layout);
+	for (pass = 0; pass < 2; pass++)
+	{
+		int			k;
+
+		for (k = 0; k < cache->nlayouts; k++)
+		{
+			int16		lane;
+			int			i;
+
+			/* first pass: current layout only; second: any other */
+			if ((pass == 0) != (cache->layouts[k] == layout.lanes))
+				continue;
+			lane = IdemLaneValue(digest, cache->layouts[k]);
+			for (i = IdemFirstInLane(cache, lane);
+				 i < cache->npartitions && cache->partitions[i].lane == lane;
+				 i++)
+			{
+				if (cache->partitions[i].lower <= expires_at &&
+					expires_at < cache->partitions[i].upper)
+				{
+					*out = cache->partitions[i];
+					return true;
+				}
+			}
+		}
+	}
+	return false;
+}
+
+/*
+ * IdemLanePartitionAt finds the partition of lane value "lane" whose range
+ * contains t.
+ */
+bool
+IdemLanePartitionAt(IdemLedger ledger, int16 lane, TimestampTz t,
+					IdemPartition *out)
+{
+	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
+	int			i;
+
+	for (i = IdemFirstInLane(cache, lane);
+		 i < cache->npartitions && cache->partitions[i].lane == lane;
+		 i++)
+	{
+		if (cache->partitions[i].lower <= t && t < cache->partitions[i].upper)
+		{
+			*out = cache->partitions[i];
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * IdemLedgerDefined tells whether this version of the extension has a table
+ * for the ledger.
+ */
+bool
+IdemLedgerDefined(IdemLedger ledger)
+{
+	return ledger_defs[ledger].columns != NULL;
+}
+
+/*
+ * IdemAllPartitions returns palloc'd copies of every cached partition of a
+ * ledger, in (lane, lower) order.
+ */
+List *
+IdemAllPartitions(IdemLedger ledger)
+{
+	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
+	List	   *result = NIL;
+	int			i;
+
+	for (i = 0; i < cache->npartitions; i++)
+	{
+		IdemPartition *p = palloc(sizeof(IdemPartition));
+
+		*p = cache->partitions[i];
+		result = lappend(result, p);
+	}
+	return result;
+}
+
+/*
+ * IdemLedgerParent returns the OID of a ledger's partitioned table, creating
+ * it (as the owner of schema idempotency) if it does not exist and "create"
+ * is true.  Concurrent creators serialize on the ledger's creation lock; the
+ * table belongs to the creating transaction until it commits.
+ */
+Oid
+IdemLedgerParent(IdemLedger ledger, bool create)
+{
+	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
+	const IdemLedgerDef *def = &ledger_defs[ledger];
+	LOCKTAG		tag;
+	StringInfoData sql;
+	ObjectAddress table;
+	ObjectAddress extension;
+
+	if (OidIsValid(cache->parent) || !create)
+		return cache->parent;
+
+	if (def->columns == NULL)
+		elog(ERROR, "ledger \"%s\" is not available in this version", def->name);
+
+	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	AcceptInvalidationMessages();
+	cache->valid = false;
+	cache = IdemGetLedgerCache(ledger);
+	if (OidIsValid(cache->parent))
+		return cache->parent;
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "CREATE TABLE idempotency.%s (%s) PARTITION BY RANGE (lane, expires_at); ",
+					 def->name, def->columns);
+	appendStringInfo(&sql, def->indexes, def->name, def->name);
+	appendStringInfo(&sql, "; REVOKE ALL ON idempotency.%s FROM PUBLIC", def->name);
+	appendStringInfo(&sql, "; COMMENT ON TABLE idempotency.%s IS %s",
+					 def->name, quote_literal_cstr(def->comment));
+	IdemExecAsOwner(sql.data, 0);
+	pfree(sql.data);
+
+	cache->valid = false;
+	cache = IdemGetLedgerCache(ledger);
+	if (!OidIsValid(cache->parent))
+		elog(ERROR, "could not find table \"%s.%s\" after creating it",
+			 IDEM_SCHEMA_NAME, def->name);
+
+	/* DROP EXTENSION takes the table with it */
+	ObjectAddressSet(table, RelationRelationId, cache->parent);
+	ObjectAddressSet(extension, ExtensionRelationId,
+					 get_extension_oid("idempotency", false));
+	recordDependencyOn(&table, &extension, DEPENDENCY_AUTO);
+
+	return cache->parent;
+}
+
+/*
+ * IdemEnsureExtensionDependency re-creates the AUTO dependency of a ledger's
+ * table on the extension when it is missing, as it is after pg_restore
+ * (pg_dump does not carry dependencies of non-member objects).
+ */
+void
+IdemEnsureExtensionDependency(IdemLedger ledger)
+{
+	Oid			parent = IdemLedgerParent(ledger, false);
+	Oid			extoid;
+	Relation	deprel;
+	ScanKeyData key[2];
+	SysScanDesc scan;
+	HeapTuple	tup;
+	bool		found = false;
+
+	if (!OidIsValid(parent))
+		return;
+	extoid = get_extension_oid("idempotency", false);
+
+	deprel = table_open(DependRelationId, AccessShareLock);
+	ScanKeyInit(&key[0], Anum_pg_depend_classid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(RelationRelationId));
+	ScanKeyInit(&key[1], Anum_pg_depend_objid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(parent));
+	scan = systable_beginscan(deprel, DependDependerIndexId, true, NULL, 2, key);
+	while ((tup = systable_getnext(scan)) != NULL)
+	{
+		Form_pg_depend dep = (Form_pg_depend) GETSTRUCT(tup);
+
+		if (dep->refclassid == ExtensionRelationId && dep->refobjid == extoid)
+			found = true;
+	}
+	systable_endscan(scan);
+	table_close(deprel, AccessShareLock);
+
+	if (!found)
+	{
+		ObjectAddress table;
+		ObjectAddress extension;
+
+		ObjectAddressSet(table, RelationRelationId, parent);
+		ObjectAddressSet(extension, ExtensionRelationId, extoid);
+		recordDependencyOn(&table, &extension, DEPENDENCY_AUTO);
+	}
+}
+
+/*
+ * IdemCreatePartition makes the partition of lane "lane_number" of a layout
+ * that contains time "at", clipped so that it does not overlap partitions
+ * the lane already has, and returns its OID.  If a partition of that lane
+ * already contains "at" (another session made it while we waited for the
+ * creation lock), that partition is returned instead.
+ *
+ * The table is created with CREATE TABLE ... (LIKE ...) and ATTACH PARTITION,
+ * which takes only SHARE UPDATE EXCLUSIVE on the parent.  It runs in the
+ * caller's transaction; the creation lock is held until it ends.
+ */
+Oid
+IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
+					int lane_number, TimestampTz at)
+{
+	const IdemLedgerDef *def = &ledger_defs[ledger];
+	int16		lane = (int16) ((layout->lanes << 8) | lane_number);
+	IdemLedgerCache *cache;
+	LOCKTAG		tag;
+	TimestampTz lower,
+				upper;
+	StringInfoData name;
+	StringInfoData sql;
+	struct pg_tm tm;
+	fsec_t		fsec;
+	int			i;
+	Oid			relid;
+
+	(void) IdemLedgerParent(ledger, true);
+
+	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	AcceptInvalidationMessages();
+	cache = IdemGetLedgerCache(ledger);
+
+	IdemPartitionBounds(layout, lane_number, at, &lower, &upper);
+	for (i = IdemFirstInLane(cache, lane);
+		 i < cache->npartitions && cache->partitions[i].lane == lane;
+		 i++)
+	{
+		IdemPartition *p = &cache->partitions[i];
+
+		if (p->lower <= at && at < p->upper)
+			return p->relid;
+		if (p->upper <= at && p->upper > lower)
+			lower = p->upper;
+		if (p->lower > at && p->lower < upper)
+			upper = p->lower;
+	}
+
+	/* messages_<lanes>_<lane>_<lower bound, UTC> */
+	if (timestamp2tm(lower, NULL, &tm, &fsec, NULL, NULL) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("timestamp out of range")));
+	initStringInfo(&name);
+	appendStringInfo(&name, "%s_%d_%d_%04d%02d%02d_%02d%02d%02d",
+					 def->name, layout->lanes, lane_number,
+					 tm.tm_year, tm.tm_mon, tm.tm_mday,
+					 tm.tm_hour, tm.tm_min, tm.tm_sec);
+	if (fsec != 0)
+		appendStringInfo(&name, "_%06d", (int) fsec);
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "CREATE TABLE idempotency.%s (LIKE idempotency.%s INCLUDING ALL); "
+					 "ALTER TABLE idempotency.%s ATTACH PARTITION idempotency.%s "
+					 "FOR VALUES FROM (%d, ",
+					 quote_identifier(name.data), def->name,
+					 def->name, quote_identifier(name.data), lane);
+	IdemAppendTimestamp(&sql, lower);
+	appendStringInfo(&sql, ") TO (%d, ", lane);
+	IdemAppendTimestamp(&sql, upper);
+	appendStringInfoString(&sql, ")");
+	IdemExecAsOwner(sql.data, 0);
+
+	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
+	pfree(sql.data);
+	pfree(name.data);
+
+	/* our own ATTACH invalidated the cache; make the next reader see it */
+	CommandCounterIncrement();
+	return relid;
+}
+
+/*
+ * IdemDropPartition drops one partition, waiting at most lock_timeout_ms for
+ * its locks.  Returns false, leaving everything as it was, if the locks
+ * could not be had in time; other errors propagate.
+ *
+ * Only the partition and its parent are locked: the ledgers' readers and
+ * writers never lock the parent, and no live row is in an expired partition,
+ * so nobody waits for this.
+ */
+bool
+IdemDropPartition(Oid relid, int lock_timeout_ms)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	char	   *relname = get_rel_name(relid);
+	bool		dropped = false;
+
+	if (relname == NULL)
+		return false;			/* already gone */
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		char	   *sql = psprintf("DROP TABLE idempotency.%s",
+								   quote_identifier(relname));
+
+		IdemExecAsOwner(sql, lock_timeout_ms);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		dropped = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		ereport(DEBUG1,
+				(errmsg("could not drop expired partition \"%s.%s\" now, will retry: %s",
+						IDEM_SCHEMA_NAME, relname, edata->message)));
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+
+	return dropped;
+}
+
+/*
+ * IdemExecAsOwner runs utility SQL as the owner of schema idempotency, with
+ * search_path = pg_catalog, pg_temp and, if lock_timeout_ms > 0, that lock
+ * timeout.  The previous user, security context and settings are restored
+ * on return; on error, transaction abort restores them.
+ */
+static void
+IdemExecAsOwner(const char *sql, int lock_timeout_ms)
+{
+	HeapTuple	tup;
+	Oid			owner;
+	Oid			save_userid;
+	int			save_sec_context;
+	int			save_nestlevel;
+	int			rc;
+
+	tup = SearchSysCache1(NAMESPACENAME, CStringGetDatum(IDEM_SCHEMA_NAME));
+	if (!HeapTupleIsValid(tup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("schema \"%s\" does not exist", IDEM_SCHEMA_NAME),
+				 errhint("Run CREATE EXTENSION idempotency.")));
+	owner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
+	ReleaseSysCache(tup);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	save_nestlevel = NewGUCNestLevel();
+	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+	if (lock_timeout_ms > 0)
+	{
+		char		buf[32];
+
+		snprintf(buf, sizeof(buf), "%d", lock_timeout_ms);
+		(void) set_config_option("lock_timeout", buf,
+								 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+								 true, 0, false);
+	}
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute(sql, false, 0);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute failed: %s", SPI_result_code_string(rc));
+	SPI_finish();
+
+	AtEOXact_GUC(true, save_nestlevel);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+}
+
+/* appends t as a quoted timestamptz literal in UTC */
+static void
+IdemAppendTimestamp(StringInfo buf, TimestampTz t)
+{
+	struct pg_tm tm;
+	fsec_t		fsec;
+
+	if (timestamp2tm(t, NULL, &tm, &fsec, NULL, NULL) != 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+				 errmsg("timestamp out of range")));
+	appendStringInfo(buf, "'%04d-%02d-%02d %02d:%02d:%02d.%06d+00'",
+					 tm.tm_year, tm.tm_mon, tm.tm_mday,
+					 tm.tm_hour, tm.tm_min, tm.tm_sec, (int) fsec);
+}
