@@ -31,7 +31,7 @@ PG_MODULE_MAGIC;
 int			idem_message_ttl = 7 * SECS_PER_DAY;
 int			idem_key_ttl = SECS_PER_DAY;
 int			idem_max_ttl = 30 * SECS_PER_DAY;
-int			idem_partition_interval = SECS_PER_HOUR;
+int			idem_partition_interval = SECS_PER_DAY;
 int			idem_premake = 1;
 int			idem_max_key_length = 255;
 
@@ -71,7 +71,7 @@ _PG_init(void)
 							gettext_noop("Sets how often a partition of each ledger becomes droppable."),
 							gettext_noop("Applies to partitions made from now on; existing partitions keep their ranges."),
 							&idem_partition_interval,
-							SECS_PER_HOUR, 1, INT_MAX,
+							SECS_PER_DAY, 1, INT_MAX,
 							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
