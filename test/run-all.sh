@@ -217,8 +217,8 @@ suite_pgtap() {
 	fi
 	conf+=("fsync = off")
 	cluster_start "$dir" "$PGTAP_PORT" "${conf[@]}" || return 1
-	if CLUSTER_DB=postgres cluster_psql "$dir" -q -c 'CREATE DATABASE idempotency_pgtap' &&
-		CLUSTER_DB=idempotency_pgtap cluster_psql "$dir" -q -c 'CREATE EXTENSION pgtap'; then
+	if (cd "$WORK" && cluster_psql "$dir" -q -c 'CREATE DATABASE idempotency_pgtap' &&
+		CLUSTER_DB=idempotency_pgtap cluster_psql "$dir" -q -c 'CREATE EXTENSION pgtap'); then
 		in_work env PGHOST="$dir/sock" PGPORT="$PGTAP_PORT" \
 			PGDATABASE=idempotency_pgtap PATH="$("$PG_CONFIG" --bindir):$PATH" \
 			make pgtap PG_CONFIG="$PG_CONFIG"

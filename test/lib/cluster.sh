@@ -29,7 +29,9 @@
 #                             PATH (pg_prove, pgbench, make pgtap, ...)
 #   cluster_env DIR           print "export PGHOST=... PGPORT=..." lines
 #   cluster_as_user CMD...    run CMD as CLUSTER_USER when this shell is root
-#                             (initdb refuses root), else run it directly
+#                             (initdb refuses root), else run it directly; in
+#                             the current directory, or in / if the user may
+#                             not enter it
 #
 # Settings (environment):
 #   PG_CONFIG      pg_config to take the bin dir from
@@ -52,10 +54,14 @@ _cluster_bindir() {
 }
 
 cluster_as_user() {
-	if [ "$(id -u)" -eq 0 ]; then
-		runuser -u "${CLUSTER_USER:-postgres}" -- "$@"
-	else
+	local user="${CLUSTER_USER:-postgres}"
+	if [ "$(id -u)" -ne 0 ]; then
 		"$@"
+	elif runuser -u "$user" -- test -x "$PWD" 2>/dev/null; then
+		runuser -u "$user" -- "$@"
+	else
+		# the caller's cwd (say /root/...) is closed to the user
+		(cd / && runuser -u "$user" -- "$@")
 	fi
 }
 
