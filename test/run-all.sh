@@ -26,8 +26,9 @@
 #   SUITE_TIMEOUT   seconds one suite may take (default 900)
 #   KEEP_WORKDIR=1  keep the scratch directory (it is always kept on failure)
 #
-# The last line of output is "N passed, N failed" (suites).  The exit status
-# is non-zero if any suite (or the build) failed.  Every server started here,
+# The last line of output is "N passed, N failed" (suites; a skipped suite
+# counts in neither, one that could not run or was interrupted counts as
+# failed).  The exit status is non-zero if anything failed.  Every server started here,
 # including pg_regress and TAP ones left behind by an interrupted run, is
 # stopped on exit, INT and TERM.
 
@@ -61,8 +62,11 @@ done
 say() { printf '\n==== %s\n' "$*"; }
 
 WORK=""
-FAILED_ANY=0
 CHILD=""
+CURRENT=""
+declare -A RESULT=()
+PASSED=0
+FAILED=0
 
 # Long-running steps run in their own session (setsid) in the background, so
 # that a signal to this script interrupts "wait" at once and cleanup can end
@@ -88,19 +92,40 @@ stop_child() {
 	CHILD=""
 }
 
+# On every exit: stop what is running, then print the summary as the last
+# line.  Suites without a result (setup failed, or interrupted) count as
+# failed.
 cleanup() {
-	local rc=$?
+	local rc=$? s
 	trap - EXIT INT TERM
 	stop_child
 	cluster_stop_all || rc=1
 	if [ -n "$WORK" ]; then
 		cluster_stop_any_under "$WORK" || rc=1
-		if [ "$rc" -eq 0 ] && [ "$FAILED_ANY" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
+	fi
+	for s in $SUITES; do
+		if [ -z "${RESULT[$s]:-}" ]; then
+			if [ "$s" = "$CURRENT" ]; then
+				RESULT[$s]="FAILED (interrupted)"
+			else
+				RESULT[$s]="FAILED (not run)"
+			fi
+			FAILED=$((FAILED + 1))
+		fi
+	done
+	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
+	if [ -n "$WORK" ]; then
+		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
 			rm -rf "$WORK"
 		else
-			echo "run-all: scratch directory kept: $WORK" >&2
+			echo "run-all: scratch directory kept: $WORK"
 		fi
 	fi
+	say "summary"
+	for s in $SUITES; do
+		printf '%-10s %s\n' "$s" "${RESULT[$s]}"
+	done
+	echo "$PASSED passed, $FAILED failed"
 	exit "$rc"
 }
 trap cleanup EXIT
@@ -124,28 +149,14 @@ chmod 755 "$WORK"
 idem_copy_tree "$SRC" "$WORK" || exit 1
 echo "scratch copy: $WORK"
 
-declare -A RESULT=()
-PASSED=0
-FAILED=0
-
-summary() {
-	local s
-	say "summary"
-	for s in $SUITES; do
-		printf '%-10s %s\n' "$s" "${RESULT[$s]:-not run}"
-	done
-	echo "$PASSED passed, $FAILED failed"
-}
-
 say "build"
-if ! idem_build "$WORK" || ! idem_install "$WORK"; then
-	echo "run-all: build or install failed; no suite was run" >&2
-	for s in $SUITES; do
-		RESULT[$s]="FAILED (build)"
-		FAILED=$((FAILED + 1))
-	done
-	FAILED_ANY=1
-	summary
+if ! idem_build "$WORK"; then
+	echo "run-all: build failed; no suite was run" >&2
+	exit 1
+fi
+say "install"
+if ! idem_install "$WORK"; then
+	echo "run-all: make install failed; no suite was run" >&2
 	exit 1
 fi
 
@@ -254,6 +265,7 @@ suite_demo() {
 # ---------------------------------------------------------------- suites
 for s in $SUITES; do
 	say "suite $s"
+	CURRENT=$s
 	start=$SECONDS
 	"suite_$s"
 	rc=$?
@@ -276,8 +288,8 @@ for s in $SUITES; do
 		FAILED=$((FAILED + 1))
 		;;
 	esac
+	CURRENT=""
 done
 
-[ "$FAILED" -eq 0 ] || FAILED_ANY=1
-summary
-[ "$FAILED" -eq 0 ]
+# cleanup (the EXIT trap) prints the summary and sets the exit status
+true
