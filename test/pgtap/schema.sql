@@ -1,0 +1,285 @@
+--
+-- test/pgtap/schema.sql -- the SQL contract of the idempotency extension:
+-- API functions and their properties, privileges, the storage schema and
+-- table, settings, and role isolation.  Everything runs in one transaction
+-- that is rolled back (the roles, the storage table if this test made it,
+-- the consumed messages); only CREATE EXTENSION IF NOT EXISTS stays.
+--
+CREATE EXTENSION IF NOT EXISTS idempotency;
+
+BEGIN;
+SELECT plan(72);
+
+-- Roles of this test: one ordinary role, two for isolation.
+CREATE ROLE idem_pgtap_plain;
+CREATE ROLE idem_pgtap_alice;
+CREATE ROLE idem_pgtap_bob;
+
+----------------------------------------------------------------------------
+-- API functions
+----------------------------------------------------------------------------
+
+-- idem_consume_message(consumer text, message_id text, ttl interval DEFAULT NULL) RETURNS boolean
+SELECT has_function('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+                    'idem_consume_message(text, text, interval) is in pg_catalog');
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_message'), 1,
+          'idem_consume_message has no other overload in any schema');
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval)'::regprocedure),
+          'consumer text, message_id text, ttl interval DEFAULT NULL::interval',
+          'idem_consume_message argument names and defaults');
+SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'boolean',
+                        'idem_consume_message returns boolean');
+SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'volatile',
+                     'idem_consume_message is VOLATILE');
+SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+                    'idem_consume_message is not SECURITY DEFINER');
+SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+                   'idem_consume_message is not STRICT (NULL arguments get a clean error)');
+
+-- idem_consume_messages(consumer text, message_ids text[], ttl interval DEFAULT NULL) RETURNS SETOF text
+SELECT has_function('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+                    'idem_consume_messages(text, text[], interval) is in pg_catalog');
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_messages'), 1,
+          'idem_consume_messages has no other overload in any schema');
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval)'::regprocedure),
+          'consumer text, message_ids text[], ttl interval DEFAULT NULL::interval',
+          'idem_consume_messages argument names and defaults');
+SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'setof text',
+                        'idem_consume_messages returns SETOF text');
+SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'volatile',
+                     'idem_consume_messages is VOLATILE');
+SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+                    'idem_consume_messages is not SECURITY DEFINER');
+SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+                   'idem_consume_messages is not STRICT (NULL arguments get a clean error)');
+
+-- idem_maintain(OUT partitions_created int, OUT partitions_dropped int) RETURNS record
+SELECT has_function('pg_catalog', 'idem_maintain', ARRAY[]::name[],
+                    'idem_maintain() is in pg_catalog');
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_maintain'), 1,
+          'idem_maintain has no other overload in any schema');
+SELECT is(pg_get_function_arguments('pg_catalog.idem_maintain()'::regprocedure),
+          'OUT partitions_created integer, OUT partitions_dropped integer',
+          'idem_maintain OUT parameters');
+SELECT function_returns('pg_catalog', 'idem_maintain', ARRAY[]::name[], 'record',
+                        'idem_maintain returns record');
+SELECT volatility_is('pg_catalog', 'idem_maintain', ARRAY[]::name[], 'volatile',
+                     'idem_maintain is VOLATILE');
+SELECT isnt_definer('pg_catalog', 'idem_maintain', ARRAY[]::name[],
+                    'idem_maintain is not SECURITY DEFINER');
+SELECT isnt_strict('pg_catalog', 'idem_maintain', ARRAY[]::name[],
+                   'idem_maintain is not STRICT');
+
+-- the functions belong to the extension
+SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
+             FROM pg_depend d
+             JOIN pg_proc p ON p.oid = d.objid
+            WHERE d.classid = 'pg_proc'::regclass
+              AND d.refclassid = 'pg_extension'::regclass
+              AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+              AND d.deptype = 'e'
+              AND p.pronamespace = 'pg_catalog'::regnamespace),
+          ARRAY['idem_consume_message', 'idem_consume_messages', 'idem_maintain'],
+          'the API functions in pg_catalog are members of the extension');
+
+-- privileges
+SELECT ok(NOT has_function_privilege('public', 'pg_catalog.idem_maintain()', 'EXECUTE'),
+          'PUBLIC cannot execute idem_maintain()');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_maintain()', 'EXECUTE'),
+          'an ordinary role cannot execute idem_maintain()');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval)', 'EXECUTE'),
+          'an ordinary role can execute idem_consume_message()');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval)', 'EXECUTE'),
+          'an ordinary role can execute idem_consume_messages()');
+
+----------------------------------------------------------------------------
+-- Schema idempotency and its view
+----------------------------------------------------------------------------
+
+SELECT has_schema('idempotency', 'schema idempotency exists');
+SELECT ok(NOT has_schema_privilege('idem_pgtap_plain', 'idempotency', 'USAGE'),
+          'an ordinary role has no USAGE on schema idempotency');
+SELECT ok(NOT has_schema_privilege('idem_pgtap_plain', 'idempotency', 'CREATE'),
+          'an ordinary role has no CREATE on schema idempotency');
+SELECT ok(has_schema_privilege('pg_monitor', 'idempotency', 'USAGE'),
+          'pg_monitor has USAGE on schema idempotency');
+
+SELECT has_view('idempotency', 'partitions', 'view idempotency.partitions exists');
+SELECT is((SELECT array_agg(attname || ' ' || format_type(atttypid, atttypmod) ORDER BY attnum)
+             FROM pg_attribute
+            WHERE attrelid = 'idempotency.partitions'::regclass AND attnum > 0 AND NOT attisdropped),
+          ARRAY['table_name text', 'partition regclass', 'lanes integer', 'lane integer',
+                'lower_bound timestamp with time zone', 'upper_bound timestamp with time zone',
+                'droppable_at timestamp with time zone', 'expired boolean',
+                'rows_estimate bigint', 'bytes bigint'],
+          'idempotency.partitions has its columns, in order, with their types');
+SELECT ok(has_table_privilege('pg_monitor', 'idempotency.partitions', 'SELECT'),
+          'pg_monitor can read idempotency.partitions');
+SELECT ok(NOT has_table_privilege('idem_pgtap_plain', 'idempotency.partitions', 'SELECT'),
+          'an ordinary role cannot read idempotency.partitions');
+SELECT has_function('idempotency', 'partition_info', ARRAY[]::name[],
+                    'function idempotency.partition_info() exists');
+SELECT ok(has_function_privilege('pg_monitor', 'idempotency.partition_info()', 'EXECUTE'),
+          'pg_monitor can execute idempotency.partition_info()');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.partition_info()', 'EXECUTE'),
+          'an ordinary role cannot execute idempotency.partition_info()');
+
+----------------------------------------------------------------------------
+-- Storage table, made on first use
+----------------------------------------------------------------------------
+
+SELECT is(idem_consume_message('pgtap-schema', 'first-' || gen_random_uuid()), true,
+          'a first idem_consume_message call succeeds and reports a new message');
+
+SELECT is_partitioned('idempotency', 'messages',
+                      'idempotency.messages exists after the first call and is partitioned');
+SELECT is((SELECT partstrat::text FROM pg_partitioned_table
+            WHERE partrelid = 'idempotency.messages'::regclass),
+          'r', 'idempotency.messages is partitioned by RANGE');
+SELECT is((SELECT array_agg(a.attname ORDER BY k.ord)
+             FROM pg_partitioned_table pt
+             CROSS JOIN LATERAL unnest(pt.partattrs::int2[]) WITH ORDINALITY AS k(attnum, ord)
+             JOIN pg_attribute a ON a.attrelid = pt.partrelid AND a.attnum = k.attnum
+            WHERE pt.partrelid = 'idempotency.messages'::regclass),
+          ARRAY['lane', 'expires_at']::name[],
+          'idempotency.messages partition key is (lane, expires_at)');
+SELECT is((SELECT partdefid FROM pg_partitioned_table
+            WHERE partrelid = 'idempotency.messages'::regclass),
+          0::oid, 'idempotency.messages has no DEFAULT partition');
+SELECT is((SELECT array_agg(attname || ' ' || format_type(atttypid, atttypmod)
+                            || CASE WHEN attnotnull THEN ' not null' ELSE '' END ORDER BY attnum)
+             FROM pg_attribute
+            WHERE attrelid = 'idempotency.messages'::regclass AND attnum > 0 AND NOT attisdropped),
+          ARRAY['expires_at timestamp with time zone not null', 'digest uuid not null',
+                'role regrole not null', 'lane smallint not null'],
+          'idempotency.messages has its columns');
+
+SELECT is((SELECT relowner FROM pg_class WHERE oid = 'idempotency.messages'::regclass),
+          (SELECT extowner FROM pg_extension WHERE extname = 'idempotency'),
+          'idempotency.messages is owned by the extension owner');
+SELECT cmp_ok((SELECT count(*)::int FROM pg_inherits
+                WHERE inhparent = 'idempotency.messages'::regclass), '>', 0,
+              'the first call made at least one partition');
+SELECT is((SELECT count(*)::int FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'idempotency.messages'::regclass
+              AND c.relowner <> (SELECT extowner FROM pg_extension WHERE extname = 'idempotency')),
+          0, 'every partition is owned by the extension owner');
+SELECT is((SELECT count(*)::int FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'idempotency.messages'::regclass
+              AND (c.relnamespace <> 'idempotency'::regnamespace
+                   OR c.relname !~ '^messages_[0-9]+_[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?$')),
+          0, 'partitions are named idempotency.messages_<lanes>_<lane>_<yyyymmdd_hhmmss>');
+
+-- an ordinary role can neither read nor write the storage
+SELECT is(ARRAY(SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE',
+                                           'REFERENCES', 'TRIGGER']) AS p
+                 WHERE has_table_privilege('idem_pgtap_plain', 'idempotency.messages', p)),
+          ARRAY[]::text[],
+          'an ordinary role has no privilege on idempotency.messages');
+SELECT is((SELECT count(*)::int FROM pg_inherits i
+            WHERE i.inhparent = 'idempotency.messages'::regclass
+              AND (has_table_privilege('idem_pgtap_plain', i.inhrelid, 'SELECT')
+                   OR has_table_privilege('idem_pgtap_plain', i.inhrelid, 'INSERT')
+                   OR has_table_privilege('idem_pgtap_plain', i.inhrelid, 'UPDATE')
+                   OR has_table_privilege('idem_pgtap_plain', i.inhrelid, 'DELETE')
+                   OR has_table_privilege('idem_pgtap_plain', i.inhrelid, 'TRUNCATE'))),
+          0, 'an ordinary role has no privilege on any partition');
+SET LOCAL ROLE idem_pgtap_plain;
+SELECT throws_ok($$SELECT count(*) FROM idempotency.messages$$, '42501', NULL,
+                 'an ordinary role reading idempotency.messages is refused');
+SELECT throws_ok($$SELECT idem_maintain()$$, '42501', 'permission denied for function idem_maintain',
+                 'an ordinary role calling idem_maintain() is refused');
+RESET ROLE;
+
+-- not an extension member (pg_dump carries it), but DROP EXTENSION takes it
+SELECT is((SELECT count(*)::int FROM pg_depend
+            WHERE classid = 'pg_class'::regclass
+              AND objid = 'idempotency.messages'::regclass
+              AND refclassid = 'pg_extension'::regclass
+              AND deptype = 'e'),
+          0, 'idempotency.messages is not an extension member');
+SELECT is((SELECT array_agg(deptype::text) FROM pg_depend
+            WHERE classid = 'pg_class'::regclass
+              AND objid = 'idempotency.messages'::regclass
+              AND refclassid = 'pg_extension'::regclass
+              AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')),
+          ARRAY['a'],
+          'idempotency.messages has an AUTO dependency on the extension');
+
+-- every partition has exactly one index, on (digest)
+SELECT ok(EXISTS (SELECT 1 FROM pg_index x
+                   WHERE x.indrelid = 'idempotency.messages'::regclass
+                     AND x.indnatts = 1
+                     AND x.indkey[0] = (SELECT attnum FROM pg_attribute
+                                         WHERE attrelid = 'idempotency.messages'::regclass
+                                           AND attname = 'digest')),
+          'idempotency.messages has an index on (digest)');
+SELECT is((SELECT array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
+             FROM pg_inherits i
+             JOIN pg_class c ON c.oid = i.inhrelid
+            WHERE i.inhparent = 'idempotency.messages'::regclass
+              AND (SELECT array_agg(pg_get_indexdef(x.indexrelid, 1, true)
+                                    || CASE WHEN x.indisvalid THEN '' ELSE ' (invalid)' END)
+                     FROM pg_index x WHERE x.indrelid = c.oid)
+                  IS DISTINCT FROM ARRAY['digest']),
+          NULL,
+          'every partition has exactly one valid index, on (digest)');
+
+----------------------------------------------------------------------------
+-- Settings (the library is loaded by the call above)
+----------------------------------------------------------------------------
+
+SELECT is((SELECT concat_ws(' ', vartype, boot_val, unit, context) FROM pg_settings
+            WHERE name = 'idempotency.message_ttl'),
+          'integer 604800 s user', 'idempotency.message_ttl: 7 days, in seconds, settable by users');
+SELECT is((SELECT concat_ws(' ', vartype, boot_val, unit, context) FROM pg_settings
+            WHERE name = 'idempotency.key_ttl'),
+          'integer 86400 s user', 'idempotency.key_ttl: 24 hours, in seconds, settable by users');
+SELECT is((SELECT concat_ws(' ', vartype, boot_val, unit, context) FROM pg_settings
+            WHERE name = 'idempotency.max_ttl'),
+          'integer 2592000 s superuser', 'idempotency.max_ttl: 30 days, in seconds, superuser');
+SELECT is((SELECT concat_ws(' ', vartype, boot_val, unit, context) FROM pg_settings
+            WHERE name = 'idempotency.partition_interval'),
+          'integer 86400 s superuser', 'idempotency.partition_interval: 1 day, in seconds, superuser');
+SELECT is((SELECT concat_ws(' ', vartype, boot_val, coalesce(unit, '-'), context) FROM pg_settings
+            WHERE name = 'idempotency.premake'),
+          'integer 1 - superuser', 'idempotency.premake: 1, no unit, superuser');
+SELECT is((SELECT concat_ws(' ', vartype, boot_val, coalesce(unit, '-'), context) FROM pg_settings
+            WHERE name = 'idempotency.max_key_length'),
+          'integer 255 - superuser', 'idempotency.max_key_length: 255 (bytes), no unit, superuser');
+SELECT is((SELECT min_val FROM pg_settings WHERE name = 'idempotency.partition_interval'),
+          '1', 'idempotency.partition_interval can be set down to 1 second');
+SELECT throws_ok($$SET idempotency.x = 1$$, '42602',
+                 'invalid configuration parameter name "idempotency.x"',
+                 'the idempotency. prefix is reserved: unknown settings are refused');
+SELECT throws_ok($$SET LOCAL idempotency.message_ttl = 'forever'$$, '22023', NULL,
+                 'an invalid setting value is refused');
+
+----------------------------------------------------------------------------
+-- Role isolation: a message id consumed by one role is new to another
+----------------------------------------------------------------------------
+
+SET LOCAL ROLE idem_pgtap_alice;
+SELECT is(idem_consume_message('c', 'same'), true, 'alice: first delivery of (c, same) is new');
+SELECT is(idem_consume_message('c', 'same'), false, 'alice: second delivery of (c, same) is a duplicate');
+RESET ROLE;
+SET LOCAL ROLE idem_pgtap_bob;
+SELECT is(idem_consume_message('c', 'same'), true, 'bob: (c, same) is new although alice consumed it');
+SELECT is(idem_consume_message('c', 'same'), false, 'bob: second delivery of (c, same) is a duplicate');
+SELECT is(ARRAY(SELECT idem_consume_messages('c', ARRAY['same', 'other'])), ARRAY['other'],
+          'bob: the batch form sees bob''s own messages only');
+RESET ROLE;
+SET LOCAL ROLE idem_pgtap_alice;
+SELECT is(idem_consume_message('c', 'same'), false, 'alice: still a duplicate after bob consumed it');
+SELECT is(ARRAY(SELECT idem_consume_messages('c', ARRAY['other', 'same'])), ARRAY['other'],
+          'alice: (c, other) consumed by bob is new to alice');
+RESET ROLE;
+SELECT is((SELECT array_agg(role::text || ':' || n ORDER BY role::text)
+             FROM (SELECT role, count(*) AS n FROM idempotency.messages
+                    WHERE role IN ('idem_pgtap_alice'::regrole, 'idem_pgtap_bob'::regrole)
+                    GROUP BY role) s),
+          ARRAY['idem_pgtap_alice:2', 'idem_pgtap_bob:2'],
+          'each role has its own rows, one per message consumed');
+
+SELECT * FROM finish();
+ROLLBACK;
