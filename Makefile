@@ -43,3 +43,6 @@ pgtap:
 ifeq ($(shell test $(VERSION_NUM) -lt 130000 && echo old),old)
 $(error idempotency requires PostgreSQL 13 or later)
 endif
+
+# every object depends on the shared header
+$(OBJS): src/idempotency.h

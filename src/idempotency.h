@@ -90,6 +90,7 @@ extern void IdemCheckWritable(const char *funcname);
 typedef struct IdemPartition
 {
 	Oid			relid;
+	Oid			indexrelid;		/* its digest index */
 	int16		lane;			/* (lanes << 8) | lane number */
 	TimestampTz lower;			/* inclusive */
 	TimestampTz upper;			/* exclusive; droppable once upper <= now */

@@ -24,6 +24,16 @@
 #include "common/sha2.h"
 #include "miscadmin.h"
 #include "port/pg_bswap.h"
+#include "utils/resowner.h"
+
+/*
+ * One SHA-256 context for the life of the backend: creating one costs more
+ * than hashing a key.  It is registered with a resource owner of its own that
+ * is never released, so transaction ends leave it alone.
+ */
+static pg_cryptohash_ctx *digest_ctx = NULL;
+
+static pg_cryptohash_ctx *IdemDigestContext(void);
 
 /*
  * IdemComputeDigest computes the digest of key "key" in namespace "ns".
@@ -39,21 +49,48 @@ IdemComputeDigest(const char *ns, int nslen, const char *key, int keylen,
 	uint8		full[PG_SHA256_DIGEST_LENGTH];
 	uint32		nslen_be = pg_hton32((uint32) nslen);
 
-	ctx = pg_cryptohash_create(PG_SHA256);
+	ctx = IdemDigestContext();
 	if (pg_cryptohash_init(ctx) < 0 ||
 		pg_cryptohash_update(ctx, (const uint8 *) &nslen_be, sizeof(nslen_be)) < 0 ||
 		pg_cryptohash_update(ctx, (const uint8 *) ns, nslen) < 0 ||
 		pg_cryptohash_update(ctx, (const uint8 *) key, keylen) < 0 ||
 		pg_cryptohash_final(ctx, full, sizeof(full)) < 0)
-	{
-		pg_cryptohash_free(ctx);
 		ereport(ERROR,
 				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not compute SHA-256 digest of idempotency key")));
-	}
-	pg_cryptohash_free(ctx);
+				 errmsg("could not compute SHA-256 digest of idempotency key: %s",
+						pg_cryptohash_error(ctx))));
 
 	memcpy(digest->data, full, IDEM_DIGEST_LEN);
+}
+
+/* returns the backend's SHA-256 context, making it on first use */
+static pg_cryptohash_ctx *
+IdemDigestContext(void)
+{
+	static ResourceOwner owner = NULL;
+
+	if (digest_ctx == NULL)
+	{
+		ResourceOwner save = CurrentResourceOwner;
+
+		if (owner == NULL)
+			owner = ResourceOwnerCreate(NULL, "idempotency digest");
+		CurrentResourceOwner = owner;
+		PG_TRY();
+		{
+			digest_ctx = pg_cryptohash_create(PG_SHA256);
+		}
+		PG_FINALLY();
+		{
+			CurrentResourceOwner = save;
+		}
+		PG_END_TRY();
+		if (digest_ctx == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("out of memory")));
+	}
+	return digest_ctx;
 }
 
 /*

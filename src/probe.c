@@ -41,6 +41,10 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/index.h"
+#include "catalog/pg_am.h"
+#include "nodes/makefuncs.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
@@ -68,14 +72,24 @@ typedef enum IdemFound
 	IDEM_FOUND_BUSY				/* inserted by a transaction in progress */
 } IdemFound;
 
-static void IdemLockPartitions(IdemLedger ledger, const pg_uuid_t *digest,
-							   TimestampTz now, IdemPartition *parts, int *nparts);
-static Oid	IdemPartitionIndex(Relation heap);
-static IdemFound IdemProbePartition(Relation heap, Relation index, Oid role,
+/* An open partition: its heap and digest index */
+typedef struct IdemOpenPartition
+{
+	IdemPartition part;
+	Relation	heap;
+	Relation	index;
+} IdemOpenPartition;
+
+static int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
+								   TimestampTz now, IdemOpenPartition *open);
+static void IdemClosePartitions(IdemOpenPartition *open, int nopen);
+static IdemFound IdemProbePartition(IdemOpenPartition *op,
+									TupleTableSlot *slot, Oid role,
 									const pg_uuid_t *digest, TimestampTz now,
 									TransactionId *xwait);
-static bool IdemInsertMessage(Oid relid, Oid role, const pg_uuid_t *digest,
-							  TimestampTz expires_at, int16 lane);
+static bool IdemInsertMessage(IdemOpenPartition *op, Oid role,
+							  const pg_uuid_t *digest, TimestampTz expires_at);
+static IndexInfo *IdemDigestIndexInfo(void);
 
 /*
  * IdemRecordMessage records message "digest" of role "role" in the message
@@ -87,18 +101,19 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 				  TimestampTz expires_at)
 {
 	LOCKTAG		keytag;
-	IdemPartition parts[IDEM_MAX_PROBES];
+	IdemOpenPartition open[IDEM_MAX_PROBES];
 
 	(void) IdemLedgerParent(IDEM_LEDGER_MESSAGES, true);
 	IdemSetKeyLockTag(&keytag, IDEM_LEDGER_MESSAGES, role, digest);
 
 	for (;;)
 	{
-		int			nparts;
+		int			nopen;
 		int			i;
 		IdemFound	found = IDEM_FOUND_NONE;
 		TransactionId xwait = InvalidTransactionId;
 		IdemPartition target;
+		TupleTableSlot *slot = NULL;
 		bool		keep_key_lock;
 
 		CHECK_FOR_INTERRUPTS();
@@ -107,63 +122,76 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 
 		/* see every partition committed before we got the key lock */
 		AcceptInvalidationMessages();
-		IdemLockPartitions(IDEM_LEDGER_MESSAGES, digest, now, parts, &nparts);
+		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, digest, now, open);
 
-		for (i = 0; i < nparts && found == IDEM_FOUND_NONE; i++)
+		for (i = 0; i < nopen && found == IDEM_FOUND_NONE; i++)
 		{
-			Relation	heap = table_open(parts[i].relid, NoLock);
-			Relation	index = index_open(IdemPartitionIndex(heap),
-										   RowExclusiveLock);
-
-			found = IdemProbePartition(heap, index, role, digest, now, &xwait);
-			index_close(index, NoLock);
-			table_close(heap, NoLock);
+			if (slot == NULL)
+				slot = table_slot_create(open[i].heap, NULL);
+			found = IdemProbePartition(&open[i], slot, role, digest, now, &xwait);
 		}
+		if (slot != NULL)
+			ExecDropSingleTupleTableSlot(slot);
 
 		if (found == IDEM_FOUND_BUSY)
 		{
 			/* wait for the holder to finish, then look again */
+			IdemClosePartitions(open, nopen);
 			LockRelease(&keytag, ExclusiveLock, false);
 			XactLockTableWait(xwait, NULL, NULL, XLTW_None);
 			continue;
 		}
 		if (found != IDEM_FOUND_NONE)
 		{
+			IdemClosePartitions(open, nopen);
 			LockRelease(&keytag, ExclusiveLock, false);
 			return found == IDEM_FOUND_MINE ? IDEM_FOUND_OWN : IDEM_FOUND_COMMITTED;
 		}
 
-		if (!IdemPartitionFor(IDEM_LEDGER_MESSAGES, digest, expires_at, &target))
+		/* the target is live and in the key's lane, so it is open already */
+		if (IdemPartitionFor(IDEM_LEDGER_MESSAGES, digest, expires_at, &target))
+		{
+			for (i = 0; i < nopen; i++)
+			{
+				if (open[i].part.relid == target.relid)
+					break;
+			}
+			if (i == nopen)
+				elog(ERROR, "partition %u of the message ledger is not among those probed",
+					 target.relid);
+			keep_key_lock = IdemInsertMessage(&open[i], role, digest, expires_at);
+			IdemClosePartitions(open, nopen);
+			if (!keep_key_lock)
+				LockRelease(&keytag, ExclusiveLock, false);
+			return IDEM_ABSENT;
+		}
+		else
 		{
 			IdemLayout	layout;
 
 			/* maintenance has not made it: make it here, then start over */
+			IdemClosePartitions(open, nopen);
 			IdemCurrentLayout(IDEM_LEDGER_MESSAGES, &layout);
 			(void) IdemCreatePartition(IDEM_LEDGER_MESSAGES, &layout,
 									   IdemLaneValue(digest, layout.lanes) & 0xFF,
 									   expires_at);
 			LockRelease(&keytag, ExclusiveLock, false);
-			continue;
 		}
-
-		keep_key_lock = IdemInsertMessage(target.relid, role, digest,
-										  expires_at, target.lane);
-		if (!keep_key_lock)
-			LockRelease(&keytag, ExclusiveLock, false);
-		return IDEM_ABSENT;
 	}
 }
 
 /*
- * IdemLockPartitions fills "parts" with the live partitions a key's row can
- * be in, each locked in RowExclusiveLock mode.  Locking can deliver
- * invalidations that change the set (a partition was dropped or made), so
- * it repeats until the set is stable.
+ * IdemOpenLivePartitions opens, in RowExclusiveLock mode, the live
+ * partitions a key's row can be in and their digest indexes.  Locking can
+ * deliver invalidations that change the set (a partition was dropped or
+ * made), so it repeats until the set is stable.  Returns how many.
  */
-static void
-IdemLockPartitions(IdemLedger ledger, const pg_uuid_t *digest,
-				   TimestampTz now, IdemPartition *parts, int *nparts)
+static int
+IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
+					   TimestampTz now, IdemOpenPartition *open)
 {
+	IdemPartition parts[IDEM_MAX_PROBES];
+
 	for (;;)
 	{
 		uint64		generation = IdemPartitionsGeneration();
@@ -174,33 +202,36 @@ IdemLockPartitions(IdemLedger ledger, const pg_uuid_t *digest,
 									 IDEM_MAX_PROBES);
 		for (i = 0; i < n; i++)
 			LockRelationOid(parts[i].relid, RowExclusiveLock);
-		if (generation == IdemPartitionsGeneration())
+		if (generation != IdemPartitionsGeneration())
+			continue;
+
+		for (i = 0; i < n; i++)
 		{
-			*nparts = n;
-			return;
+			if (!OidIsValid(parts[i].indexrelid))
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("partition \"%s\" has no digest index",
+								get_rel_name(parts[i].relid)),
+						 errhint("Partitions of the idempotency ledgers must keep the index they were made with.")));
+			open[i].part = parts[i];
+			open[i].heap = table_open(parts[i].relid, NoLock);
+			open[i].index = index_open(parts[i].indexrelid, RowExclusiveLock);
 		}
+		return n;
 	}
 }
 
-/*
- * IdemPartitionIndex returns the OID of a partition's digest index: the
- * only index the extension gives its partitions.
- */
-static Oid
-IdemPartitionIndex(Relation heap)
+/* closes what IdemOpenLivePartitions opened, keeping the locks */
+static void
+IdemClosePartitions(IdemOpenPartition *open, int nopen)
 {
-	List	   *indexes = RelationGetIndexList(heap);
-	Oid			result;
+	int			i;
 
-	if (indexes == NIL)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("partition \"%s\" has no index",
-						RelationGetRelationName(heap)),
-				 errhint("Partitions of the idempotency ledgers must keep the index they were made with.")));
-	result = linitial_oid(indexes);
-	list_free(indexes);
-	return result;
+	for (i = 0; i < nopen; i++)
+	{
+		index_close(open[i].index, NoLock);
+		table_close(open[i].heap, NoLock);
+	}
 }
 
 /*
@@ -209,21 +240,19 @@ IdemPartitionIndex(Relation heap)
  * progress, returns IDEM_FOUND_BUSY and that transaction in *xwait.
  */
 static IdemFound
-IdemProbePartition(Relation heap, Relation index, Oid role,
+IdemProbePartition(IdemOpenPartition *op, TupleTableSlot *slot, Oid role,
 				   const pg_uuid_t *digest, TimestampTz now,
 				   TransactionId *xwait)
 {
 	SnapshotData dirty;
 	IndexScanDesc scan;
 	ScanKeyData skey;
-	TupleTableSlot *slot;
 	IdemFound	result = IDEM_FOUND_NONE;
 
 	InitDirtySnapshot(dirty);
 	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
 				UUIDPGetDatum(digest));
-	slot = table_slot_create(heap, NULL);
-	scan = index_beginscan(heap, index, &dirty, 1, 0);
+	scan = index_beginscan(op->heap, op->index, &dirty, 1, 0);
 	index_rescan(scan, &skey, 1, NULL, 0);
 
 	while (index_getnext_slot(scan, ForwardScanDirection, slot))
@@ -254,53 +283,65 @@ IdemProbePartition(Relation heap, Relation index, Oid role,
 	}
 
 	index_endscan(scan);
-	ExecDropSingleTupleTableSlot(slot);
+	ExecClearTuple(slot);
 	return result;
 }
 
 /*
- * IdemInsertMessage inserts a row into partition "relid", which the caller
+ * IdemInsertMessage inserts a row into open partition "op", which the caller
  * has checked covers (lane, expires_at), and its index entry.  Returns true
  * if the partition was made by this transaction, in which case the caller
  * must keep the key lock until the transaction ends.
  */
 static bool
-IdemInsertMessage(Oid relid, Oid role, const pg_uuid_t *digest,
-				  TimestampTz expires_at, int16 lane)
+IdemInsertMessage(IdemOpenPartition *op, Oid role, const pg_uuid_t *digest,
+				  TimestampTz expires_at)
 {
-	Relation	heap = table_open(relid, RowExclusiveLock);
-	Relation	index;
-	IndexInfo  *indexInfo;
 	Datum		values[Natts_messages];
 	bool		nulls[Natts_messages] = {false};
 	Datum		indexvalue;
 	bool		indexnull = false;
 	HeapTuple	tuple;
-	bool		created_here;
 
-	if (RelationGetDescr(heap)->natts != Natts_messages)
+	if (RelationGetDescr(op->heap)->natts != Natts_messages)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("partition \"%s\" does not have the columns of the message ledger",
-						RelationGetRelationName(heap))));
+						RelationGetRelationName(op->heap))));
 
 	values[Anum_messages_expires_at - 1] = TimestampTzGetDatum(expires_at);
 	values[Anum_messages_digest - 1] = UUIDPGetDatum(digest);
 	values[Anum_messages_role - 1] = ObjectIdGetDatum(role);
-	values[Anum_messages_lane - 1] = Int16GetDatum(lane);
-	tuple = heap_form_tuple(RelationGetDescr(heap), values, nulls);
-	simple_heap_insert(heap, tuple);
+	values[Anum_messages_lane - 1] = Int16GetDatum(op->part.lane);
+	tuple = heap_form_tuple(RelationGetDescr(op->heap), values, nulls);
+	simple_heap_insert(op->heap, tuple);
 
-	index = index_open(IdemPartitionIndex(heap), RowExclusiveLock);
-	indexInfo = BuildIndexInfo(index);
 	indexvalue = UUIDPGetDatum(digest);
-	(void) index_insert(index, &indexvalue, &indexnull, &tuple->t_self, heap,
-						UNIQUE_CHECK_NO, false, indexInfo);
-
-	created_here = heap->rd_createSubid != InvalidSubTransactionId;
-
-	index_close(index, NoLock);
-	table_close(heap, NoLock);
+	(void) index_insert(op->index, &indexvalue, &indexnull, &tuple->t_self,
+						op->heap, UNIQUE_CHECK_NO, false, IdemDigestIndexInfo());
 	heap_freetuple(tuple);
-	return created_here;
+
+	return op->heap->rd_createSubid != InvalidSubTransactionId;
+}
+
+/*
+ * IdemDigestIndexInfo returns the IndexInfo of a digest index (one key
+ * column, the digest).  It is the same for every partition, so it is built
+ * once per backend.
+ */
+static IndexInfo *
+IdemDigestIndexInfo(void)
+{
+	static IndexInfo *info = NULL;
+
+	if (info == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+
+		info = makeIndexInfo(1, 1, BTREE_AM_OID, NIL, NIL,
+							 false, false, false, false);
+		info->ii_IndexAttrNumbers[0] = Anum_messages_digest;
+		MemoryContextSwitchTo(oldcxt);
+	}
+	return info;
 }

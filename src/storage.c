@@ -42,6 +42,7 @@
 #include "catalog/pg_class.h"
 #include "catalog/pg_depend.h"
 #include "catalog/pg_extension.h"
+#include "catalog/pg_index.h"
 #include "catalog/pg_inherits.h"
 #include "catalog/pg_namespace.h"
 #include "commands/extension.h"
@@ -109,6 +110,7 @@ static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
+static Oid	IdemFindPartitionIndex(Oid relid);
 static void IdemExecAsOwner(const char *sql, int lock_timeout_ms);
 static void IdemAppendTimestamp(StringInfo buf, TimestampTz t);
 
@@ -306,6 +308,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 			!IdemReadBound(spec, &p.lane, &p.lower, &p.upper))
 			continue;
 		p.relid = inh->inhrelid;
+		p.indexrelid = IdemFindPartitionIndex(p.relid);
 
 		if (n == allocated)
 		{
@@ -350,6 +353,36 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 
 	cache->partitions = parts;
 	cache->npartitions = n;
+}
+
+/*
+ * IdemFindPartitionIndex returns the OID of a partition's digest index (the
+ * only index the extension gives its partitions), or InvalidOid.
+ */
+static Oid
+IdemFindPartitionIndex(Oid relid)
+{
+	Relation	indrel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tup;
+	Oid			result = InvalidOid;
+
+	indrel = table_open(IndexRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_index_indrelid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(relid));
+	scan = systable_beginscan(indrel, IndexIndrelidIndexId, true, NULL, 1, &key);
+	while ((tup = systable_getnext(scan)) != NULL)
+	{
+		Form_pg_index index = (Form_pg_index) GETSTRUCT(tup);
+
+		if (index->indnatts == 1 && index->indisvalid &&
+			(!OidIsValid(result) || index->indexrelid < result))
+			result = index->indexrelid;
+	}
+	systable_endscan(scan);
+	table_close(indrel, AccessShareLock);
+	return result;
 }
 
 /*
@@ -596,6 +629,7 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 	ObjectAddressSet(extension, ExtensionRelationId,
 					 get_extension_oid("idempotency", false));
 	recordDependencyOn(&table, &extension, DEPENDENCY_AUTO);
+	CommandCounterIncrement();
 
 	return cache->parent;
 }
@@ -644,6 +678,7 @@ IdemEnsureExtensionDependency(IdemLedger ledger)
 		ObjectAddressSet(table, RelationRelationId, parent);
 		ObjectAddressSet(extension, ExtensionRelationId, extoid);
 		recordDependencyOn(&table, &extension, DEPENDENCY_AUTO);
+		CommandCounterIncrement();
 	}
 }
 
