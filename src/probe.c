@@ -157,8 +157,12 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 					break;
 			}
 			if (i == nopen)
-				elog(ERROR, "partition %u of the message ledger is not among those probed",
-					 target.relid);
+			{
+				/* the partition set changed under us: start over */
+				IdemClosePartitions(open, nopen);
+				LockRelease(&keytag, ExclusiveLock, false);
+				continue;
+			}
 			keep_key_lock = IdemInsertMessage(&open[i], role, digest, expires_at);
 			IdemClosePartitions(open, nopen);
 			if (!keep_key_lock)
@@ -198,6 +202,7 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 		int			n;
 		int			i;
 
+		CHECK_FOR_INTERRUPTS();
 		n = IdemLivePartitionsForKey(ledger, digest, now, parts,
 									 IDEM_MAX_PROBES);
 		for (i = 0; i < n; i++)

@@ -202,9 +202,9 @@ IdemPartitionBounds(const IdemLayout *layout, int lane_number, TimestampTz t,
 }
 
 /*
- * IdemPartitionsGeneration returns a counter that changes whenever any
- * ledger cache is rebuilt; callers holding copies of cache entries compare
- * it before and after taking locks.
+ * IdemPartitionsGeneration returns a counter that changes whenever a ledger
+ * cache is invalidated or rebuilt from an existing table; callers holding
+ * copies of cache entries compare it before and after taking locks.
  */
 uint64
 IdemPartitionsGeneration(void)
@@ -254,7 +254,6 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	cache->partitions = NULL;
 	cache->npartitions = 0;
 	cache->nlayouts = 0;
-	cache_generation++;
 
 	/*
 	 * Mark valid before reading: an invalidation that arrives while we read
@@ -353,6 +352,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 
 	cache->partitions = parts;
 	cache->npartitions = n;
+	cache_generation++;
 }
 
 /*
