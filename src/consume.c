@@ -19,6 +19,8 @@
 #include "idempotency.h"
 
 #include "catalog/pg_type.h"
+#include "storage/lmgr.h"
+#include "utils/inval.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -37,7 +39,84 @@ typedef struct IdemBatchItem
 	int			position;		/* index in the input array */
 } IdemBatchItem;
 
+#define Natts_messages		4
+
 static int	IdemBatchItemCmp(const void *a, const void *b);
+
+/*
+ * IdemRecordMessage records message "digest" of role "role" in the message
+ * ledger unless a live record exists, waiting for transactions in progress
+ * that are writing one.  Returns true if it recorded the message.
+ */
+bool
+IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
+				  TimestampTz expires_at)
+{
+	LOCKTAG		keytag;
+	IdemOpenPartition open[IDEM_MAX_PROBES];
+
+	(void) IdemLedgerParent(IDEM_LEDGER_MESSAGES, true);
+	IdemSetKeyLockTag(&keytag, IDEM_LEDGER_MESSAGES, role, digest);
+
+	for (;;)
+	{
+		IdemProbeResult probe;
+		int			nopen;
+		int			target;
+		Datum		values[Natts_messages];
+		bool		nulls[Natts_messages] = {false};
+		bool		keep_key_lock;
+
+		CHECK_FOR_INTERRUPTS();
+		(void) LockAcquire(&keytag, ExclusiveLock, false, false);
+
+		/* see every partition committed before we got the key lock */
+		AcceptInvalidationMessages();
+		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, digest, now,
+									   RowExclusiveLock, open);
+		IdemProbe(open, nopen, role, digest, now, false, &probe);
+
+		if (probe.found == IDEM_FOUND_BUSY)
+		{
+			/* wait for the writer to finish, then look again */
+			IdemClosePartitions(open, nopen);
+			LockRelease(&keytag, ExclusiveLock, false);
+			XactLockTableWait(probe.xwait, NULL, NULL, XLTW_None);
+			continue;
+		}
+		if (probe.found != IDEM_FOUND_NONE)
+		{
+			IdemClosePartitions(open, nopen);
+			LockRelease(&keytag, ExclusiveLock, false);
+			return false;
+		}
+
+		target = IdemOpenTarget(IDEM_LEDGER_MESSAGES, digest, expires_at,
+								open, nopen);
+		if (target < 0)
+		{
+			IdemClosePartitions(open, nopen);
+			LockRelease(&keytag, ExclusiveLock, false);
+			continue;
+		}
+
+		if (RelationGetDescr(open[target].heap)->natts != Natts_messages)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("partition \"%s\" does not have the columns of the message ledger",
+							RelationGetRelationName(open[target].heap))));
+		values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
+		values[Anum_ledger_digest - 1] = UUIDPGetDatum(digest);
+		values[Anum_ledger_role - 1] = ObjectIdGetDatum(role);
+		values[Anum_ledger_lane - 1] = Int16GetDatum(open[target].part.lane);
+		keep_key_lock = IdemInsertRow(&open[target], values, nulls);
+
+		IdemClosePartitions(open, nopen);
+		if (!keep_key_lock)
+			LockRelease(&keytag, ExclusiveLock, false);
+		return true;
+	}
+}
 
 /*
  * idem_consume_message(consumer text, message_id text, ttl interval)
@@ -63,8 +142,7 @@ idem_consume_message(PG_FUNCTION_ARGS)
 					  VARDATA_ANY(message_id), VARSIZE_ANY_EXHDR(message_id),
 					  &digest);
 
-	PG_RETURN_BOOL(IdemRecordMessage(GetUserId(), &digest, now, expires_at) ==
-				   IDEM_ABSENT);
+	PG_RETURN_BOOL(IdemRecordMessage(GetUserId(), &digest, now, expires_at));
 }
 
 /*
@@ -158,7 +236,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 							IDEM_DIGEST_LEN) == 0)
 			continue;
 		is_new[items[i].position] =
-			IdemRecordMessage(role, &items[i].digest, now, expires_at) == IDEM_ABSENT;
+			IdemRecordMessage(role, &items[i].digest, now, expires_at);
 	}
 
 	/* return the new ones in input order */

@@ -19,6 +19,7 @@
 
 #include "postgres.h"
 
+#include "access/htup.h"
 #include "datatype/timestamp.h"
 #include "storage/itemptr.h"
 #include "storage/lock.h"
@@ -132,15 +133,61 @@ extern void IdemEnsureExtensionDependency(IdemLedger ledger);
  * (probe.c)
  * ----------------------------------------------------------------
  */
-typedef enum IdemProbeStatus
-{
-	IDEM_ABSENT,				/* no live row: caller may insert */
-	IDEM_FOUND_OWN,				/* live row written by this transaction */
-	IDEM_FOUND_COMMITTED		/* live row committed by another transaction */
-} IdemProbeStatus;
 
-extern IdemProbeStatus IdemRecordMessage(Oid role, const pg_uuid_t *digest,
-										 TimestampTz now,
-										 TimestampTz expires_at);
+/* Columns every ledger table starts with */
+#define Anum_ledger_expires_at		1
+#define Anum_ledger_digest			2
+#define Anum_ledger_role			3
+#define Anum_ledger_lane			4
+
+/* Live partitions one lane may have before lookups refuse */
+#define IDEM_MAX_PROBES				256
+
+/* An open partition: its heap and digest index */
+typedef struct IdemOpenPartition
+{
+	IdemPartition part;
+	Relation	heap;
+	Relation	index;
+} IdemOpenPartition;
+
+/* What a probe found */
+typedef enum IdemFound
+{
+	IDEM_FOUND_NONE,			/* no live row */
+	IDEM_FOUND_MINE,			/* live row written by this transaction */
+	IDEM_FOUND_DONE,			/* live row committed by another transaction */
+	IDEM_FOUND_BUSY				/* live row another transaction is writing */
+} IdemFound;
+
+typedef struct IdemProbeResult
+{
+	IdemFound	found;
+	TransactionId xwait;		/* for BUSY: the transaction to wait for */
+	int			which;			/* index of the partition among those open */
+	ItemPointerData tid;		/* the row */
+	HeapTuple	tuple;			/* copy of the row, if asked for */
+} IdemProbeResult;
+
+extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
+								   TimestampTz now, LOCKMODE lockmode,
+								   IdemOpenPartition *open);
+extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
+extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
+					  const pg_uuid_t *digest, TimestampTz now,
+					  bool want_tuple, IdemProbeResult *result);
+extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
+						   TimestampTz expires_at, IdemOpenPartition *open,
+						   int nopen);
+extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls);
+extern void IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
+						  HeapTuple newtuple);
+
+/* The processed-message ledger (consume.c) */
+extern bool IdemRecordMessage(Oid role, const pg_uuid_t *digest,
+							  TimestampTz now, TimestampTz expires_at);
+
+/* The idempotency-key ledger (keys.c) */
+extern void IdemKeysInit(void);
 
 #endif							/* IDEMPOTENCY_H */

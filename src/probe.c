@@ -25,6 +25,9 @@
  * itself (because maintenance had not made it) is invisible to everyone
  * else until commit, so its key lock is kept until the transaction ends.
  *
+ * This file has the pieces both ledgers use; consume.c and keys.c run the
+ * protocol with them.
+ *
  * Copyright (c) 2026, the idempotency authors
  *
  * IDENTIFICATION
@@ -42,157 +45,30 @@
 #include "access/xact.h"
 #include "catalog/index.h"
 #include "catalog/pg_am.h"
-#include "nodes/makefuncs.h"
-#include "utils/lsyscache.h"
-#include "utils/memutils.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
+#include "nodes/makefuncs.h"
 #include "storage/lmgr.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
-/* Columns of the message ledger */
-#define Anum_messages_expires_at	1
-#define Anum_messages_digest		2
-#define Anum_messages_role			3
-#define Anum_messages_lane			4
-#define Natts_messages				4
-
-/* Live partitions one lane may have before lookups refuse */
-#define IDEM_MAX_PROBES				256
-
-typedef enum IdemFound
-{
-	IDEM_FOUND_NONE,
-	IDEM_FOUND_MINE,
-	IDEM_FOUND_DONE,
-	IDEM_FOUND_BUSY				/* inserted by a transaction in progress */
-} IdemFound;
-
-/* An open partition: its heap and digest index */
-typedef struct IdemOpenPartition
-{
-	IdemPartition part;
-	Relation	heap;
-	Relation	index;
-} IdemOpenPartition;
-
-static int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
-								   TimestampTz now, IdemOpenPartition *open);
-static void IdemClosePartitions(IdemOpenPartition *open, int nopen);
-static IdemFound IdemProbePartition(IdemOpenPartition *op,
-									TupleTableSlot *slot, Oid role,
-									const pg_uuid_t *digest, TimestampTz now,
-									TransactionId *xwait);
-static bool IdemInsertMessage(IdemOpenPartition *op, Oid role,
-							  const pg_uuid_t *digest, TimestampTz expires_at);
 static IndexInfo *IdemDigestIndexInfo(void);
 
 /*
- * IdemRecordMessage records message "digest" of role "role" in the message
- * ledger unless a live record exists, waiting for transactions in progress
- * that hold one.  Returns IDEM_ABSENT if it recorded the message.
+ * IdemOpenLivePartitions opens, in the given lock mode, the live partitions
+ * a key's row can be in, and their digest indexes.  Locking can deliver
+ * invalidations that change the set (a partition was dropped or made), so it
+ * repeats until the set is stable.  Returns how many.
  */
-IdemProbeStatus
-IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
-				  TimestampTz expires_at)
-{
-	LOCKTAG		keytag;
-	IdemOpenPartition open[IDEM_MAX_PROBES];
-
-	(void) IdemLedgerParent(IDEM_LEDGER_MESSAGES, true);
-	IdemSetKeyLockTag(&keytag, IDEM_LEDGER_MESSAGES, role, digest);
-
-	for (;;)
-	{
-		int			nopen;
-		int			i;
-		IdemFound	found = IDEM_FOUND_NONE;
-		TransactionId xwait = InvalidTransactionId;
-		IdemPartition target;
-		TupleTableSlot *slot = NULL;
-		bool		keep_key_lock;
-
-		CHECK_FOR_INTERRUPTS();
-
-		(void) LockAcquire(&keytag, ExclusiveLock, false, false);
-
-		/* see every partition committed before we got the key lock */
-		AcceptInvalidationMessages();
-		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, digest, now, open);
-
-		for (i = 0; i < nopen && found == IDEM_FOUND_NONE; i++)
-		{
-			if (slot == NULL)
-				slot = table_slot_create(open[i].heap, NULL);
-			found = IdemProbePartition(&open[i], slot, role, digest, now, &xwait);
-		}
-		if (slot != NULL)
-			ExecDropSingleTupleTableSlot(slot);
-
-		if (found == IDEM_FOUND_BUSY)
-		{
-			/* wait for the holder to finish, then look again */
-			IdemClosePartitions(open, nopen);
-			LockRelease(&keytag, ExclusiveLock, false);
-			XactLockTableWait(xwait, NULL, NULL, XLTW_None);
-			continue;
-		}
-		if (found != IDEM_FOUND_NONE)
-		{
-			IdemClosePartitions(open, nopen);
-			LockRelease(&keytag, ExclusiveLock, false);
-			return found == IDEM_FOUND_MINE ? IDEM_FOUND_OWN : IDEM_FOUND_COMMITTED;
-		}
-
-		/* the target is live and in the key's lane, so it is open already */
-		if (IdemPartitionFor(IDEM_LEDGER_MESSAGES, digest, expires_at, &target))
-		{
-			for (i = 0; i < nopen; i++)
-			{
-				if (open[i].part.relid == target.relid)
-					break;
-			}
-			if (i == nopen)
-			{
-				/* the partition set changed under us: start over */
-				IdemClosePartitions(open, nopen);
-				LockRelease(&keytag, ExclusiveLock, false);
-				continue;
-			}
-			keep_key_lock = IdemInsertMessage(&open[i], role, digest, expires_at);
-			IdemClosePartitions(open, nopen);
-			if (!keep_key_lock)
-				LockRelease(&keytag, ExclusiveLock, false);
-			return IDEM_ABSENT;
-		}
-		else
-		{
-			IdemLayout	layout;
-
-			/* maintenance has not made it: make it here, then start over */
-			IdemClosePartitions(open, nopen);
-			IdemCurrentLayout(IDEM_LEDGER_MESSAGES, &layout);
-			(void) IdemCreatePartition(IDEM_LEDGER_MESSAGES, &layout,
-									   IdemLaneValue(digest, layout.lanes) & 0xFF,
-									   expires_at);
-			LockRelease(&keytag, ExclusiveLock, false);
-		}
-	}
-}
-
-/*
- * IdemOpenLivePartitions opens, in RowExclusiveLock mode, the live
- * partitions a key's row can be in and their digest indexes.  Locking can
- * deliver invalidations that change the set (a partition was dropped or
- * made), so it repeats until the set is stable.  Returns how many.
- */
-static int
+int
 IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
-					   TimestampTz now, IdemOpenPartition *open)
+					   TimestampTz now, LOCKMODE lockmode,
+					   IdemOpenPartition *open)
 {
 	IdemPartition parts[IDEM_MAX_PROBES];
 
@@ -206,7 +82,7 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 		n = IdemLivePartitionsForKey(ledger, digest, now, parts,
 									 IDEM_MAX_PROBES);
 		for (i = 0; i < n; i++)
-			LockRelationOid(parts[i].relid, RowExclusiveLock);
+			LockRelationOid(parts[i].relid, lockmode);
 		if (generation != IdemPartitionsGeneration())
 			continue;
 
@@ -220,14 +96,14 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 						 errhint("Partitions of the idempotency ledgers must keep the index they were made with.")));
 			open[i].part = parts[i];
 			open[i].heap = table_open(parts[i].relid, NoLock);
-			open[i].index = index_open(parts[i].indexrelid, RowExclusiveLock);
+			open[i].index = index_open(parts[i].indexrelid, lockmode);
 		}
 		return n;
 	}
 }
 
 /* closes what IdemOpenLivePartitions opened, keeping the locks */
-static void
+void
 IdemClosePartitions(IdemOpenPartition *open, int nopen)
 {
 	int			i;
@@ -240,88 +116,132 @@ IdemClosePartitions(IdemOpenPartition *open, int nopen)
 }
 
 /*
- * IdemProbePartition looks for a live row of (role, digest) in one
- * partition with a dirty snapshot.  For a row of a transaction still in
- * progress, returns IDEM_FOUND_BUSY and that transaction in *xwait.
+ * IdemProbe looks for a live (not expired) row of (role, digest) in the open
+ * partitions with a dirty snapshot, which also sees rows of transactions in
+ * progress.  A row that another transaction is inserting, updating or
+ * deleting is reported BUSY with that transaction in xwait.  With
+ * want_tuple, a copy of the row is returned in palloc'd memory.
  */
-static IdemFound
-IdemProbePartition(IdemOpenPartition *op, TupleTableSlot *slot, Oid role,
-				   const pg_uuid_t *digest, TimestampTz now,
-				   TransactionId *xwait)
+void
+IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
+		  const pg_uuid_t *digest, TimestampTz now, bool want_tuple,
+		  IdemProbeResult *result)
 {
-	SnapshotData dirty;
-	IndexScanDesc scan;
-	ScanKeyData skey;
-	IdemFound	result = IDEM_FOUND_NONE;
+	TupleTableSlot *slot = NULL;
+	int			i;
 
-	InitDirtySnapshot(dirty);
-	ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
-				UUIDPGetDatum(digest));
-	scan = index_beginscan(op->heap, op->index, &dirty, 1, 0);
-	index_rescan(scan, &skey, 1, NULL, 0);
+	result->found = IDEM_FOUND_NONE;
+	result->xwait = InvalidTransactionId;
+	result->which = -1;
+	result->tuple = NULL;
+	ItemPointerSetInvalid(&result->tid);
 
-	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+	for (i = 0; i < nopen && result->found == IDEM_FOUND_NONE; i++)
 	{
-		bool		isnull;
-		TransactionId xmin;
+		SnapshotData dirty;
+		IndexScanDesc scan;
+		ScanKeyData skey;
 
-		if (DatumGetObjectId(slot_getattr(slot, Anum_messages_role, &isnull)) != role)
-			continue;
-		if (DatumGetTimestampTz(slot_getattr(slot, Anum_messages_expires_at,
-											 &isnull)) <= now)
-			continue;			/* expired: as if absent */
+		if (slot == NULL)
+			slot = table_slot_create(open[i].heap, NULL);
 
-		/* a dirty snapshot does not report our own insertions in xmin */
-		xmin = DatumGetTransactionId(slot_getsysattr(slot,
-													 MinTransactionIdAttributeNumber,
-													 &isnull));
-		if (TransactionIdIsCurrentTransactionId(xmin))
-			result = IDEM_FOUND_MINE;
-		else if (TransactionIdIsValid(dirty.xmin))
+		InitDirtySnapshot(dirty);
+		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
+					UUIDPGetDatum(digest));
+		scan = index_beginscan(open[i].heap, open[i].index, &dirty, 1, 0);
+		index_rescan(scan, &skey, 1, NULL, 0);
+
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
-			*xwait = dirty.xmin;
-			result = IDEM_FOUND_BUSY;
-		}
-		else
-			result = IDEM_FOUND_DONE;
-		break;
-	}
+			bool		isnull;
+			TransactionId xmin;
 
-	index_endscan(scan);
-	ExecClearTuple(slot);
-	return result;
+			if (DatumGetObjectId(slot_getattr(slot, Anum_ledger_role, &isnull)) != role)
+				continue;
+			if (DatumGetTimestampTz(slot_getattr(slot, Anum_ledger_expires_at,
+												 &isnull)) <= now)
+				continue;		/* expired: as if absent */
+
+			/* a dirty snapshot does not report our own changes in xmin */
+			xmin = DatumGetTransactionId(slot_getsysattr(slot,
+														 MinTransactionIdAttributeNumber,
+														 &isnull));
+			if (TransactionIdIsCurrentTransactionId(xmin))
+				result->found = IDEM_FOUND_MINE;
+			else if (TransactionIdIsValid(dirty.xmin))
+			{
+				result->found = IDEM_FOUND_BUSY;
+				result->xwait = dirty.xmin;
+			}
+			else if (TransactionIdIsValid(dirty.xmax))
+			{
+				result->found = IDEM_FOUND_BUSY;
+				result->xwait = dirty.xmax;
+			}
+			else
+				result->found = IDEM_FOUND_DONE;
+
+			result->which = i;
+			result->tid = slot->tts_tid;
+			if (want_tuple)
+				result->tuple = ExecCopySlotHeapTuple(slot);
+			break;
+		}
+		index_endscan(scan);
+		ExecClearTuple(slot);
+	}
+	if (slot != NULL)
+		ExecDropSingleTupleTableSlot(slot);
 }
 
 /*
- * IdemInsertMessage inserts a row into open partition "op", which the caller
- * has checked covers (lane, expires_at), and its index entry.  Returns true
- * if the partition was made by this transaction, in which case the caller
- * must keep the key lock until the transaction ends.
+ * IdemOpenTarget returns the index, among the open partitions, of the one a
+ * new row of this digest expiring at expires_at goes to.  The target is live
+ * and in the key's lane, so normally it is open already.  Returns -1 if the
+ * caller must start over: the partition set changed, or the target did not
+ * exist and has just been made (in this transaction, as maintenance had not
+ * made it).
  */
-static bool
-IdemInsertMessage(IdemOpenPartition *op, Oid role, const pg_uuid_t *digest,
-				  TimestampTz expires_at)
+int
+IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
+			   TimestampTz expires_at, IdemOpenPartition *open, int nopen)
 {
-	Datum		values[Natts_messages];
-	bool		nulls[Natts_messages] = {false};
-	Datum		indexvalue;
-	bool		indexnull = false;
+	IdemPartition target;
+	IdemLayout	layout;
+	int			i;
+
+	if (IdemPartitionFor(ledger, digest, expires_at, &target))
+	{
+		for (i = 0; i < nopen; i++)
+		{
+			if (open[i].part.relid == target.relid)
+				return i;
+		}
+		return -1;
+	}
+
+	IdemCurrentLayout(ledger, &layout);
+	(void) IdemCreatePartition(ledger, &layout,
+							   IdemLaneValue(digest, layout.lanes) & 0xFF,
+							   expires_at);
+	return -1;
+}
+
+/*
+ * IdemInsertRow inserts a row into open partition "op", which the caller
+ * has checked covers its (lane, expires_at), and its index entry.  Returns
+ * true if the partition was made by this transaction, in which case the
+ * caller must keep the key lock until the transaction ends.
+ */
+bool
+IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls)
+{
 	HeapTuple	tuple;
+	Datum		indexvalue = values[Anum_ledger_digest - 1];
+	bool		indexnull = false;
 
-	if (RelationGetDescr(op->heap)->natts != Natts_messages)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("partition \"%s\" does not have the columns of the message ledger",
-						RelationGetRelationName(op->heap))));
-
-	values[Anum_messages_expires_at - 1] = TimestampTzGetDatum(expires_at);
-	values[Anum_messages_digest - 1] = UUIDPGetDatum(digest);
-	values[Anum_messages_role - 1] = ObjectIdGetDatum(role);
-	values[Anum_messages_lane - 1] = Int16GetDatum(op->part.lane);
 	tuple = heap_form_tuple(RelationGetDescr(op->heap), values, nulls);
 	simple_heap_insert(op->heap, tuple);
-
-	indexvalue = UUIDPGetDatum(digest);
 	(void) index_insert(op->index, &indexvalue, &indexnull, &tuple->t_self,
 						op->heap, UNIQUE_CHECK_NO, false, IdemDigestIndexInfo());
 	heap_freetuple(tuple);
@@ -330,9 +250,32 @@ IdemInsertMessage(IdemOpenPartition *op, Oid role, const pg_uuid_t *digest,
 }
 
 /*
+ * IdemUpdateRow replaces row "tid" of open partition "op" by newtuple, which
+ * keeps the digest and expiry of the old one (so the row never moves to
+ * another partition).  The caller holds the key lock and has checked that
+ * no other transaction is changing the row.
+ */
+void
+IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
+{
+	simple_heap_update(op->heap, tid, newtuple);
+	if (!HeapTupleIsHeapOnly(newtuple))
+	{
+		bool		isnull;
+		Datum		indexvalue = heap_getattr(newtuple, Anum_ledger_digest,
+											  RelationGetDescr(op->heap),
+											  &isnull);
+
+		(void) index_insert(op->index, &indexvalue, &isnull, &newtuple->t_self,
+							op->heap, UNIQUE_CHECK_NO, false,
+							IdemDigestIndexInfo());
+	}
+}
+
+/*
  * IdemDigestIndexInfo returns the IndexInfo of a digest index (one key
- * column, the digest).  It is the same for every partition, so it is built
- * once per backend.
+ * column, the digest).  It is the same for every partition of every ledger,
+ * so it is built once per backend.
  */
 static IndexInfo *
 IdemDigestIndexInfo(void)
@@ -345,7 +288,7 @@ IdemDigestIndexInfo(void)
 
 		info = makeIndexInfo(1, 1, BTREE_AM_OID, NIL, NIL,
 							 false, false, false, false);
-		info->ii_IndexAttrNumbers[0] = Anum_messages_digest;
+		info->ii_IndexAttrNumbers[0] = Anum_ledger_digest;
 		MemoryContextSwitchTo(oldcxt);
 	}
 	return info;
