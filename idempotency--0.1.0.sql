@@ -81,3 +81,73 @@ COMMENT ON VIEW idempotency.partitions IS
 GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
 GRANT SELECT ON idempotency.partitions TO pg_monitor;
 GRANT EXECUTE ON FUNCTION idempotency.partition_info() TO pg_monitor;
+
+-- Idempotency keys
+
+CREATE FUNCTION pg_catalog.idem_claim(key text,
+                                      request jsonb DEFAULT NULL,
+                                      scope text DEFAULT '',
+                                      ttl interval DEFAULT NULL,
+                                      lease interval DEFAULT NULL,
+                                      wait boolean DEFAULT false,
+                                      OUT status text,
+                                      OUT token bigint,
+                                      OUT recovery_point text,
+                                      OUT response_code integer,
+                                      OUT response_body jsonb,
+                                      OUT expires_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean) IS
+'claims an idempotency key: claimed (do the work), completed (replay the stored response), in_progress (409) or mismatch (422)';
+
+CREATE FUNCTION pg_catalog.idem_complete(key text,
+                                         response_code integer,
+                                         response_body jsonb DEFAULT NULL,
+                                         scope text DEFAULT '',
+                                         token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_complete(text, integer, jsonb, text, bigint) IS
+'stores the response of a claimed idempotency key and marks it completed';
+
+CREATE FUNCTION pg_catalog.idem_checkpoint(key text,
+                                           recovery_point text,
+                                           scope text DEFAULT '',
+                                           token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_checkpoint(text, text, text, bigint) IS
+'records the recovery point reached by the holder of an idempotency key';
+
+CREATE FUNCTION pg_catalog.idem_release(key text,
+                                        scope text DEFAULT '',
+                                        token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_release(text, text, bigint) IS
+'gives up a claimed idempotency key so that a retry starts fresh';
+
+CREATE FUNCTION pg_catalog.idem_lookup(key text,
+                                       scope text DEFAULT '')
+RETURNS TABLE (status text,
+               token bigint,
+               recovery_point text,
+               response_code integer,
+               response_body jsonb,
+               claimed_at timestamptz,
+               expires_at timestamptz,
+               lease_expires_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_lookup'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION pg_catalog.idem_lookup(text, text) IS
+'the calling role''s own live record of one idempotency key, for support work';

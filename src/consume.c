@@ -213,14 +213,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 					 errmsg("message_id must not be empty"),
 					 errdetail("Element %d is empty.", i + 1)));
-		if (len > idem_max_key_length)
-			ereport(ERROR,
-					(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
-					 errmsg("message_id is too long"),
-					 errdetail("Element %d is %d bytes long; the limit is %d bytes.",
-							   i + 1, len, idem_max_key_length),
-					 errhint("Raise %s, or send a shorter value such as a hash.",
-							 "idempotency.max_key_length")));
+		IdemCheckKeyLength(len, "message_id");
 		IdemComputeDigest(VARDATA_ANY(consumer), VARSIZE_ANY_EXHDR(consumer),
 						  VARDATA_ANY(id), len, &items[i].digest);
 		items[i].position = i;

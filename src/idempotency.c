@@ -94,30 +94,16 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
+	IdemKeysInit();
 }
 
 /*
- * IdemCheckKeyArg returns text argument "argno", named "argname" in error
- * messages, after checking that it is not NULL, not empty and not longer
- * than idempotency.max_key_length.
+ * IdemCheckKeyLength raises the error for a key, message id, consumer or
+ * scope of "len" bytes if that is over idempotency.max_key_length.
  */
-text *
-IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
+void
+IdemCheckKeyLength(int len, const char *argname)
 {
-	text	   *t;
-	int			len;
-
-	if (PG_ARGISNULL(argno))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("%s must not be null", argname)));
-
-	t = PG_GETARG_TEXT_PP(argno);
-	len = VARSIZE_ANY_EXHDR(t);
-	if (len == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("%s must not be empty", argname)));
 	if (len > idem_max_key_length)
 		ereport(ERROR,
 				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
@@ -126,6 +112,40 @@ IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
 						   argname, len, idem_max_key_length),
 				 errhint("Raise %s, or send a shorter value such as a hash.",
 						 "idempotency.max_key_length")));
+}
+
+/*
+ * IdemCheckScopeArg returns text argument "argno", named "argname" in error
+ * messages, after checking that it is not NULL and not longer than
+ * idempotency.max_key_length.  It may be empty.
+ */
+text *
+IdemCheckScopeArg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	text	   *t;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname)));
+	t = PG_GETARG_TEXT_PP(argno);
+	IdemCheckKeyLength(VARSIZE_ANY_EXHDR(t), argname);
+	return t;
+}
+
+/*
+ * IdemCheckKeyArg returns text argument "argno" after the checks of
+ * IdemCheckScopeArg, and that it is not empty.
+ */
+text *
+IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	text	   *t = IdemCheckScopeArg(fcinfo, argno, argname);
+
+	if (VARSIZE_ANY_EXHDR(t) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", argname)));
 	return t;
 }
 

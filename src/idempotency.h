@@ -70,6 +70,7 @@ extern int16 IdemLaneValue(const pg_uuid_t *digest, int lanes);
 extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
+extern bytea *IdemFingerprint(Datum request);
 
 /* ----------------------------------------------------------------
  * Argument checks shared by the SQL functions (idempotency.c)
@@ -77,6 +78,9 @@ extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
  */
 extern text *IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno,
 							 const char *argname);
+extern text *IdemCheckScopeArg(FunctionCallInfo fcinfo, int argno,
+							   const char *argname);
+extern void IdemCheckKeyLength(int len, const char *argname);
 extern TimestampTz IdemExpiresAt(FunctionCallInfo fcinfo, int argno,
 								 TimestampTz now, int default_ttl,
 								 const char *default_ttl_name);
@@ -180,7 +184,7 @@ extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 						   TimestampTz expires_at, IdemOpenPartition *open,
 						   int nopen);
 extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls);
-extern void IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
+extern bool IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
 						  HeapTuple newtuple);
 
 /* The processed-message ledger (consume.c) */

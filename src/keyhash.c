@@ -24,6 +24,7 @@
 #include "common/sha2.h"
 #include "miscadmin.h"
 #include "port/pg_bswap.h"
+#include "utils/jsonb.h"
 #include "utils/resowner.h"
 
 /*
@@ -61,6 +62,32 @@ IdemComputeDigest(const char *ns, int nslen, const char *key, int keylen,
 						pg_cryptohash_error(ctx))));
 
 	memcpy(digest->data, full, IDEM_DIGEST_LEN);
+}
+
+/*
+ * IdemFingerprint returns the fingerprint of a request: SHA-256 of the
+ * jsonb's canonical text form (jsonb already orders keys and drops
+ * whitespace and duplicate keys), as a 32-byte bytea.
+ */
+bytea *
+IdemFingerprint(Datum request)
+{
+	Jsonb	   *jb = DatumGetJsonbP(request);
+	char	   *text = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
+	pg_cryptohash_ctx *ctx = IdemDigestContext();
+	bytea	   *result = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
+
+	SET_VARSIZE(result, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
+	if (pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, (const uint8 *) text, strlen(text)) < 0 ||
+		pg_cryptohash_final(ctx, (uint8 *) VARDATA(result),
+							PG_SHA256_DIGEST_LENGTH) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not compute SHA-256 fingerprint of request: %s",
+						pg_cryptohash_error(ctx))));
+	pfree(text);
+	return result;
 }
 
 /* returns the backend's SHA-256 context, making it on first use */

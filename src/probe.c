@@ -253,9 +253,10 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls)
  * IdemUpdateRow replaces row "tid" of open partition "op" by newtuple, which
  * keeps the digest and expiry of the old one (so the row never moves to
  * another partition).  The caller holds the key lock and has checked that
- * no other transaction is changing the row.
+ * no other transaction is changing the row.  Returns true if the partition
+ * was made by this transaction, as IdemInsertRow does.
  */
-void
+bool
 IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 {
 	simple_heap_update(op->heap, tid, newtuple);
@@ -270,6 +271,7 @@ IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 							op->heap, UNIQUE_CHECK_NO, false,
 							IdemDigestIndexInfo());
 	}
+	return op->heap->rd_createSubid != InvalidSubTransactionId;
 }
 
 /*

@@ -85,7 +85,21 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"Processed-message ledger of idem_consume_message(); managed by the idempotency extension."
 	},
 	[IDEM_LEDGER_KEYS] = {
-		"keys", NULL, NULL, NULL
+		"keys",
+		"expires_at pg_catalog.timestamptz NOT NULL, "
+		"digest pg_catalog.uuid NOT NULL, "
+		"role pg_catalog.regrole NOT NULL, "
+		"lane pg_catalog.int2 NOT NULL, "
+		"state pg_catalog.\"char\" NOT NULL, "
+		"token pg_catalog.int8 NOT NULL, "
+		"claimed_at pg_catalog.timestamptz NOT NULL, "
+		"lease_until pg_catalog.timestamptz, "
+		"fingerprint pg_catalog.bytea, "
+		"recovery_point pg_catalog.text, "
+		"response_code pg_catalog.int4, "
+		"response_body pg_catalog.jsonb",
+		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest)",
+		"Idempotency-key ledger of idem_claim(); managed by the idempotency extension."
 	},
 };
 

@@ -1,0 +1,728 @@
+/*-------------------------------------------------------------------------
+ *
+ * keys.c
+ *	  The idempotency-key ledger: idem_claim(), idem_complete(),
+ *	  idem_checkpoint(), idem_release() and idem_lookup().
+ *
+ * A key is identified by (calling role, scope, key).  Its row records a
+ * state (in progress, completed, released), a fencing token, the request's
+ * fingerprint, a recovery point and the stored response.
+ *
+ * Two modes:
+ *	- same transaction (no lease): the claim is part of the caller's
+ *	  transaction; committing it while still in progress is an error raised
+ *	  at COMMIT, so no key is ever left in progress without a lease;
+ *	- two-phase (lease): the in-progress claim may be committed, the caller
+ *	  finishes it in a later transaction with the token it got.  Once the
+ *	  lease has lapsed, another caller may claim the key again, with a new,
+ *	  larger token; the old holder's token is then refused.
+ *
+ * Every operation runs under the key lock of probe.c, so operations on one
+ * key are serialized, and waits for transactions that are writing its row.
+ * Rows are updated in place (same partition: expires_at never changes).
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/keys.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/htup_details.h"
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "utils/builtins.h"
+#include "utils/inval.h"
+#include "utils/jsonb.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/timestamp.h"
+
+PG_FUNCTION_INFO_V1(idem_claim);
+PG_FUNCTION_INFO_V1(idem_complete);
+PG_FUNCTION_INFO_V1(idem_checkpoint);
+PG_FUNCTION_INFO_V1(idem_release);
+PG_FUNCTION_INFO_V1(idem_lookup);
+
+/* Columns of the key ledger after the four every ledger has */
+#define Anum_keys_state				5
+#define Anum_keys_token				6
+#define Anum_keys_claimed_at		7
+#define Anum_keys_lease_until		8
+#define Anum_keys_fingerprint		9
+#define Anum_keys_recovery_point	10
+#define Anum_keys_response_code		11
+#define Anum_keys_response_body		12
+#define Natts_keys					12
+
+/* Values of the state column */
+#define KEY_IN_PROGRESS		'p'
+#define KEY_COMPLETED		'c'
+#define KEY_RELEASED		'r'
+
+/* Columns of idem_claim()'s result */
+#define Natts_claim_result			6
+
+/* What idem_complete(), idem_checkpoint() and idem_release() do */
+typedef enum IdemKeyAction
+{
+	IDEM_ACTION_COMPLETE,
+	IDEM_ACTION_CHECKPOINT,
+	IDEM_ACTION_RELEASE
+} IdemKeyAction;
+
+/* A same-transaction claim, checked at commit */
+typedef struct IdemPendingClaim
+{
+	Oid			role;
+	pg_uuid_t	digest;
+	char	   *key;
+} IdemPendingClaim;
+
+/* Same-transaction claims of the current transaction (TopTransactionContext) */
+static List *pending_claims = NIL;
+
+/* One key operation in progress: the key lock and the partitions it opened */
+typedef struct IdemKeyOp
+{
+	IdemLedger	ledger;
+	Oid			role;
+	pg_uuid_t	digest;
+	TimestampTz now;
+	LOCKTAG		keytag;
+	int			nopen;
+	IdemOpenPartition open[IDEM_MAX_PROBES];
+	IdemProbeResult probe;
+	Datum		values[Natts_keys];
+	bool		nulls[Natts_keys];
+} IdemKeyOp;
+
+static void IdemKeysXactCallback(XactEvent event, void *arg);
+static void IdemCheckPendingClaims(void);
+static void IdemKeyOpBegin(IdemKeyOp *op);
+static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
+static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
+static char IdemRowState(IdemKeyOp *op);
+static Datum IdemClaimResult(FunctionCallInfo fcinfo, const char *status,
+							 IdemKeyOp *op, bool with_token,
+							 bool with_response, TimestampTz expires_at);
+static void IdemRememberClaim(Oid role, const pg_uuid_t *digest, text *key);
+static void IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action,
+					   int scope_argno, int token_argno);
+static const char *IdemActionName(IdemKeyAction action);
+
+/*
+ * IdemKeysInit registers the callback that checks same-transaction claims
+ * at commit.  Called once from _PG_init.
+ */
+void
+IdemKeysInit(void)
+{
+	RegisterXactCallback(IdemKeysXactCallback, NULL);
+}
+
+/*
+ * IdemKeysXactCallback refuses to commit (or prepare) a transaction that
+ * still holds a same-transaction claim in progress, and forgets the claims
+ * when the transaction ends.
+ */
+static void
+IdemKeysXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_PRE_COMMIT:
+		case XACT_EVENT_PRE_PREPARE:
+			if (pending_claims != NIL)
+				IdemCheckPendingClaims();
+			break;
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_PARALLEL_ABORT:
+			pending_claims = NIL;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * IdemCheckPendingClaims raises an error for the first same-transaction claim
+ * of this transaction that is still in progress.  Claims undone by a rolled
+ * back savepoint are gone and pass.
+ */
+static void
+IdemCheckPendingClaims(void)
+{
+	ListCell   *lc;
+
+	foreach(lc, pending_claims)
+	{
+		IdemPendingClaim *claim = (IdemPendingClaim *) lfirst(lc);
+		IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+		bool		stranded;
+
+		op->ledger = IDEM_LEDGER_KEYS;
+		op->role = claim->role;
+		op->digest = claim->digest;
+		op->now = GetCurrentTimestamp();
+		op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
+										   RowExclusiveLock, op->open);
+		IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
+				  &op->probe);
+		stranded = op->probe.found == IDEM_FOUND_MINE &&
+			IdemRowState(op) == KEY_IN_PROGRESS &&
+			op->nulls[Anum_keys_lease_until - 1];
+		IdemClosePartitions(op->open, op->nopen);
+		if (stranded)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
+					 errmsg("idempotency key \"%s\" was claimed but neither completed nor released",
+							claim->key),
+					 errdetail("A claim without a lease belongs to the transaction that made it."),
+					 errhint("Call idem_complete() or idem_release() before COMMIT, or claim with a lease to finish in a later transaction.")));
+		pfree(op);
+	}
+}
+
+/*
+ * IdemKeyOpDigest sets the digest of (scope, key).
+ */
+static void
+IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key)
+{
+	IdemComputeDigest(VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope),
+					  VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), &op->digest);
+}
+
+/*
+ * IdemKeyOpBegin takes the key lock, opens the live partitions of the key's
+ * lane and probes them.  The row found, if any, is deformed into
+ * op->values/op->nulls.
+ */
+static void
+IdemKeyOpBegin(IdemKeyOp *op)
+{
+	(void) LockAcquire(&op->keytag, ExclusiveLock, false, false);
+
+	/* see every partition committed before we got the key lock */
+	AcceptInvalidationMessages();
+	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
+									   RowExclusiveLock, op->open);
+	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
+			  &op->probe);
+	if (op->probe.tuple != NULL)
+	{
+		IdemOpenPartition *p = &op->open[op->probe.which];
+
+		if (RelationGetDescr(p->heap)->natts != Natts_keys)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("partition \"%s\" does not have the columns of the key ledger",
+							RelationGetRelationName(p->heap))));
+		heap_deform_tuple(op->probe.tuple, RelationGetDescr(p->heap),
+						  op->values, op->nulls);
+	}
+}
+
+/* closes the partitions and, unless told to keep it, releases the key lock */
+static void
+IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock)
+{
+	IdemClosePartitions(op->open, op->nopen);
+	op->nopen = 0;
+	if (!keep_key_lock)
+		LockRelease(&op->keytag, ExclusiveLock, false);
+}
+
+/* state of the row found */
+static char
+IdemRowState(IdemKeyOp *op)
+{
+	return DatumGetChar(op->values[Anum_keys_state - 1]);
+}
+
+/*
+ * IdemNextToken returns a fencing token larger than "previous" (0 for none):
+ * the current time in microseconds, or previous + 1 if that is not larger.
+ * Time-based tokens keep increasing across the key's expiry and re-creation.
+ */
+static int64
+IdemNextToken(TimestampTz now, int64 previous)
+{
+	int64		token = (int64) now;
+
+	return token > previous ? token : previous + 1;
+}
+
+/*
+ * idem_claim(key text, request jsonb, scope text, ttl interval,
+ *			  lease interval, wait boolean)
+ *		RETURNS (status text, token bigint, recovery_point text,
+ *				 response_code int, response_body jsonb,
+ *				 expires_at timestamptz)
+ */
+Datum
+idem_claim(PG_FUNCTION_ARGS)
+{
+	text	   *key = IdemCheckKeyArg(fcinfo, 0, "key");
+	text	   *scope = IdemCheckScopeArg(fcinfo, 2, "scope");
+	bytea	   *fingerprint = NULL;
+	bool		has_lease = !PG_ARGISNULL(4);
+	TimestampTz lease_until = 0;
+	TimestampTz expires_at;
+	bool		wait;
+	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+
+	op->ledger = IDEM_LEDGER_KEYS;
+	op->role = GetUserId();
+	op->now = GetCurrentTimestamp();
+	expires_at = IdemExpiresAt(fcinfo, 3, op->now, idem_key_ttl,
+							   "idempotency.key_ttl");
+	if (has_lease)
+	{
+		lease_until = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+															  TimestampTzGetDatum(op->now),
+															  PG_GETARG_DATUM(4)));
+		if (lease_until <= op->now)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lease must be a positive interval")));
+		if (lease_until > expires_at)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("lease must not be longer than the key's ttl"),
+					 errhint("Pass a longer ttl or a shorter lease.")));
+	}
+	if (PG_ARGISNULL(5))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("wait must not be null")));
+	wait = PG_GETARG_BOOL(5);
+	IdemCheckWritable("idem_claim()");
+
+	if (!PG_ARGISNULL(1))
+		fingerprint = IdemFingerprint(PG_GETARG_DATUM(1));
+	IdemKeyOpDigest(op, scope, key);
+	(void) IdemLedgerParent(op->ledger, true);
+	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
+
+	for (;;)
+	{
+		char		state;
+		int			i;
+		int64		previous_token = 0;
+		bool		keep_key_lock;
+		HeapTuple	newtuple;
+
+		CHECK_FOR_INTERRUPTS();
+		IdemKeyOpBegin(op);
+
+		if (op->probe.found == IDEM_FOUND_BUSY)
+		{
+			IdemKeyOpEnd(op, false);
+			if (!wait)
+				return IdemClaimResult(fcinfo, "in_progress", op, false, false,
+									   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
+			/* wait for the holder, then answer for its outcome */
+			XactLockTableWait(op->probe.xwait, NULL, NULL, XLTW_None);
+			continue;
+		}
+
+		if (op->probe.found == IDEM_FOUND_NONE)
+		{
+			int			target = IdemOpenTarget(op->ledger, &op->digest,
+												expires_at, op->open, op->nopen);
+
+			if (target < 0)
+			{
+				IdemKeyOpEnd(op, false);
+				continue;
+			}
+			memset(op->nulls, true, sizeof(op->nulls));
+			op->values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
+			op->values[Anum_ledger_digest - 1] = UUIDPGetDatum(&op->digest);
+			op->values[Anum_ledger_role - 1] = ObjectIdGetDatum(op->role);
+			op->values[Anum_ledger_lane - 1] = Int16GetDatum(op->open[target].part.lane);
+			op->values[Anum_keys_state - 1] = CharGetDatum(KEY_IN_PROGRESS);
+			op->values[Anum_keys_token - 1] = Int64GetDatum(IdemNextToken(op->now, 0));
+			op->values[Anum_keys_claimed_at - 1] = TimestampTzGetDatum(op->now);
+			op->values[Anum_keys_lease_until - 1] = TimestampTzGetDatum(lease_until);
+			op->values[Anum_keys_fingerprint - 1] = PointerGetDatum(fingerprint);
+			for (i = 0; i < Anum_keys_claimed_at; i++)
+				op->nulls[i] = false;
+			op->nulls[Anum_keys_lease_until - 1] = !has_lease;
+			op->nulls[Anum_keys_fingerprint - 1] = (fingerprint == NULL);
+			if (RelationGetDescr(op->open[target].heap)->natts != Natts_keys)
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("partition \"%s\" does not have the columns of the key ledger",
+								RelationGetRelationName(op->open[target].heap))));
+			keep_key_lock = IdemInsertRow(&op->open[target], op->values, op->nulls);
+			IdemKeyOpEnd(op, keep_key_lock);
+			if (!has_lease)
+				IdemRememberClaim(op->role, &op->digest, key);
+			return IdemClaimResult(fcinfo, "claimed", op, true, false, expires_at);
+		}
+
+		/* a live row, committed or our own */
+		state = IdemRowState(op);
+		if (state != KEY_RELEASED && fingerprint != NULL &&
+			!op->nulls[Anum_keys_fingerprint - 1])
+		{
+			bytea	   *stored = DatumGetByteaPP(op->values[Anum_keys_fingerprint - 1]);
+
+			if (VARSIZE_ANY_EXHDR(stored) != VARSIZE_ANY_EXHDR(fingerprint) ||
+				memcmp(VARDATA_ANY(stored), VARDATA_ANY(fingerprint),
+					   VARSIZE_ANY_EXHDR(fingerprint)) != 0)
+			{
+				IdemKeyOpEnd(op, false);
+				return IdemClaimResult(fcinfo, "mismatch", op, false, false,
+									   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
+			}
+		}
+
+		if (state == KEY_COMPLETED)
+		{
+			IdemKeyOpEnd(op, false);
+			return IdemClaimResult(fcinfo, "completed", op, false, true,
+								   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
+		}
+
+		if (state == KEY_IN_PROGRESS)
+		{
+			bool		lapsed = !op->nulls[Anum_keys_lease_until - 1] &&
+				DatumGetTimestampTz(op->values[Anum_keys_lease_until - 1]) <= op->now;
+
+			if (op->probe.found == IDEM_FOUND_MINE)
+			{
+				/* claimed earlier in this transaction: same claim */
+				IdemKeyOpEnd(op, false);
+				return IdemClaimResult(fcinfo, "claimed", op, true, false,
+									   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
+			}
+			if (!lapsed)
+			{
+				IdemKeyOpEnd(op, false);
+				return IdemClaimResult(fcinfo, "in_progress", op, false, false,
+									   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
+			}
+			/* the lease lapsed: take the key over, keeping its fingerprint */
+		}
+		else
+		{
+			/* released: start fresh, with this request's fingerprint */
+			op->values[Anum_keys_fingerprint - 1] = PointerGetDatum(fingerprint);
+			op->nulls[Anum_keys_fingerprint - 1] = (fingerprint == NULL);
+		}
+
+		previous_token = DatumGetInt64(op->values[Anum_keys_token - 1]);
+		op->values[Anum_keys_state - 1] = CharGetDatum(KEY_IN_PROGRESS);
+		op->values[Anum_keys_token - 1] = Int64GetDatum(IdemNextToken(op->now, previous_token));
+		op->values[Anum_keys_claimed_at - 1] = TimestampTzGetDatum(op->now);
+		op->values[Anum_keys_lease_until - 1] = TimestampTzGetDatum(lease_until);
+		op->nulls[Anum_keys_lease_until - 1] = !has_lease;
+		op->nulls[Anum_keys_response_code - 1] = true;
+		op->nulls[Anum_keys_response_body - 1] = true;
+		newtuple = heap_form_tuple(RelationGetDescr(op->open[op->probe.which].heap),
+								   op->values, op->nulls);
+		keep_key_lock = IdemUpdateRow(&op->open[op->probe.which], &op->probe.tid,
+									  newtuple);
+		IdemKeyOpEnd(op, keep_key_lock);
+		if (!has_lease)
+			IdemRememberClaim(op->role, &op->digest, key);
+		return IdemClaimResult(fcinfo, "claimed", op, true, false,
+							   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
+	}
+}
+
+/*
+ * IdemClaimResult builds idem_claim()'s result from the row in op: the token
+ * and recovery point only for the caller that now holds the key, the
+ * response only for a completed key.
+ */
+static Datum
+IdemClaimResult(FunctionCallInfo fcinfo, const char *status, IdemKeyOp *op,
+				bool with_token, bool with_response, TimestampTz expires_at)
+{
+	TupleDesc	tupdesc;
+	Datum		values[Natts_claim_result];
+	bool		nulls[Natts_claim_result];
+
+	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
+		elog(ERROR, "return type must be a row type");
+
+	memset(nulls, true, sizeof(nulls));
+	values[0] = CStringGetTextDatum(status);
+	nulls[0] = false;
+	if (with_token)
+	{
+		values[1] = op->values[Anum_keys_token - 1];
+		nulls[1] = false;
+		values[2] = op->values[Anum_keys_recovery_point - 1];
+		nulls[2] = op->nulls[Anum_keys_recovery_point - 1];
+	}
+	if (with_response)
+	{
+		values[3] = op->values[Anum_keys_response_code - 1];
+		nulls[3] = op->nulls[Anum_keys_response_code - 1];
+		values[4] = op->values[Anum_keys_response_body - 1];
+		nulls[4] = op->nulls[Anum_keys_response_body - 1];
+	}
+	values[5] = TimestampTzGetDatum(expires_at);
+	nulls[5] = (expires_at == 0);
+
+	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+}
+
+/* records a same-transaction claim for the check at commit */
+static void
+IdemRememberClaim(Oid role, const pg_uuid_t *digest, text *key)
+{
+	MemoryContext oldcxt = MemoryContextSwitchTo(TopTransactionContext);
+	IdemPendingClaim *claim = palloc(sizeof(IdemPendingClaim));
+
+	claim->role = role;
+	claim->digest = *digest;
+	claim->key = text_to_cstring(key);
+	pending_claims = lappend(pending_claims, claim);
+	MemoryContextSwitchTo(oldcxt);
+}
+
+/*
+ * idem_complete(key text, response_code int, response_body jsonb,
+ *				 scope text, token bigint) RETURNS void
+ */
+Datum
+idem_complete(PG_FUNCTION_ARGS)
+{
+	IdemKeyAct(fcinfo, IDEM_ACTION_COMPLETE, 3, 4);
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_checkpoint(key text, recovery_point text, scope text, token bigint)
+ *		RETURNS void
+ */
+Datum
+idem_checkpoint(PG_FUNCTION_ARGS)
+{
+	IdemKeyAct(fcinfo, IDEM_ACTION_CHECKPOINT, 2, 3);
+	PG_RETURN_VOID();
+}
+
+/*
+ * idem_release(key text, scope text, token bigint) RETURNS void
+ */
+Datum
+idem_release(PG_FUNCTION_ARGS)
+{
+	IdemKeyAct(fcinfo, IDEM_ACTION_RELEASE, 1, 2);
+	PG_RETURN_VOID();
+}
+
+static const char *
+IdemActionName(IdemKeyAction action)
+{
+	switch (action)
+	{
+		case IDEM_ACTION_COMPLETE:
+			return "idem_complete()";
+		case IDEM_ACTION_CHECKPOINT:
+			return "idem_checkpoint()";
+		case IDEM_ACTION_RELEASE:
+			return "idem_release()";
+	}
+	return NULL;				/* keep compiler quiet */
+}
+
+/*
+ * IdemKeyAct completes, checkpoints or releases a key that the caller holds:
+ * an in-progress claim made by this transaction, or one whose token the
+ * caller passes.  Everything is checked before the row is changed.
+ */
+static void
+IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
+		   int token_argno)
+{
+	text	   *key = IdemCheckKeyArg(fcinfo, 0, "key");
+	text	   *scope = IdemCheckScopeArg(fcinfo, scope_argno, "scope");
+	bool		has_token = !PG_ARGISNULL(token_argno);
+	int64		token = has_token ? PG_GETARG_INT64(token_argno) : 0;
+	const char *keystr = text_to_cstring(key);
+	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+	int32		response_code = 0;
+	text	   *recovery_point = NULL;
+	HeapTuple	newtuple;
+	bool		keep_key_lock;
+
+	if (action == IDEM_ACTION_COMPLETE)
+	{
+		if (PG_ARGISNULL(1))
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("response_code must not be null")));
+		response_code = PG_GETARG_INT32(1);
+		if (response_code < 100 || response_code > 599)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("response_code %d is out of range", response_code),
+					 errdetail("An HTTP status code is between 100 and 599.")));
+	}
+	else if (action == IDEM_ACTION_CHECKPOINT)
+		recovery_point = IdemCheckKeyArg(fcinfo, 1, "recovery_point");
+	IdemCheckWritable(IdemActionName(action));
+
+	op->ledger = IDEM_LEDGER_KEYS;
+	op->role = GetUserId();
+	op->now = GetCurrentTimestamp();
+	IdemKeyOpDigest(op, scope, key);
+	if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency key \"%s\" is not claimed", keystr),
+				 errhint("Call idem_claim() first.")));
+	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
+
+	CHECK_FOR_INTERRUPTS();
+	IdemKeyOpBegin(op);
+
+	if (op->probe.found == IDEM_FOUND_NONE ||
+		(op->probe.found != IDEM_FOUND_BUSY && IdemRowState(op) == KEY_RELEASED))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency key \"%s\" is not claimed", keystr),
+				 errdetail("There is no live claim of this key: it was never claimed, was released, or has expired."),
+				 errhint("Call idem_claim() first.")));
+	if (op->probe.found == IDEM_FOUND_BUSY)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("idempotency key \"%s\" is held by another transaction", keystr)));
+	if (IdemRowState(op) == KEY_COMPLETED)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency key \"%s\" is already completed", keystr)));
+	if (has_token && token != DatumGetInt64(op->values[Anum_keys_token - 1]))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_IN_USE),
+				 errmsg("token " INT64_FORMAT " of idempotency key \"%s\" is stale",
+						token, keystr),
+				 errdetail("The key has been claimed again since that token was issued."),
+				 errhint("Stop working on this request; its new holder will finish it.")));
+	if (!has_token && op->probe.found != IDEM_FOUND_MINE)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency key \"%s\" was not claimed by this transaction", keystr),
+				 errhint("Pass the token idem_claim() returned.")));
+
+	switch (action)
+	{
+		case IDEM_ACTION_COMPLETE:
+			op->values[Anum_keys_state - 1] = CharGetDatum(KEY_COMPLETED);
+			op->values[Anum_keys_response_code - 1] = Int32GetDatum(response_code);
+			op->nulls[Anum_keys_response_code - 1] = false;
+			op->values[Anum_keys_response_body - 1] = PG_GETARG_DATUM(2);
+			op->nulls[Anum_keys_response_body - 1] = PG_ARGISNULL(2);
+			op->nulls[Anum_keys_lease_until - 1] = true;
+			break;
+		case IDEM_ACTION_CHECKPOINT:
+			op->values[Anum_keys_recovery_point - 1] = PointerGetDatum(recovery_point);
+			op->nulls[Anum_keys_recovery_point - 1] = false;
+			break;
+		case IDEM_ACTION_RELEASE:
+			op->values[Anum_keys_state - 1] = CharGetDatum(KEY_RELEASED);
+			op->nulls[Anum_keys_lease_until - 1] = true;
+			break;
+	}
+
+	newtuple = heap_form_tuple(RelationGetDescr(op->open[op->probe.which].heap),
+							   op->values, op->nulls);
+	keep_key_lock = IdemUpdateRow(&op->open[op->probe.which], &op->probe.tid,
+								  newtuple);
+	IdemKeyOpEnd(op, keep_key_lock);
+	heap_freetuple(newtuple);
+}
+
+/*
+ * idem_lookup(key text, scope text)
+ *		RETURNS TABLE (status text, token bigint, recovery_point text,
+ *					   response_code int, response_body jsonb,
+ *					   claimed_at timestamptz, expires_at timestamptz,
+ *					   lease_expires_at timestamptz)
+ *
+ * The caller's own live record of one key, for support work.  Reads only:
+ * takes no key lock and works on a standby.
+ */
+Datum
+idem_lookup(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	text	   *key = IdemCheckKeyArg(fcinfo, 0, "key");
+	text	   *scope = IdemCheckScopeArg(fcinfo, 1, "scope");
+	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+	Datum		values[8];
+	bool		nulls[8];
+	const char *status;
+
+	InitMaterializedSRF(fcinfo, 0);
+
+	op->ledger = IDEM_LEDGER_KEYS;
+	op->role = GetUserId();
+	op->now = GetCurrentTimestamp();
+	IdemKeyOpDigest(op, scope, key);
+	if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
+		return (Datum) 0;
+
+	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
+									   AccessShareLock, op->open);
+	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
+			  &op->probe);
+	if (op->probe.tuple == NULL)
+	{
+		IdemClosePartitions(op->open, op->nopen);
+		return (Datum) 0;
+	}
+	heap_deform_tuple(op->probe.tuple,
+					  RelationGetDescr(op->open[op->probe.which].heap),
+					  op->values, op->nulls);
+	IdemClosePartitions(op->open, op->nopen);
+
+	switch (IdemRowState(op))
+	{
+		case KEY_COMPLETED:
+			status = "completed";
+			break;
+		case KEY_RELEASED:
+			status = "released";
+			break;
+		default:
+			status = "in_progress";
+			break;
+	}
+	values[0] = CStringGetTextDatum(status);
+	nulls[0] = false;
+	values[1] = op->values[Anum_keys_token - 1];
+	nulls[1] = false;
+	values[2] = op->values[Anum_keys_recovery_point - 1];
+	nulls[2] = op->nulls[Anum_keys_recovery_point - 1];
+	values[3] = op->values[Anum_keys_response_code - 1];
+	nulls[3] = op->nulls[Anum_keys_response_code - 1];
+	values[4] = op->values[Anum_keys_response_body - 1];
+	nulls[4] = op->nulls[Anum_keys_response_body - 1];
+	values[5] = op->values[Anum_keys_claimed_at - 1];
+	nulls[5] = false;
+	values[6] = op->values[Anum_ledger_expires_at - 1];
+	nulls[6] = false;
+	values[7] = op->values[Anum_keys_lease_until - 1];
+	nulls[7] = op->nulls[Anum_keys_lease_until - 1];
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	return (Datum) 0;
+}
