@@ -22,23 +22,25 @@ SELECT partitions_created > 0 AS made, partitions_dropped FROM idem_maintain();
 SELECT count(DISTINCT lane) AS lanes, min(lanes) AS min_lanes, max(lanes) AS max_lanes,
        bool_and(upper_bound - lower_bound = interval '1 day') AS day_wide,
        count(DISTINCT extract(hour FROM lower_bound AT TIME ZONE 'UTC')) AS distinct_start_hours
-  FROM idempotency.partitions;
+  FROM idempotency.partitions WHERE table_name = 'messages';
 -- every lane covers [now, now + ttl) without gaps or overlaps
 SELECT count(*) AS lanes_not_covered
   FROM generate_series(0, 23) AS l(lane)
  WHERE NOT EXISTS (SELECT 1 FROM idempotency.partitions p
-                    WHERE p.lane = l.lane AND p.lower_bound <= now()
+                    WHERE p.table_name = 'messages' AND p.lane = l.lane AND p.lower_bound <= now()
                       AND p.upper_bound > now())
     OR NOT EXISTS (SELECT 1 FROM idempotency.partitions p
-                    WHERE p.lane = l.lane AND p.lower_bound <= now() + interval '1 day'
+                    WHERE p.table_name = 'messages' AND p.lane = l.lane AND p.lower_bound <= now() + interval '1 day'
                       AND p.upper_bound > now() + interval '1 day');
 SELECT count(*) AS overlaps
   FROM idempotency.partitions a JOIN idempotency.partitions b
-    ON a.lanes = b.lanes AND a.lane = b.lane AND a.partition <> b.partition
+    ON a.table_name = b.table_name AND a.lanes = b.lanes AND a.lane = b.lane
+   AND a.partition <> b.partition
    AND a.lower_bound < b.upper_bound AND b.lower_bound < a.upper_bound;
 -- live partitions per lane: the one holding now and the one holding now + ttl
 SELECT max(n) <= 2 AS at_most_two_per_lane
-  FROM (SELECT lane, count(*) AS n FROM idempotency.partitions GROUP BY lane) s;
+  FROM (SELECT table_name, lane, count(*) AS n FROM idempotency.partitions
+         GROUP BY table_name, lane) s;
 
 -- a second run has nothing to do
 SELECT * FROM idem_maintain();
@@ -46,6 +48,7 @@ SELECT * FROM idem_maintain();
 -- premake adds one more partition per lane
 SET idempotency.premake = 1;
 SELECT partitions_created AS premade FROM idem_maintain();
+SELECT table_name, count(*) FROM idempotency.partitions GROUP BY 1 ORDER BY 1;
 RESET idempotency.premake;
 
 -- calls route into the partitions of their lane
@@ -61,13 +64,14 @@ SELECT count(DISTINCT tableoid) > 10 AS spread_over_lanes FROM idempotency.messa
 SELECT idem_consume_message('maint', 'far', ttl => '20 days');
 SELECT idem_consume_message('maint', 'far', ttl => '1 hour');
 SELECT count(*) AS far_partitions FROM idempotency.partitions
- WHERE lower_bound > now() + interval '10 days';
+ WHERE table_name = 'messages' AND lower_bound > now() + interval '10 days';
 
 -- changing the layout never loses live messages: old partitions are still
 -- probed until they expire
 SET idempotency.partition_interval = '6h';
 SELECT partitions_created > 0 AS made_new_layout FROM idem_maintain();
-SELECT array_agg(DISTINCT lanes ORDER BY lanes) AS layouts FROM idempotency.partitions;
+SELECT array_agg(DISTINCT lanes ORDER BY lanes) AS layouts FROM idempotency.partitions
+ WHERE table_name = 'messages';
 SELECT count(*) FROM idem_consume_messages('maint', ARRAY(SELECT 'm' || g FROM generate_series(1, 200) g));
 SELECT idem_consume_message('maint', 'new-after-change');
 SELECT idem_consume_message('maint', 'new-after-change');
@@ -75,13 +79,14 @@ SELECT idem_consume_message('maint', 'new-after-change');
 -- expired partitions are dropped: tiny partitions that expire within seconds
 SET idempotency.partition_interval = '1s';
 SET idempotency.message_ttl = '1s';
+SET idempotency.key_ttl = '1s';
 SELECT partitions_created > 0 AS made_short FROM idem_maintain();
 SELECT idem_consume_message('maint', 'short-lived', ttl => '1 second');
 DO $$
 BEGIN
   WHILE clock_timestamp() <= (SELECT max(upper_bound) FROM idempotency.partitions p
                                JOIN idempotency.messages m ON m.tableoid = p.partition
-                              WHERE p.lanes = 1) LOOP
+                              WHERE p.table_name = 'messages' AND p.lanes = 1) LOOP
     PERFORM pg_sleep(0.05);
   END LOOP;
 END $$;
@@ -95,6 +100,7 @@ SELECT count(*) AS short_lived_rows FROM idempotency.messages m
 SELECT idem_consume_message('maint', 'short-lived', ttl => '1 second');
 RESET idempotency.partition_interval;
 RESET idempotency.message_ttl;
+RESET idempotency.key_ttl;
 
 -- the view is for pg_monitor; ordinary roles see nothing
 CREATE ROLE regress_idem_monitor IN ROLE pg_monitor;
@@ -110,7 +116,7 @@ DROP ROLE regress_idem_nobody;
 
 -- DROP EXTENSION takes the storage with it
 DROP EXTENSION idempotency;
-SELECT count(*) AS leftovers FROM pg_class WHERE relname ~ '^messages(_|$)';
+SELECT count(*) AS leftovers FROM pg_class WHERE relname ~ '^(messages|keys)(_|$)';
 SELECT to_regnamespace('idempotency') IS NULL AS schema_gone;
 CREATE EXTENSION idempotency;
 SELECT idem_consume_message('billing', 'msg-1') AS fresh_start;

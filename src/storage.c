@@ -178,23 +178,37 @@ IdemLedgerDefaultTtl(IdemLedger ledger)
  * IdemCurrentLayout computes the layout that new partitions of a ledger get
  * under the current settings: as many lanes as partition intervals fit in
  * the ledger's default ttl (at most IDEM_MAX_LANES), each partition spanning
- * lanes * interval.  A row written with the default ttl then lands in the
- * second live partition of its lane, and lookups probe two or three.
+ * lanes * interval, and lane n starting n intervals after lane 0.  A row
+ * written with the default ttl then lands in the second live partition of
+ * its lane, and lookups probe two or three.
+ *
+ * When the interval is so short that IDEM_MAX_LANES lanes span less than
+ * half the ttl, partitions are widened to half the ttl (and the stagger with
+ * them), so that a lane never has more than a handful of live partitions.
  */
 void
 IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout)
 {
-	int64		ttl = IdemLedgerDefaultTtl(ledger);
-	int64		interval = idem_partition_interval;
+	int64		ttl_us = (int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC;
+	int64		interval_us = (int64) idem_partition_interval * USECS_PER_SEC;
 	int64		lanes;
+	int64		width_us;
 
-	lanes = (ttl + interval / 2) / interval;
+	lanes = (ttl_us + interval_us / 2) / interval_us;
 	lanes = Max(lanes, 1);
 	lanes = Min(lanes, IDEM_MAX_LANES);
+	width_us = lanes * interval_us;
+	if (width_us < ttl_us / 2)
+	{
+		/* whole seconds, divisible by the lane count */
+		width_us = ttl_us / 2;
+		width_us -= width_us % (lanes * USECS_PER_SEC);
+		width_us = Max(width_us, lanes * interval_us);
+	}
 
 	layout->lanes = (int) lanes;
-	layout->interval_us = interval * USECS_PER_SEC;
-	layout->width_us = lanes * interval * USECS_PER_SEC;
+	layout->width_us = width_us;
+	layout->interval_us = width_us / lanes;
 }
 
 /*
