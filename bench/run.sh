@@ -1,0 +1,489 @@
+#!/usr/bin/env bash
+# bench/run.sh -- throughput and storage benchmark for the idempotency extension.
+#
+# One command, one throwaway PostgreSQL 15 cluster, every variant side by side,
+# ratios with PASS/FAIL against the issue's bars.  See bench/README.md.
+#
+#   bash bench/run.sh
+#
+# Environment (defaults in brackets):
+#   BENCH_SECONDS       seconds per pgbench measurement            [20]
+#   BENCH_ROUNDS        rounds of A B C ... interleaving           [3]
+#   BENCH_WARMUP        seconds of warm-up per variant (0 = none)  [2]
+#   BENCH_STORAGE_ROWS  ids inserted for the storage bar (0 = skip) [1000000]
+#   BENCH_PERF_SECONDS  perf profile of the consume path (0 = skip) [10]
+#   BENCH_BUILD         auto|1|0: make install first (auto = if root) [auto]
+#   BENCH_REV           build this git revision (git archive) instead of the working tree []
+#   BENCH_PRELOAD       1 = shared_preload_libraries='idempotency' [0]
+#   BENCH_PORT          server port (unix socket only)             [54401]
+#   BENCH_KEEP          1 = keep the temp dir (cluster stopped)    [0]
+#   BENCH_VARIANTS      run only these variants (space-separated names, see README) [all]
+#   BENCH_PERF_VARIANTS variants to profile                         [idem_p2 idem_batch]
+#   BENCH_EXTRA         1 = also plain 1000-row batch and the batch on 24 partitions (+~2 min) [0]
+#   PGBIN               PostgreSQL binaries                        [/usr/lib/postgresql/15/bin]
+#
+# Exit status: 0 all bars PASS; 3 some bar FAIL or SKIP; 1 the run itself failed.
+
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+PGBIN_SET=${PGBIN:+1}
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+PORT=${BENCH_PORT:-54401}
+SECS=${BENCH_SECONDS:-20}
+ROUNDS=${BENCH_ROUNDS:-3}
+WARMUP=${BENCH_WARMUP:-2}
+NROWS=${BENCH_STORAGE_ROWS:-1000000}
+PERF_SECS=${BENCH_PERF_SECONDS:-10}
+BUILD=${BENCH_BUILD:-auto}
+PRELOAD=${BENCH_PRELOAD:-0}
+KEEP=${BENCH_KEEP:-0}
+EXTRA=${BENCH_EXTRA:-0}
+ONLY=${BENCH_VARIANTS:-}
+PERF_VARIANTS=${BENCH_PERF_VARIANTS:-idem_p2 idem_batch}
+REV=${BENCH_REV:-}
+CLIENTS=4
+THREADS=2
+
+RESDIR=$HERE/results
+mkdir -p "$RESDIR"
+LATEST=$RESDIR/latest.txt          # summary + raw per-run figures
+PGBLOG=$RESDIR/pgbench-latest.log  # full pgbench output of every run
+: >"$LATEST"
+: >"$PGBLOG"
+rm -f "$RESDIR/build-latest.log"
+
+T0=$(date +%s)
+CMDLINE="BENCH_SECONDS=$SECS BENCH_ROUNDS=$ROUNDS BENCH_WARMUP=$WARMUP BENCH_STORAGE_ROWS=$NROWS BENCH_PERF_SECONDS=$PERF_SECS BENCH_PRELOAD=$PRELOAD BENCH_EXTRA=$EXTRA${ONLY:+ BENCH_VARIANTS='$ONLY'}${BENCH_PERF_VARIANTS:+ BENCH_PERF_VARIANTS='$PERF_VARIANTS'}${REV:+ BENCH_REV=$REV}${BENCH_BUILD:+ BENCH_BUILD=$BUILD}${BENCH_PORT:+ BENCH_PORT=$PORT}${PGBIN_SET:+ PGBIN=$PGBIN} bash bench/run.sh"
+PGB_OPTS=(-n -M prepared -c "$CLIENTS" -j "$THREADS")
+
+say()  { printf '%s\n' "$*" | tee -a "$LATEST"; }
+raw()  { printf '%s\n' "$*" >>"$LATEST"; }
+note() { printf '%s\n' "$*" >&2; }
+die()  { note "run.sh: $*"; exit 1; }
+
+# ---------------------------------------------------------------- run as postgres
+if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
+    AS_PG=(runuser -u postgres --)
+else
+    AS_PG=()
+fi
+pg() { "${AS_PG[@]}" "$@"; }
+
+for b in initdb pg_ctl psql pgbench; do
+    [ -x "$PGBIN/$b" ] || die "$PGBIN/$b not found (set PGBIN)"
+done
+
+WORK=$(mktemp -d /tmp/idem-bench.XXXXXX)
+chmod 755 "$WORK"
+[ "$(id -u)" = 0 ] && chown postgres: "$WORK"
+PGDATA_B=$WORK/data
+BG_PID=
+PERF_PID=
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    [ -n "$PERF_PID" ] && kill "$PERF_PID" 2>/dev/null || true
+    [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null || true
+    if [ -f "$PGDATA_B/postmaster.pid" ]; then
+        pg "$PGBIN/pg_ctl" -D "$PGDATA_B" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
+    fi
+    if [ "$KEEP" = 1 ]; then
+        note "temp dir kept: $WORK"
+    else
+        rm -rf "$WORK"
+    fi
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+cp -r "$HERE/sql" "$WORK/sql"
+[ "$(id -u)" = 0 ] && chown -R postgres: "$WORK/sql"
+
+q()    { local db=$1; shift; pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U postgres -d "$db" "$@"; }
+qval() { q "$1" -At -c "$2"; }
+
+# awk helpers ------------------------------------------------------------------
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || a=="ERR" || b=="ERR" || b+0==0) print "NA"; else printf "%.3f", a/b }'; }
+mul()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="ERR" || a=="") print "ERR"; else printf "%.1f", a*b }'; }
+verdict() {  # value op target -> PASS/FAIL/SKIP
+    awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN{
+        if (v=="NA" || v=="") { print "SKIP"; exit }
+        ok = (op==">=") ? (v+0 >= t+0) : (v+0 <= t+0); print ok ? "PASS" : "FAIL" }'
+}
+
+# ---------------------------------------------------------------- build/install
+SRCDESC="working tree at git $(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo '?')"
+git -C "$REPO" diff --quiet HEAD -- src sql '*.sql' Makefile 2>/dev/null || SRCDESC+=" + uncommitted changes"
+[ "$BUILD" = 0 ] && SRCDESC="installed extension (BENCH_BUILD=0; $SRCDESC)"
+EXT_OK=1
+EXT_WHY=
+PROBE_NOTE=
+EXTVER=
+PKGLIBDIR=$("$PGBIN/pg_config" --pkglibdir)
+if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && [ -w "$PKGLIBDIR" ]; }; then
+    [ -w "$PKGLIBDIR" ] || die "BENCH_BUILD=1 but $PKGLIBDIR is not writable (make install needs root)"
+    SRC=$REPO
+    if [ -n "$REV" ]; then
+        # build a committed revision, not the working tree others are editing
+        SRC=$WORK/src
+        mkdir -p "$SRC"
+        git -C "$REPO" archive "$REV" | tar -x -C "$SRC" || die "git archive $REV failed"
+        (cd "$SRC" && make PG_CONFIG="$PGBIN/pg_config" clean) >/dev/null 2>&1 || true   # no stale committed objects
+        SRCDESC="git $(git -C "$REPO" rev-parse --short "$REV") (BENCH_REV=$REV)"
+    fi
+    note "building and installing the extension from $SRCDESC (make install) ..."
+    if ! (cd "$SRC" && make PG_CONFIG="$PGBIN/pg_config" install) >"$WORK/build.log" 2>&1; then
+        EXT_OK=0
+        EXT_WHY="make install failed"
+        note "---- make install failed; last lines:"; tail -n 20 "$WORK/build.log" >&2
+        cp "$WORK/build.log" "$RESDIR/build-latest.log"
+    fi
+fi
+
+# ---------------------------------------------------------------- cluster
+note "initdb in $WORK ..."
+pg "$PGBIN/initdb" -D "$PGDATA_B" -A trust -U postgres -E UTF8 --locale=C --no-sync >"$WORK/initdb.log" 2>&1 \
+    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
+cat >>"$PGDATA_B/postgresql.conf" <<EOF
+
+# ---- bench/run.sh
+port = $PORT
+listen_addresses = ''
+unix_socket_directories = '$WORK'
+synchronous_commit = off
+shared_buffers = 1GB
+max_wal_size = 4GB
+checkpoint_timeout = 30min
+log_min_messages = warning
+EOF
+[ "$PRELOAD" = 1 ] && echo "shared_preload_libraries = 'idempotency'" >>"$PGDATA_B/postgresql.conf"
+
+pg "$PGBIN/pg_ctl" -D "$PGDATA_B" -l "$WORK/server.log" -w -t 60 start >/dev/null \
+    || { tail -n 30 "$WORK/server.log" >&2; die "server did not start"; }
+
+PGVER=$(qval postgres "SHOW server_version")
+
+# ---------------------------------------------------------------- extension probe
+if [ "$EXT_OK" = 1 ]; then
+    qval postgres "CREATE DATABASE bench_probe" >/dev/null
+    # the spec says consuming works before any maintenance; check that first
+    if ! probe=$(q bench_probe -At -c "CREATE EXTENSION idempotency" \
+                   -c "SELECT idem_consume_message('probe', 'x')" 2>&1); then
+        if probe2=$(q bench_probe -At -c "CREATE EXTENSION IF NOT EXISTS idempotency" \
+                      -c "SELECT * FROM idem_maintain()" -c "SELECT idem_consume_message('probe', 'x')" 2>&1); then
+            PROBE_NOTE="idem_consume_message() failed before idem_maintain() had run: $(printf '%s' "$probe" | grep -m1 -E 'ERROR|FATAL')"
+            note "!!! $PROBE_NOTE"
+        else
+            EXT_OK=0
+            EXT_WHY="extension not usable: $(printf '%s\n%s' "$probe" "$probe2" | grep -m1 -E 'ERROR|FATAL' || printf '%s' "$probe" | head -n1)"
+        fi
+    fi
+    [ "$EXT_OK" = 1 ] && EXTVER=$(qval bench_probe "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
+    qval postgres "DROP DATABASE bench_probe" >/dev/null
+fi
+if [ "$EXT_OK" = 0 ]; then
+    note "!!! $EXT_WHY -- running the baselines only; extension bars will be SKIP"
+fi
+
+# ---------------------------------------------------------------- databases
+# every database starts fresh from template1 with the same state
+declare -A LIVE=()
+
+mkdb_plain() {
+    qval postgres "CREATE DATABASE $1" >/dev/null
+    q "$1" -f "$WORK/sql/setup_plain.sql" >/dev/null
+}
+
+mkdb_idem() {   # name partition_interval
+    local db=$1 iv=$2
+    qval postgres "CREATE DATABASE $db" >/dev/null
+    q postgres -c "ALTER DATABASE $db SET idempotency.message_ttl = '1d'" \
+               -c "ALTER DATABASE $db SET idempotency.partition_interval = '$iv'" \
+               -c "ALTER DATABASE $db SET idempotency.premake = 0" >/dev/null
+    q "$db" -f "$WORK/sql/setup_idem.sql" >"$WORK/setup_$db.log" 2>&1 \
+        || { cat "$WORK/setup_$db.log" >&2; die "extension setup failed in $db"; }
+    LIVE[$db]=$(q "$db" -At -f "$WORK/sql/live_partitions.sql" 2>/dev/null \
+                || qval "$db" "SELECT count(*) FROM idempotency.partitions WHERE upper > now()" 2>/dev/null \
+                || qval "$db" "SELECT count(*) FROM pg_partition_tree('idempotency.messages'::regclass) WHERE isleaf" 2>/dev/null \
+                || echo "?")
+}
+
+note "creating databases ..."
+mkdb_plain bench_plain      # (a) plain INSERT
+mkdb_plain bench_plainfn    # (b) PL/pgSQL wrapper (own table, so it grows like the others)
+VARIANTS=(plain_insert plain_func)
+if [ "$EXT_OK" = 1 ]; then
+    mkdb_idem bench_p2    1d   # 1 lane, 2 live partitions
+    mkdb_idem bench_p24   2h   # 12 lanes x 2 = 24 live partitions
+    mkdb_idem bench_p48   1h   # 24 lanes, ~48 live partitions ("hourly")
+    mkdb_idem bench_batch 1d   # batch has its own database: it stores 1000x the rows
+    VARIANTS+=(idem_p2 idem_p24 idem_p48 idem_batch)
+    if [ "$EXTRA" = 1 ]; then
+        mkdb_idem bench_batch24 2h
+        VARIANTS+=(idem_batch24)
+    fi
+fi
+if [ "$EXTRA" = 1 ]; then
+    mkdb_plain bench_plainbatch
+    VARIANTS+=(plain_batch)
+fi
+
+if [ -n "$ONLY" ]; then
+    keep=()
+    for v in "${VARIANTS[@]}"; do
+        case " $ONLY " in *" $v "*) keep+=("$v") ;; esac
+    done
+    VARIANTS=("${keep[@]}")
+    [ ${#VARIANTS[@]} -gt 0 ] || die "BENCH_VARIANTS='$ONLY' selects nothing"
+fi
+
+declare -A V_DB=( [plain_insert]=bench_plain [plain_func]=bench_plainfn [idem_p2]=bench_p2
+                  [idem_p24]=bench_p24 [idem_p48]=bench_p48 [idem_batch]=bench_batch
+                  [idem_batch24]=bench_batch24 [plain_batch]=bench_plainbatch )
+declare -A V_SQL=( [plain_insert]=plain_insert.sql [plain_func]=plain_func.sql [idem_p2]=idem_single.sql
+                   [idem_p24]=idem_single.sql [idem_p48]=idem_single.sql [idem_batch]=idem_batch.sql
+                   [idem_batch24]=idem_batch.sql [plain_batch]=plain_batch.sql )
+declare -A V_IDS=( [plain_insert]=1 [plain_func]=1 [idem_p2]=1 [idem_p24]=1 [idem_p48]=1 [idem_batch]=1000
+                   [idem_batch24]=1000 [plain_batch]=1000 )
+declare -A V_LABEL=( [plain_insert]="(a) plain INSERT .. ON CONFLICT"
+                     [plain_func]="(b) plain_consume() PL/pgSQL"
+                     [idem_p2]="idem_consume_message, 1d/1d"
+                     [idem_p24]="idem_consume_message, 1d/2h"
+                     [idem_p48]="idem_consume_message, 1d/1h"
+                     [idem_batch]="idem_consume_messages x1000"
+                     [idem_batch24]="idem_consume_messages x1000, 1d/2h"
+                     [plain_batch]="(extra) plain INSERT..SELECT x1000" )
+
+# ---------------------------------------------------------------- pgbench runs
+declare -A TPS=()
+
+run_pgbench() {   # variant seconds tag -> echoes tps or ERR
+    local v=$1 secs=$2 tag=$3 out rc=0 tps failed
+    out=$(pg "$PGBIN/pgbench" "${PGB_OPTS[@]}" -T "$secs" -h "$WORK" -p "$PORT" -U postgres \
+             -f "$WORK/sql/${V_SQL[$v]}" "${V_DB[$v]}" 2>&1) || rc=$?
+    {
+        echo "=== $tag $v db=${V_DB[$v]} script=${V_SQL[$v]} rc=$rc"
+        echo "$out"
+    } >>"$PGBLOG"
+    tps=$(printf '%s\n' "$out" | awk '/^tps = /{print $3; exit}')
+    failed=$(printf '%s\n' "$out" | awk -F': *' '/number of failed transactions/{split($2,a," "); print a[1]; exit}')
+    if [ "$rc" != 0 ] || [ -z "$tps" ] || { [ -n "$failed" ] && [ "$failed" != 0 ]; }; then
+        note "!!! $tag $v: pgbench rc=$rc failed=${failed:-?}:"
+        printf '%s\n' "$out" | grep -E 'error|ERROR|abort' | head -n 5 >&2 || true
+        echo ERR
+    else
+        echo "$tps"
+    fi
+}
+
+NV=${#VARIANTS[@]}
+EST=$(( NV * (WARMUP + SECS * ROUNDS) + (PERF_SECS > 0 ? 2 * (PERF_SECS + 5) : 0) ))
+note "variants: ${VARIANTS[*]}"
+note "measuring: $NV variants x $ROUNDS rounds x ${SECS}s (+ warm-up ${WARMUP}s each); ~${EST}s of pgbench, then storage"
+
+if [ "$WARMUP" -gt 0 ]; then
+    for v in "${VARIANTS[@]}"; do run_pgbench "$v" "$WARMUP" warmup >/dev/null; done
+fi
+
+raw "# raw: round variant database tps ids_per_second"
+for r in $(seq 1 "$ROUNDS"); do
+    for v in "${VARIANTS[@]}"; do
+        t=$(run_pgbench "$v" "$SECS" "round$r")
+        TPS[$v,$r]=$t
+        ids=$(mul "$t" "${V_IDS[$v]}")
+        raw "raw round=$r variant=$v db=${V_DB[$v]} tps=$t ids_per_s=$ids"
+        note "  round $r  $(printf '%-14s %12s tps %14s ids/s' "$v" "$t" "$ids")"
+    done
+done
+
+# ---------------------------------------------------------------- perf profile
+# Profiles the pgbench backends of one variant in an extra run (not during the
+# measured rounds, so the profiler does not skew the ratios).
+perf_profile() {   # variant outfile
+    local v=$1 out=$2 pids db=${V_DB[$1]}
+    note "profiling $v ($db) for ${PERF_SECS}s with perf ..."
+    pg "$PGBIN/pgbench" "${PGB_OPTS[@]}" -T $((PERF_SECS + 4)) -h "$WORK" -p "$PORT" -U postgres \
+        -f "$WORK/sql/${V_SQL[$v]}" "$db" >"$WORK/perf-pgbench.log" 2>&1 &
+    BG_PID=$!
+    sleep 2
+    pids=$(qval postgres "SELECT string_agg(pid::text, ',') FROM pg_stat_activity
+                           WHERE datname = '$db' AND application_name = 'pgbench'")
+    if [ -n "$pids" ]; then
+        perf record -q -g -o "$WORK/perf.data" -p "$pids" -- sleep "$PERF_SECS" >/dev/null 2>&1 || true
+        {
+            echo "# perf record -g -p <pgbench backends> during: pgbench ${PGB_OPTS[*]} -f bench/sql/${V_SQL[$v]} $db"
+            echo "# ---- by shared object"
+            perf report -i "$WORK/perf.data" --no-children --stdio -g none --sort dso --percent-limit 0.5 2>/dev/null | grep -v '^$' | sed -E 's/( +-)+ *$//'
+            echo "# ---- top symbols (self time)"
+            perf report -i "$WORK/perf.data" --no-children --stdio -g none --sort dso,symbol --percent-limit 0.3 2>/dev/null | grep -v '^$' | sed -E 's/( +-)+ *$//'
+            echo "# ---- with call chains (caller), entries >= 2%"
+            perf report -i "$WORK/perf.data" --no-children --stdio -g caller,0.5,callee --percent-limit 2 2>/dev/null
+        } >"$out" || true
+        rm -f "$WORK/perf.data"
+    else
+        note "!!! no pgbench backends found for perf"
+    fi
+    wait "$BG_PID" || true
+    BG_PID=
+}
+
+PERF_DONE=()
+if [ "$EXT_OK" = 1 ] && [ "$PERF_SECS" -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v perf >/dev/null 2>&1; then
+        rm -f "$RESDIR"/perf-*.txt
+        for v in $PERF_VARIANTS; do
+            case " ${VARIANTS[*]} " in *" $v "*) ;; *) continue ;; esac
+            perf_profile "$v" "$RESDIR/perf-$v-latest.txt"
+            [ -s "$RESDIR/perf-$v-latest.txt" ] && PERF_DONE+=("$v")
+        done
+    else
+        note "(perf profile skipped: needs root and perf)"
+    fi
+fi
+
+# ---------------------------------------------------------------- storage
+ST_PLAIN=; ST_IDEM=
+if [ "$NROWS" -gt 0 ]; then
+    note "storage: $NROWS random UUID ids into the plain table and through idem_consume_messages ..."
+    qval postgres "CREATE DATABASE bench_storage" >/dev/null
+    q bench_storage -f "$WORK/sql/setup_plain.sql" >/dev/null
+    s0=$(date +%s.%N)
+    q bench_storage -c "SET bench.rows = $NROWS" -f "$WORK/sql/storage_plain.sql" >/dev/null
+    s1=$(date +%s.%N)
+    ST_PLAIN_SECS=$(awk -v a="$s0" -v b="$s1" 'BEGIN{printf "%.1f", b-a}')
+    if [ "$EXT_OK" = 1 ]; then
+        q postgres -c "ALTER DATABASE bench_storage SET idempotency.message_ttl = '1d'" \
+                   -c "ALTER DATABASE bench_storage SET idempotency.partition_interval = '1d'" \
+                   -c "ALTER DATABASE bench_storage SET idempotency.premake = 0" >/dev/null
+        q bench_storage -c "CREATE EXTENSION idempotency" -c "SELECT * FROM idem_maintain()" >/dev/null
+        s0=$(date +%s.%N)
+        if q bench_storage -c "SET bench.rows = $NROWS" -f "$WORK/sql/storage_idem.sql" >"$WORK/storage_idem.log" 2>&1; then
+            :
+        else
+            note "!!! storage load through idem_consume_messages failed:"; cat "$WORK/storage_idem.log" >&2
+        fi
+        s1=$(date +%s.%N)
+        ST_IDEM_SECS=$(awk -v a="$s0" -v b="$s1" 'BEGIN{printf "%.1f", b-a}')
+    fi
+    q bench_storage -c "VACUUM ANALYZE" -c "CHECKPOINT" >/dev/null
+    while IFS='|' read -r kind rows total heap idx nrel; do
+        raw "raw storage kind=$kind rows=$rows total_bytes=$total heap_bytes=$heap index_bytes=$idx relations=$nrel"
+        case $kind in
+            plain) ST_PLAIN="$rows|$total|$heap|$idx|$nrel" ;;
+            idem)  ST_IDEM="$rows|$total|$heap|$idx|$nrel" ;;
+        esac
+    done < <(q bench_storage -At -F'|' -f "$WORK/sql/storage_sizes.sql" 2>/dev/null || true)
+fi
+
+# ---------------------------------------------------------------- report
+med() {  # variant -> median tps over rounds (ignores ERR)
+    local v=$1 r vals=()
+    for r in $(seq 1 "$ROUNDS"); do
+        [ "${TPS[$v,$r]:-ERR}" != ERR ] && vals+=("${TPS[$v,$r]}")
+    done
+    [ ${#vals[@]} -gt 0 ] && median "${vals[@]}" || echo NA
+}
+ratio_rounds() {  # numvariant numfactor denvariant denfactor -> "median|r1 r2 r3"
+    local nv=$1 nf=$2 dv=$3 df=$4 r x list=() out=""
+    for r in $(seq 1 "$ROUNDS"); do
+        x=$(div "$(mul "${TPS[$nv,$r]:-ERR}" "$nf")" "$(mul "${TPS[$dv,$r]:-ERR}" "$df")")
+        out+="$x "
+        [ "$x" != NA ] && list+=("$x")
+    done
+    if [ ${#list[@]} -gt 0 ]; then
+        printf '%.3f|%s' "$(median "${list[@]}")" "$out"
+    else
+        printf 'NA|%s' "$out"
+    fi
+}
+
+GITREV=$SRCDESC
+T1=$(date +%s)
+
+say ""
+say "== idempotency bench  $(date -u '+%Y-%m-%d %H:%M:%S UTC')  $GITREV  PostgreSQL $PGVER  extension ${EXTVER:-n/a}"
+say "command : $CMDLINE"
+say "pgbench : pgbench ${PGB_OPTS[*]} -T $SECS -f bench/sql/<script>.sql <db>   ($ROUNDS rounds, variants interleaved, medians)"
+say "server  : synchronous_commit=off shared_buffers=1GB max_wal_size=4GB checkpoint_timeout=30min$([ "$PRELOAD" = 1 ] && echo " shared_preload_libraries=idempotency")"
+say "machine : $(nproc) cores, $(uname -r); absolute numbers are context only -- compare the ratios"
+[ "$EXT_OK" = 0 ] && say "NOTE    : $EXT_WHY -- extension variants not measured"
+[ -n "${PROBE_NOTE:-}" ] && say "NOTE    : $PROBE_NOTE"
+say ""
+hdr=$(printf '%-34s %-13s %6s %7s %12s %14s   %s' "variant" "database" "parts" "ids/tx" "median tps" "median ids/s" "tps per round")
+say "$hdr"
+say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
+for v in "${VARIANTS[@]}"; do
+    m=$(med "$v")
+    per=""
+    for r in $(seq 1 "$ROUNDS"); do per+="$(awk -v x="${TPS[$v,$r]:-ERR}" 'BEGIN{if (x=="ERR") print x; else printf "%.0f", x}') "; done
+    say "$(printf '%-34s %-13s %6s %7s %12s %14s   %s' "${V_LABEL[$v]}" "${V_DB[$v]}" "${LIVE[${V_DB[$v]}]:--}" \
+        "${V_IDS[$v]}" "$(awk -v x="$m" 'BEGIN{if (x=="NA") print x; else printf "%.0f", x}')" \
+        "$(awk -v x="$m" -v k="${V_IDS[$v]}" 'BEGIN{if (x=="NA") print x; else printf "%.0f", x*k}')" "$per")"
+done
+say "(parts = live partitions of idempotency.messages, upper > now(), measured after idem_maintain(); 1d/2h = message_ttl/partition_interval, premake 0)"
+say ""
+
+ALLPASS=1
+bar() {  # label value op target [info]
+    local label=$1 val=$2 op=$3 target=$4 info=${5:-} v
+    if [ "$target" = - ]; then v=info; op=""; target=""
+    else
+        v=$(verdict "${val%%|*}" "$op" "$target")
+        [ -n "$info" ] && v="($v, info)"
+    fi
+    [ -z "$info" ] && [ "$v" != PASS ] && ALLPASS=0
+    local per=${val#*|}
+    [ "$per" = "$val" ] && per=""
+    say "$(printf '%-60s %8s  %-4s %-5s %-12s  %s' "$label" "${val%%|*}" "$op" "$target" "$v" "${per:+rounds: $per}")"
+}
+hdr=$(printf '%-60s %8s  %-10s %-12s  %s' "bar (ratio = median over rounds of per-round ratios)" "ratio" "target" "result" "")
+say "$hdr"
+say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
+bar "idem_consume_message (2 parts) / (a) plain INSERT"           "$(ratio_rounds idem_p2 1 plain_insert 1)" ">=" 1.00
+bar "idem_consume_message (2 parts) / (b) plain_consume() plpgsql" "$(ratio_rounds idem_p2 1 plain_func 1)"   ">=" 1.15
+bar "idem_consume_message 24 parts / 2 parts"                      "$(ratio_rounds idem_p24 1 idem_p2 1)"     ">=" 0.85
+bar "idem_consume_message hourly (~48 parts) / 2 parts"            "$(ratio_rounds idem_p48 1 idem_p2 1)"     ">=" 0.85 info
+bar "idem_consume_messages x1000 ids/s / single-call ids/s"        "$(ratio_rounds idem_batch 1000 idem_p2 1)" ">=" 5
+if [ "$EXTRA" = 1 ]; then
+bar "idem_consume_messages x1000 / plain INSERT..SELECT x1000"     "$(ratio_rounds idem_batch 1 plain_batch 1)" - - info
+bar "idem_consume_messages x1000: 24 parts / 2 parts"             "$(ratio_rounds idem_batch24 1 idem_batch 1)" - - info
+fi
+bar "(b) plain_consume() / (a) plain INSERT"                       "$(ratio_rounds plain_func 1 plain_insert 1)" - - info
+
+# storage
+if [ "$NROWS" -gt 0 ]; then
+    IFS='|' read -r p_rows p_tot p_heap p_idx p_n <<<"${ST_PLAIN:-||||}"
+    IFS='|' read -r i_rows i_tot i_heap i_idx i_n <<<"${ST_IDEM:-||||}"
+    bpr() { awk -v b="$1" -v n="$NROWS" 'BEGIN{ if (b=="" || b+0==0) print "NA"; else printf "%.1f", b/n }'; }
+    bar "storage bytes/id: extension / plain table" "$(div "${i_tot:-}" "${p_tot:-}")" "<=" 0.75
+    say ""
+    say "storage ($NROWS random UUID ids; VACUUM ANALYZE + CHECKPOINT; pg_total_relation_size):"
+    say "$(printf '  %-42s rows %8s  total %6s B/id (heap %6s, indexes %6s)  %s relations, load %ss' \
+        "plain_messages" "${p_rows:-?}" "$(bpr "${p_tot:-}")" "$(bpr "${p_heap:-}")" "$(bpr "${p_idx:-}")" "${p_n:-?}" "${ST_PLAIN_SECS:-?}")"
+    if [ "$EXT_OK" = 1 ]; then
+        say "$(printf '  %-42s rows %8s  total %6s B/id (heap %6s, indexes %6s)  %s relations, load %ss' \
+            "idempotency.messages (1d/1d, batches 10k)" "${i_rows:-?}" "$(bpr "${i_tot:-}")" "$(bpr "${i_heap:-}")" "$(bpr "${i_idx:-}")" "${i_n:-?}" "${ST_IDEM_SECS:-?}")"
+        [ -n "${i_rows:-}" ] && [ -n "${ST_IDEM_SECS:-}" ] && \
+            say "$(awk -v n="$NROWS" -v s="$ST_IDEM_SECS" -v p="$ST_PLAIN_SECS" 'BEGIN{printf "  load rate: extension %.0f ids/s (one session, batches of 10k), plain INSERT..SELECT %.0f ids/s", n/s, n/p}')"
+    fi
+fi
+
+for v in "${PERF_DONE[@]}"; do
+    f=$RESDIR/perf-$v-latest.txt
+    say ""
+    say "perf: ${V_LABEL[$v]} ($v), ${PERF_SECS}s, self time; full report with call chains: bench/results/perf-$v-latest.txt"
+    awk '/^# ---- by shared object/{f=1; next} /^# ----/{f=0} f && /%/' "$f" \
+        | awk '{printf "%s%s %s", (NR>1 ? ", " : "  by object: "), $1, $2} END{print ""}' | tee -a "$LATEST"
+    awk '/^# ---- top symbols/{f=1; next} /^# ----/{f=0} f && /%/' "$f" | head -n 20 | tee -a "$LATEST"
+done
+
+say ""
+say "elapsed: $((T1 - T0))s   raw figures: bench/results/latest.txt   pgbench output: bench/results/pgbench-latest.log"
+[ "$ALLPASS" = 1 ] && exit 0 || exit 3
