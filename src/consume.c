@@ -109,7 +109,7 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 		values[Anum_ledger_digest - 1] = UUIDPGetDatum(digest);
 		values[Anum_ledger_role - 1] = ObjectIdGetDatum(role);
 		values[Anum_ledger_lane - 1] = Int16GetDatum(open[target].part.lane);
-		keep_key_lock = IdemInsertRow(&open[target], values, nulls);
+		keep_key_lock = IdemInsertRow(&open[target], values, nulls, NULL);
 
 		IdemClosePartitions(open, nopen);
 		if (!keep_key_lock)

@@ -183,7 +183,8 @@ extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 						   TimestampTz expires_at, IdemOpenPartition *open,
 						   int nopen);
-extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls);
+extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
+						  ItemPointer newtid);
 extern bool IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
 						  HeapTuple newtuple);
 

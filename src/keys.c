@@ -30,7 +30,12 @@
  */
 #include "idempotency.h"
 
+#include "access/heapam.h"
 #include "access/htup_details.h"
+#include "access/table.h"
+#include "storage/bufmgr.h"
+#include "utils/snapmgr.h"
+#include "access/genam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "fmgr.h"
@@ -77,16 +82,30 @@ typedef enum IdemKeyAction
 	IDEM_ACTION_RELEASE
 } IdemKeyAction;
 
-/* A same-transaction claim, checked at commit */
-typedef struct IdemPendingClaim
+/*
+ * A claim made by the current transaction.  Same-transaction claims must be
+ * resolved (completed or released) before COMMIT.  Where the row's current
+ * version is, is remembered so that the usual claim-then-complete needs no
+ * second probe.
+ */
+typedef struct IdemOwnClaim
 {
 	Oid			role;
 	pg_uuid_t	digest;
-	char	   *key;
-} IdemPendingClaim;
+	char	   *scope;			/* scope and key as given, for matching */
+	int			scopelen;
+	char	   *key;			/* NUL-terminated */
+	int			keylen;
+	bool		must_resolve;	/* same-transaction mode */
+	SubTransactionId made_in;	/* subtransaction that made the claim */
+	SubTransactionId resolved_in;	/* that completed or released it */
+	SubTransactionId moved_in;	/* that last changed the row */
+	IdemPartition part;			/* where the row is; relid invalid if unknown */
+	ItemPointerData tid;
+} IdemOwnClaim;
 
-/* Same-transaction claims of the current transaction (TopTransactionContext) */
-static List *pending_claims = NIL;
+/* Claims of the current transaction (in TopTransactionContext) */
+static List *own_claims = NIL;
 
 /* One key operation in progress: the key lock and the partitions it opened */
 typedef struct IdemKeyOp
@@ -96,6 +115,7 @@ typedef struct IdemKeyOp
 	pg_uuid_t	digest;
 	TimestampTz now;
 	LOCKTAG		keytag;
+	bool		key_locked;		/* holds the key lock */
 	int			nopen;
 	IdemOpenPartition open[IDEM_MAX_PROBES];
 	IdemProbeResult probe;
@@ -104,7 +124,13 @@ typedef struct IdemKeyOp
 } IdemKeyOp;
 
 static void IdemKeysXactCallback(XactEvent event, void *arg);
+static void IdemKeysSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+									SubTransactionId parentSubid, void *arg);
 static void IdemCheckPendingClaims(void);
+static IdemOwnClaim *IdemFindOwnClaim(Oid role, text *scope, text *key);
+static bool IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op);
+static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
+							 ItemPointer newtid);
 static void IdemKeyOpBegin(IdemKeyOp *op);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
@@ -112,7 +138,8 @@ static char IdemRowState(IdemKeyOp *op);
 static Datum IdemClaimResult(FunctionCallInfo fcinfo, const char *status,
 							 IdemKeyOp *op, bool with_token,
 							 bool with_response, TimestampTz expires_at);
-static void IdemRememberClaim(Oid role, const pg_uuid_t *digest, text *key);
+static void IdemRememberClaim(IdemKeyOp *op, text *scope, text *key,
+							  bool must_resolve, int which, ItemPointer tid);
 static void IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action,
 					   int scope_argno, int token_argno);
 static const char *IdemActionName(IdemKeyAction action);
@@ -125,6 +152,7 @@ void
 IdemKeysInit(void)
 {
 	RegisterXactCallback(IdemKeysXactCallback, NULL);
+	RegisterSubXactCallback(IdemKeysSubXactCallback, NULL);
 }
 
 /*
@@ -139,7 +167,7 @@ IdemKeysXactCallback(XactEvent event, void *arg)
 	{
 		case XACT_EVENT_PRE_COMMIT:
 		case XACT_EVENT_PRE_PREPARE:
-			if (pending_claims != NIL)
+			if (own_claims != NIL)
 				IdemCheckPendingClaims();
 			break;
 		case XACT_EVENT_COMMIT:
@@ -147,7 +175,7 @@ IdemKeysXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 		case XACT_EVENT_PARALLEL_COMMIT:
 		case XACT_EVENT_PARALLEL_ABORT:
-			pending_claims = NIL;
+			own_claims = NIL;
 			break;
 		default:
 			break;
@@ -155,42 +183,154 @@ IdemKeysXactCallback(XactEvent event, void *arg)
 }
 
 /*
+ * IdemKeysSubXactCallback keeps the own-claim list true across savepoints:
+ * a rolled back subtransaction takes its claims, completions and releases
+ * with it; a committed one hands them to its parent.
+ */
+static void
+IdemKeysSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+						SubTransactionId parentSubid, void *arg)
+{
+	ListCell   *lc;
+
+	if (event == SUBXACT_EVENT_ABORT_SUB)
+	{
+		foreach(lc, own_claims)
+		{
+			IdemOwnClaim *claim = (IdemOwnClaim *) lfirst(lc);
+
+			if (claim->made_in == mySubid)
+			{
+				own_claims = foreach_delete_current(own_claims, lc);
+				continue;
+			}
+			if (claim->resolved_in == mySubid)
+				claim->resolved_in = InvalidSubTransactionId;
+			if (claim->moved_in == mySubid)
+				claim->part.relid = InvalidOid;	/* look it up again */
+		}
+	}
+	else if (event == SUBXACT_EVENT_COMMIT_SUB)
+	{
+		foreach(lc, own_claims)
+		{
+			IdemOwnClaim *claim = (IdemOwnClaim *) lfirst(lc);
+
+			if (claim->made_in == mySubid)
+				claim->made_in = parentSubid;
+			if (claim->resolved_in == mySubid)
+				claim->resolved_in = parentSubid;
+			if (claim->moved_in == mySubid)
+				claim->moved_in = parentSubid;
+		}
+	}
+}
+
+/*
  * IdemCheckPendingClaims raises an error for the first same-transaction claim
- * of this transaction that is still in progress.  Claims undone by a rolled
- * back savepoint are gone and pass.
+ * of this transaction that was neither completed nor released.
  */
 static void
 IdemCheckPendingClaims(void)
 {
 	ListCell   *lc;
 
-	foreach(lc, pending_claims)
+	foreach(lc, own_claims)
 	{
-		IdemPendingClaim *claim = (IdemPendingClaim *) lfirst(lc);
-		IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
-		bool		stranded;
+		IdemOwnClaim *claim = (IdemOwnClaim *) lfirst(lc);
 
-		op->ledger = IDEM_LEDGER_KEYS;
-		op->role = claim->role;
-		op->digest = claim->digest;
-		op->now = GetCurrentTimestamp();
-		op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
-										   RowExclusiveLock, op->open);
-		IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
-				  &op->probe);
-		stranded = op->probe.found == IDEM_FOUND_MINE &&
-			IdemRowState(op) == KEY_IN_PROGRESS &&
-			op->nulls[Anum_keys_lease_until - 1];
-		IdemClosePartitions(op->open, op->nopen);
-		if (stranded)
+		if (claim->must_resolve && claim->resolved_in == InvalidSubTransactionId)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
 					 errmsg("idempotency key \"%s\" was claimed but neither completed nor released",
 							claim->key),
 					 errdetail("A claim without a lease belongs to the transaction that made it."),
 					 errhint("Call idem_complete() or idem_release() before COMMIT, or claim with a lease to finish in a later transaction.")));
-		pfree(op);
 	}
+}
+
+/*
+ * IdemFindOwnClaim returns the latest claim of (role, scope, key) made by
+ * the current transaction, or NULL.
+ */
+static IdemOwnClaim *
+IdemFindOwnClaim(Oid role, text *scope, text *key)
+{
+	int			scopelen = VARSIZE_ANY_EXHDR(scope);
+	int			keylen = VARSIZE_ANY_EXHDR(key);
+	int			i;
+
+	for (i = list_length(own_claims) - 1; i >= 0; i--)
+	{
+		IdemOwnClaim *claim = (IdemOwnClaim *) list_nth(own_claims, i);
+
+		if (claim->role == role &&
+			claim->keylen == keylen && claim->scopelen == scopelen &&
+			memcmp(claim->key, VARDATA_ANY(key), keylen) == 0 &&
+			memcmp(claim->scope, VARDATA_ANY(scope), scopelen) == 0)
+			return claim;
+	}
+	return NULL;
+}
+
+/*
+ * IdemFetchOwnRow reads the current version of a row this transaction
+ * wrote, where the own-claim list says it is, into op as if a probe had
+ * found it (MINE).  No key lock is needed: no other transaction changes a
+ * row whose writer is still in progress.  Returns false if the row is not
+ * there any more (its version was undone), and the caller probes instead.
+ */
+static bool
+IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op)
+{
+	HeapTupleData tuple;
+	Buffer		buffer;
+	Relation	heap;
+	bool		isnull;
+
+	if (!OidIsValid(claim->part.relid))
+		return false;
+
+	heap = table_open(claim->part.relid, RowExclusiveLock);
+	tuple.t_self = claim->tid;
+	if (!heap_fetch(heap, SnapshotSelf, &tuple, &buffer, false))
+	{
+		table_close(heap, NoLock);
+		return false;
+	}
+	op->probe.tuple = heap_copytuple(&tuple);
+	ReleaseBuffer(buffer);
+
+	if (!TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(op->probe.tuple->t_data)) ||
+		RelationGetDescr(heap)->natts != Natts_keys ||
+		DatumGetObjectId(heap_getattr(op->probe.tuple, Anum_ledger_role,
+									  RelationGetDescr(heap), &isnull)) != claim->role)
+	{
+		table_close(heap, NoLock);
+		return false;
+	}
+
+	op->digest = claim->digest;
+	op->nopen = 1;
+	op->open[0].part = claim->part;
+	op->open[0].heap = heap;
+	op->open[0].index = index_open(claim->part.indexrelid, RowExclusiveLock);
+	op->probe.found = IDEM_FOUND_MINE;
+	op->probe.xwait = InvalidTransactionId;
+	op->probe.which = 0;
+	op->probe.tid = claim->tid;
+	heap_deform_tuple(op->probe.tuple, RelationGetDescr(heap),
+					  op->values, op->nulls);
+	return true;
+}
+
+/* records that this transaction moved its row of a claim to newtid */
+static void
+IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op, ItemPointer newtid)
+{
+	claim->part = op->open[op->probe.which].part;
+	claim->tid = *newtid;
+	claim->moved_in = GetCurrentSubTransactionId();
 }
 
 /*
@@ -212,6 +352,7 @@ static void
 IdemKeyOpBegin(IdemKeyOp *op)
 {
 	(void) LockAcquire(&op->keytag, ExclusiveLock, false, false);
+	op->key_locked = true;
 
 	/* see every partition committed before we got the key lock */
 	AcceptInvalidationMessages();
@@ -239,8 +380,9 @@ IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock)
 {
 	IdemClosePartitions(op->open, op->nopen);
 	op->nopen = 0;
-	if (!keep_key_lock)
+	if (op->key_locked && !keep_key_lock)
 		LockRelease(&op->keytag, ExclusiveLock, false);
+	op->key_locked = false;
 }
 
 /* state of the row found */
@@ -322,6 +464,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		int64		previous_token = 0;
 		bool		keep_key_lock;
 		HeapTuple	newtuple;
+		ItemPointerData newtid;
 
 		CHECK_FOR_INTERRUPTS();
 		IdemKeyOpBegin(op);
@@ -366,10 +509,10 @@ idem_claim(PG_FUNCTION_ARGS)
 						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 						 errmsg("partition \"%s\" does not have the columns of the key ledger",
 								RelationGetRelationName(op->open[target].heap))));
-			keep_key_lock = IdemInsertRow(&op->open[target], op->values, op->nulls);
+			keep_key_lock = IdemInsertRow(&op->open[target], op->values, op->nulls,
+										  &newtid);
 			IdemKeyOpEnd(op, keep_key_lock);
-			if (!has_lease)
-				IdemRememberClaim(op->role, &op->digest, key);
+			IdemRememberClaim(op, scope, key, !has_lease, target, &newtid);
 			return IdemClaimResult(fcinfo, "claimed", op, true, false, expires_at);
 		}
 
@@ -437,8 +580,8 @@ idem_claim(PG_FUNCTION_ARGS)
 		keep_key_lock = IdemUpdateRow(&op->open[op->probe.which], &op->probe.tid,
 									  newtuple);
 		IdemKeyOpEnd(op, keep_key_lock);
-		if (!has_lease)
-			IdemRememberClaim(op->role, &op->digest, key);
+		IdemRememberClaim(op, scope, key, !has_lease, op->probe.which,
+						  &newtuple->t_self);
 		return IdemClaimResult(fcinfo, "claimed", op, true, false,
 							   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
 	}
@@ -453,12 +596,21 @@ static Datum
 IdemClaimResult(FunctionCallInfo fcinfo, const char *status, IdemKeyOp *op,
 				bool with_token, bool with_response, TimestampTz expires_at)
 {
-	TupleDesc	tupdesc;
+	static TupleDesc tupdesc = NULL;
 	Datum		values[Natts_claim_result];
 	bool		nulls[Natts_claim_result];
 
-	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
-		elog(ERROR, "return type must be a row type");
+	/* the result's shape never changes: bless it once per backend */
+	if (tupdesc == NULL)
+	{
+		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+		TupleDesc	desc;
+
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
+			elog(ERROR, "return type must be a row type");
+		tupdesc = BlessTupleDesc(CreateTupleDescCopy(desc));
+		MemoryContextSwitchTo(oldcxt);
+	}
 
 	memset(nulls, true, sizeof(nulls));
 	values[0] = CStringGetTextDatum(status);
@@ -483,17 +635,31 @@ IdemClaimResult(FunctionCallInfo fcinfo, const char *status, IdemKeyOp *op,
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
 }
 
-/* records a same-transaction claim for the check at commit */
+/*
+ * IdemRememberClaim adds a claim this transaction made (row now at tid in
+ * open partition "which") to the own-claim list.
+ */
 static void
-IdemRememberClaim(Oid role, const pg_uuid_t *digest, text *key)
+IdemRememberClaim(IdemKeyOp *op, text *scope, text *key, bool must_resolve,
+				  int which, ItemPointer tid)
 {
 	MemoryContext oldcxt = MemoryContextSwitchTo(TopTransactionContext);
-	IdemPendingClaim *claim = palloc(sizeof(IdemPendingClaim));
+	IdemOwnClaim *claim = palloc(sizeof(IdemOwnClaim));
 
-	claim->role = role;
-	claim->digest = *digest;
+	claim->role = op->role;
+	claim->digest = op->digest;
+	claim->scopelen = VARSIZE_ANY_EXHDR(scope);
+	claim->scope = palloc(claim->scopelen + 1);
+	memcpy(claim->scope, VARDATA_ANY(scope), claim->scopelen);
+	claim->keylen = VARSIZE_ANY_EXHDR(key);
 	claim->key = text_to_cstring(key);
-	pending_claims = lappend(pending_claims, claim);
+	claim->must_resolve = must_resolve;
+	claim->made_in = GetCurrentSubTransactionId();
+	claim->resolved_in = InvalidSubTransactionId;
+	claim->moved_in = claim->made_in;
+	claim->part = op->open[which].part;
+	claim->tid = *tid;
+	own_claims = lappend(own_claims, claim);
 	MemoryContextSwitchTo(oldcxt);
 }
 
@@ -563,6 +729,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	text	   *recovery_point = NULL;
 	HeapTuple	newtuple;
 	bool		keep_key_lock;
+	IdemOwnClaim *claim;
 
 	if (action == IDEM_ACTION_COMPLETE)
 	{
@@ -584,16 +751,24 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	op->ledger = IDEM_LEDGER_KEYS;
 	op->role = GetUserId();
 	op->now = GetCurrentTimestamp();
-	IdemKeyOpDigest(op, scope, key);
-	if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idempotency key \"%s\" is not claimed", keystr),
-				 errhint("Call idem_claim() first.")));
-	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
+	op->key_locked = false;
+	op->nopen = 0;
+	op->probe.tuple = NULL;
 
-	CHECK_FOR_INTERRUPTS();
-	IdemKeyOpBegin(op);
+	/* a claim of this transaction: its row is where we left it */
+	claim = IdemFindOwnClaim(op->role, scope, key);
+	if (claim == NULL || !IdemFetchOwnRow(claim, op))
+	{
+		IdemKeyOpDigest(op, scope, key);
+		if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("idempotency key \"%s\" is not claimed", keystr),
+					 errhint("Call idem_claim() first.")));
+		IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
+		CHECK_FOR_INTERRUPTS();
+		IdemKeyOpBegin(op);
+	}
 
 	if (op->probe.found == IDEM_FOUND_NONE ||
 		(op->probe.found != IDEM_FOUND_BUSY && IdemRowState(op) == KEY_RELEASED))
@@ -647,6 +822,16 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 							   op->values, op->nulls);
 	keep_key_lock = IdemUpdateRow(&op->open[op->probe.which], &op->probe.tid,
 								  newtuple);
+
+	/* keep the own-claim list in step: where the row is, and if resolved */
+	if (op->probe.found == IDEM_FOUND_MINE &&
+		(claim != NULL ||
+		 (claim = IdemFindOwnClaim(op->role, scope, key)) != NULL))
+	{
+		IdemNoteRowMoved(claim, op, &newtuple->t_self);
+		if (action != IDEM_ACTION_CHECKPOINT)
+			claim->resolved_in = GetCurrentSubTransactionId();
+	}
 	IdemKeyOpEnd(op, keep_key_lock);
 	heap_freetuple(newtuple);
 }

@@ -229,12 +229,14 @@ IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 
 /*
  * IdemInsertRow inserts a row into open partition "op", which the caller
- * has checked covers its (lane, expires_at), and its index entry.  Returns
+ * has checked covers its (lane, expires_at), and its index entry, and sets
+ * *newtid (if not NULL) to where the row went.  Returns
  * true if the partition was made by this transaction, in which case the
  * caller must keep the key lock until the transaction ends.
  */
 bool
-IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls)
+IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
+			  ItemPointer newtid)
 {
 	HeapTuple	tuple;
 	Datum		indexvalue = values[Anum_ledger_digest - 1];
@@ -244,6 +246,8 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls)
 	simple_heap_insert(op->heap, tuple);
 	(void) index_insert(op->index, &indexvalue, &indexnull, &tuple->t_self,
 						op->heap, UNIQUE_CHECK_NO, false, IdemDigestIndexInfo());
+	if (newtid != NULL)
+		*newtid = tuple->t_self;
 	heap_freetuple(tuple);
 
 	return op->heap->rd_createSubid != InvalidSubTransactionId;
