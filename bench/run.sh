@@ -323,6 +323,8 @@ perf_profile() {   # variant outfile
             perf report -i "$WORK/perf.data" --no-children --stdio -g none --sort dso --percent-limit 0.5 2>/dev/null | grep -v '^$' | sed -E 's/( +-)+ *$//'
             echo "# ---- top symbols (self time)"
             perf report -i "$WORK/perf.data" --no-children --stdio -g none --sort dso,symbol --percent-limit 0.3 2>/dev/null | grep -v '^$' | sed -E 's/( +-)+ *$//'
+            echo "# ---- inclusive time (children: self + callees), entries >= 0.5%"
+            perf report -i "$WORK/perf.data" --children --stdio -g none --sort dso,symbol --percent-limit 0.5 2>/dev/null | grep -v '^$' | sed -E 's/( +-)+ *$//'
             echo "# ---- with call chains (caller), entries >= 2%"
             perf report -i "$WORK/perf.data" --no-children --stdio -g caller,0.5,callee --percent-limit 2 2>/dev/null
         } >"$out" || true
@@ -335,6 +337,7 @@ perf_profile() {   # variant outfile
 }
 
 PERF_DONE=()
+PERF_INCL_RE='idempotency\.so|plpgsql\.so|cryptohash|ExecInsert|ExecModifyTable|heap_insert|btinsert|_bt_first|_bt_search|index_getnext|LockAcquireExtended|LockRelease|table_open|relation_open|index_open|BuildIndexInfo|RelationGetIndexList|AcceptInvalidationMessages|CommitTransaction|StartTransaction|XLogInsert|ExecInitModifyTable|ExecInitNode|ExecutorStart|ExecutorEnd|PortalRun|exec_execute_message|pq_getbyte|secure_read|secure_write|ExecCheckIndexConstraints|ExecInsertIndexTuples|uuid|gen_random_uuid|pg_strong_random' 
 if [ "$EXT_OK" = 1 ] && [ "$PERF_SECS" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v perf >/dev/null 2>&1; then
         rm -f "$RESDIR"/perf-*.txt
@@ -482,6 +485,9 @@ for v in "${PERF_DONE[@]}"; do
     awk '/^# ---- by shared object/{f=1; next} /^# ----/{f=0} f && /%/' "$f" \
         | awk '{printf "%s%s %s", (NR>1 ? ", " : "  by object: "), $1, $2} END{print ""}' | tee -a "$LATEST"
     awk '/^# ---- top symbols/{f=1; next} /^# ----/{f=0} f && /%/' "$f" | head -n 20 | tee -a "$LATEST"
+    say "  inclusive time (self + callees) of some functions on the path:"
+    awk '/^# ---- inclusive/{f=1; next} /^# ----/{f=0} f && /%/' "$f" \
+        | grep -E "$PERF_INCL_RE" | head -n 30 | tee -a "$LATEST"
 done
 
 say ""
