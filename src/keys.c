@@ -461,9 +461,9 @@ idem_claim(PG_FUNCTION_ARGS)
 	{
 		char		state;
 		int			i;
+		int			target;
 		int64		previous_token = 0;
 		bool		keep_key_lock;
-		HeapTuple	newtuple;
 		ItemPointerData newtid;
 
 		CHECK_FOR_INTERRUPTS();
@@ -482,9 +482,8 @@ idem_claim(PG_FUNCTION_ARGS)
 
 		if (op->probe.found == IDEM_FOUND_NONE)
 		{
-			int			target = IdemOpenTarget(op->ledger, &op->digest,
-												expires_at, op->open, op->nopen);
-
+			target = IdemOpenTarget(op->ledger, &op->digest, expires_at,
+									op->open, op->nopen);
 			if (target < 0)
 			{
 				IdemKeyOpEnd(op, false);
@@ -567,7 +566,21 @@ idem_claim(PG_FUNCTION_ARGS)
 			op->nulls[Anum_keys_fingerprint - 1] = (fingerprint == NULL);
 		}
 
+		/*
+		 * A fresh claim of the key, with its own ttl: the old row goes, and
+		 * the new one goes to the partition of its new expiry.  Concurrent
+		 * probes see both as being written by us until we end.
+		 */
+		target = IdemOpenTarget(op->ledger, &op->digest, expires_at,
+								op->open, op->nopen);
+		if (target < 0)
+		{
+			IdemKeyOpEnd(op, false);
+			continue;
+		}
 		previous_token = DatumGetInt64(op->values[Anum_keys_token - 1]);
+		op->values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
+		op->values[Anum_ledger_lane - 1] = Int16GetDatum(op->open[target].part.lane);
 		op->values[Anum_keys_state - 1] = CharGetDatum(KEY_IN_PROGRESS);
 		op->values[Anum_keys_token - 1] = Int64GetDatum(IdemNextToken(op->now, previous_token));
 		op->values[Anum_keys_claimed_at - 1] = TimestampTzGetDatum(op->now);
@@ -575,15 +588,14 @@ idem_claim(PG_FUNCTION_ARGS)
 		op->nulls[Anum_keys_lease_until - 1] = !has_lease;
 		op->nulls[Anum_keys_response_code - 1] = true;
 		op->nulls[Anum_keys_response_body - 1] = true;
-		newtuple = heap_form_tuple(RelationGetDescr(op->open[op->probe.which].heap),
-								   op->values, op->nulls);
-		keep_key_lock = IdemUpdateRow(&op->open[op->probe.which], &op->probe.tid,
-									  newtuple);
+		simple_heap_delete(op->open[op->probe.which].heap, &op->probe.tid);
+		keep_key_lock =
+			op->open[op->probe.which].heap->rd_createSubid != InvalidSubTransactionId;
+		if (IdemInsertRow(&op->open[target], op->values, op->nulls, &newtid))
+			keep_key_lock = true;
 		IdemKeyOpEnd(op, keep_key_lock);
-		IdemRememberClaim(op, scope, key, !has_lease, op->probe.which,
-						  &newtuple->t_self);
-		return IdemClaimResult(fcinfo, "claimed", op, true, false,
-							   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
+		IdemRememberClaim(op, scope, key, !has_lease, target, &newtid);
+		return IdemClaimResult(fcinfo, "claimed", op, true, false, expires_at);
 	}
 }
 
@@ -790,7 +802,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 				(errcode(ERRCODE_OBJECT_IN_USE),
 				 errmsg("token " INT64_FORMAT " of idempotency key \"%s\" is stale",
 						token, keystr),
-				 errdetail("The key has been claimed again since that token was issued."),
+				 errdetail("The key's current claim has another token: it was claimed again since that token was issued, or the token is wrong."),
 				 errhint("Stop working on this request; its new holder will finish it.")));
 	if (!has_token && op->probe.found != IDEM_FOUND_MINE)
 		ereport(ERROR,
@@ -870,7 +882,11 @@ idem_lookup(PG_FUNCTION_ARGS)
 									   AccessShareLock, op->open);
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
 			  &op->probe);
-	if (op->probe.tuple == NULL)
+	/* a row another transaction is inserting does not exist yet */
+	if (op->probe.tuple == NULL ||
+		(op->probe.found == IDEM_FOUND_BUSY &&
+		 TransactionIdEquals(HeapTupleHeaderGetXmin(op->probe.tuple->t_data),
+							 op->probe.xwait)))
 	{
 		IdemClosePartitions(op->open, op->nopen);
 		return (Datum) 0;

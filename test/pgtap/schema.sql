@@ -79,7 +79,8 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
               AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
               AND d.deptype = 'e'
               AND p.pronamespace = 'pg_catalog'::regnamespace),
-          ARRAY['idem_consume_message', 'idem_consume_messages', 'idem_maintain'],
+          ARRAY['idem_checkpoint', 'idem_claim', 'idem_complete', 'idem_consume_message',
+                'idem_consume_messages', 'idem_lookup', 'idem_maintain', 'idem_release'],
           'the API functions in pg_catalog are members of the extension');
 
 -- privileges
