@@ -503,3 +503,15 @@ SELECT count(*) AS plain_keys FROM idempotency.keys WHERE digest::text ~ 'order|
 
 DROP ROLE regress_idem_keys_alice;
 DROP ROLE regress_idem_keys_bob;
+
+-- a claim after a release is a fresh claim: it gets the ttl and lease it asks
+-- for, so its lease never outlives the key
+SELECT status FROM idem_claim('fresh-ttl', ttl => '2 seconds', lease => '1 second');
+SELECT idem_release('fresh-ttl', token => (SELECT token FROM idem_lookup('fresh-ttl')));
+SELECT status, expires_at - now() > interval '50 minutes' AS new_expiry
+  FROM idem_claim('fresh-ttl', ttl => '1 hour', lease => '30 minutes');
+SELECT lease_expires_at < expires_at AS lease_within_key,
+       expires_at - now() > interval '50 minutes' AS stored_expiry
+  FROM idem_lookup('fresh-ttl');
+SELECT count(*) AS rows_for_key FROM idempotency.keys k
+ WHERE k.digest = (SELECT digest FROM idempotency.keys ORDER BY claimed_at DESC LIMIT 1);
