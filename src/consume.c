@@ -39,8 +39,6 @@ typedef struct IdemBatchItem
 	int			position;		/* index in the input array */
 } IdemBatchItem;
 
-#define Natts_messages		4
-
 static int	IdemBatchItemCmp(const void *a, const void *b);
 
 /*
@@ -100,11 +98,6 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 			continue;
 		}
 
-		if (RelationGetDescr(open[target].heap)->natts != Natts_messages)
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("partition \"%s\" does not have the columns of the message ledger",
-							RelationGetRelationName(open[target].heap))));
 		values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
 		values[Anum_ledger_digest - 1] = UUIDPGetDatum(digest);
 		values[Anum_ledger_role - 1] = ObjectIdGetDatum(role);

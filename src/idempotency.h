@@ -112,6 +112,7 @@ typedef struct IdemLayout
 extern void IdemStorageInit(void);
 extern Oid	IdemLedgerParent(IdemLedger ledger, bool create);
 extern const char *IdemLedgerName(IdemLedger ledger);
+extern int	IdemLedgerNatts(IdemLedger ledger);
 extern int	IdemLedgerDefaultTtl(IdemLedger ledger);
 extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);
 extern uint64 IdemPartitionsGeneration(void);
@@ -143,6 +144,10 @@ extern void IdemEnsureExtensionDependency(IdemLedger ledger);
 #define Anum_ledger_digest			2
 #define Anum_ledger_role			3
 #define Anum_ledger_lane			4
+
+/* Number of columns of each ledger's table */
+#define Natts_messages				4
+#define Natts_keys					12
 
 /* Live partitions one lane may have before lookups refuse */
 #define IDEM_MAX_PROBES				256

@@ -64,7 +64,6 @@ PG_FUNCTION_INFO_V1(idem_lookup);
 #define Anum_keys_recovery_point	10
 #define Anum_keys_response_code		11
 #define Anum_keys_response_body		12
-#define Natts_keys					12
 
 /* Values of the state column */
 #define KEY_IN_PROGRESS		'p'
@@ -361,17 +360,9 @@ IdemKeyOpBegin(IdemKeyOp *op)
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
 			  &op->probe);
 	if (op->probe.tuple != NULL)
-	{
-		IdemOpenPartition *p = &op->open[op->probe.which];
-
-		if (RelationGetDescr(p->heap)->natts != Natts_keys)
-			ereport(ERROR,
-					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-					 errmsg("partition \"%s\" does not have the columns of the key ledger",
-							RelationGetRelationName(p->heap))));
-		heap_deform_tuple(op->probe.tuple, RelationGetDescr(p->heap),
+		heap_deform_tuple(op->probe.tuple,
+						  RelationGetDescr(op->open[op->probe.which].heap),
 						  op->values, op->nulls);
-	}
 }
 
 /* closes the partitions and, unless told to keep it, releases the key lock */
@@ -503,11 +494,6 @@ idem_claim(PG_FUNCTION_ARGS)
 				op->nulls[i] = false;
 			op->nulls[Anum_keys_lease_until - 1] = !has_lease;
 			op->nulls[Anum_keys_fingerprint - 1] = (fingerprint == NULL);
-			if (RelationGetDescr(op->open[target].heap)->natts != Natts_keys)
-				ereport(ERROR,
-						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("partition \"%s\" does not have the columns of the key ledger",
-								RelationGetRelationName(op->open[target].heap))));
 			keep_key_lock = IdemInsertRow(&op->open[target], op->values, op->nulls,
 										  &newtid);
 			IdemKeyOpEnd(op, keep_key_lock);

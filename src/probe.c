@@ -61,7 +61,8 @@ static IndexInfo *IdemDigestIndexInfo(void);
 
 /*
  * IdemOpenLivePartitions opens, in the given lock mode, the live partitions
- * a key's row can be in, and their digest indexes.  Locking can deliver
+ * a key's row can be in, and their digest indexes, checking that they have
+ * the ledger's columns.  Locking can deliver
  * invalidations that change the set (a partition was dropped or made), so it
  * repeats until the set is stable.  Returns how many.
  */
@@ -96,6 +97,12 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 						 errhint("Partitions of the idempotency ledgers must keep the index they were made with.")));
 			open[i].part = parts[i];
 			open[i].heap = table_open(parts[i].relid, NoLock);
+			if (RelationGetDescr(open[i].heap)->natts != IdemLedgerNatts(ledger))
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("partition \"%s\" does not have the columns of table \"%s.%s\"",
+								RelationGetRelationName(open[i].heap),
+								IDEM_SCHEMA_NAME, IdemLedgerName(ledger))));
 			open[i].index = index_open(parts[i].indexrelid, lockmode);
 		}
 		return n;

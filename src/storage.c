@@ -164,6 +164,13 @@ IdemLedgerName(IdemLedger ledger)
 	return ledger_defs[ledger].name;
 }
 
+/* the number of columns of a ledger's table */
+int
+IdemLedgerNatts(IdemLedger ledger)
+{
+	return ledger == IDEM_LEDGER_MESSAGES ? Natts_messages : Natts_keys;
+}
+
 /*
  * IdemLedgerDefaultTtl returns the default ttl (seconds) of a ledger, which
  * also sizes its partitions.
