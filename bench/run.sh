@@ -7,7 +7,8 @@
 #   bash bench/run.sh
 #
 # Environment (defaults in brackets):
-#   BENCH_SECONDS       seconds per pgbench measurement            [20]
+#   BENCH_GROUP         all | messages | keys: which group of variants [all]
+#   BENCH_SECONDS       seconds per pgbench measurement            [15]
 #   BENCH_ROUNDS        rounds of A B C ... interleaving           [3]
 #   BENCH_WARMUP        seconds of warm-up per variant (0 = none)  [2]
 #   BENCH_STORAGE_ROWS  ids inserted for the storage bar (0 = skip) [1000000]
@@ -18,7 +19,7 @@
 #   BENCH_PORT          server port (unix socket only)             [54401]
 #   BENCH_KEEP          1 = keep the temp dir (cluster stopped)    [0]
 #   BENCH_VARIANTS      run only these variants (space-separated names, see README) [all]
-#   BENCH_PERF_VARIANTS variants to profile                         [idem_p2 idem_batch]
+#   BENCH_PERF_VARIANTS variants to profile                         [idem_p2 idem_batch keys_idem]
 #   BENCH_EXTRA         1 = also plain 1000-row batch and the batch on 24 partitions (+~2 min) [0]
 #   PGBIN               PostgreSQL binaries                        [/usr/lib/postgresql/15/bin]
 #
@@ -31,7 +32,7 @@ REPO=$(cd "$HERE/.." && pwd)
 PGBIN_SET=${PGBIN:+1}
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 PORT=${BENCH_PORT:-54401}
-SECS=${BENCH_SECONDS:-20}
+SECS=${BENCH_SECONDS:-15}
 ROUNDS=${BENCH_ROUNDS:-3}
 WARMUP=${BENCH_WARMUP:-2}
 NROWS=${BENCH_STORAGE_ROWS:-1000000}
@@ -41,7 +42,8 @@ PRELOAD=${BENCH_PRELOAD:-0}
 KEEP=${BENCH_KEEP:-0}
 EXTRA=${BENCH_EXTRA:-0}
 ONLY=${BENCH_VARIANTS:-}
-PERF_VARIANTS=${BENCH_PERF_VARIANTS:-idem_p2 idem_batch}
+PERF_VARIANTS=${BENCH_PERF_VARIANTS:-idem_p2 idem_batch keys_idem}
+GROUP=${BENCH_GROUP:-all}
 REV=${BENCH_REV:-}
 CLIENTS=4
 THREADS=2
@@ -55,7 +57,7 @@ PGBLOG=$RESDIR/pgbench-latest.log  # full pgbench output of every run
 rm -f "$RESDIR/build-latest.log"
 
 T0=$(date +%s)
-CMDLINE="BENCH_SECONDS=$SECS BENCH_ROUNDS=$ROUNDS BENCH_WARMUP=$WARMUP BENCH_STORAGE_ROWS=$NROWS BENCH_PERF_SECONDS=$PERF_SECS BENCH_PRELOAD=$PRELOAD BENCH_EXTRA=$EXTRA${ONLY:+ BENCH_VARIANTS='$ONLY'}${BENCH_PERF_VARIANTS:+ BENCH_PERF_VARIANTS='$PERF_VARIANTS'}${REV:+ BENCH_REV=$REV}${BENCH_BUILD:+ BENCH_BUILD=$BUILD}${BENCH_PORT:+ BENCH_PORT=$PORT}${PGBIN_SET:+ PGBIN=$PGBIN} bash bench/run.sh"
+CMDLINE="BENCH_SECONDS=$SECS BENCH_ROUNDS=$ROUNDS BENCH_WARMUP=$WARMUP BENCH_STORAGE_ROWS=$NROWS BENCH_PERF_SECONDS=$PERF_SECS BENCH_PRELOAD=$PRELOAD BENCH_EXTRA=$EXTRA${BENCH_GROUP:+ BENCH_GROUP=$GROUP}${ONLY:+ BENCH_VARIANTS='$ONLY'}${BENCH_PERF_VARIANTS:+ BENCH_PERF_VARIANTS='$PERF_VARIANTS'}${REV:+ BENCH_REV=$REV}${BENCH_BUILD:+ BENCH_BUILD=$BUILD}${BENCH_PORT:+ BENCH_PORT=$PORT}${PGBIN_SET:+ PGBIN=$PGBIN} bash bench/run.sh"
 PGB_OPTS=(-n -M prepared -c "$CLIENTS" -j "$THREADS")
 
 say()  { printf '%s\n' "$*" | tee -a "$LATEST"; }
@@ -71,6 +73,40 @@ else
     AS_PG=()
 fi
 pg() { "${AS_PG[@]}" "$@"; }
+
+# ---------------------------------------------------------------- variants
+# message group (idempotency.messages) and key group (idempotency.keys), in
+# the order they are interleaved in a round; *_EXTRA only with BENCH_EXTRA=1
+# or when named in BENCH_VARIANTS
+MSG_ALL=(plain_insert plain_func idem_p2 idem_p24 idem_p48 idem_batch idem_batch24 plain_batch)
+MSG_EXTRA=" idem_batch24 plain_batch "
+KEY_ALL=(keys_raw keys_plpgsql keys_idem replay_plpgsql replay_idem)
+EXT_MSG=" idem_p2 idem_p24 idem_p48 idem_batch idem_batch24 "   # need the extension
+EXT_KEY=" keys_idem replay_idem "                                 # need idem_claim/idem_complete
+case $GROUP in
+    all)      CAND=("${MSG_ALL[@]}" "${KEY_ALL[@]}") ;;
+    messages) CAND=("${MSG_ALL[@]}") ;;
+    keys)     CAND=("${KEY_ALL[@]}") ;;
+    *)        die "BENCH_GROUP='$GROUP': use all, messages or keys" ;;
+esac
+for w in $ONLY; do
+    case " ${MSG_ALL[*]} ${KEY_ALL[*]} " in *" $w "*) ;;
+        *) die "BENCH_VARIANTS: unknown variant '$w' (known: ${MSG_ALL[*]} ${KEY_ALL[*]})" ;; esac
+done
+VARIANTS=()
+for v in "${CAND[@]}"; do
+    if [ -n "$ONLY" ]; then
+        case " $ONLY " in *" $v "*) VARIANTS+=("$v") ;; esac
+    else
+        case "$MSG_EXTRA" in *" $v "*) [ "$EXTRA" = 1 ] || continue ;; esac
+        VARIANTS+=("$v")
+    fi
+done
+[ ${#VARIANTS[@]} -gt 0 ] || die "BENCH_GROUP=$GROUP BENCH_VARIANTS='$ONLY' selects nothing"
+in_list() { case " $2 " in *" $1 "*) return 0 ;; esac; return 1; }   # word list
+any_of() {  # "list A" "list B" -> true if some word of A is in B
+    local w; for w in $1; do in_list "$w" "$2" && return 0; done; return 1
+}
 
 for b in initdb pg_ctl psql pgbench; do
     [ -x "$PGBIN/$b" ] || die "$PGBIN/$b not found (set PGBIN)"
@@ -124,6 +160,8 @@ git -C "$REPO" diff --quiet HEAD -- src sql '*.sql' Makefile 2>/dev/null || SRCD
 [ "$BUILD" = 0 ] && SRCDESC="installed extension (BENCH_BUILD=0; $SRCDESC)"
 EXT_OK=1
 EXT_WHY=
+KEYS_OK=1
+KEYS_WHY=
 PROBE_NOTE=
 EXTVER=
 PKGLIBDIR=$("$PGBIN/pg_config" --pkglibdir)
@@ -186,22 +224,40 @@ if [ "$EXT_OK" = 1 ]; then
         fi
     fi
     [ "$EXT_OK" = 1 ] && EXTVER=$(qval bench_probe "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")
+    # the key ledger: one same-transaction claim + complete
+    if [ "$EXT_OK" = 1 ] && ! probe=$(q bench_probe -At -c "SELECT * FROM idem_maintain()" \
+            -c "BEGIN" -c "SELECT status FROM idem_claim('probe', '{}')" \
+            -c "SELECT idem_complete('probe', 200)" -c "COMMIT" 2>&1); then
+        KEYS_OK=0
+        KEYS_WHY="key ledger not usable: $(printf '%s' "$probe" | grep -m1 -E 'ERROR|FATAL' || printf '%s' "$probe" | head -n1)"
+    fi
     qval postgres "DROP DATABASE bench_probe" >/dev/null
 fi
 if [ "$EXT_OK" = 0 ]; then
+    KEYS_OK=0
+    KEYS_WHY=$EXT_WHY
     note "!!! $EXT_WHY -- running the baselines only; extension bars will be SKIP"
+elif [ "$KEYS_OK" = 0 ] && any_of "${KEY_ALL[*]}" "${VARIANTS[*]}"; then
+    note "!!! $KEYS_WHY -- key baselines only; key bars will be SKIP"
 fi
 
 # ---------------------------------------------------------------- databases
 # every database starts fresh from template1 with the same state
 declare -A LIVE=()
 
-mkdb_plain() {
+mkdb_plain() {   # name setup.sql
     qval postgres "CREATE DATABASE $1" >/dev/null
-    q "$1" -f "$WORK/sql/setup_plain.sql" >/dev/null
+    q "$1" -f "$WORK/sql/$2" >/dev/null
 }
 
-mkdb_idem() {   # name partition_interval
+live_parts() {   # db live_partitions*.sql table -> count of live partitions
+    q "$1" -At -f "$WORK/sql/$2" 2>/dev/null \
+        || qval "$1" "SELECT count(*) FROM idempotency.partitions WHERE table_name = '$3' AND upper_bound > now()" 2>/dev/null \
+        || qval "$1" "SELECT count(*) FROM pg_partition_tree('idempotency.$3'::regclass) WHERE isleaf" 2>/dev/null \
+        || echo "?"
+}
+
+mkdb_idem() {   # name partition_interval -- message ledger, message_ttl 1d
     local db=$1 iv=$2
     qval postgres "CREATE DATABASE $db" >/dev/null
     q postgres -c "ALTER DATABASE $db SET idempotency.message_ttl = '1d'" \
@@ -209,49 +265,50 @@ mkdb_idem() {   # name partition_interval
                -c "ALTER DATABASE $db SET idempotency.premake = 0" >/dev/null
     q "$db" -f "$WORK/sql/setup_idem.sql" >"$WORK/setup_$db.log" 2>&1 \
         || { cat "$WORK/setup_$db.log" >&2; die "extension setup failed in $db"; }
-    LIVE[$db]=$(q "$db" -At -f "$WORK/sql/live_partitions.sql" 2>/dev/null \
-                || qval "$db" "SELECT count(*) FROM idempotency.partitions WHERE upper > now()" 2>/dev/null \
-                || qval "$db" "SELECT count(*) FROM pg_partition_tree('idempotency.messages'::regclass) WHERE isleaf" 2>/dev/null \
-                || echo "?")
+    LIVE[$db]=$(live_parts "$db" live_partitions.sql messages)
 }
 
-note "creating databases ..."
-mkdb_plain bench_plain      # (a) plain INSERT
-mkdb_plain bench_plainfn    # (b) PL/pgSQL wrapper (own table, so it grows like the others)
-VARIANTS=(plain_insert plain_func)
-if [ "$EXT_OK" = 1 ]; then
-    mkdb_idem bench_p2    1d   # 1 lane, 2 live partitions
-    mkdb_idem bench_p24   2h   # 12 lanes x 2 = 24 live partitions
-    mkdb_idem bench_p48   1h   # 24 lanes, ~48 live partitions ("hourly")
-    mkdb_idem bench_batch 1d   # batch has its own database: it stores 1000x the rows
-    VARIANTS+=(idem_p2 idem_p24 idem_p48 idem_batch)
-    if [ "$EXTRA" = 1 ]; then
-        mkdb_idem bench_batch24 2h
-        VARIANTS+=(idem_batch24)
-    fi
-fi
-if [ "$EXTRA" = 1 ]; then
-    mkdb_plain bench_plainbatch
-    VARIANTS+=(plain_batch)
-fi
+mkdb_keys() {   # name -- key ledger, key_ttl 1d / partition_interval 1d (the defaults): 1 lane, 2 live partitions
+    local db=$1
+    qval postgres "CREATE DATABASE $db" >/dev/null
+    q postgres -c "ALTER DATABASE $db SET idempotency.key_ttl = '1d'" \
+               -c "ALTER DATABASE $db SET idempotency.partition_interval = '1d'" \
+               -c "ALTER DATABASE $db SET idempotency.premake = 0" >/dev/null
+    q "$db" -f "$WORK/sql/setup_keys_idem.sql" >"$WORK/setup_$db.log" 2>&1 \
+        || { cat "$WORK/setup_$db.log" >&2; die "key ledger setup failed in $db"; }
+    LIVE[$db]=$(live_parts "$db" live_partitions_keys.sql keys)
+}
 
-if [ -n "$ONLY" ]; then
-    keep=()
-    for v in "${VARIANTS[@]}"; do
-        case " $ONLY " in *" $v "*) keep+=("$v") ;; esac
-    done
-    VARIANTS=("${keep[@]}")
-    [ ${#VARIANTS[@]} -gt 0 ] || die "BENCH_VARIANTS='$ONLY' selects nothing"
-fi
+mkdb_replay() {   # name -- 100,000 completed keys in both designs, one database
+    local db=$1
+    if [ "$KEYS_OK" = 1 ]; then
+        mkdb_keys "$db"
+        q "$db" -f "$WORK/sql/setup_keys_plain.sql" >/dev/null
+        q "$db" -f "$WORK/sql/replay_fill.sql" >"$WORK/fill_$db.log" 2>&1 \
+            || { cat "$WORK/fill_$db.log" >&2; die "replay_fill.sql failed in $db"; }
+    else
+        # no usable key ledger: fill only the PL/pgSQL side (the pl_ statements of replay_fill.sql)
+        mkdb_plain "$db" setup_keys_plain.sql
+        awk 'BEGIN{RS=";"} /pl_claim|pl_complete/{print $0 ";"}' "$WORK/sql/replay_fill.sql" \
+            | q "$db" >"$WORK/fill_$db.log" 2>&1 \
+            || { cat "$WORK/fill_$db.log" >&2; die "replay fill (PL/pgSQL side) failed in $db"; }
+    fi
+    q "$db" -c "VACUUM ANALYZE" -c "CHECKPOINT" >/dev/null
+}
 
 declare -A V_DB=( [plain_insert]=bench_plain [plain_func]=bench_plainfn [idem_p2]=bench_p2
                   [idem_p24]=bench_p24 [idem_p48]=bench_p48 [idem_batch]=bench_batch
-                  [idem_batch24]=bench_batch24 [plain_batch]=bench_plainbatch )
+                  [idem_batch24]=bench_batch24 [plain_batch]=bench_plainbatch
+                  [keys_idem]=bench_keys [keys_raw]=bench_keysraw [keys_plpgsql]=bench_keyspl
+                  [replay_idem]=bench_replay [replay_plpgsql]=bench_replay )
 declare -A V_SQL=( [plain_insert]=plain_insert.sql [plain_func]=plain_func.sql [idem_p2]=idem_single.sql
                    [idem_p24]=idem_single.sql [idem_p48]=idem_single.sql [idem_batch]=idem_batch.sql
-                   [idem_batch24]=idem_batch.sql [plain_batch]=plain_batch.sql )
+                   [idem_batch24]=idem_batch.sql [plain_batch]=plain_batch.sql
+                   [keys_idem]=keys_idem.sql [keys_raw]=keys_raw.sql [keys_plpgsql]=keys_plpgsql.sql
+                   [replay_idem]=replay_idem.sql [replay_plpgsql]=replay_plpgsql.sql )
 declare -A V_IDS=( [plain_insert]=1 [plain_func]=1 [idem_p2]=1 [idem_p24]=1 [idem_p48]=1 [idem_batch]=1000
-                   [idem_batch24]=1000 [plain_batch]=1000 )
+                   [idem_batch24]=1000 [plain_batch]=1000
+                   [keys_idem]=1 [keys_raw]=1 [keys_plpgsql]=1 [replay_idem]=1 [replay_plpgsql]=1 )
 declare -A V_LABEL=( [plain_insert]="(a) plain INSERT .. ON CONFLICT"
                      [plain_func]="(b) plain_consume() PL/pgSQL"
                      [idem_p2]="idem_consume_message, 1d/1d"
@@ -259,7 +316,48 @@ declare -A V_LABEL=( [plain_insert]="(a) plain INSERT .. ON CONFLICT"
                      [idem_p48]="idem_consume_message, 1d/1h"
                      [idem_batch]="idem_consume_messages x1000"
                      [idem_batch24]="idem_consume_messages x1000, 1d/2h"
-                     [plain_batch]="(extra) plain INSERT..SELECT x1000" )
+                     [plain_batch]="(extra) plain INSERT..SELECT x1000"
+                     [keys_raw]="keys (a) raw SQL insert + update"
+                     [keys_plpgsql]="keys (b) pl_claim+pl_complete"
+                     [keys_idem]="keys idem_claim+idem_complete"
+                     [replay_plpgsql]="replay (b) pl_claim, completed key"
+                     [replay_idem]="replay idem_claim, completed key" )
+
+# drop the variants whose extension side is not usable (their bars are SKIP)
+keep=()
+for v in "${VARIANTS[@]}"; do
+    if in_list "$v" "$EXT_MSG" && [ "$EXT_OK" = 0 ]; then continue; fi
+    if in_list "$v" "$EXT_KEY" && [ "$KEYS_OK" = 0 ]; then continue; fi
+    keep+=("$v")
+done
+VARIANTS=("${keep[@]}")
+[ ${#VARIANTS[@]} -gt 0 ] || die "nothing left to measure: ${KEYS_WHY:-$EXT_WHY}"
+MSG_RUN=0; KEY_RUN=0   # which groups are in this run (their bars are printed)
+any_of "${MSG_ALL[*]}" "${VARIANTS[*]}" && MSG_RUN=1
+any_of "${KEY_ALL[*]}" "${VARIANTS[*]}" && KEY_RUN=1
+if [ -n "$ONLY" ]; then   # a named extension variant that was dropped still belongs to its group
+    any_of "$ONLY" "${MSG_ALL[*]}" && MSG_RUN=1
+    any_of "$ONLY" "${KEY_ALL[*]}" && KEY_RUN=1
+fi
+
+note "creating databases ..."
+declare -A MADE=()
+for v in "${VARIANTS[@]}"; do
+    db=${V_DB[$v]}
+    [ -n "${MADE[$db]:-}" ] && continue
+    MADE[$db]=1
+    case $db in
+        bench_plain|bench_plainfn|bench_plainbatch) mkdb_plain "$db" setup_plain.sql ;;
+        bench_p2|bench_batch)     mkdb_idem "$db" 1d ;;   # 1 lane, 2 live partitions (batch: own db, 1000x the rows)
+        bench_p24|bench_batch24)  mkdb_idem "$db" 2h ;;   # 12 lanes x 2 = 24 live partitions
+        bench_p48)                mkdb_idem "$db" 1h ;;   # 24 lanes, ~48 live partitions ("hourly")
+        bench_keys)               mkdb_keys "$db" ;;
+        bench_keysraw|bench_keyspl) mkdb_plain "$db" setup_keys_plain.sql ;;
+        bench_replay)             note "  filling bench_replay (replay_fill.sql: 100,000 completed keys per design) ..."
+                                  mkdb_replay "$db" ;;
+        *) die "no set-up for database $db" ;;
+    esac
+done
 
 # ---------------------------------------------------------------- pgbench runs
 declare -A TPS=()
@@ -284,9 +382,15 @@ run_pgbench() {   # variant seconds tag -> echoes tps or ERR
 }
 
 NV=${#VARIANTS[@]}
-EST=$(( NV * (WARMUP + SECS * ROUNDS) + (PERF_SECS > 0 ? 2 * (PERF_SECS + 5) : 0) ))
+NPERF=0
+if [ "$PERF_SECS" -gt 0 ] && [ "$(id -u)" = 0 ] && command -v perf >/dev/null 2>&1; then
+    for v in $PERF_VARIANTS; do in_list "$v" "${VARIANTS[*]}" && NPERF=$((NPERF + 1)); done
+fi
+RUN_STORAGE=0
+[ "$NROWS" -gt 0 ] && [ "$MSG_RUN" = 1 ] && RUN_STORAGE=1   # storage belongs to the message group
+EST=$(( NV * (WARMUP + SECS * ROUNDS) + NPERF * (PERF_SECS + 6) ))
 note "variants: ${VARIANTS[*]}"
-note "measuring: $NV variants x $ROUNDS rounds x ${SECS}s (+ warm-up ${WARMUP}s each); ~${EST}s of pgbench, then storage"
+note "measuring: $NV variants x $ROUNDS rounds x ${SECS}s (+ warm-up ${WARMUP}s each), $NPERF perf profiles; ~${EST}s of pgbench$([ "$RUN_STORAGE" = 1 ] && echo ", then storage")"
 
 if [ "$WARMUP" -gt 0 ]; then
     for v in "${VARIANTS[@]}"; do run_pgbench "$v" "$WARMUP" warmup >/dev/null; done
@@ -337,12 +441,12 @@ perf_profile() {   # variant outfile
 }
 
 PERF_DONE=()
-PERF_INCL_RE='idempotency\.so|plpgsql\.so|cryptohash|ExecInsert|ExecModifyTable|heap_insert|btinsert|_bt_first|_bt_search|index_getnext|LockAcquireExtended|LockRelease|table_open|relation_open|index_open|BuildIndexInfo|RelationGetIndexList|AcceptInvalidationMessages|CommitTransaction|StartTransaction|XLogInsert|ExecInitModifyTable|ExecInitNode|ExecutorStart|ExecutorEnd|PortalRun|exec_execute_message|pq_getbyte|secure_read|secure_write|ExecCheckIndexConstraints|ExecInsertIndexTuples|uuid|gen_random_uuid|pg_strong_random' 
+PERF_INCL_RE='idempotency\.so|plpgsql\.so|cryptohash|ExecInsert|ExecModifyTable|heap_insert|btinsert|_bt_first|_bt_search|index_getnext|LockAcquireExtended|LockRelease|table_open|relation_open|index_open|BuildIndexInfo|RelationGetIndexList|AcceptInvalidationMessages|CommitTransaction|StartTransaction|XLogInsert|ExecInitModifyTable|ExecInitNode|ExecutorStart|ExecutorEnd|PortalRun|exec_execute_message|pq_getbyte|secure_read|secure_write|ExecCheckIndexConstraints|ExecInsertIndexTuples|uuid|gen_random_uuid|pg_strong_random|ExecUpdate|heap_update|heap_hot_search|heapam_index_fetch|simple_heap|CatalogTuple|jsonb|sha256|SPI_|exec_stmt|plpgsql_exec'
 if [ "$EXT_OK" = 1 ] && [ "$PERF_SECS" -gt 0 ]; then
     if [ "$(id -u)" = 0 ] && command -v perf >/dev/null 2>&1; then
         rm -f "$RESDIR"/perf-*.txt
         for v in $PERF_VARIANTS; do
-            case " ${VARIANTS[*]} " in *" $v "*) ;; *) continue ;; esac
+            in_list "$v" "${VARIANTS[*]}" || continue
             perf_profile "$v" "$RESDIR/perf-$v-latest.txt"
             [ -s "$RESDIR/perf-$v-latest.txt" ] && PERF_DONE+=("$v")
         done
@@ -353,7 +457,7 @@ fi
 
 # ---------------------------------------------------------------- storage
 ST_PLAIN=; ST_IDEM=
-if [ "$NROWS" -gt 0 ]; then
+if [ "$RUN_STORAGE" = 1 ]; then
     note "storage: $NROWS random UUID ids into the plain table and through idem_consume_messages ..."
     qval postgres "CREATE DATABASE bench_storage" >/dev/null
     q bench_storage -f "$WORK/sql/setup_plain.sql" >/dev/null
@@ -417,6 +521,7 @@ say "pgbench : pgbench ${PGB_OPTS[*]} -T $SECS -f bench/sql/<script>.sql <db>   
 say "server  : synchronous_commit=off shared_buffers=1GB max_wal_size=4GB checkpoint_timeout=30min$([ "$PRELOAD" = 1 ] && echo " shared_preload_libraries=idempotency")"
 say "machine : $(nproc) cores, $(uname -r); absolute numbers are context only -- compare the ratios"
 [ "$EXT_OK" = 0 ] && say "NOTE    : $EXT_WHY -- extension variants not measured"
+[ "$EXT_OK" = 1 ] && [ "$KEYS_OK" = 0 ] && [ "$KEY_RUN" = 1 ] && say "NOTE    : $KEYS_WHY -- keys_idem and replay_idem not measured"
 [ -n "${PROBE_NOTE:-}" ] && say "NOTE    : $PROBE_NOTE"
 say ""
 hdr=$(printf '%-34s %-13s %6s %7s %12s %14s   %s' "variant" "database" "parts" "ids/tx" "median tps" "median ids/s" "tps per round")
@@ -430,7 +535,8 @@ for v in "${VARIANTS[@]}"; do
         "${V_IDS[$v]}" "$(awk -v x="$m" 'BEGIN{if (x=="NA") print x; else printf "%.0f", x}')" \
         "$(awk -v x="$m" -v k="${V_IDS[$v]}" 'BEGIN{if (x=="NA") print x; else printf "%.0f", x*k}')" "$per")"
 done
-say "(parts = live partitions of idempotency.messages, upper > now(), measured after idem_maintain(); 1d/2h = message_ttl/partition_interval, premake 0)"
+[ "$MSG_RUN" = 1 ] && say "(parts = live partitions of idempotency.messages, upper > now(), measured after idem_maintain(); 1d/2h = message_ttl/partition_interval, premake 0)"
+[ "$KEY_RUN" = 1 ] && say "(keys: parts = live partitions of idempotency.keys (key_ttl 1d, partition_interval 1d, premake 0); (a)/(b) databases have no extension; both replay variants share bench_replay, 100,000 completed keys per design)"
 say ""
 
 ALLPASS=1
@@ -449,23 +555,35 @@ bar() {  # label value op target [info]
 hdr=$(printf '%-60s %8s  %-10s %-12s  %s' "bar (ratio = median over rounds of per-round ratios)" "ratio" "target" "result" "")
 say "$hdr"
 say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
+if [ "$MSG_RUN" = 1 ]; then
 bar "idem_consume_message (2 parts) / (a) plain INSERT"           "$(ratio_rounds idem_p2 1 plain_insert 1)" ">=" 1.00
 bar "idem_consume_message (2 parts) / (b) plain_consume() plpgsql" "$(ratio_rounds idem_p2 1 plain_func 1)"   ">=" 1.15
 bar "idem_consume_message 24 parts / 2 parts"                      "$(ratio_rounds idem_p24 1 idem_p2 1)"     ">=" 0.85
 bar "idem_consume_message hourly (~48 parts) / 2 parts"            "$(ratio_rounds idem_p48 1 idem_p2 1)"     ">=" 0.85 info
 bar "idem_consume_messages x1000 ids/s / single-call ids/s"        "$(ratio_rounds idem_batch 1000 idem_p2 1)" ">=" 5
-if [ "$EXTRA" = 1 ]; then
+if [ "$EXTRA" = 1 ] || any_of "idem_batch24 plain_batch" "${VARIANTS[*]}"; then
 bar "idem_consume_messages x1000 / plain INSERT..SELECT x1000"     "$(ratio_rounds idem_batch 1 plain_batch 1)" - - info
 bar "idem_consume_messages x1000: 24 parts / 2 parts"             "$(ratio_rounds idem_batch24 1 idem_batch 1)" - - info
 fi
 bar "(b) plain_consume() / (a) plain INSERT"                       "$(ratio_rounds plain_func 1 plain_insert 1)" - - info
+fi
 
-# storage
-if [ "$NROWS" -gt 0 ]; then
+if [ "$RUN_STORAGE" = 1 ]; then
     IFS='|' read -r p_rows p_tot p_heap p_idx p_n <<<"${ST_PLAIN:-||||}"
     IFS='|' read -r i_rows i_tot i_heap i_idx i_n <<<"${ST_IDEM:-||||}"
-    bpr() { awk -v b="$1" -v n="$NROWS" 'BEGIN{ if (b=="" || b+0==0) print "NA"; else printf "%.1f", b/n }'; }
     bar "storage bytes/id: extension / plain table" "$(div "${i_tot:-}" "${p_tot:-}")" "<=" 0.75
+fi
+
+if [ "$KEY_RUN" = 1 ]; then
+bar "keys: claim+complete / (a) raw SQL insert + update"           "$(ratio_rounds keys_idem 1 keys_raw 1)"      ">=" 1.1
+bar "keys: claim+complete / (b) PL/pgSQL pl_claim+pl_complete"     "$(ratio_rounds keys_idem 1 keys_plpgsql 1)"  ">=" 1.4
+bar "keys: replay (completed key) / (b) PL/pgSQL replay"           "$(ratio_rounds replay_idem 1 replay_plpgsql 1)" ">=" 1.2
+bar "keys: (b) PL/pgSQL design / (a) raw SQL"                      "$(ratio_rounds keys_plpgsql 1 keys_raw 1)"   - - info
+fi
+
+# storage details
+if [ "$RUN_STORAGE" = 1 ]; then
+    bpr() { awk -v b="$1" -v n="$NROWS" 'BEGIN{ if (b=="" || b+0==0) print "NA"; else printf "%.1f", b/n }'; }
     say ""
     say "storage ($NROWS random UUID ids; VACUUM ANALYZE + CHECKPOINT; pg_total_relation_size):"
     say "$(printf '  %-42s rows %8s  total %6s B/id (heap %6s, indexes %6s)  %s relations, load %ss' \
