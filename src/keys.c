@@ -130,7 +130,7 @@ static IdemOwnClaim *IdemFindOwnClaim(Oid role, text *scope, text *key);
 static bool IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op);
 static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
 							 ItemPointer newtid);
-static void IdemKeyOpBegin(IdemKeyOp *op);
+static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
 static char IdemRowState(IdemKeyOp *op);
@@ -345,13 +345,18 @@ IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key)
 /*
  * IdemKeyOpBegin takes the key lock, opens the live partitions of the key's
  * lane and probes them.  The row found, if any, is deformed into
- * op->values/op->nulls.
+ * op->values/op->nulls.  With nowait, it does not wait for the key lock:
+ * it returns false if another transaction holds it, after probing anyway
+ * (without the lock the probe may miss a row that is being written).
  */
-static void
-IdemKeyOpBegin(IdemKeyOp *op)
+static bool
+IdemKeyOpBegin(IdemKeyOp *op, bool nowait)
 {
-	(void) LockAcquire(&op->keytag, ExclusiveLock, false, false);
-	op->key_locked = true;
+	bool		locked;
+
+	locked = LockAcquire(&op->keytag, ExclusiveLock, false, nowait) !=
+		LOCKACQUIRE_NOT_AVAIL;
+	op->key_locked = locked;
 
 	/* see every partition committed before we got the key lock */
 	AcceptInvalidationMessages();
@@ -363,6 +368,7 @@ IdemKeyOpBegin(IdemKeyOp *op)
 		heap_deform_tuple(op->probe.tuple,
 						  RelationGetDescr(op->open[op->probe.which].heap),
 						  op->values, op->nulls);
+	return locked;
 }
 
 /* closes the partitions and, unless told to keep it, releases the key lock */
@@ -458,7 +464,25 @@ idem_claim(PG_FUNCTION_ARGS)
 		ItemPointerData newtid;
 
 		CHECK_FOR_INTERRUPTS();
-		IdemKeyOpBegin(op);
+		if (!IdemKeyOpBegin(op, !wait))
+		{
+			/*
+			 * Another transaction is writing this key right now (or holds it
+			 * in a partition it made itself, which we cannot see yet).  Only
+			 * a committed completed row can be answered from here; anything
+			 * else is in progress.
+			 */
+			if (op->probe.found == IDEM_FOUND_DONE &&
+				IdemRowState(op) == KEY_COMPLETED)
+				op->probe.found = IDEM_FOUND_DONE;
+			else
+			{
+				IdemKeyOpEnd(op, false);
+				return IdemClaimResult(fcinfo, "in_progress", op, false, false,
+									   op->probe.tuple != NULL ?
+									   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]) : 0);
+			}
+		}
 
 		if (op->probe.found == IDEM_FOUND_BUSY)
 		{
@@ -765,7 +789,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 					 errhint("Call idem_claim() first.")));
 		IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
 		CHECK_FOR_INTERRUPTS();
-		IdemKeyOpBegin(op);
+		(void) IdemKeyOpBegin(op, false);
 	}
 
 	if (op->probe.found == IDEM_FOUND_NONE ||
