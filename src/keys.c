@@ -464,24 +464,21 @@ idem_claim(PG_FUNCTION_ARGS)
 		ItemPointerData newtid;
 
 		CHECK_FOR_INTERRUPTS();
-		if (!IdemKeyOpBegin(op, !wait))
+		if (!IdemKeyOpBegin(op, !wait) &&
+			op->probe.found != IDEM_FOUND_MINE &&
+			!(op->probe.found == IDEM_FOUND_DONE &&
+			  IdemRowState(op) == KEY_COMPLETED))
 		{
 			/*
 			 * Another transaction is writing this key right now (or holds it
 			 * in a partition it made itself, which we cannot see yet).  Only
-			 * a committed completed row can be answered from here; anything
-			 * else is in progress.
+			 * our own row or a committed completed one can be answered
+			 * without the key lock; anything else is in progress.
 			 */
-			if (op->probe.found == IDEM_FOUND_DONE &&
-				IdemRowState(op) == KEY_COMPLETED)
-				op->probe.found = IDEM_FOUND_DONE;
-			else
-			{
-				IdemKeyOpEnd(op, false);
-				return IdemClaimResult(fcinfo, "in_progress", op, false, false,
-									   op->probe.tuple != NULL ?
-									   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]) : 0);
-			}
+			IdemKeyOpEnd(op, false);
+			return IdemClaimResult(fcinfo, "in_progress", op, false, false,
+								   op->probe.tuple != NULL ?
+								   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]) : 0);
 		}
 
 		if (op->probe.found == IDEM_FOUND_BUSY)
