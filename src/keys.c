@@ -131,6 +131,7 @@ static bool IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op);
 static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
 							 ItemPointer newtid);
 static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
+static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
 static char IdemRowState(IdemKeyOp *op);
@@ -360,15 +361,26 @@ IdemKeyOpBegin(IdemKeyOp *op, bool nowait)
 
 	/* see every partition committed before we got the key lock */
 	AcceptInvalidationMessages();
+	IdemKeyOpProbe(op, RowExclusiveLock);
+	return locked;
+}
+
+/*
+ * IdemKeyOpProbe opens the live partitions of the key's lane in the given
+ * lock mode and probes them; the row found, if any, is deformed into
+ * op->values/op->nulls.
+ */
+static void
+IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode)
+{
 	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
-									   RowExclusiveLock, op->open);
+									   lockmode, op->open);
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
 			  &op->probe);
 	if (op->probe.tuple != NULL)
 		heap_deform_tuple(op->probe.tuple,
 						  RelationGetDescr(op->open[op->probe.which].heap),
 						  op->values, op->nulls);
-	return locked;
 }
 
 /* closes the partitions and, unless told to keep it, releases the key lock */
@@ -885,10 +897,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
 		return (Datum) 0;
 
-	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
-									   AccessShareLock, op->open);
-	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
-			  &op->probe);
+	IdemKeyOpProbe(op, AccessShareLock);
 	/* a row another transaction is inserting does not exist yet */
 	if (op->probe.tuple == NULL ||
 		(op->probe.found == IDEM_FOUND_BUSY &&
@@ -898,9 +907,6 @@ idem_lookup(PG_FUNCTION_ARGS)
 		IdemClosePartitions(op->open, op->nopen);
 		return (Datum) 0;
 	}
-	heap_deform_tuple(op->probe.tuple,
-					  RelationGetDescr(op->open[op->probe.which].heap),
-					  op->values, op->nulls);
 	IdemClosePartitions(op->open, op->nopen);
 
 	switch (IdemRowState(op))

@@ -535,23 +535,13 @@ IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
 		for (k = 0; k < cache->nlayouts; k++)
 		{
 			int16		lane;
-			int			i;
 
 			/* first pass: current layout only; second: any other */
 			if ((pass == 0) != (cache->layouts[k] == layout.lanes))
 				continue;
 			lane = IdemLaneValue(digest, cache->layouts[k]);
-			for (i = IdemFirstInLane(cache, lane);
-				 i < cache->npartitions && cache->partitions[i].lane == lane;
-				 i++)
-			{
-				if (cache->partitions[i].lower <= expires_at &&
-					expires_at < cache->partitions[i].upper)
-				{
-					*out = cache->partitions[i];
-					return true;
-				}
-			}
+			if (IdemLanePartitionAt(ledger, lane, expires_at, out))
+				return true;
 		}
 	}
 	return false;
