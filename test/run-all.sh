@@ -9,7 +9,10 @@
 # (test/specs/*.spec, pg_isolation_regress), tap (test/t/*.pl, prove with
 # PostgreSQL::Test::Cluster), pgtap (test/pgtap/*.sql, pg_prove on a
 # throwaway cluster), demo (examples/demo.sql, which checks its own result,
-# on a throwaway cluster).  A suite with no test files is skipped.
+# on a throwaway cluster), examples (every examples/*/test.sh: each starts
+# and stops its own clusters, run as the test user with PG_CONFIG, SRC (the
+# scratch copy) and EXAMPLES_PORT_BASE set; exit 0 = pass).  A suite with
+# no test files is skipped.
 #
 # As root (CI, fresh Debian 12): installs missing packages with apt, builds
 # and tests as the unprivileged user "postgres" (IDEM_TEST_USER to change it)
@@ -19,7 +22,7 @@
 # "make install" through sudo if you cannot write PostgreSQL's directories.
 #
 # Environment:
-#   SUITES          suites to run (default: "regress isolation tap pgtap demo")
+#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples")
 #   PG_CONFIG       default /usr/lib/postgresql/15/bin/pg_config
 #   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
 #   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
@@ -42,7 +45,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # shellcheck source=test/lib/build.sh
 . "$SRC/test/lib/build.sh"
 
-ALL_SUITES="regress isolation tap pgtap demo"
+ALL_SUITES="regress isolation tap pgtap demo examples"
 SUITES=${SUITES:-$ALL_SUITES}
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PGTAP_PORT=${PGTAP_PORT:-54393}
@@ -259,6 +262,23 @@ suite_demo() {
 		show_file "$dir/postgresql.log" 100
 	fi
 	cluster_stop "$dir" || [ "$rc" -ne 0 ] || rc=1
+	return "$rc"
+}
+
+suite_examples() {
+	local t rc=0 n=0 base=54400
+	have_files 'examples/*/test.sh' || return 3
+	for t in "$WORK"/examples/*/test.sh; do
+		echo "---- ${t#"$WORK"/}"
+		if in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" \
+			EXAMPLES_PORT_BASE=$((base + n * 10)) bash "$t"; then
+			echo "---- ${t#"$WORK"/}: passed"
+		else
+			echo "---- ${t#"$WORK"/}: FAILED"
+			rc=1
+		fi
+		n=$((n + 1))
+	done
 	return "$rc"
 }
 

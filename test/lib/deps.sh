@@ -13,7 +13,8 @@
 #                    user if absent); when not root, the current user.
 
 # Everything "make", "make installcheck" (pg_regress, pg_isolation_regress,
-# prove with PostgreSQL::Test::Cluster) and "make pgtap" (pg_prove) need.
+# prove with PostgreSQL::Test::Cluster), "make pgtap" (pg_prove) and the
+# examples' tests (python3-psycopg, curl, pgbouncer, plproxy) need.
 # The Perl modules PostgreSQL::Test::* use beyond IPC::Run and Test::More are
 # core modules from the perl package.
 IDEM_DEB_PACKAGES=(
@@ -27,6 +28,9 @@ IDEM_DEB_PACKAGES=(
 	pgbouncer
 	libipc-run-perl
 	libtest-simple-perl
+	python3
+	python3-psycopg
+	curl
 	perl
 	make
 	gcc
