@@ -135,7 +135,13 @@ idem_consume_message(PG_FUNCTION_ARGS)
 					  VARDATA_ANY(message_id), VARSIZE_ANY_EXHDR(message_id),
 					  &digest);
 
-	PG_RETURN_BOOL(IdemRecordMessage(GetUserId(), &digest, now, expires_at));
+	if (IdemRecordMessage(GetUserId(), &digest, now, expires_at))
+	{
+		IdemStatsAdd(IDEM_STAT_CONSUMED, 1);
+		PG_RETURN_BOOL(true);
+	}
+	IdemStatsAdd(IDEM_STAT_DUPLICATES, 1);
+	PG_RETURN_BOOL(false);
 }
 
 /*
@@ -165,6 +171,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	MemoryContext oldcontext;
 	Oid			role = GetUserId();
 	int			i;
+	int			nnew = 0;
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
 		(rsinfo->allowedModes & SFRM_Materialize) == 0)
@@ -237,8 +244,13 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 		bool		isnull = false;
 
 		if (is_new[i])
+		{
 			tuplestore_putvalues(tupstore, tupdesc, &elems[i], &isnull);
+			nnew++;
+		}
 	}
+	IdemStatsAdd(IDEM_STAT_CONSUMED, nnew);
+	IdemStatsAdd(IDEM_STAT_DUPLICATES, nelems - nnew);
 
 	rsinfo->returnMode = SFRM_Materialize;
 	rsinfo->setResult = tupstore;

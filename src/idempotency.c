@@ -4,9 +4,10 @@
  *	  Module initialization, settings, and the argument checks every SQL
  *	  function of the extension shares.
  *
- * _PG_init only defines the settings and delegates to the subsystems.  The
- * extension works without shared_preload_libraries: nothing here needs
- * shared memory.
+ * _PG_init defines the settings and delegates to the subsystems.  The
+ * extension works without shared_preload_libraries; preloaded, it also
+ * reserves shared memory for the statistics (stats.c) and the background
+ * workers (worker.c) and registers the launcher.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -21,6 +22,9 @@
 #include "access/xlog.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "storage/ipc.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/timestamp.h"
@@ -36,6 +40,14 @@ int			idem_premake = 1;
 int			idem_max_key_length = 255;
 
 void		_PG_init(void);
+
+#if PG_VERSION_NUM >= 150000
+static shmem_request_hook_type prev_shmem_request_hook = NULL;
+#endif
+static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
+
+static void IdemShmemRequest(void);
+static void IdemShmemStartup(void);
 
 /*
  * _PG_init defines the settings and initializes the subsystems.
@@ -91,10 +103,66 @@ _PG_init(void)
 							PGC_SUSET, 0,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("idempotency.naptime",
+							gettext_noop("Sets how long the background worker sleeps between maintenance rounds."),
+							gettext_noop("Only used when idempotency is in shared_preload_libraries."),
+							&idem_naptime,
+							60, 1, SECS_PER_DAY,
+							PGC_SIGHUP, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+#if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("idempotency");
+#else
+	EmitWarningsOnPlaceholders("idempotency");
+#endif
 
 	IdemStorageInit();
 	IdemKeysInit();
+
+	if (process_shared_preload_libraries_in_progress)
+	{
+#if PG_VERSION_NUM >= 150000
+		prev_shmem_request_hook = shmem_request_hook;
+		shmem_request_hook = IdemShmemRequest;
+#else
+		IdemShmemRequest();
+#endif
+		prev_shmem_startup_hook = shmem_startup_hook;
+		shmem_startup_hook = IdemShmemStartup;
+		IdemWorkerPreloadInit();
+	}
+}
+
+/*
+ * IdemShmemRequest reserves the shared memory and the lock of the
+ * statistics and the workers.
+ */
+static void
+IdemShmemRequest(void)
+{
+#if PG_VERSION_NUM >= 150000
+	if (prev_shmem_request_hook)
+		prev_shmem_request_hook();
+#endif
+	RequestAddinShmemSpace(add_size(IdemStatsShmemSize(),
+									IdemWorkerShmemSize()));
+	RequestNamedLWLockTranche(IDEM_LWLOCK_TRANCHE, 1);
+}
+
+/*
+ * IdemShmemStartup creates or attaches to the shared state.
+ */
+static void
+IdemShmemStartup(void)
+{
+	if (prev_shmem_startup_hook)
+		prev_shmem_startup_hook();
+
+	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
+	IdemStatsShmemInit();
+	IdemWorkerShmemInit();
+	LWLockRelease(AddinShmemInitLock);
 }
 
 /*

@@ -200,4 +200,49 @@ extern bool IdemRecordMessage(Oid role, const pg_uuid_t *digest,
 /* The idempotency-key ledger (keys.c) */
 extern void IdemKeysInit(void);
 
+/* ----------------------------------------------------------------
+ * Maintenance runs (maintain.c)
+ * ----------------------------------------------------------------
+ */
+extern bool IdemMaintainDatabase(int *created, int *dropped);
+
+/* ----------------------------------------------------------------
+ * Shared-memory statistics (stats.c); only with shared_preload_libraries
+ * ----------------------------------------------------------------
+ */
+#define IDEM_LWLOCK_TRANCHE		"idempotency"
+
+/* Counters, in the order of the columns of idempotency.stats */
+typedef enum IdemStat
+{
+	IDEM_STAT_CLAIMS = 0,		/* idem_claim answered claimed */
+	IDEM_STAT_REPLAYS,			/* ... completed */
+	IDEM_STAT_CONFLICTS,		/* ... in_progress */
+	IDEM_STAT_MISMATCHES,		/* ... mismatch */
+	IDEM_STAT_CONSUMED,			/* message ids consumed for the first time */
+	IDEM_STAT_DUPLICATES,		/* message ids already consumed */
+	IDEM_STAT_PARTITIONS_CREATED,
+	IDEM_STAT_PARTITIONS_DROPPED,
+	IDEM_NUM_STATS
+} IdemStat;
+
+extern Size IdemStatsShmemSize(void);
+extern void IdemStatsShmemInit(void);
+extern bool IdemStatsEnabled(void);
+extern void IdemStatsAdd(IdemStat which, uint64 n);
+extern void IdemStatsMaintenanceRun(const char *error);
+extern void IdemStatsForgetDatabases(const Oid *dbs, int ndbs,
+									 TimestampTz listed_at);
+extern void IdemStatsRequirePreload(const char *what);
+
+/* ----------------------------------------------------------------
+ * Background workers (worker.c); only with shared_preload_libraries
+ * ----------------------------------------------------------------
+ */
+extern int	idem_naptime;
+
+extern void IdemWorkerPreloadInit(void);
+extern Size IdemWorkerShmemSize(void);
+extern void IdemWorkerShmemInit(void);
+
 #endif							/* IDEMPOTENCY_H */

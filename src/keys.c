@@ -643,6 +643,15 @@ IdemClaimResult(FunctionCallInfo fcinfo, const char *status, IdemKeyOp *op,
 		MemoryContextSwitchTo(oldcxt);
 	}
 
+	if (strcmp(status, "claimed") == 0)
+		IdemStatsAdd(IDEM_STAT_CLAIMS, 1);
+	else if (strcmp(status, "completed") == 0)
+		IdemStatsAdd(IDEM_STAT_REPLAYS, 1);
+	else if (strcmp(status, "in_progress") == 0)
+		IdemStatsAdd(IDEM_STAT_CONFLICTS, 1);
+	else
+		IdemStatsAdd(IDEM_STAT_MISMATCHES, 1);
+
 	memset(nulls, true, sizeof(nulls));
 	values[0] = CStringGetTextDatum(status);
 	nulls[0] = false;

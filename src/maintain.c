@@ -13,7 +13,8 @@
  *	  the parent) it is left for the next run.
  *
  * Runs are serialized per database by a lock taken without waiting: a run
- * that finds another one in progress returns at once.
+ * that finds another one in progress returns at once.  The background
+ * worker (worker.c) runs the same code as idem_maintain().
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -40,6 +41,58 @@ static int	IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now);
 static int	IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now);
 
 /*
+ * IdemMaintainDatabase runs maintenance once in the current database, in
+ * the current transaction: the work of idem_maintain(), shared with the
+ * background worker.  Returns false, having done nothing, if another run is
+ * in progress in this database; otherwise sets how many partitions were
+ * made and dropped.  The outcome goes to the statistics (if preloaded),
+ * also when the run fails.
+ */
+bool
+IdemMaintainDatabase(int *created, int *dropped)
+{
+	LOCKTAG		tag;
+	MemoryContext oldcxt = CurrentMemoryContext;
+
+	*created = 0;
+	*dropped = 0;
+
+	IdemSetLedgerLockTag(&tag, 0, IDEM_LOCK_MAINTAIN);
+	if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
+		return false;
+
+	PG_TRY();
+	{
+		TimestampTz now = GetCurrentTimestamp();
+		int			ledger;
+
+		for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+		{
+			if (!IdemLedgerDefined(ledger))
+				continue;
+			(void) IdemLedgerParent(ledger, true);
+			IdemEnsureExtensionDependency(ledger);
+			*created += IdemMakePartitionsAhead(ledger, now);
+			*dropped += IdemDropExpiredPartitions(ledger, now);
+		}
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcxt);
+		edata = CopyErrorData();
+		IdemStatsMaintenanceRun(edata->message ? edata->message : "unknown error");
+		FreeErrorData(edata);
+		PG_RE_THROW();
+	}
+	PG_END_TRY();
+
+	IdemStatsMaintenanceRun(NULL);
+	return true;
+}
+
+/*
  * idem_maintain(OUT partitions_created int, OUT partitions_dropped int)
  */
 Datum
@@ -48,36 +101,17 @@ idem_maintain(PG_FUNCTION_ARGS)
 	TupleDesc	tupdesc;
 	Datum		values[2];
 	bool		nulls[2] = {false, false};
-	LOCKTAG		tag;
-	int			created = 0;
-	int			dropped = 0;
-	TimestampTz now;
-	int			ledger;
+	int			created;
+	int			dropped;
 
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 
 	IdemCheckWritable("idem_maintain()");
 
-	IdemSetLedgerLockTag(&tag, 0, IDEM_LOCK_MAINTAIN);
-	if (LockAcquire(&tag, ExclusiveLock, false, true) == LOCKACQUIRE_NOT_AVAIL)
-	{
+	if (!IdemMaintainDatabase(&created, &dropped))
 		ereport(NOTICE,
 				(errmsg("idem_maintain() is already running in this database, skipping")));
-	}
-	else
-	{
-		now = GetCurrentTimestamp();
-		for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
-		{
-			if (!IdemLedgerDefined(ledger))
-				continue;
-			(void) IdemLedgerParent(ledger, true);
-			IdemEnsureExtensionDependency(ledger);
-			created += IdemMakePartitionsAhead(ledger, now);
-			dropped += IdemDropExpiredPartitions(ledger, now);
-		}
-	}
 
 	values[0] = Int32GetDatum(created);
 	values[1] = Int32GetDatum(dropped);

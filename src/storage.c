@@ -789,6 +789,7 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 
 	/* our own ATTACH invalidated the cache; make the next reader see it */
 	CommandCounterIncrement();
+	IdemStatsAdd(IDEM_STAT_PARTITIONS_CREATED, 1);
 	return relid;
 }
 
@@ -845,6 +846,8 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 	}
 	PG_END_TRY();
 
+	if (dropped)
+		IdemStatsAdd(IDEM_STAT_PARTITIONS_DROPPED, 1);
 	return dropped;
 }
 

@@ -1,0 +1,496 @@
+/*-------------------------------------------------------------------------
+ *
+ * worker.c
+ *	  Hands-off maintenance: a launcher that, every idempotency.naptime,
+ *	  runs idem_maintain()'s work in every database where the extension is
+ *	  installed, through one short-lived worker per database.
+ *
+ * Only with shared_preload_libraries = 'idempotency'.
+ *
+ * The launcher is connected to the shared catalogs only.  Each round it
+ * lists pg_database and, one database at a time, starts a worker connected
+ * to that database and waits for it to finish.  The worker looks for the
+ * extension and, if it is there, runs one maintenance round and exits.
+ * Workers do not stay connected: a backend that lingers in a database
+ * makes DROP DATABASE, ALTER DATABASE ... RENAME and CREATE DATABASE ...
+ * TEMPLATE fail, and costs a process per database.
+ *
+ * Which databases:
+ *	- every database that allows connections and is not a template is
+ *	  probed when the launcher first sees it, so a new database is noticed
+ *	  within one naptime;
+ *	- one found without the extension is skipped from then on, until a
+ *	  CREATE EXTENSION idempotency commits in any database: a utility hook
+ *	  in every backend then wakes the launcher, which probes them again at
+ *	  once;
+ *	- one where a worker finds the extension gone (DROP EXTENSION) is
+ *	  marked as without it on that round.
+ *
+ * The launcher and its workers start only once recovery has finished
+ * (BgWorkerStart_RecoveryFinished): never on a standby, at once on a
+ * promoted one.  The postmaster restarts the launcher after a crash; the
+ * per-database workers are never restarted, the next round starts them
+ * again.  SIGHUP makes the launcher reload the configuration; SIGTERM ends
+ * the launcher and the workers at once.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/worker.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/pg_database.h"
+#include "commands/extension.h"
+#include "miscadmin.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "storage/shmem.h"
+#include "storage/spin.h"
+#include "tcop/utility.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+/* How long the postmaster waits before restarting a launcher that died */
+#define IDEM_LAUNCHER_RESTART_SECS	5
+
+/* What the launcher knows about the extension in one database */
+typedef enum IdemDbState
+{
+	IDEM_DB_UNKNOWN = 0,		/* to be probed */
+	IDEM_DB_PRESENT,			/* installed: maintained every round */
+	IDEM_DB_ABSENT				/* not installed: skipped until a recheck */
+} IdemDbState;
+
+/* State shared by the launcher, its workers and every backend */
+typedef struct IdemWorkerShared
+{
+	slock_t		mutex;			/* protects everything below */
+	Latch	   *launcher_latch; /* NULL while no launcher runs */
+	bool		recheck_requested;	/* probe databases known as ABSENT */
+	Oid			worker_db;		/* database of the running worker */
+	IdemDbState worker_found;	/* what that worker found */
+} IdemWorkerShared;
+
+/* One database in the launcher's list */
+typedef struct IdemDbEntry
+{
+	Oid			dboid;			/* hash key */
+	IdemDbState state;
+	bool		listed;			/* seen in this round's pg_database scan */
+} IdemDbEntry;
+
+int			idem_naptime = 60;
+
+static IdemWorkerShared *idem_worker_shared = NULL;
+static ProcessUtility_hook_type prev_ProcessUtility = NULL;
+
+/* This backend ran CREATE EXTENSION idempotency in the current transaction */
+static bool recheck_at_commit = false;
+
+PGDLLEXPORT void idem_launcher_main(Datum main_arg);
+PGDLLEXPORT void idem_worker_main(Datum main_arg);
+
+static void IdemProcessUtility(PlannedStmt *pstmt, const char *queryString,
+							   bool readOnlyTree,
+							   ProcessUtilityContext context,
+							   ParamListInfo params,
+							   QueryEnvironment *queryEnv,
+							   DestReceiver *dest, QueryCompletion *qc);
+static void IdemWorkerXactCallback(XactEvent event, void *arg);
+static void IdemLauncherDetach(int code, Datum arg);
+static void IdemLauncherListDatabases(HTAB *dbs);
+static void IdemLauncherRunWorker(IdemDbEntry *db);
+
+/*
+ * IdemWorkerShmemSize returns the shared memory the workers need.
+ */
+Size
+IdemWorkerShmemSize(void)
+{
+	return MAXALIGN(sizeof(IdemWorkerShared));
+}
+
+/*
+ * IdemWorkerShmemInit attaches to (or creates) the workers' shared state.
+ * Called from the shmem_startup hook with AddinShmemInitLock held.
+ */
+void
+IdemWorkerShmemInit(void)
+{
+	bool		found;
+
+	idem_worker_shared = ShmemInitStruct("idempotency workers",
+										 sizeof(IdemWorkerShared), &found);
+	if (!found)
+	{
+		SpinLockInit(&idem_worker_shared->mutex);
+		idem_worker_shared->launcher_latch = NULL;
+		idem_worker_shared->recheck_requested = false;
+		idem_worker_shared->worker_db = InvalidOid;
+		idem_worker_shared->worker_found = IDEM_DB_UNKNOWN;
+	}
+}
+
+/*
+ * IdemWorkerPreloadInit registers the launcher and the utility hook that
+ * notices CREATE EXTENSION.  Called from _PG_init in the postmaster, while
+ * shared_preload_libraries is processed.
+ */
+void
+IdemWorkerPreloadInit(void)
+{
+	BackgroundWorker worker;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = IDEM_LAUNCHER_RESTART_SECS;
+	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "idem_launcher_main", BGW_MAXLEN);
+	strlcpy(worker.bgw_name, "idempotency launcher", BGW_MAXLEN);
+	strlcpy(worker.bgw_type, "idempotency launcher", BGW_MAXLEN);
+	RegisterBackgroundWorker(&worker);
+
+	prev_ProcessUtility = ProcessUtility_hook;
+	ProcessUtility_hook = IdemProcessUtility;
+}
+
+/*
+ * IdemProcessUtility notes a CREATE EXTENSION idempotency, so that the
+ * launcher can be woken when it commits.
+ */
+static void
+IdemProcessUtility(PlannedStmt *pstmt, const char *queryString,
+				   bool readOnlyTree, ProcessUtilityContext context,
+				   ParamListInfo params, QueryEnvironment *queryEnv,
+				   DestReceiver *dest, QueryCompletion *qc)
+{
+	Node	   *parsetree = pstmt->utilityStmt;
+
+	if (IsA(parsetree, CreateExtensionStmt) &&
+		strcmp(((CreateExtensionStmt *) parsetree)->extname, "idempotency") == 0)
+	{
+		static bool callback_registered = false;
+
+		if (!callback_registered)
+		{
+			RegisterXactCallback(IdemWorkerXactCallback, NULL);
+			callback_registered = true;
+		}
+		recheck_at_commit = true;
+	}
+
+	if (prev_ProcessUtility)
+		prev_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+							params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
+
+/*
+ * IdemWorkerXactCallback wakes the launcher once a transaction that ran
+ * CREATE EXTENSION idempotency has committed.  (One that is prepared is
+ * noticed when the launcher next probes the database: at its restart, or
+ * at the next CREATE EXTENSION anywhere.)
+ */
+static void
+IdemWorkerXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+			if (recheck_at_commit && idem_worker_shared != NULL)
+			{
+				Latch	   *latch;
+
+				SpinLockAcquire(&idem_worker_shared->mutex);
+				idem_worker_shared->recheck_requested = true;
+				latch = idem_worker_shared->launcher_latch;
+				SpinLockRelease(&idem_worker_shared->mutex);
+				if (latch != NULL)
+					SetLatch(latch);
+			}
+			recheck_at_commit = false;
+			break;
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PREPARE:
+			recheck_at_commit = false;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * idem_launcher_main is the launcher's entry point.
+ */
+void
+idem_launcher_main(Datum main_arg)
+{
+	HTAB	   *dbs;
+	HASHCTL		info;
+
+	pqsignal(SIGHUP, SignalHandlerForConfigReload);
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	/* shared catalogs only */
+	BackgroundWorkerInitializeConnection(NULL, NULL, 0);
+
+	SpinLockAcquire(&idem_worker_shared->mutex);
+	idem_worker_shared->launcher_latch = MyLatch;
+	SpinLockRelease(&idem_worker_shared->mutex);
+	before_shmem_exit(IdemLauncherDetach, (Datum) 0);
+
+	memset(&info, 0, sizeof(info));
+	info.keysize = sizeof(Oid);
+	info.entrysize = sizeof(IdemDbEntry);
+	info.hcxt = TopMemoryContext;
+	dbs = hash_create("idempotency launcher databases", 64, &info,
+					  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+
+	ereport(LOG,
+			(errmsg("idempotency launcher started")));
+
+	for (;;)
+	{
+		HASH_SEQ_STATUS scan;
+		IdemDbEntry *db;
+		bool		recheck;
+
+		CHECK_FOR_INTERRUPTS();
+		if (ConfigReloadPending)
+		{
+			ConfigReloadPending = false;
+			ProcessConfigFile(PGC_SIGHUP);
+		}
+
+		SpinLockAcquire(&idem_worker_shared->mutex);
+		recheck = idem_worker_shared->recheck_requested;
+		idem_worker_shared->recheck_requested = false;
+		SpinLockRelease(&idem_worker_shared->mutex);
+
+		IdemLauncherListDatabases(dbs);
+
+		hash_seq_init(&scan, dbs);
+		while ((db = hash_seq_search(&scan)) != NULL)
+		{
+			if (recheck && db->state == IDEM_DB_ABSENT)
+				db->state = IDEM_DB_UNKNOWN;
+			if (db->state != IDEM_DB_ABSENT)
+				IdemLauncherRunWorker(db);
+		}
+
+		/* a CREATE EXTENSION during the round needs no nap */
+		SpinLockAcquire(&idem_worker_shared->mutex);
+		recheck = idem_worker_shared->recheck_requested;
+		SpinLockRelease(&idem_worker_shared->mutex);
+		if (recheck)
+			continue;
+
+		(void) WaitLatch(MyLatch,
+						 WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+						 (long) idem_naptime * 1000L,
+						 PG_WAIT_EXTENSION);
+		ResetLatch(MyLatch);
+	}
+}
+
+/* before_shmem_exit callback: nobody is to wake this launcher any more */
+static void
+IdemLauncherDetach(int code, Datum arg)
+{
+	SpinLockAcquire(&idem_worker_shared->mutex);
+	idem_worker_shared->launcher_latch = NULL;
+	SpinLockRelease(&idem_worker_shared->mutex);
+}
+
+/*
+ * IdemLauncherListDatabases brings the launcher's list of databases up to
+ * date with pg_database: adds new ones as to be probed, forgets dropped
+ * ones (also in the statistics).
+ */
+static void
+IdemLauncherListDatabases(HTAB *dbs)
+{
+	HASH_SEQ_STATUS scan;
+	IdemDbEntry *db;
+	TimestampTz listed_at;
+	Relation	rel;
+	TableScanDesc tscan;
+	HeapTuple	tup;
+	Oid		   *all;
+	int			nall = 0;
+	int			maxall = 64;
+
+	hash_seq_init(&scan, dbs);
+	while ((db = hash_seq_search(&scan)) != NULL)
+		db->listed = false;
+
+	/* before the snapshot: see IdemStatsForgetDatabases */
+	listed_at = GetCurrentTimestamp();
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	(void) GetTransactionSnapshot();
+
+	all = palloc(maxall * sizeof(Oid));
+	rel = table_open(DatabaseRelationId, AccessShareLock);
+	tscan = table_beginscan_catalog(rel, 0, NULL);
+	while ((tup = heap_getnext(tscan, ForwardScanDirection)) != NULL)
+	{
+		Form_pg_database form = (Form_pg_database) GETSTRUCT(tup);
+		bool		found;
+
+		if (nall == maxall)
+		{
+			maxall *= 2;
+			all = repalloc(all, maxall * sizeof(Oid));
+		}
+		all[nall++] = form->oid;
+
+		if (!form->datallowconn || form->datistemplate)
+			continue;
+#ifdef DATCONNLIMIT_INVALID_DB
+		if (form->datconnlimit == DATCONNLIMIT_INVALID_DB)
+			continue;			/* partly dropped */
+#endif
+		db = hash_search(dbs, &form->oid, HASH_ENTER, &found);
+		if (!found)
+			db->state = IDEM_DB_UNKNOWN;
+		db->listed = true;
+	}
+	table_endscan(tscan);
+	table_close(rel, AccessShareLock);
+
+	IdemStatsForgetDatabases(all, nall, listed_at);
+	CommitTransactionCommand();
+
+	hash_seq_init(&scan, dbs);
+	while ((db = hash_seq_search(&scan)) != NULL)
+	{
+		if (!db->listed)
+			(void) hash_search(dbs, &db->dboid, HASH_REMOVE, NULL);
+	}
+}
+
+/*
+ * IdemLauncherRunWorker runs one worker in database "db" and waits for it
+ * to exit; records whether it found the extension there.
+ */
+static void
+IdemLauncherRunWorker(IdemDbEntry *db)
+{
+	static bool warned = false;
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+	IdemDbState found;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "idem_worker_main", BGW_MAXLEN);
+	snprintf(worker.bgw_name, BGW_MAXLEN,
+			 "idempotency worker for database %u", db->dboid);
+	strlcpy(worker.bgw_type, "idempotency worker", BGW_MAXLEN);
+	worker.bgw_main_arg = ObjectIdGetDatum(db->dboid);
+	worker.bgw_notify_pid = MyProcPid;
+
+	SpinLockAcquire(&idem_worker_shared->mutex);
+	idem_worker_shared->worker_db = db->dboid;
+	idem_worker_shared->worker_found = IDEM_DB_UNKNOWN;
+	SpinLockRelease(&idem_worker_shared->mutex);
+
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+	{
+		/* retried next round; say so once, not every naptime */
+		if (!warned)
+			ereport(WARNING,
+					(errcode(ERRCODE_CONFIGURATION_LIMIT_EXCEEDED),
+					 errmsg("idempotency launcher could not start a worker"),
+					 errdetail("All background worker slots are in use."),
+					 errhint("Raise \"max_worker_processes\".")));
+		warned = true;
+		return;
+	}
+	warned = false;
+
+	if (WaitForBackgroundWorkerShutdown(handle) == BGWH_POSTMASTER_DIED)
+		proc_exit(1);
+	pfree(handle);
+
+	SpinLockAcquire(&idem_worker_shared->mutex);
+	found = idem_worker_shared->worker_found;
+	idem_worker_shared->worker_db = InvalidOid;
+	SpinLockRelease(&idem_worker_shared->mutex);
+
+	/* a worker that failed before looking leaves the state as it was */
+	if (found != IDEM_DB_UNKNOWN)
+		db->state = found;
+}
+
+/*
+ * idem_worker_main is a per-database worker's entry point: one maintenance
+ * round in database main_arg, if the extension is installed there.
+ */
+void
+idem_worker_main(Datum main_arg)
+{
+	Oid			dboid = DatumGetObjectId(main_arg);
+	bool		present;
+
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	/* as the bootstrap superuser, with the database's own settings */
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "idempotency maintenance");
+
+	present = OidIsValid(get_extension_oid("idempotency", true));
+
+	SpinLockAcquire(&idem_worker_shared->mutex);
+	if (idem_worker_shared->worker_db == dboid)
+		idem_worker_shared->worker_found =
+			present ? IDEM_DB_PRESENT : IDEM_DB_ABSENT;
+	SpinLockRelease(&idem_worker_shared->mutex);
+
+	if (present && !RecoveryInProgress())
+	{
+		int			created;
+		int			dropped;
+
+		if (IdemMaintainDatabase(&created, &dropped))
+			ereport(DEBUG1,
+					(errmsg_internal("idempotency worker: %d partitions made, %d dropped",
+									 created, dropped)));
+	}
+
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	proc_exit(0);
+}
