@@ -1,0 +1,454 @@
+#!/usr/bin/env python3
+"""examples/plproxy/loadtest.py -- concurrent load through the PL/Proxy node,
+then checks on the partitions, for examples/plproxy/test.sh.
+
+    python3 loadtest.py --proxy CONNINFO --part CONNINFO [--part ...] \
+        [--app-user app] [--tenants 24] [--keys 12] [--copies 4] [--threads 8]
+
+--proxy is the proxy database (as a superuser, for the control function),
+each --part a partition database in partition order (as a superuser); the
+load runs as --app-user.
+
+Phases, all through the proxy:
+  1. concurrent: every (tenant, key) is sent --copies times at the same
+     moment, by --copies threads released together by a barrier;
+  2. sequential: every key once more, alone;
+  3. mismatch: every third key again with a different amount;
+  4. control: fresh tenants through create_payment_anywhere(), a copy of the
+     proxy function that routes with RUN ON ANY instead of by tenant.
+
+Then, reading every partition directly (not through the proxy):
+  - each (tenant, key) of phases 1-3 has exactly one payment row in all the
+    partitions together, on the partition hashtext(tenant) & (N - 1), and all
+    rows of a tenant are on that one partition;
+  - every reply for a key agrees: one 'created', the rest 'replayed' with the
+    same code and body, which names that row; mismatches got 422 and wrote
+    nothing; idem_lookup() on the partition shows the key completed with that
+    body;
+  - each partition holds as many idempotency keys as payments;
+  - the same row checks, run on the control tenants, must find duplicates:
+    that is what the routing prevents.
+
+Prints a summary and exits 0 if every check passed, 1 otherwise.
+"""
+
+import argparse
+import json
+import random
+import sys
+import threading
+import time
+from collections import defaultdict
+
+try:
+    import psycopg
+except ImportError:
+    sys.exit("loadtest: python3-psycopg (psycopg 3) is required")
+
+
+CONTROL_FUNCTION = """
+CREATE OR REPLACE FUNCTION create_payment_anywhere(
+        tenant text, key text, request jsonb, amount numeric,
+        OUT status text, OUT response_code int, OUT response_body jsonb)
+RETURNS record
+LANGUAGE plproxy
+AS $$
+    CLUSTER 'payments';
+    RUN ON ANY;
+    TARGET create_payment;
+$$;
+GRANT EXECUTE ON FUNCTION
+    create_payment_anywhere(text, text, jsonb, numeric) TO {role};
+"""
+
+
+class Reply:
+    __slots__ = ("phase", "tenant", "key", "status", "code", "body",
+                 "start", "end")
+
+    def __init__(self, phase, tenant, key, status, code, body, start, end):
+        self.phase = phase
+        self.tenant = tenant
+        self.key = key
+        self.status = status
+        self.code = code
+        self.body = body
+        self.start = start
+        self.end = end
+
+
+def amount_of(tenant, key):
+    """The amount a request for (tenant, key) carries: fixed per key."""
+    return (sum(map(ord, tenant + key)) % 9000 + 100) / 100
+
+
+def request_of(amount):
+    return {"amount": amount, "currency": "EUR"}
+
+
+class Client:
+    """One application connection to the proxy."""
+
+    def __init__(self, conninfo, function):
+        self.conn = psycopg.connect(conninfo, autocommit=True)
+        self.function = function
+
+    def send(self, phase, tenant, key, amount):
+        sql = ("SELECT status, response_code, response_body FROM "
+               + self.function + "(%s, %s, %s::jsonb, %s::numeric)")
+        start = time.monotonic()
+        try:
+            row = self.conn.execute(
+                sql, (tenant, key, json.dumps(request_of(amount)),
+                      str(amount))).fetchone()
+            status, code, body = row
+        except psycopg.Error as e:
+            status, code, body = "error %s: %s" % (e.sqlstate, e), None, None
+        return Reply(phase, tenant, key, status, code, body, start,
+                     time.monotonic())
+
+    def close(self):
+        self.conn.close()
+
+
+def run_concurrent(conninfo, function, phase, keys, copies, threads):
+    """Send each key "copies" times at once: rounds of threads // copies keys,
+    every thread of a round released by the same barrier."""
+    per_round = max(1, threads // copies)
+    rounds = [keys[i:i + per_round] for i in range(0, len(keys), per_round)]
+    barrier = threading.Barrier(threads)
+    replies = []
+    lock = threading.Lock()
+    failures = []
+
+    def worker(n):
+        try:
+            client = Client(conninfo, function)
+        except psycopg.Error as e:
+            failures.append(str(e))
+            barrier.abort()
+            return
+        mine = []
+        try:
+            for r in rounds:
+                slot = n // copies
+                item = r[slot] if slot < len(r) else None
+                barrier.wait()
+                if item is not None:
+                    tenant, key = item
+                    mine.append(client.send(phase, tenant, key,
+                                            amount_of(tenant, key)))
+        except threading.BrokenBarrierError:
+            failures.append("barrier broken")
+        finally:
+            client.close()
+        with lock:
+            replies.extend(mine)
+
+    ts = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if failures:
+        raise RuntimeError("load phase %s failed: %s" % (phase, failures[0]))
+    return replies
+
+
+def run_pool(conninfo, function, phase, items, threads):
+    """Send each (tenant, key, amount) once, from a pool of threads."""
+    queue = list(items)
+    lock = threading.Lock()
+    replies = []
+
+    def worker():
+        client = Client(conninfo, function)
+        mine = []
+        while True:
+            with lock:
+                if not queue:
+                    break
+                tenant, key, amount = queue.pop()
+            mine.append(client.send(phase, tenant, key, amount))
+        client.close()
+        with lock:
+            replies.extend(mine)
+
+    ts = [threading.Thread(target=worker) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    return replies
+
+
+def read_partitions(parts):
+    """Every payment row, and the ledger's key count, of each partition."""
+    rows = []
+    ledger = []
+    for n, conninfo in enumerate(parts):
+        with psycopg.connect(conninfo, autocommit=True) as conn:
+            for tenant, key, pid, amount in conn.execute(
+                    "SELECT tenant, key, id, amount FROM payments"):
+                rows.append((n, tenant, key, pid, float(amount)))
+            ledger.append(conn.execute(
+                "SELECT CASE WHEN to_regclass('idempotency.keys') IS NULL"
+                " THEN 0 ELSE (SELECT count(*) FROM idempotency.keys) END"
+            ).fetchone()[0])
+            dbname = conn.execute("SELECT current_database()").fetchone()[0]
+            if dbname != "part%d" % n:
+                raise RuntimeError("--part %d is database %s, not part%d"
+                                   % (n, dbname, n))
+    return rows, ledger
+
+
+def home_partitions(conninfo, tenants, nparts):
+    """hashtext(tenant) & (nparts - 1): where PL/Proxy must send a tenant."""
+    with psycopg.connect(conninfo, autocommit=True) as conn:
+        return {t: conn.execute("SELECT hashtext(%s) & %s",
+                                (t, nparts - 1)).fetchone()[0]
+                for t in tenants}
+
+
+def row_problems(keys, rows, home):
+    """Problems with the payment rows of the given keys (exactly one row per
+    key, on the tenant's home partition; one partition per tenant)."""
+    problems = []
+    wanted = set(keys)
+    tenants = {t for t, _ in keys}
+    by_key = defaultdict(list)
+    parts_of_tenant = defaultdict(set)
+    for part, tenant, key, pid, amount in rows:
+        if tenant not in tenants:
+            continue
+        by_key[(tenant, key)].append((part, pid, amount))
+        parts_of_tenant[tenant].add(part)
+    for k in sorted(wanted):
+        found = by_key.get(k, [])
+        if len(found) != 1:
+            problems.append("%s/%s: %d payment rows (on partitions %s)"
+                            % (k[0], k[1], len(found),
+                               sorted(p for p, _, _ in found)))
+        for part, pid, amount in found:
+            if part != home[k[0]]:
+                problems.append("%s/%s: payment %d on partition %d, "
+                                "hashtext routes the tenant to %d"
+                                % (k[0], k[1], pid, part, home[k[0]]))
+            if amount != amount_of(*k):
+                problems.append("%s/%s: amount %s, sent %s"
+                                % (k[0], k[1], amount, amount_of(*k)))
+    for k in sorted(set(by_key) - wanted):
+        problems.append("%s/%s: payment for a key never sent" % k)
+    for t in sorted(parts_of_tenant):
+        if len(parts_of_tenant[t]) != 1:
+            problems.append("tenant %s has payments on partitions %s"
+                            % (t, sorted(parts_of_tenant[t])))
+    return problems, by_key
+
+
+def reply_problems(keys, replies, by_key):
+    """Problems with the replies: per key one 'created', every success reply
+    identical and naming the key's row."""
+    problems = []
+    per_key = defaultdict(list)
+    for r in replies:
+        per_key[(r.tenant, r.key)].append(r)
+    for k in sorted(keys):
+        rs = [r for r in per_key[k] if r.phase != "mismatch"]
+        created = [r for r in rs if r.status == "created"]
+        bad = [r for r in rs if r.status not in ("created", "replayed")]
+        if len(created) != 1:
+            problems.append("%s/%s: %d 'created' replies" % (k[0], k[1],
+                                                            len(created)))
+        for r in bad:
+            problems.append("%s/%s: %s reply %r" % (k[0], k[1], r.phase,
+                                                    r.status))
+        answers = {(r.code, json.dumps(r.body, sort_keys=True))
+                   for r in rs if r.status in ("created", "replayed")}
+        if len(answers) > 1:
+            problems.append("%s/%s: %d different replies"
+                            % (k[0], k[1], len(answers)))
+        rows = by_key.get(k, [])
+        if len(rows) == 1 and created:
+            body = created[0].body or {}
+            part, pid, _ = rows[0]
+            if (body.get("payment_id") != pid
+                    or body.get("partition") != "part%d" % part
+                    or created[0].code != 201):
+                problems.append("%s/%s: reply %s does not name payment %d "
+                                "on part%d" % (k[0], k[1], body, pid, part))
+        for r in per_key[k]:
+            if r.phase == "mismatch" and (r.status, r.code) != ("mismatch",
+                                                                 422):
+                problems.append("%s/%s: changed request answered %r %r"
+                                % (k[0], k[1], r.status, r.code))
+            if r.phase == "sequential" and r.status != "replayed":
+                problems.append("%s/%s: sequential retry answered %r"
+                                % (k[0], k[1], r.status))
+    return problems
+
+
+def lookup_problems(parts_app, keys, home, replies):
+    """idem_lookup(), as the application role, on each key's partition."""
+    problems = []
+    body_of = {(r.tenant, r.key): r.body for r in replies
+               if r.status == "created"}
+    conns = [psycopg.connect(c, autocommit=True) for c in parts_app]
+    try:
+        for tenant, key in sorted(keys):
+            row = conns[home[tenant]].execute(
+                "SELECT status, response_code, response_body"
+                "  FROM idem_lookup(%s, scope => %s)", (key, tenant)).fetchone()
+            if row is None:
+                problems.append("%s/%s: idem_lookup finds no key on part%d"
+                                % (tenant, key, home[tenant]))
+            elif (row[0], row[1], row[2]) != ("completed", 201,
+                                              body_of.get((tenant, key))):
+                problems.append("%s/%s: idem_lookup says %r"
+                                % (tenant, key, row))
+    finally:
+        for c in conns:
+            c.close()
+    return problems
+
+
+def overlaps(replies):
+    """Keys whose concurrent copies really ran at the same time: some
+    'replayed' reply was sent before the 'created' one had returned."""
+    per_key = defaultdict(list)
+    for r in replies:
+        per_key[(r.tenant, r.key)].append(r)
+    n = 0
+    for rs in per_key.values():
+        created = [r for r in rs if r.status == "created"]
+        if created and any(r.status == "replayed" and r.start < created[0].end
+                           for r in rs):
+            n += 1
+    return n
+
+
+def with_user(conninfo, user):
+    return "%s user=%s" % (conninfo, user)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--proxy", required=True)
+    ap.add_argument("--part", action="append", required=True)
+    ap.add_argument("--app-user", default="app")
+    ap.add_argument("--tenants", type=int, default=24)
+    ap.add_argument("--keys", type=int, default=12)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--control-tenants", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+
+    nparts = len(args.part)
+    if nparts & (nparts - 1):
+        sys.exit("loadtest: the partition count must be a power of two")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    rng = random.Random(seed)
+    app_proxy = with_user(args.proxy, args.app_user)
+    failed = []
+
+    def check(name, problems, show=10):
+        if problems:
+            failed.append(name)
+            print("FAIL %s: %d problem(s)" % (name, len(problems)))
+            for p in problems[:show]:
+                print("     " + p)
+        else:
+            print("ok   %s" % name)
+
+    tenants = ["tenant-%02d" % i for i in range(1, args.tenants + 1)]
+    keys = [(t, "key-%03d" % j) for t in tenants
+            for j in range(1, args.keys + 1)]
+    rng.shuffle(keys)
+    ctl_tenants = ["control-%02d" % i
+                   for i in range(1, args.control_tenants + 1)]
+    ctl_keys = [(t, "key-%03d" % j) for t in ctl_tenants
+                for j in range(1, args.keys // 2 + 1)]
+    rng.shuffle(ctl_keys)
+    home = home_partitions(args.part[0], tenants + ctl_tenants, nparts)
+    print("seed %d; %d tenants x %d keys over %d partitions, tenants per "
+          "partition %s" % (seed, len(tenants), args.keys, nparts,
+                            [sum(1 for t in tenants if home[t] == p)
+                             for p in range(nparts)]))
+    check("every partition owns some tenants",
+          ["partition %d owns no tenant" % p for p in range(nparts)
+           if not any(home[t] == p for t in tenants)])
+
+    with psycopg.connect(args.proxy, autocommit=True) as conn:
+        conn.execute(CONTROL_FUNCTION.format(role=args.app_user))
+
+    t0 = time.monotonic()
+    replies = run_concurrent(app_proxy, "create_payment", "concurrent", keys,
+                             args.copies, args.threads)
+    t1 = time.monotonic()
+    seq = list(keys)
+    rng.shuffle(seq)
+    replies += run_pool(app_proxy, "create_payment", "sequential",
+                        [(t, k, amount_of(t, k)) for t, k in seq],
+                        args.threads)
+    replies += run_pool(app_proxy, "create_payment", "mismatch",
+                        [(t, k, amount_of(t, k) + 1) for t, k in seq[::3]],
+                        args.threads)
+    t2 = time.monotonic()
+    ctl_replies = run_concurrent(app_proxy, "create_payment_anywhere",
+                                 "concurrent", ctl_keys, args.copies,
+                                 args.threads)
+    ncalls = len(replies) + len(ctl_replies)
+    print("%d calls through the proxy: concurrent phase %d calls in %.2f s, "
+          "sequential + mismatch %d calls in %.2f s, control %d calls"
+          % (ncalls, len(keys) * args.copies, t1 - t0,
+             len(replies) - len(keys) * args.copies, t2 - t1,
+             len(ctl_replies)))
+    status_count = defaultdict(int)
+    for r in replies:
+        status_count[(r.phase, r.status.split(":")[0])] += 1
+    print("replies: " + ", ".join("%s %s: %d" % (p, s, n) for (p, s), n
+                                  in sorted(status_count.items())))
+
+    rows, ledger = read_partitions(args.part)
+    payments = [sum(1 for r in rows if r[0] == p) for p in range(nparts)]
+    print("payments per partition %s, idempotency keys per partition %s"
+          % (payments, ledger))
+
+    problems, by_key = row_problems(keys, rows, home)
+    check("one payment per key, on the tenant's hashtext partition", problems)
+    check("every reply for a key agrees and names its payment",
+          reply_problems(keys, replies, by_key))
+    check("idem_lookup on the partition shows each key completed",
+          lookup_problems([with_user(p, args.app_user) for p in args.part],
+                          keys, home, replies))
+    check("idempotency keys = payments on every partition",
+          ["partition %d: %d keys, %d payments" % (p, ledger[p], payments[p])
+           for p in range(nparts) if ledger[p] != payments[p]])
+    n = overlaps(replies)
+    print("keys whose duplicates overlapped the first request in time: "
+          "%d of %d" % (n, len(keys)))
+    check("the concurrent phase really ran duplicates concurrently",
+          [] if n > 0 else ["no duplicate was in flight with its original"])
+
+    # Control: the same row checks must catch random routing.
+    ctl_problems, ctl_by_key = row_problems(ctl_keys, rows, home)
+    dup = sum(1 for v in ctl_by_key.values() if len(v) > 1)
+    spread = len({t for t in ctl_tenants
+                  if len({r[0] for r in rows if r[1] == t}) > 1})
+    print("control (RUN ON ANY): %d of %d keys paid more than once, %d of %d "
+          "tenants spread over several partitions"
+          % (dup, len(ctl_keys), spread, len(ctl_tenants)))
+    check("the checks detect duplicates when routing ignores the tenant",
+          [] if dup > 0 and ctl_problems else
+          ["random routing produced no duplicate payment"])
+
+    if failed:
+        print("loadtest: %d check(s) failed (seed %d)" % (len(failed), seed))
+        return 1
+    print("loadtest: all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
