@@ -2,21 +2,21 @@
 """examples/plproxy/loadtest.py -- concurrent load through the PL/Proxy node,
 then checks on the partitions, for examples/plproxy/test.sh.
 
-    python3 loadtest.py --proxy CONNINFO --part CONNINFO [--part ...] \
-        [--app-user app] [--tenants 24] [--keys 12] [--copies 4] [--threads 8]
+    python3 loadtest.py [--mode load|after-move] [--state FILE] \
+        --proxy CONNINFO --part CONNINFO [--part ...] [--app-user app] \
+        [--tenants 24] [--keys 12] [--copies 4] [--threads 8] [--seed N]
 
---proxy is the proxy database (as a superuser, for the control function),
-each --part a partition database in partition order (as a superuser); the
-load runs as --app-user.
+--proxy is the proxy database, each --part a partition database in
+partition order (part0, part1, ...), all as a superuser; the load runs as
+--app-user.
 
-Phases, all through the proxy:
+--mode load (default).  Phases, all through the proxy:
   1. concurrent: every (tenant, key) is sent --copies times at the same
      moment, by --copies threads released together by a barrier;
   2. sequential: every key once more, alone;
   3. mismatch: every third key again with a different amount;
   4. control: fresh tenants through create_payment_anywhere(), a copy of the
      proxy function that routes with RUN ON ANY instead of by tenant.
-
 Then, reading every partition directly (not through the proxy):
   - each (tenant, key) of phases 1-3 has exactly one payment row in all the
     partitions together, on the partition hashtext(tenant) & (N - 1), and all
@@ -26,10 +26,17 @@ Then, reading every partition directly (not through the proxy):
     nothing; idem_lookup() on the partition shows the key completed with that
     body;
   - each partition holds as many idempotency keys as payments;
+  - the concurrent copies of most keys really overlapped in time;
   - the same row checks, run on the control tenants, must find duplicates:
     that is what the routing prevents.
+The keys and first replies are saved to --state, if given.
 
-Prints a summary and exits 0 if every check passed, 1 otherwise.
+--mode after-move, after test.sh moved a partition to another server: every
+saved key is sent again (two copies at once) and must replay its first reply;
+a new key per tenant (--copies at once) must be paid once, on the tenant's
+partition; keys = payments on every partition.
+
+Prints a line per check and exits 0 if every check passed, 1 otherwise.
 """
 
 import argparse
@@ -331,36 +338,31 @@ def with_user(conninfo, user):
     return "%s user=%s" % (conninfo, user)
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--proxy", required=True)
-    ap.add_argument("--part", action="append", required=True)
-    ap.add_argument("--app-user", default="app")
-    ap.add_argument("--tenants", type=int, default=24)
-    ap.add_argument("--keys", type=int, default=12)
-    ap.add_argument("--copies", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=8)
-    ap.add_argument("--control-tenants", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=None)
-    args = ap.parse_args()
+class Checker:
+    """Prints one line per check and remembers the failed ones."""
 
-    nparts = len(args.part)
-    if nparts & (nparts - 1):
-        sys.exit("loadtest: the partition count must be a power of two")
-    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
-    rng = random.Random(seed)
-    app_proxy = with_user(args.proxy, args.app_user)
-    failed = []
+    def __init__(self):
+        self.failed = []
 
-    def check(name, problems, show=10):
+    def __call__(self, name, problems, show=10):
         if problems:
-            failed.append(name)
+            self.failed.append(name)
             print("FAIL %s: %d problem(s)" % (name, len(problems)))
             for p in problems[:show]:
                 print("     " + p)
         else:
             print("ok   %s" % name)
 
+
+def ledger_problems(payments, ledger):
+    return ["partition %d: %d keys, %d payments" % (p, ledger[p], payments[p])
+            for p in range(len(ledger)) if ledger[p] != payments[p]]
+
+
+def mode_load(args, check, rng):
+    """Phases 1-4 and the checks; saves the keys and replies to --state."""
+    nparts = len(args.part)
+    app_proxy = with_user(args.proxy, args.app_user)
     tenants = ["tenant-%02d" % i for i in range(1, args.tenants + 1)]
     keys = [(t, "key-%03d" % j) for t in tenants
             for j in range(1, args.keys + 1)]
@@ -371,10 +373,9 @@ def main():
                 for j in range(1, args.keys // 2 + 1)]
     rng.shuffle(ctl_keys)
     home = home_partitions(args.part[0], tenants + ctl_tenants, nparts)
-    print("seed %d; %d tenants x %d keys over %d partitions, tenants per "
-          "partition %s" % (seed, len(tenants), args.keys, nparts,
-                            [sum(1 for t in tenants if home[t] == p)
-                             for p in range(nparts)]))
+    print("%d tenants x %d keys over %d partitions, tenants per partition %s"
+          % (len(tenants), args.keys, nparts,
+             [sum(1 for t in tenants if home[t] == p) for p in range(nparts)]))
     check("every partition owns some tenants",
           ["partition %d owns no tenant" % p for p in range(nparts)
            if not any(home[t] == p for t in tenants)])
@@ -398,11 +399,10 @@ def main():
     ctl_replies = run_concurrent(app_proxy, "create_payment_anywhere",
                                  "concurrent", ctl_keys, args.copies,
                                  args.threads)
-    ncalls = len(replies) + len(ctl_replies)
     print("%d calls through the proxy: concurrent phase %d calls in %.2f s, "
           "sequential + mismatch %d calls in %.2f s, control %d calls"
-          % (ncalls, len(keys) * args.copies, t1 - t0,
-             len(replies) - len(keys) * args.copies, t2 - t1,
+          % (len(replies) + len(ctl_replies), len(keys) * args.copies,
+             t1 - t0, len(replies) - len(keys) * args.copies, t2 - t1,
              len(ctl_replies)))
     status_count = defaultdict(int)
     for r in replies:
@@ -423,8 +423,7 @@ def main():
           lookup_problems([with_user(p, args.app_user) for p in args.part],
                           keys, home, replies))
     check("idempotency keys = payments on every partition",
-          ["partition %d: %d keys, %d payments" % (p, ledger[p], payments[p])
-           for p in range(nparts) if ledger[p] != payments[p]])
+          ledger_problems(payments, ledger))
     n = overlaps(replies)
     print("keys whose duplicates overlapped the first request in time: "
           "%d of %d" % (n, len(keys)))
@@ -443,8 +442,83 @@ def main():
           [] if dup > 0 and ctl_problems else
           ["random routing produced no duplicate payment"])
 
-    if failed:
-        print("loadtest: %d check(s) failed (seed %d)" % (len(failed), seed))
+    if args.state:
+        with open(args.state, "w") as f:
+            json.dump({"keys": keys,
+                       "created": [[r.tenant, r.key, r.body] for r in replies
+                                   if r.status == "created"]}, f)
+
+
+def mode_after_move(args, check, rng):
+    """After a partition moved to another server (test.sh): every key saved
+    by mode_load, sent again through the proxy, replays its first response;
+    a new key per tenant is paid once, on its tenant's partition."""
+    nparts = len(args.part)
+    app_proxy = with_user(args.proxy, args.app_user)
+    with open(args.state) as f:
+        state = json.load(f)
+    keys = [tuple(k) for k in state["keys"]]
+    first = {(t, k): body for t, k, body in state["created"]}
+    tenants = sorted({t for t, _ in keys})
+    home = home_partitions(args.part[0], tenants, nparts)
+
+    replies = run_concurrent(app_proxy, "create_payment", "concurrent", keys,
+                             2, args.threads)
+    problems = []
+    for r in replies:
+        if (r.status, r.body) != ("replayed", first.get((r.tenant, r.key))):
+            problems.append("%s/%s: %r %s, first reply was %s"
+                            % (r.tenant, r.key, r.status, r.body,
+                               first.get((r.tenant, r.key))))
+    print("%d retries of old keys through the proxy" % len(replies))
+    check("every old key, moved partition included, replays its first reply",
+          problems)
+
+    new_keys = [(t, "key-after-move") for t in tenants]
+    new_replies = run_concurrent(app_proxy, "create_payment", "concurrent",
+                                 new_keys, args.copies, args.threads)
+    rows, ledger = read_partitions(args.part)
+    payments = [sum(1 for r in rows if r[0] == p) for p in range(nparts)]
+    print("payments per partition %s, idempotency keys per partition %s"
+          % (payments, ledger))
+    problems, by_key = row_problems(keys + new_keys, rows, home)
+    check("one payment per key, on the tenant's hashtext partition", problems)
+    check("every reply for a new key agrees and names its payment",
+          reply_problems(new_keys, new_replies, by_key))
+    check("idempotency keys = payments on every partition",
+          ledger_problems(payments, ledger))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mode", choices=("load", "after-move"), default="load")
+    ap.add_argument("--state", help="file for the keys and first replies")
+    ap.add_argument("--proxy", required=True)
+    ap.add_argument("--part", action="append", required=True)
+    ap.add_argument("--app-user", default="app")
+    ap.add_argument("--tenants", type=int, default=24)
+    ap.add_argument("--keys", type=int, default=12)
+    ap.add_argument("--copies", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--control-tenants", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=None)
+    args = ap.parse_args()
+
+    nparts = len(args.part)
+    if nparts & (nparts - 1):
+        sys.exit("loadtest: the partition count must be a power of two")
+    if args.mode == "after-move" and not args.state:
+        sys.exit("loadtest: --mode after-move needs --state")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    print("loadtest --mode %s, seed %d" % (args.mode, seed))
+    check = Checker()
+    if args.mode == "load":
+        mode_load(args, check, random.Random(seed))
+    else:
+        mode_after_move(args, check, random.Random(seed))
+    if check.failed:
+        print("loadtest: %d check(s) failed (seed %d)"
+              % (len(check.failed), seed))
         return 1
     print("loadtest: all checks passed")
     return 0

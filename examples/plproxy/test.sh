@@ -149,10 +149,83 @@ again=$(CLUSTER_DB=proxy cluster_psql "$WORK/proxy" -U app -At -c \
 	fail "smoke test: got '$first' then '$again', expected 'created|t' then 'replayed'"
 say "smoke test: created on partition hashtext('acme') & 3, then replayed"
 
-args=(--proxy "host=$WORK/proxy/sock port=${PORT[proxy]} dbname=proxy user=$DBUSER")
-for p in 0 1 2 3; do
-	args+=(--part "$(conninfo "$p") user=$DBUSER")
-done
-"$PYTHON" "$HERE/loadtest.py" "${args[@]}" || fail "loadtest.py reported failures"
+# loadtest ARG...: run loadtest.py against the proxy and the partitions
+loadtest() {
+	local p args
+	args=(--state "$WORK/state.json"
+		--proxy "host=$WORK/proxy/sock port=${PORT[proxy]} dbname=proxy user=$DBUSER")
+	for p in 0 1 2 3; do
+		args+=(--part "$(conninfo "$p") user=$DBUSER")
+	done
+	"$PYTHON" "$HERE/loadtest.py" "${args[@]}" "$@"
+}
+loadtest --mode load || fail "loadtest.py reported failures"
+
+# ---------------------------------------------------------------- re-sharding
+# Move partition 3 from shard0 to shard1, the way README.md describes: freeze
+# it, copy the whole database (payments and idempotency ledger together),
+# point the proxy at the copy, drop the original.  No tenant changes
+# partition, so every key must still be found where its tenant's calls go.
+px() { CLUSTER_DB=proxy cluster_psql "$WORK/proxy" "$@"; }
+mover=$(px -At -c "SELECT t FROM (SELECT 'mover-' || i AS t
+                                   FROM generate_series(1, 1000) i) s
+                   WHERE hashtext(t) & 3 = 3 LIMIT 1") && [ -n "$mover" ] ||
+	fail "no tenant name hashes to partition 3"
+
+# An application session opened before the move and kept across it: PL/Proxy
+# caches the cluster and its connections per session, and must notice the
+# ALTER SERVER below.
+coproc LONG { CLUSTER_DB=proxy cluster_psql "$WORK/proxy" -U app -At -q 2>&1; }
+long_in=${LONG[1]}
+long_out=${LONG[0]}
+ask() {
+	local line
+	echo "$1" >&"$long_in" &&
+		read -r -t 30 line <&"$long_out" || line="(no answer)"
+	printf '%s\n' "$line"
+}
+got=$(ask "SELECT status FROM create_payment('$mover', 'before-move', '{}', 1);")
+[ "$got" = created ] || fail "long session before the move: got '$got'"
+
+# 1. freeze: the application can no longer reach partition 3 (its requests
+#    fail, commit nothing, and are retried by the client later)
+cluster_psql "$WORK/shard0" -q -At -c "REVOKE CONNECT ON DATABASE part3 FROM PUBLIC" \
+	-c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+	     WHERE datname = 'part3' AND usename = 'app'" >/dev/null ||
+	fail "could not freeze partition 3"
+if px -U app -At -c "SELECT status FROM create_payment('$mover', 'during-move', '{}', 1)" \
+	>/dev/null 2>&1; then
+	fail "a request reached partition 3 while it was frozen"
+fi
+# 2. copy the whole database, ledger included, to shard1
+move_start=$SECONDS
+cluster_psql "$WORK/shard1" -q -c "CREATE DATABASE part3" &&
+	cluster_run "$WORK/shard0" pg_dump -Fc -d part3 |
+	cluster_run "$WORK/shard1" pg_restore --exit-on-error -d part3 ||
+	fail "could not copy partition 3 to shard1"
+# 3. point the proxy at the copy; 4. drop the original
+PART_SERVER[3]=shard1
+px -q -c "ALTER SERVER payments OPTIONS (SET p3 '$(conninfo 3)')" &&
+	cluster_psql "$WORK/shard0" -q -c "DROP DATABASE part3 WITH (FORCE)" ||
+	fail "could not switch partition 3 to shard1"
+say "partition 3 moved from shard0 to shard1 in $((SECONDS - move_start)) s"
+
+# The long session follows the move: the key it paid before is replayed
+# from the copied ledger, and the request that failed during the freeze now
+# goes through once.
+got=$(ask "SELECT status, response_body->>'partition' FROM create_payment('$mover', 'before-move', '{}', 1);")
+[ "$got" = "replayed|part3" ] ||
+	fail "long session after the move, old key: got '$got', expected 'replayed|part3'"
+got=$(ask "SELECT status FROM create_payment('$mover', 'during-move', '{}', 1);")
+[ "$got" = created ] ||
+	fail "long session after the move, retried key: got '$got', expected 'created'"
+got=$(CLUSTER_DB=part3 cluster_psql "$WORK/shard1" -At -c \
+	"SELECT string_agg(key, ',' ORDER BY key) FROM payments WHERE tenant = '$mover'")
+[ "$got" = "before-move,during-move" ] ||
+	fail "payments of $mover on shard1/part3: '$got'"
+exec {long_in}>&- {long_out}<&-
+say "a session opened before the move follows it: replay from the copied ledger, retry paid once"
+
+loadtest --mode after-move || fail "loadtest.py reported failures after the move"
 
 say "passed in $((SECONDS - start)) s"
