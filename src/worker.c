@@ -92,6 +92,7 @@ typedef struct IdemDbEntry
 	Oid			dboid;			/* hash key */
 	IdemDbState state;
 	bool		listed;			/* seen in this round's pg_database scan */
+	NameData	datname;
 } IdemDbEntry;
 
 int			idem_naptime = 60;
@@ -376,6 +377,7 @@ IdemLauncherListDatabases(HTAB *dbs)
 		if (!found)
 			db->state = IDEM_DB_UNKNOWN;
 		db->listed = true;
+		db->datname = form->datname;
 	}
 	table_endscan(tscan);
 	table_close(rel, AccessShareLock);
@@ -445,8 +447,17 @@ IdemLauncherRunWorker(IdemDbEntry *db)
 	SpinLockRelease(&idem_worker_shared->mutex);
 
 	/* a worker that failed before looking leaves the state as it was */
-	if (found != IDEM_DB_UNKNOWN)
-		db->state = found;
+	if (found == IDEM_DB_UNKNOWN || found == db->state)
+		return;
+	if (found == IDEM_DB_PRESENT)
+		ereport(LOG,
+				(errmsg("idempotency launcher: maintaining database \"%s\"",
+						NameStr(db->datname))));
+	else if (db->state == IDEM_DB_PRESENT)
+		ereport(LOG,
+				(errmsg("idempotency launcher: database \"%s\" no longer has the extension, not maintaining it",
+						NameStr(db->datname))));
+	db->state = found;
 }
 
 /*
