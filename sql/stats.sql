@@ -1,0 +1,36 @@
+--
+-- Statistics and the worker's setting without shared_preload_libraries
+-- (the pg_regress instance does not preload the library; the worker, the
+-- counters and a preloaded server are tested in test/t/030_worker.pl)
+--
+CREATE EXTENSION IF NOT EXISTS idempotency;
+
+-- the view and the reset refuse, saying what is missing ...
+SELECT * FROM idempotency.stats;
+SELECT idempotency.stats_reset();
+-- ... with SQLSTATE 55000
+DO $$
+BEGIN
+  PERFORM * FROM idempotency.stats;
+EXCEPTION WHEN object_not_in_prerequisite_state THEN
+  RAISE NOTICE 'stats: 55000';
+END $$;
+DO $$
+BEGIN
+  PERFORM idempotency.stats_reset();
+EXCEPTION WHEN object_not_in_prerequisite_state THEN
+  RAISE NOTICE 'stats_reset: 55000';
+END $$;
+
+-- the objects exist, and only pg_monitor may read the statistics
+SELECT has_table_privilege('pg_monitor', 'idempotency.stats', 'SELECT') AS monitor_reads,
+       has_table_privilege('public', 'idempotency.stats', 'SELECT') AS public_reads,
+       has_function_privilege('public', 'idempotency.stats_reset()', 'EXECUTE') AS public_resets;
+
+-- idempotency.naptime: seconds, 1 s .. 1 day, only in postgresql.conf
+SELECT name, setting, unit, context, min_val, max_val
+  FROM pg_settings WHERE name = 'idempotency.naptime';
+SET idempotency.naptime = '10s';
+ALTER SYSTEM SET idempotency.naptime = 0;
+ALTER SYSTEM SET idempotency.naptime = '2d';
+ALTER SYSTEM SET idempotency.naptime = 'soon';
