@@ -3,7 +3,9 @@
 -- (the pg_regress instance does not preload the library; the worker, the
 -- counters and a preloaded server are tested in test/t/030_worker.pl)
 --
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
+RESET client_min_messages;
 
 -- the view and the reset refuse, saying what is missing ...
 SELECT * FROM idempotency.stats;
