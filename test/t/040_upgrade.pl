@@ -1,0 +1,155 @@
+
+# test/t/040_upgrade.pl -- ALTER EXTENSION idempotency UPDATE from 0.1.0.
+#
+# A database on 0.1.0 with live keys (completed, two-phase in progress,
+# released) and consumed messages is updated to the current version; every
+# row stays as it was and behaves as before (replays, duplicates, the lease
+# holder's token), and the updated extension is object for object the same
+# as a fresh install of the current version (members, definitions,
+# privileges).
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('upgrade');
+$node->init;
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+max_prepared_transactions = 10
+});
+$node->start;
+
+my $current = $node->safe_psql('postgres',
+	q{SELECT default_version FROM pg_available_extensions WHERE name = 'idempotency'});
+isnt($current, '0.1.0', "the current version ($current) is newer than 0.1.0");
+
+$node->safe_psql('postgres', 'CREATE DATABASE upgraded');
+$node->safe_psql('postgres', 'CREATE DATABASE fresh');
+$node->safe_psql('upgraded', q{CREATE EXTENSION idempotency VERSION '0.1.0'});
+$node->safe_psql('fresh', q{CREATE EXTENSION idempotency});
+
+# ---------------------------------------------------------------- 0.1.0 data
+my $token = $node->safe_psql('upgraded', q{
+	CREATE ROLE app;
+	GRANT USAGE ON SCHEMA public TO app;
+	SET ROLE app;
+	BEGIN;
+	SELECT status FROM idem_claim('paid', '{"amount": 10}');
+	SELECT idem_complete('paid', 201, '{"charge": 1}');
+	COMMIT;
+	BEGIN;
+	SELECT status FROM idem_claim('released', '{"amount": 20}');
+	SELECT idem_release('released');
+	COMMIT;
+	SELECT idem_consume_message('billing', 'm1');
+	SELECT count(*) FROM idem_consume_messages('billing', ARRAY['m2', 'm3']);
+	SELECT token FROM idem_claim('slow', '{"amount": 30}', ttl => '1 hour', lease => '30 minutes');
+});
+$token = (split /\n/, $token)[-1];
+like($token, qr/^\d+$/, 'a two-phase claim holds a token');
+$node->safe_psql('upgraded', q{
+	SET ROLE app;
+	SELECT idem_checkpoint('slow', 'step-1', token => } . $token . q{);
+});
+
+my $rows_sql = q{
+SELECT string_agg(format('%s %s', tableoid::regclass, t), E'\n' ORDER BY t::text)
+  FROM (SELECT tableoid, k::text AS t FROM idempotency.keys k
+        UNION ALL
+        SELECT tableoid, m::text FROM idempotency.messages m) s};
+my $rows_before = $node->safe_psql('upgraded', $rows_sql);
+my $partitions_before = $node->safe_psql('upgraded',
+	q{SELECT string_agg(partition::text || ' ' || lower_bound || ' ' || upper_bound, E'\n' ORDER BY partition::text)
+	    FROM idempotency.partitions});
+
+# ---------------------------------------------------------------- update
+$node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('upgraded',
+		q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
+	$current, "ALTER EXTENSION UPDATE reaches $current");
+
+is($node->safe_psql('upgraded', $rows_sql), $rows_before,
+	'every key and message row is unchanged, in the same partition');
+is($node->safe_psql('upgraded',
+		q{SELECT string_agg(partition::text || ' ' || lower_bound || ' ' || upper_bound, E'\n' ORDER BY partition::text)
+		    FROM idempotency.partitions}),
+	$partitions_before, 'the partitions are unchanged');
+
+# ---------------------------------------------------------------- behaviour
+is($node->safe_psql('upgraded', q{
+	SET ROLE app;
+	SELECT format('%s %s %s', status, response_code, response_body)
+	  FROM idem_claim('paid', '{"amount": 10}')}),
+	'completed 201 {"charge": 1}', 'a completed key replays its response');
+is($node->safe_psql('upgraded', q{
+	SET ROLE app;
+	SELECT status FROM idem_claim('paid', '{"amount": 11}')}),
+	'mismatch', 'and still checks the request fingerprint');
+is($node->safe_psql('upgraded', q{
+	SET ROLE app;
+	SELECT format('%s %s', status, recovery_point IS NULL) FROM idem_claim('slow', '{"amount": 30}')}),
+	'in_progress t', 'a two-phase claim is still in progress for others');
+is($node->safe_psql('upgraded', q{
+	SET ROLE app;
+	SELECT idem_complete('slow', 200, '{"done": true}', token => } . $token . q{);
+	SELECT status || ' ' || recovery_point FROM idem_lookup('slow')}),
+	"\ncompleted step-1", 'its holder completes it with the token it got before the update');
+is($node->safe_psql('upgraded', q{
+	SET ROLE app;
+	BEGIN;
+	SELECT status FROM idem_claim('released', '{"amount": 20}');
+	SELECT idem_complete('released', 201, '{}');
+	COMMIT;
+	SELECT status FROM idem_lookup('released')}),
+	"claimed\n\ncompleted", 'a released key can be claimed again');
+is($node->safe_psql('upgraded', q{
+	SET ROLE app;
+	SELECT idem_consume_message('billing', 'm1')::text || ' ' ||
+	       (SELECT string_agg(x, ',') FROM idem_consume_messages('billing', ARRAY['m2', 'm3', 'm4']) AS t(x))}),
+	'false m4', 'consumed messages are still duplicates');
+is($node->safe_psql('upgraded', q{
+	SET ROLE app;
+	SELECT count(*) FROM idem_lookup('paid')}),
+	'1', 'lookup sees the pre-update key');
+
+# new in 0.2.0
+is($node->safe_psql('upgraded',
+		q{SELECT claims > 0 FROM idempotency.stats WHERE datname = current_database()}),
+	't', 'the statistics view exists and counts');
+my ($ret, $out, $err) = $node->psql('upgraded', q{SET ROLE app; SELECT * FROM idempotency.stats});
+like($err, qr/permission denied/, 'and is closed to ordinary roles');
+
+# ---------------------------------------------------------------- same objects as a fresh install
+my $objects_sql = q{
+WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'idempotency'),
+members AS (
+  SELECT d.classid, d.objid
+    FROM pg_depend d, ext
+   WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e')
+SELECT string_agg(line, E'\n' ORDER BY line) FROM (
+  SELECT pg_describe_object(classid, objid, 0) AS line FROM members
+  UNION ALL
+  SELECT pg_get_functiondef(objid) || ' ACL ' || coalesce(p.proacl::text, 'default')
+    FROM members JOIN pg_proc p ON p.oid = objid WHERE classid = 'pg_proc'::regclass
+  UNION ALL
+  SELECT c.relname || ' ' || coalesce(pg_get_viewdef(c.oid), '') || ' ACL ' || coalesce(c.relacl::text, 'default')
+    FROM members JOIN pg_class c ON c.oid = objid WHERE classid = 'pg_class'::regclass
+  UNION ALL
+  SELECT n.nspname || ' ACL ' || coalesce(n.nspacl::text, 'default')
+    FROM members JOIN pg_namespace n ON n.oid = objid WHERE classid = 'pg_namespace'::regclass
+  UNION ALL
+  SELECT 'comment ' || pg_describe_object(classid, objid, 0) || ': ' || obj_description(objid, classid::regclass::name)
+    FROM members WHERE obj_description(objid, classid::regclass::name) IS NOT NULL
+) s};
+my $fresh = $node->safe_psql('fresh', $objects_sql);
+my $updated = $node->safe_psql('upgraded', $objects_sql);
+ok(length($fresh) > 1000, 'the fresh install has members to compare');
+is($updated, $fresh,
+	'the updated extension has the same members, definitions, privileges and comments as a fresh install');
+
+$node->stop;
+done_testing();
