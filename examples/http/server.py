@@ -41,7 +41,6 @@ import queue
 import re
 import sys
 import threading
-import time
 
 import psycopg
 from psycopg import errors as pgerrors

@@ -55,6 +55,7 @@ command -v curl >/dev/null || {
 
 WORK=""
 SERVER_PIDS=()
+# shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
 	local rc=$? pid
 	trap - EXIT INT TERM
