@@ -65,6 +65,11 @@ SELECT bool_or(n) FROM (
   SELECT count(*) > 0 FROM idem_consume_messages('batch', ARRAY['b1', 'b2', 'b3'], '2 hours')
 ) s(n)};
 
+# every key row with its partition, state, token and stored response
+my $keys_rows_sql = q{
+SELECT coalesce(string_agg(format('%s %s', tableoid::regclass, k), E'\n' ORDER BY k::text), '')
+  FROM idempotency.keys k};
+
 # ------------------------------------------------------------------ source
 $node->safe_psql('postgres', 'CREATE ROLE idem_tap_app LOGIN');
 $node->safe_psql('postgres', 'CREATE DATABASE src');
@@ -83,6 +88,28 @@ SELECT idem_consume_message('relayout', 'r-' || g) FROM generate_series(1, 10) g
 # a message of another role: the regrole column must survive the trip
 $node->safe_psql('src',
 	q{SET ROLE idem_tap_app; SELECT idem_consume_message('orders', 'app-only');});
+
+# live keys: completed with a response, two-phase in progress with a
+# recovery point, released; one of another role
+my $slow_token = $node->safe_psql('src', q{
+BEGIN;
+SELECT status FROM idem_claim('paid', '{"amount": 10}');
+SELECT idem_complete('paid', 201, '{"charge": "ch_1"}');
+COMMIT;
+BEGIN;
+SELECT status FROM idem_claim('dropped', NULL);
+SELECT idem_release('dropped');
+COMMIT;
+SELECT token FROM idem_claim('slow', '{"amount": 30}', ttl => '2 hours', lease => '1 hour');
+});
+$slow_token = (split /\n/, $slow_token)[-1];
+$node->safe_psql('src', "SELECT idem_checkpoint('slow', 'step-1', token => $slow_token)");
+$node->safe_psql('src', q{SET ROLE idem_tap_app; BEGIN;
+SELECT status FROM idem_claim('paid', '{"amount": 99}');
+SELECT idem_complete('paid', 200, '{"app": true}');
+COMMIT;});
+my $src_keys = $node->safe_psql('src', $keys_rows_sql);
+is($node->safe_psql('src', 'SELECT count(*) FROM idempotency.keys'), 4, 'src: four live keys');
 
 my $src_rows       = $node->safe_psql('src', $rows_sql);
 my $src_partitions = $node->safe_psql('src', $partitions_sql);
@@ -142,6 +169,28 @@ sub check_restored
 		"$db: idem_maintain() left one AUTO dependency on the extension");
 	is($node->safe_psql($db, $bad_index_sql), 0,
 		"$db: partitions made after the restore have their (digest) index too");
+
+	# keys
+	is($node->safe_psql($db, $keys_rows_sql), $src_keys,
+		"$db: every key row (state, token, fingerprint, response) as in src");
+	is($node->safe_psql($db, q{
+		SELECT format('%s %s %s', status, response_code, response_body)
+		  FROM idem_claim('paid', '{"amount": 10}')}),
+		'completed 201 {"charge": "ch_1"}', "$db: a completed key replays its response");
+	is($node->safe_psql($db, q{SELECT status FROM idem_claim('paid', '{"amount": 11}')}),
+		'mismatch', "$db: ... and checks the request fingerprint");
+	is($node->safe_psql($db, q{SET ROLE idem_tap_app;
+		SELECT format('%s %s', status, response_body) FROM idem_claim('paid', '{"amount": 99}')}),
+		'completed {"app": true}', "$db: another role's key is still its own");
+	is($node->safe_psql($db, q{SELECT status FROM idem_claim('slow', '{"amount": 30}')}),
+		'in_progress', "$db: a two-phase claim is still in progress");
+	is($node->safe_psql($db, qq{BEGIN;
+		SELECT idem_complete('slow', 200, '{}', token => $slow_token);
+		SELECT status || ' ' || recovery_point FROM idem_lookup('slow');
+		ROLLBACK;}),
+		"\ncompleted step-1", "$db: its holder's token still completes it");
+	is($node->safe_psql($db, q{SELECT status FROM idem_lookup('dropped')}),
+		'released', "$db: a released key is still released");
 	return;
 }
 
