@@ -55,6 +55,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
 #include "storage/spin.h"
@@ -67,6 +68,14 @@
 
 /* How long the postmaster waits before restarting a launcher that died */
 #define IDEM_LAUNCHER_RESTART_SECS	5
+
+/*
+ * Longest a worker waits for a lock (an ANALYZE or a DDL on a ledger's
+ * parent can block ATTACH PARTITION): the round fails with the error in
+ * idempotency.stats and is retried next round, and the other databases
+ * are not held up.
+ */
+#define IDEM_WORKER_LOCK_TIMEOUT_MS	5000
 
 /* What the launcher knows about the extension in one database */
 typedef enum IdemDbState
@@ -475,6 +484,13 @@ idem_worker_main(Datum main_arg)
 
 	/* as the bootstrap superuser, with the database's own settings */
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+	if (LockTimeout == 0 || LockTimeout > IDEM_WORKER_LOCK_TIMEOUT_MS)
+	{
+		char		value[32];
+
+		snprintf(value, sizeof(value), "%d", IDEM_WORKER_LOCK_TIMEOUT_MS);
+		SetConfigOption("lock_timeout", value, PGC_SUSET, PGC_S_OVERRIDE);
+	}
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
