@@ -5,7 +5,8 @@
 #   - the worker makes and drops partitions in a database with the extension
 #     and leaves one without it alone; a CREATE EXTENSION in that database,
 #     a database created later and a DROP EXTENSION are all noticed;
-#   - idempotency.stats counts what the SQL functions and the worker did;
+#   - idempotency.stats counts what the SQL functions and the worker did,
+#     and shows the error of a failed round until a round succeeds;
 #   - SIGHUP reloads idempotency.naptime; SIGTERM stops the launcher at once
 #     (the postmaster starts it again); SIGKILL of the launcher makes the
 #     postmaster restart everything and the launcher comes back;
@@ -120,6 +121,25 @@ my ($ret, $out, $err) = $node->psql('with_ext', q{
 	SELECT * FROM idempotency.stats;
 });
 like($err, qr/permission denied/, 'ordinary roles cannot');
+
+# ---------------------------------------------------------------- a failing round
+# A session holding a lock that ATTACH PARTITION needs makes the rounds fail
+# (after the worker's lock timeout); the error shows in the statistics, and
+# the next round after the lock goes succeeds and clears it.
+my $blocker = $node->background_psql('with_ext');
+$blocker->query_safe('BEGIN; LOCK TABLE idempotency.keys IN SHARE UPDATE EXCLUSIVE MODE');
+ok($node->poll_query_until('with_ext',
+		q{SELECT last_maintenance_error ~ 'lock timeout' AND last_error_at IS NOT NULL
+		    FROM idempotency.stats WHERE datname = current_database()}),
+	'a round that cannot get its locks fails, and the error is in idempotency.stats');
+is($node->safe_psql('with_ext', q{SELECT idem_consume_message('c', 'during-lock')}),
+	't', 'consumers are not blocked meanwhile');
+$blocker->query_safe('COMMIT');
+$blocker->quit;
+ok($node->poll_query_until('with_ext',
+		q{SELECT last_maintenance_error IS NULL AND last_error_at IS NOT NULL
+		    FROM idempotency.stats WHERE datname = current_database()}),
+	'the next round succeeds and clears the error');
 
 # ---------------------------------------------------------------- noticed within a naptime
 $node->safe_psql('without_ext', 'CREATE EXTENSION idempotency');
