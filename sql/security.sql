@@ -225,30 +225,30 @@ CREATE FUNCTION mallory.idem_fingerprint(r jsonb) RETURNS bytea LANGUAGE sql
 
 -- operators on every type the ledgers compare
 CREATE FUNCTION mallory.text_eq(a text, b text) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a OPERATOR(pg_catalog.=) b AND mallory.note('=(text,text)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('=(text,text)') THEN a OPERATOR(pg_catalog.=) b END $$;
 CREATE OPERATOR mallory.= (LEFTARG = text, RIGHTARG = text, FUNCTION = mallory.text_eq);
 CREATE OPERATOR public.= (LEFTARG = text, RIGHTARG = text, FUNCTION = mallory.text_eq);
 CREATE FUNCTION mallory.uuid_eq(a uuid, b uuid) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a OPERATOR(pg_catalog.=) b AND mallory.note('=(uuid,uuid)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('=(uuid,uuid)') THEN a OPERATOR(pg_catalog.=) b END $$;
 CREATE OPERATOR mallory.= (LEFTARG = uuid, RIGHTARG = uuid, FUNCTION = mallory.uuid_eq);
 CREATE FUNCTION mallory.bytea_eq(a bytea, b bytea) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a OPERATOR(pg_catalog.=) b AND mallory.note('=(bytea,bytea)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('=(bytea,bytea)') THEN a OPERATOR(pg_catalog.=) b END $$;
 CREATE OPERATOR mallory.= (LEFTARG = bytea, RIGHTARG = bytea, FUNCTION = mallory.bytea_eq);
 CREATE FUNCTION mallory.regrole_eq(a regrole, b regrole) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a::oid OPERATOR(pg_catalog.=) b::oid AND mallory.note('=(regrole,regrole)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('=(regrole,regrole)') THEN a::oid OPERATOR(pg_catalog.=) b::oid END $$;
 CREATE OPERATOR mallory.= (LEFTARG = regrole, RIGHTARG = regrole, FUNCTION = mallory.regrole_eq);
 CREATE FUNCTION mallory.int2_eq(a int2, b int2) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a OPERATOR(pg_catalog.=) b AND mallory.note('=(int2,int2)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('=(int2,int2)') THEN a OPERATOR(pg_catalog.=) b END $$;
 CREATE OPERATOR mallory.= (LEFTARG = int2, RIGHTARG = int2, FUNCTION = mallory.int2_eq);
 CREATE FUNCTION mallory.jsonb_eq(a jsonb, b jsonb) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a OPERATOR(pg_catalog.=) b AND mallory.note('=(jsonb,jsonb)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('=(jsonb,jsonb)') THEN a OPERATOR(pg_catalog.=) b END $$;
 CREATE OPERATOR mallory.= (LEFTARG = jsonb, RIGHTARG = jsonb, FUNCTION = mallory.jsonb_eq);
 CREATE FUNCTION mallory.ts_le(a timestamptz, b timestamptz) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a OPERATOR(pg_catalog.<=) b AND mallory.note('<=(timestamptz,timestamptz)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('<=(timestamptz,timestamptz)') THEN a OPERATOR(pg_catalog.<=) b END $$;
 CREATE OPERATOR mallory.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = mallory.ts_le);
 CREATE OPERATOR public.<= (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = mallory.ts_le);
 CREATE FUNCTION mallory.ts_lt(a timestamptz, b timestamptz) RETURNS boolean LANGUAGE sql
-  AS $$ SELECT a OPERATOR(pg_catalog.<) b AND mallory.note('<(timestamptz,timestamptz)') $$;
+  AS $$ SELECT CASE WHEN mallory.note('<(timestamptz,timestamptz)') THEN a OPERATOR(pg_catalog.<) b END $$;
 CREATE OPERATOR mallory.< (LEFTARG = timestamptz, RIGHTARG = timestamptz, FUNCTION = mallory.ts_lt);
 CREATE FUNCTION mallory.ts_pl(a timestamptz, b interval) RETURNS timestamptz LANGUAGE sql
   AS $$ SELECT '2000-01-01'::pg_catalog.timestamptz WHERE mallory.note('+(timestamptz,interval)') $$;
