@@ -187,11 +187,17 @@ class Consumer:
                 "ON CONFLICT (account) "
                 "DO UPDATE SET balance = accounts.balance + excluded.balance",
                 ([r[2] for r in todo], [r[3] for r in todo]))
+        # rows some lease-mode consumer received before this delivery (a
+        # lease-mode receive has counted this one already)
+        seen = 1 if self.opts.mode == "lease" else 0
+        again = [r for r in rows if r[4] > seen]
+        applied_seqs = {r[0] for r in todo}
         conn.execute(
             "INSERT INTO batches (consumer, mode, delivered, applied, "
-            "                     redelivered) VALUES (%s, %s, %s, %s, %s)",
-            (self.name, self.opts.mode, len(rows), len(todo),
-             sum(1 for r in rows if r[4] > 1)))
+            "                     redelivered, redelivered_skipped) "
+            "VALUES (%s, %s, %s, %s, %s, %s)",
+            (self.name, self.opts.mode, len(rows), len(todo), len(again),
+             sum(1 for r in again if r[0] not in applied_seqs)))
         return len(todo)
 
     def hold(self):

@@ -42,12 +42,13 @@ CREATE TABLE ledger (
 
 -- One row per committed batch: what it delivered and what it applied.
 CREATE TABLE batches (
-    consumer    text        NOT NULL,
-    mode        text        NOT NULL,
-    delivered   integer     NOT NULL,   -- queue rows in the batch
-    applied     integer     NOT NULL,   -- messages whose effect was applied
-    redelivered integer     NOT NULL,   -- lease mode: rows received before
-    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+    consumer            text        NOT NULL,
+    mode                text        NOT NULL,
+    delivered           integer     NOT NULL,  -- queue rows in the batch
+    applied             integer     NOT NULL,  -- messages whose effect was applied
+    redelivered         integer     NOT NULL,  -- rows a lease-mode consumer received before
+    redelivered_skipped integer     NOT NULL,  -- ... of which already consumed
+    at                  timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 
 -- What the producer meant to send, each message once: the reference the
