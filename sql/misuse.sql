@@ -582,12 +582,11 @@ SELECT label, try(stmt) FROM (VALUES
   ('SET max_key_length',           $$SET idempotency.max_key_length = 1000$$),
   ('ALTER ROLE ... SET max_ttl',   $$ALTER ROLE CURRENT_USER SET idempotency.max_ttl = '1d'$$),
   ('read the partitions view',     $$SELECT count(*) FROM idempotency.partitions$$),
-  -- allowed: user settings
+  -- the default ttls size the partitions: not the caller's to choose
+  -- (a call passes its own ttl instead)
   ('SET key_ttl',                  $$SET idempotency.key_ttl = '1h'$$),
   ('SET message_ttl',              $$SET idempotency.message_ttl = '1h'$$)
 ) AS t(label, stmt);
-RESET idempotency.key_ttl;
-RESET idempotency.message_ttl;
 RESET ROLE;
 
 -- a SECURITY DEFINER function acts as its owner (the role is current_user):

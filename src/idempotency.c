@@ -21,6 +21,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "fmgr.h"
+#include "mb/pg_wchar.h"
 #include "miscadmin.h"
 #include "storage/ipc.h"
 #include "storage/lwlock.h"
@@ -60,7 +61,7 @@ _PG_init(void)
 							gettext_noop("It also sizes the partitions of the message ledger."),
 							&idem_message_ttl,
 							7 * SECS_PER_DAY, 1, INT_MAX,
-							PGC_USERSET, GUC_UNIT_S,
+							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.key_ttl",
@@ -68,7 +69,7 @@ _PG_init(void)
 							gettext_noop("It also sizes the partitions of the key ledger."),
 							&idem_key_ttl,
 							SECS_PER_DAY, 1, INT_MAX,
-							PGC_USERSET, GUC_UNIT_S,
+							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	DefineCustomIntVariable("idempotency.max_ttl",
@@ -163,6 +164,24 @@ IdemShmemStartup(void)
 	IdemStatsShmemInit();
 	IdemWorkerShmemInit();
 	LWLockRelease(AddinShmemInitLock);
+}
+
+/*
+ * IdemKeyForMessage returns a key as error messages show it: at most
+ * IDEM_KEY_IN_MESSAGE_LEN bytes (cut at a character boundary), with "..."
+ * appended if it was cut.  Keys can be up to idempotency.max_key_length
+ * (up to 1 MB) long; messages should not be.
+ */
+char *
+IdemKeyForMessage(const char *key)
+{
+	int			len = strlen(key);
+	int			cut;
+
+	if (len <= IDEM_KEY_IN_MESSAGE_LEN)
+		return pstrdup(key);
+	cut = pg_mbcliplen(key, len, IDEM_KEY_IN_MESSAGE_LEN);
+	return psprintf("%.*s...", cut, key);
 }
 
 /*

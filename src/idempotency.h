@@ -86,6 +86,10 @@ extern TimestampTz IdemExpiresAt(FunctionCallInfo fcinfo, int argno,
 								 const char *default_ttl_name);
 extern void IdemCheckWritable(const char *funcname);
 
+/* Longest part of a key shown in an error message, in bytes */
+#define IDEM_KEY_IN_MESSAGE_LEN	64
+extern char *IdemKeyForMessage(const char *key);
+
 /* ----------------------------------------------------------------
  * Partitioned storage (storage.c)
  * ----------------------------------------------------------------

@@ -243,7 +243,7 @@ IdemCheckPendingClaims(void)
 			ereport(ERROR,
 					(errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
 					 errmsg("idempotency key \"%s\" was claimed but neither completed nor released",
-							claim->key),
+							IdemKeyForMessage(claim->key)),
 					 errdetail("A claim without a lease belongs to the transaction that made it."),
 					 errhint("Call idem_complete() or idem_release() before COMMIT, or claim with a lease to finish in a later transaction.")));
 	}
@@ -763,7 +763,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	text	   *scope = IdemCheckScopeArg(fcinfo, scope_argno, "scope");
 	bool		has_token = !PG_ARGISNULL(token_argno);
 	int64		token = has_token ? PG_GETARG_INT64(token_argno) : 0;
-	const char *keystr = text_to_cstring(key);
+	const char *keystr = IdemKeyForMessage(text_to_cstring(key));
 	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
 	int32		response_code = 0;
 	text	   *recovery_point = NULL;

@@ -853,8 +853,9 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 
 /*
  * IdemExecAsOwner runs utility SQL as the owner of schema idempotency, with
- * search_path = pg_catalog, pg_temp and, if lock_timeout_ms > 0, that lock
- * timeout.  The previous user, security context and settings are restored
+ * search_path = pg_catalog, pg_temp, the database's default tablespace, the
+ * heap access method and, if lock_timeout_ms > 0, that lock timeout: none
+ * of the caller's settings can redirect the DDL.  The previous user, security context and settings are restored
  * on return; on error, transaction abort restores them.
  */
 static void
@@ -882,6 +883,13 @@ IdemExecAsOwner(const char *sql, int lock_timeout_ms)
 						   SECURITY_RESTRICTED_OPERATION);
 	save_nestlevel = NewGUCNestLevel();
 	(void) set_config_option("search_path", "pg_catalog, pg_temp",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+	/* the storage's place and kind are not the caller's to choose */
+	(void) set_config_option("default_tablespace", "",
+							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+							 true, 0, false);
+	(void) set_config_option("default_table_access_method", "heap",
 							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
 							 true, 0, false);
 	if (lock_timeout_ms > 0)

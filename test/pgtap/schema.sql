@@ -232,10 +232,10 @@ SELECT is((SELECT array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
 
 SELECT is((SELECT concat_ws(' ', vartype, boot_val, unit, context) FROM pg_settings
             WHERE name = 'idempotency.message_ttl'),
-          'integer 604800 s user', 'idempotency.message_ttl: 7 days, in seconds, settable by users');
+          'integer 604800 s superuser', 'idempotency.message_ttl: 7 days, in seconds, superuser (it sizes partitions)');
 SELECT is((SELECT concat_ws(' ', vartype, boot_val, unit, context) FROM pg_settings
             WHERE name = 'idempotency.key_ttl'),
-          'integer 86400 s user', 'idempotency.key_ttl: 24 hours, in seconds, settable by users');
+          'integer 86400 s superuser', 'idempotency.key_ttl: 24 hours, in seconds, superuser (it sizes partitions)');
 SELECT is((SELECT concat_ws(' ', vartype, boot_val, unit, context) FROM pg_settings
             WHERE name = 'idempotency.max_ttl'),
           'integer 2592000 s superuser', 'idempotency.max_ttl: 30 days, in seconds, superuser');
