@@ -246,6 +246,8 @@ extern void IdemStatsRequirePreload(const char *what);
 extern int	idem_naptime;
 
 extern void IdemWorkerPreloadInit(void);
+extern bool IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
+									int lane_number, TimestampTz at);
 extern Size IdemWorkerShmemSize(void);
 extern void IdemWorkerShmemInit(void);
 

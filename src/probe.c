@@ -215,6 +215,7 @@ IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 {
 	IdemPartition target;
 	IdemLayout	layout;
+	int			lane_number;
 	int			i;
 
 	if (IdemPartitionFor(ledger, digest, expires_at, &target))
@@ -228,9 +229,9 @@ IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 	}
 
 	IdemCurrentLayout(ledger, &layout);
-	(void) IdemCreatePartition(ledger, &layout,
-							   IdemLaneValue(digest, layout.lanes) & 0xFF,
-							   expires_at);
+	lane_number = IdemLaneValue(digest, layout.lanes) & 0xFF;
+	if (!IdemWorkerMakePartition(ledger, &layout, lane_number, expires_at))
+		(void) IdemCreatePartition(ledger, &layout, lane_number, expires_at);
 	return -1;
 }
 

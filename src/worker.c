@@ -26,6 +26,14 @@
  *	- one where a worker finds the extension gone (DROP EXTENSION) is
  *	  marked as without it on that round.
  *
+ * Partitions a call needs that maintenance has not made yet (a ttl beyond
+ * the horizon, or maintenance lagging) are made, when preloaded, by a
+ * short-lived "partition maker" worker in its own transaction, while the
+ * call waits: the call's transaction then holds no DDL lock, so a long
+ * transaction that needed a new partition does not hold up every other
+ * call that needs one, nor maintenance.  Without preloading, or when the
+ * caller already holds DDL locks on the ledger, the call makes it itself.
+ *
  * The launcher and its workers start only once recovery has finished
  * (BgWorkerStart_RecoveryFinished): never on a standby, at once on a
  * promoted one.  The postmaster restarts the launcher after a crash; the
@@ -55,6 +63,7 @@
 #include "postmaster/interrupt.h"
 #include "storage/ipc.h"
 #include "storage/latch.h"
+#include "storage/lmgr.h"
 #include "storage/lock.h"
 #include "storage/proc.h"
 #include "storage/shmem.h"
@@ -62,6 +71,7 @@
 #include "tcop/utility.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
+#include "utils/inval.h"
 #include "utils/memutils.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -112,8 +122,22 @@ static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 /* This backend ran CREATE EXTENSION idempotency in the current transaction */
 static bool recheck_at_commit = false;
 
+/* What a partition maker is to make (bgw_extra) */
+typedef struct IdemPartitionRequest
+{
+	Oid			dboid;
+	int			ledger;
+	IdemLayout	layout;
+	int			lane_number;
+	TimestampTz at;
+} IdemPartitionRequest;
+
+StaticAssertDecl(sizeof(IdemPartitionRequest) <= BGW_EXTRALEN,
+				 "IdemPartitionRequest does not fit in bgw_extra");
+
 PGDLLEXPORT void idem_launcher_main(Datum main_arg);
 PGDLLEXPORT void idem_worker_main(Datum main_arg);
+PGDLLEXPORT void idem_partition_maker_main(Datum main_arg);
 
 static void IdemProcessUtility(PlannedStmt *pstmt, const char *queryString,
 							   bool readOnlyTree,
@@ -125,6 +149,7 @@ static void IdemWorkerXactCallback(XactEvent event, void *arg);
 static void IdemLauncherDetach(int code, Datum arg);
 static void IdemLauncherListDatabases(HTAB *dbs);
 static void IdemLauncherRunWorker(IdemDbEntry *db);
+static void IdemWorkerConnect(Oid dboid);
 
 /*
  * IdemWorkerShmemSize returns the shared memory the workers need.
@@ -479,18 +504,7 @@ idem_worker_main(Datum main_arg)
 	Oid			dboid = DatumGetObjectId(main_arg);
 	bool		present;
 
-	pqsignal(SIGTERM, die);
-	BackgroundWorkerUnblockSignals();
-
-	/* as the bootstrap superuser, with the database's own settings */
-	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
-	if (LockTimeout == 0 || LockTimeout > IDEM_WORKER_LOCK_TIMEOUT_MS)
-	{
-		char		value[32];
-
-		snprintf(value, sizeof(value), "%d", IDEM_WORKER_LOCK_TIMEOUT_MS);
-		SetConfigOption("lock_timeout", value, PGC_SUSET, PGC_S_OVERRIDE);
-	}
+	IdemWorkerConnect(dboid);
 
 	SetCurrentStatementStartTimestamp();
 	StartTransactionCommand();
@@ -515,6 +529,120 @@ idem_worker_main(Datum main_arg)
 					(errmsg_internal("idempotency worker: %d partitions made, %d dropped",
 									 created, dropped)));
 	}
+
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	proc_exit(0);
+}
+
+/*
+ * IdemWorkerConnect sets up a per-database worker: signals, a connection to
+ * database "dboid" as the bootstrap superuser with the database's own
+ * settings, and a bounded lock wait.
+ */
+static void
+IdemWorkerConnect(Oid dboid)
+{
+	pqsignal(SIGTERM, die);
+	BackgroundWorkerUnblockSignals();
+
+	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
+	if (LockTimeout == 0 || LockTimeout > IDEM_WORKER_LOCK_TIMEOUT_MS)
+	{
+		char		value[32];
+
+		snprintf(value, sizeof(value), "%d", IDEM_WORKER_LOCK_TIMEOUT_MS);
+		SetConfigOption("lock_timeout", value, PGC_SUSET, PGC_S_OVERRIDE);
+	}
+}
+
+/*
+ * IdemWorkerMakePartition has a partition maker make the partition of lane
+ * "lane_number" of "layout" containing "at" in its own transaction, and
+ * waits for it.  Returns true if that partition now exists (committed);
+ * false if a worker cannot be used here or did not make it, in which case
+ * the caller makes it itself.
+ *
+ * Not used when this backend already holds the ledger's creation lock or a
+ * lock on its parent table stronger than ACCESS SHARE (it made a partition
+ * itself earlier in the transaction, or ran idem_maintain()): the worker
+ * would wait for this transaction, which waits for the worker.
+ */
+bool
+IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
+						int lane_number, TimestampTz at)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+	IdemPartitionRequest req;
+	LOCKTAG		tag;
+	Oid			parent;
+	IdemPartition p;
+	int16		lane = (int16) ((layout->lanes << 8) | lane_number);
+
+	if (idem_worker_shared == NULL || MyBackendType != B_BACKEND ||
+		IsInParallelMode())
+		return false;
+
+	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
+	if (LockHeldByMe(&tag, ExclusiveLock))
+		return false;
+	parent = IdemLedgerParent(ledger, false);
+	if (!OidIsValid(parent) ||
+		CheckRelationOidLockedByMe(parent, RowShareLock, true))
+		return false;
+
+	memset(&req, 0, sizeof(req));
+	req.dboid = MyDatabaseId;
+	req.ledger = (int) ledger;
+	req.layout = *layout;
+	req.lane_number = lane_number;
+	req.at = at;
+
+	memset(&worker, 0, sizeof(worker));
+	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker.bgw_restart_time = BGW_NEVER_RESTART;
+	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
+	strlcpy(worker.bgw_function_name, "idem_partition_maker_main", BGW_MAXLEN);
+	snprintf(worker.bgw_name, BGW_MAXLEN,
+			 "idempotency partition maker for database %u", MyDatabaseId);
+	strlcpy(worker.bgw_type, "idempotency partition maker", BGW_MAXLEN);
+	memcpy(worker.bgw_extra, &req, sizeof(req));
+	worker.bgw_notify_pid = MyProcPid;
+
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+		return false;
+	if (WaitForBackgroundWorkerShutdown(handle) != BGWH_STOPPED)
+		return false;
+	pfree(handle);
+
+	AcceptInvalidationMessages();
+	return IdemLanePartitionAt(ledger, lane, at, &p);
+}
+
+/*
+ * idem_partition_maker_main is a partition maker's entry point: make the
+ * partition described in bgw_extra, commit, exit.
+ */
+void
+idem_partition_maker_main(Datum main_arg)
+{
+	IdemPartitionRequest req;
+
+	memcpy(&req, MyBgworkerEntry->bgw_extra, sizeof(req));
+	IdemWorkerConnect(req.dboid);
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "idempotency: making a partition");
+
+	if (OidIsValid(get_extension_oid("idempotency", true)))
+		(void) IdemCreatePartition((IdemLedger) req.ledger, &req.layout,
+								   req.lane_number, req.at);
 
 	PopActiveSnapshot();
 	CommitTransactionCommand();

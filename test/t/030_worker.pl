@@ -5,6 +5,8 @@
 #   - the worker makes and drops partitions in a database with the extension
 #     and leaves one without it alone; a CREATE EXTENSION in that database,
 #     a database created later and a DROP EXTENSION are all noticed;
+#   - a partition a call needs is made by a partition maker worker, so the
+#     caller's transaction holds no DDL lock;
 #   - idempotency.stats counts what the SQL functions and the worker did,
 #     and shows the error of a failed round until a round succeeds;
 #   - SIGHUP reloads idempotency.naptime; SIGTERM stops the launcher at once
@@ -121,6 +123,36 @@ my ($ret, $out, $err) = $node->psql('with_ext', q{
 	SELECT * FROM idempotency.stats;
 });
 like($err, qr/permission denied/, 'ordinary roles cannot');
+
+# ---------------------------------------------------------------- partitions made on the spot
+# A call whose ttl needs a partition nobody has made yet has a partition
+# maker worker make it in its own transaction: the caller's transaction holds
+# no DDL lock, so other calls needing new partitions, and maintenance, are
+# not held up by it however long it stays open.
+my $holder = $node->background_psql('with_ext');
+my $holder_pid = $holder->query_safe('SELECT pg_backend_pid()');
+is($holder->query_safe(q{BEGIN; SELECT idem_consume_message('c', 'far-1', '20 days')}),
+	't', 'a call needing a new partition is answered');
+is($node->safe_psql('with_ext',
+		qq{SELECT count(*) FROM pg_locks WHERE pid = $holder_pid AND locktype = 'relation'
+		     AND relation IN ('idempotency.messages'::regclass, 'idempotency.keys'::regclass)}),
+	'0', 'its open transaction holds no lock on the ledger table');
+is($node->safe_psql('with_ext',
+		q{SET lock_timeout = '3s'; SELECT idem_consume_message('c', 'far-2', '25 days')}),
+	't', 'another call needing another new partition is not held up');
+like($node->safe_psql('with_ext',
+		q{SET lock_timeout = '3s'; SELECT format('%s/%s', partitions_created, partitions_dropped) FROM idem_maintain()}),
+	qr{^\d+/\d+$}, 'nor is maintenance');
+$holder->query_safe('COMMIT');
+$holder->quit;
+is($node->safe_psql('with_ext',
+		q{SELECT count(*) FROM idempotency.partitions
+		   WHERE table_name = 'messages' AND upper_bound > now() + interval '19 days'}),
+	'2', 'both partitions exist');
+is($node->safe_psql('with_ext',
+		q{SELECT bool_or(x) FROM (SELECT idem_consume_message('c', 'far-1', '20 days')
+		                          UNION ALL SELECT idem_consume_message('c', 'far-2', '25 days')) s(x)}),
+	'f', 'and hold the two messages');
 
 # ---------------------------------------------------------------- a failing round
 # A session holding a lock that ATTACH PARTITION needs makes the rounds fail
