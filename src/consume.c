@@ -93,8 +93,10 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 								open, nopen);
 		if (target < 0)
 		{
+			/* start over; keep the key lock if we hold DDL locks now */
 			IdemClosePartitions(open, nopen);
-			LockRelease(&keytag, ExclusiveLock, false);
+			if (!IdemPartitionDDLHeld(IDEM_LEDGER_MESSAGES))
+				LockRelease(&keytag, ExclusiveLock, false);
 			continue;
 		}
 

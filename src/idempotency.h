@@ -135,6 +135,7 @@ extern void IdemPartitionBounds(const IdemLayout *layout, int lane_number,
 								TimestampTz t, TimestampTz *lower,
 								TimestampTz *upper);
 extern bool IdemDropPartition(Oid relid, int lock_timeout_ms);
+extern bool IdemPartitionDDLHeld(IdemLedger ledger);
 extern void IdemEnsureExtensionDependency(IdemLedger ledger);
 
 /* ----------------------------------------------------------------

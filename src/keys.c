@@ -510,7 +510,8 @@ idem_claim(PG_FUNCTION_ARGS)
 									op->open, op->nopen);
 			if (target < 0)
 			{
-				IdemKeyOpEnd(op, false);
+				/* start over; keep the key lock if we hold DDL locks now */
+				IdemKeyOpEnd(op, IdemPartitionDDLHeld(op->ledger));
 				continue;
 			}
 			memset(op->nulls, true, sizeof(op->nulls));
@@ -594,7 +595,8 @@ idem_claim(PG_FUNCTION_ARGS)
 								op->open, op->nopen);
 		if (target < 0)
 		{
-			IdemKeyOpEnd(op, false);
+			/* start over; keep the key lock if we hold DDL locks now */
+			IdemKeyOpEnd(op, IdemPartitionDDLHeld(op->ledger));
 			continue;
 		}
 		previous_token = DatumGetInt64(op->values[Anum_keys_token - 1]);
@@ -607,6 +609,8 @@ idem_claim(PG_FUNCTION_ARGS)
 		op->nulls[Anum_keys_lease_until - 1] = !has_lease;
 		op->nulls[Anum_keys_response_code - 1] = true;
 		op->nulls[Anum_keys_response_body - 1] = true;
+		/* the row may have been written by this very statement */
+		CommandCounterIncrement();
 		simple_heap_delete(op->open[op->probe.which].heap, &op->probe.tid);
 		keep_key_lock =
 			op->open[op->probe.which].heap->rd_createSubid != InvalidSubTransactionId;

@@ -271,6 +271,8 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 bool
 IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 {
+	/* the row may have been written by this very statement */
+	CommandCounterIncrement();
 	simple_heap_update(op->heap, tid, newtuple);
 	if (!HeapTupleIsHeapOnly(newtuple))
 	{

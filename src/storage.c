@@ -630,7 +630,11 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 	cache->valid = false;
 	cache = IdemGetLedgerCache(ledger);
 	if (OidIsValid(cache->parent))
+	{
+		/* made by another session meanwhile: we hold no DDL lock then */
+		LockRelease(&tag, ExclusiveLock, false);
 		return cache->parent;
+	}
 
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
@@ -708,6 +712,22 @@ IdemEnsureExtensionDependency(IdemLedger ledger)
 }
 
 /*
+ * IdemPartitionDDLHeld: has this transaction made a partition of the ledger
+ * itself (so that it holds the ledger's creation lock, and DDL locks on its
+ * parent, until it ends)?  A call that has must not release a key lock to
+ * take it again later: another transaction may be holding that key lock
+ * while it waits for our creation lock.
+ */
+bool
+IdemPartitionDDLHeld(IdemLedger ledger)
+{
+	LOCKTAG		tag;
+
+	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
+	return LockHeldByMe(&tag, ExclusiveLock);
+}
+
+/*
  * IdemCreatePartition makes the partition of lane "lane_number" of a layout
  * that contains time "at", clipped so that it does not overlap partitions
  * the lane already has, and returns its OID.  If a partition of that lane
@@ -750,7 +770,16 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 		IdemPartition *p = &cache->partitions[i];
 
 		if (p->lower <= at && at < p->upper)
+		{
+			/*
+			 * Made by another session while we waited.  We made nothing, so
+			 * we let the creation lock go: holding it to the end of the
+			 * transaction would make us a creator that later key locks
+			 * must not wait behind (see IdemPartitionDDLHeld).
+			 */
+			LockRelease(&tag, ExclusiveLock, false);
 			return p->relid;
+		}
 		if (p->upper <= at && p->upper > lower)
 			lower = p->upper;
 		if (p->lower > at && p->lower < upper)

@@ -576,7 +576,6 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
 	IdemPartitionRequest req;
-	LOCKTAG		tag;
 	Oid			parent;
 	IdemPartition p;
 	int16		lane = (int16) ((layout->lanes << 8) | lane_number);
@@ -585,8 +584,7 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 		IsInParallelMode())
 		return false;
 
-	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
-	if (LockHeldByMe(&tag, ExclusiveLock))
+	if (IdemPartitionDDLHeld(ledger))
 		return false;
 	parent = IdemLedgerParent(ledger, false);
 	if (!OidIsValid(parent) ||
