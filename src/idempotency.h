@@ -233,7 +233,6 @@ typedef enum IdemStat
 
 extern Size IdemStatsShmemSize(void);
 extern void IdemStatsShmemInit(void);
-extern bool IdemStatsEnabled(void);
 extern void IdemStatsAdd(IdemStat which, uint64 n);
 extern void IdemStatsMaintenanceRun(const char *error);
 extern void IdemStatsForgetDatabases(const Oid *dbs, int ndbs,

@@ -116,15 +116,6 @@ IdemStatsShmemInit(void)
 									&info, HASH_ELEM | HASH_BLOBS);
 }
 
-/*
- * IdemStatsEnabled: are there shared-memory statistics (preloaded library)?
- */
-bool
-IdemStatsEnabled(void)
-{
-	return idem_stats != NULL;
-}
-
 static void
 IdemDbStatsInit(IdemDbStats *entry, TimestampTz now)
 {
@@ -133,12 +124,7 @@ IdemDbStatsInit(IdemDbStats *entry, TimestampTz now)
 	for (i = 0; i < IDEM_NUM_STATS; i++)
 		pg_atomic_init_u64(&entry->counters[i], 0);
 	SpinLockInit(&entry->mutex);
-	entry->maintenance_runs = 0;
-	entry->last_maintenance = 0;
-	entry->last_error_at = 0;
-	entry->last_run_failed = false;
-	entry->last_error[0] = '\0';
-	entry->stats_reset = now;
+	IdemDbStatsReset(entry, now);
 	entry->created_at = now;
 }
 

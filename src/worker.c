@@ -150,6 +150,8 @@ static void IdemLauncherDetach(int code, Datum arg);
 static void IdemLauncherListDatabases(HTAB *dbs);
 static void IdemLauncherRunWorker(IdemDbEntry *db);
 static void IdemWorkerConnect(Oid dboid);
+static void IdemWorkerDefine(BackgroundWorker *worker, const char *function,
+							 const char *type, int restart_time);
 
 /*
  * IdemWorkerShmemSize returns the shared memory the workers need.
@@ -191,15 +193,8 @@ IdemWorkerPreloadInit(void)
 {
 	BackgroundWorker worker;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-		BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = IDEM_LAUNCHER_RESTART_SECS;
-	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_launcher_main", BGW_MAXLEN);
-	strlcpy(worker.bgw_name, "idempotency launcher", BGW_MAXLEN);
-	strlcpy(worker.bgw_type, "idempotency launcher", BGW_MAXLEN);
+	IdemWorkerDefine(&worker, "idem_launcher_main", "idempotency launcher",
+					 IDEM_LAUNCHER_RESTART_SECS);
 	RegisterBackgroundWorker(&worker);
 
 	prev_ProcessUtility = ProcessUtility_hook;
@@ -439,16 +434,10 @@ IdemLauncherRunWorker(IdemDbEntry *db)
 	BackgroundWorkerHandle *handle;
 	IdemDbState found;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-		BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_worker_main", BGW_MAXLEN);
+	IdemWorkerDefine(&worker, "idem_worker_main", "idempotency worker",
+					 BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN,
 			 "idempotency worker for database %u", db->dboid);
-	strlcpy(worker.bgw_type, "idempotency worker", BGW_MAXLEN);
 	worker.bgw_main_arg = ObjectIdGetDatum(db->dboid);
 	worker.bgw_notify_pid = MyProcPid;
 
@@ -537,6 +526,27 @@ idem_worker_main(Datum main_arg)
 }
 
 /*
+ * IdemWorkerDefine fills in what every worker of this library has in
+ * common: shared memory and a database connection, started once recovery
+ * has finished, entry point "function" in this library, type (and, until
+ * the caller sets another, name) "type".
+ */
+static void
+IdemWorkerDefine(BackgroundWorker *worker, const char *function,
+				 const char *type, int restart_time)
+{
+	memset(worker, 0, sizeof(*worker));
+	worker->bgw_flags = BGWORKER_SHMEM_ACCESS |
+		BGWORKER_BACKEND_DATABASE_CONNECTION;
+	worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+	worker->bgw_restart_time = restart_time;
+	strlcpy(worker->bgw_library_name, "idempotency", BGW_MAXLEN);
+	strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
+	strlcpy(worker->bgw_name, type, BGW_MAXLEN);
+	strlcpy(worker->bgw_type, type, BGW_MAXLEN);
+}
+
+/*
  * IdemWorkerConnect sets up a per-database worker: signals, a connection to
  * database "dboid" as the bootstrap superuser with the database's own
  * settings, and a bounded lock wait.
@@ -598,16 +608,10 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 	req.lane_number = lane_number;
 	req.at = at;
 
-	memset(&worker, 0, sizeof(worker));
-	worker.bgw_flags = BGWORKER_SHMEM_ACCESS |
-		BGWORKER_BACKEND_DATABASE_CONNECTION;
-	worker.bgw_start_time = BgWorkerStart_RecoveryFinished;
-	worker.bgw_restart_time = BGW_NEVER_RESTART;
-	strlcpy(worker.bgw_library_name, "idempotency", BGW_MAXLEN);
-	strlcpy(worker.bgw_function_name, "idem_partition_maker_main", BGW_MAXLEN);
+	IdemWorkerDefine(&worker, "idem_partition_maker_main",
+					 "idempotency partition maker", BGW_NEVER_RESTART);
 	snprintf(worker.bgw_name, BGW_MAXLEN,
 			 "idempotency partition maker for database %u", MyDatabaseId);
-	strlcpy(worker.bgw_type, "idempotency partition maker", BGW_MAXLEN);
 	memcpy(worker.bgw_extra, &req, sizeof(req));
 	worker.bgw_notify_pid = MyProcPid;
 
