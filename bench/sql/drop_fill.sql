@@ -15,7 +15,7 @@ BEGIN
         IF target - clock_timestamp() < interval '2 s' THEN
             RAISE EXCEPTION 'fill too slow: % of % rows recorded, and their expiry % is less than 2 s away',
                 done, n, target
-                USING HINT = 'Raise DROP_FILL_BUDGET.';
+                USING HINT = 'Set DROP_FILL_SECONDS to more than one fill takes.';
         END IF;
         k := least(10000, n - done);
         PERFORM count(*) FROM idem_consume_messages('fill',
