@@ -197,6 +197,7 @@ extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 						  ItemPointer newtid);
 extern bool IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
 						  HeapTuple newtuple);
+extern void IdemSeeOwnWrites(void);
 
 /* The processed-message ledger (consume.c) */
 extern bool IdemRecordMessage(Oid role, const pg_uuid_t *digest,

@@ -609,8 +609,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		op->nulls[Anum_keys_lease_until - 1] = !has_lease;
 		op->nulls[Anum_keys_response_code - 1] = true;
 		op->nulls[Anum_keys_response_body - 1] = true;
-		/* the row may have been written by this very statement */
-		CommandCounterIncrement();
+		IdemSeeOwnWrites();
 		simple_heap_delete(op->open[op->probe.which].heap, &op->probe.tid);
 		keep_key_lock =
 			op->open[op->probe.which].heap->rd_createSubid != InvalidSubTransactionId;

@@ -235,6 +235,34 @@ IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 	return -1;
 }
 
+/* the transaction and command of this backend's last ledger write */
+static TransactionId last_write_xid = InvalidTransactionId;
+static CommandId last_write_cid = InvalidCommandId;
+
+/* notes a ledger write by the current command */
+static void
+IdemNoteWrite(void)
+{
+	last_write_xid = GetTopTransactionIdIfAny();
+	last_write_cid = GetCurrentCommandId(false);
+}
+
+/*
+ * IdemSeeOwnWrites makes the ledger rows this statement wrote visible to
+ * the row updates and deletes that follow (a claim completed or released by
+ * the same SQL statement): PostgreSQL refuses to update a row inserted by
+ * the command that is running.  It advances the command counter only when
+ * this command wrote a ledger row, so the usual call pays nothing.
+ */
+void
+IdemSeeOwnWrites(void)
+{
+	if (TransactionIdIsValid(last_write_xid) &&
+		last_write_cid == GetCurrentCommandId(false) &&
+		TransactionIdEquals(last_write_xid, GetTopTransactionIdIfAny()))
+		CommandCounterIncrement();
+}
+
 /*
  * IdemInsertRow inserts a row into open partition "op", which the caller
  * has checked covers its (lane, expires_at), and its index entry, and sets
@@ -257,6 +285,7 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 	if (newtid != NULL)
 		*newtid = tuple->t_self;
 	heap_freetuple(tuple);
+	IdemNoteWrite();
 
 	return op->heap->rd_createSubid != InvalidSubTransactionId;
 }
@@ -271,9 +300,9 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 bool
 IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 {
-	/* the row may have been written by this very statement */
-	CommandCounterIncrement();
+	IdemSeeOwnWrites();
 	simple_heap_update(op->heap, tid, newtuple);
+	IdemNoteWrite();
 	if (!HeapTupleIsHeapOnly(newtuple))
 	{
 		bool		isnull;
