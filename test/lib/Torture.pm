@@ -20,9 +20,9 @@
 #     COMMIT returned, so that the test knows which commits a client was told
 #     about (start_ack_clients, finish_ack_clients, record_acks);
 #   - the invariant checks after a crash or failover (check_ledger);
-#   - the pgbench workload of the torture tests (torture_scripts,
-#     start_pgbench, finish_pgbench) and its invariant checks
-#     (check_torture);
+#   - the pgbench workload of the torture tests (torture_conf,
+#     torture_scripts, start_pgbench, finish_pgbench), its invariant checks
+#     (check_torture) and the whole run (run_torture);
 #   - small helpers: poll_until, server_log_errors.
 #
 # Every wait polls for a condition; nothing sleeps for a fixed time.
@@ -45,6 +45,7 @@ our @EXPORT = qw(
   check_ledger
   torture_scripts start_pgbench finish_pgbench pgbench_summary
   check_torture
+  torture_conf run_torture
   poll_until server_log_errors log_size
 );
 
@@ -779,6 +780,151 @@ sub check_torture
 	note("$label: outcomes:\n"
 		  . $q->(q{SELECT mode, outcome, count(*) FROM outcomes GROUP BY 1, 2 ORDER BY 1, 2}));
 	return;
+}
+
+=pod
+
+=item torture_conf()
+
+postgresql.conf lines of the torture tests: partitions roll over every
+second (key and message ttl 2 s, so a new partition per ledger each second
+and one dropped each second), the background worker runs maintenance every
+second, no statement logging.
+
+=cut
+
+sub torture_conf
+{
+	return q{
+shared_preload_libraries = 'idempotency'
+idempotency.naptime = 1
+idempotency.partition_interval = '1s'
+idempotency.key_ttl = '2s'
+idempotency.message_ttl = '2s'
+log_statement = none
+log_lock_waits = on
+};
+}
+
+=pod
+
+=item run_torture($node, %opts)
+
+Runs the torture workload against database $opts{db} on $node and checks
+it.  $opts{connect} are the pgbench connection options of the load (default:
+the node itself), $opts{seconds} its duration, $opts{clients} its client
+count (default 8), $opts{mode} the pgbench protocol (default extended),
+$opts{maintain_loop} whether a ninth client also calls idem_maintain()
+every 200 ms (directly on the node) besides the background worker,
+$opts{label} the prefix of test names.  Checks: both pgbench runs end well
+(pgbench_summary), the invariants hold (check_torture), partitions were
+dropped during the run (those present at the start are all gone, the
+worker's and the loop's counts), the storage stays small, the workload did
+exercise replays, conflicts, mismatches and duplicate messages, and the
+server log has no ERROR.  Returns the statistics row as a hash.
+
+=cut
+
+sub run_torture
+{
+	my ($node, %o) = @_;
+	my $db = $o{db};
+	my $label = $o{label};
+	my $secs = $o{seconds};
+	my $clients = $o{clients} // 8;
+	my $dir = PostgreSQL::Test::Utils::tempdir;
+	my $q = sub { return _run_sql($node, $db, shift); };
+	my @direct = ('-h', $node->host, '-p', $node->port);
+
+	# the ledgers and their first partitions exist before the load starts
+	$q->('SELECT idem_maintain()');
+	my $before = $q->(q{SELECT string_agg(partition::text, ',' ORDER BY partition::text)
+	                      FROM idempotency.partitions});
+	my @initial = split /,/, $before;
+	ok(@initial >= 2, "$label: partitions exist before the load (" . scalar(@initial) . ')');
+	my $stats0 = $q->(
+		q{SELECT partitions_dropped FROM idempotency.stats WHERE datname = current_database()});
+	my $log_off = log_size($node);
+
+	my $maint;
+	if ($o{maintain_loop})
+	{
+		$maint = start_pgbench(
+			$dir,
+			{
+				'maint.sql' => "INSERT INTO maint_log SELECT clock_timestamp(), * FROM idem_maintain();\n"
+				  . "\\sleep 200 ms\n"
+			},
+			@direct, '-c', '1', '-T', $secs, $db);
+	}
+	my $load = start_pgbench(
+		$dir, torture_scripts(),
+		@{ $o{connect} // \@direct },
+		'-c', $clients, '-j', '2', '-T', $secs, '-M', $o{mode} // 'extended',
+		'-D', 'hot_keys=200', '-D', 'hot_msgs=200', $db);
+
+	# while it runs, the storage keeps rolling over: every partition present
+	# at the start is dropped (they all end within ~4 s)
+	ok( poll_until(
+			'partitions present at the start dropped',
+			sub {
+				$q->(
+					"SELECT count(*) FROM idempotency.partitions WHERE partition::text IN ("
+					  . join(', ', map { "'$_'" } @initial) . ')') eq '0';
+			},
+			$secs),
+		"$label: every partition present at the start was dropped during the load");
+	my $mid = $q->('SELECT count(*) FROM idempotency.partitions');
+
+	my ($rc, $out, $err) = finish_pgbench($load);
+	my $txns = pgbench_summary("$label load", $rc, $out, $err);
+	if ($maint)
+	{
+		($rc, $out, $err) = finish_pgbench($maint);
+		pgbench_summary("$label maintenance loop", $rc, $out, $err);
+	}
+
+	my %st;
+	@st{qw(claims replays conflicts mismatches consumed duplicates created dropped runs error)} =
+	  split(/\|/,
+		$q->(
+			q{SELECT claims, replays, conflicts, mismatches, consumed, duplicates,
+			         partitions_created, partitions_dropped, maintenance_runs,
+			         coalesce(last_maintenance_error, '')
+			    FROM idempotency.stats WHERE datname = current_database()}),
+		-1);
+	check_torture(
+		$node, $db, $label,
+		key_ttl_us     => 2_000_000,
+		message_ttl_us => 2_000_000);
+
+	my ($loop_calls, $loop_dropped) = split /\|/,
+	  $q->(q{SELECT count(*), coalesce(sum(dropped), 0) FROM maint_log});
+	my $now = $q->('SELECT count(*) FROM idempotency.partitions');
+	note(sprintf(
+			"%s: %d seconds, %d transactions; claims %s, replays %s, conflicts %s, mismatches %s, "
+			  . "consumed %s, duplicates %s; partitions made %s, dropped %s in %s maintenance runs; "
+			  . "of them by the idem_maintain() loop: %s dropped in %s calls; "
+			  . "partitions at start / mid-run / end: %d / %s / %s",
+			$label, $secs, $txns, @st{qw(claims replays conflicts mismatches consumed duplicates created dropped runs)},
+			$loop_dropped, $loop_calls, scalar(@initial), $mid, $now));
+
+	# the statistics count the worker's and idem_maintain()'s work
+	my $dropped = $st{dropped} - $stats0;
+	ok($dropped >= $secs / 2,
+		"$label: partitions were dropped during the run ($dropped, at least one every 2 s)");
+	ok($dropped - $loop_dropped > 0,
+		"$label: the background worker dropped partitions (" . ($dropped - $loop_dropped) . ')')
+	  unless $o{maintain_loop};
+	ok($now <= 40, "$label: the storage stays small ($now partitions at the end)");
+	is($st{error}, '', "$label: maintenance reported no error");
+	ok($st{replays} > 0 && $st{conflicts} > 0 && $st{mismatches} > 0 && $st{duplicates} > 0,
+		"$label: the workload saw replays, conflicts, mismatches and duplicate messages");
+
+	my @errors = server_log_errors($node, $log_off, qr/canceling autovacuum task/);
+	is(scalar(@errors), 0, "$label: the server log has no ERROR")
+	  or diag(join("\n", @errors[ 0 .. ($#errors < 20 ? $#errors : 19) ]));
+	return %st;
 }
 
 1;
