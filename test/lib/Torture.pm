@@ -919,6 +919,12 @@ sub run_torture
 	is($st{error}, '', "$label: maintenance reported no error");
 	ok($st{replays} > 0 && $st{conflicts} > 0 && $st{mismatches} > 0 && $st{duplicates} > 0,
 		"$label: the workload saw replays, conflicts, mismatches and duplicate messages");
+	is( $q->(
+			q{SELECT count(*) FILTER (WHERE outcome = 'completed after takeover') > 0
+			     AND count(*) FILTER (WHERE outcome LIKE 'refused%') > 0
+			    FROM outcomes}),
+		't',
+		"$label: two-phase leases lapsed: keys were taken over and stale holders refused");
 
 	my @errors = server_log_errors($node, $log_off, qr/canceling autovacuum task/);
 	is(scalar(@errors), 0, "$label: the server log has no ERROR")
