@@ -813,8 +813,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 		(void) IdemKeyOpBegin(op, false);
 	}
 
-	if (op->probe.found == IDEM_FOUND_NONE ||
-		(op->probe.found != IDEM_FOUND_BUSY && IdemRowState(op) == KEY_RELEASED))
+	if (op->probe.found == IDEM_FOUND_NONE)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("idempotency key \"%s\" is not claimed", keystr),
@@ -824,10 +823,12 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_IN_USE),
 				 errmsg("idempotency key \"%s\" is held by another transaction", keystr)));
-	if (IdemRowState(op) == KEY_COMPLETED)
-		ereport(ERROR,
-				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idempotency key \"%s\" is already completed", keystr)));
+
+	/*
+	 * A token that is not the key's current one is stale whatever the new
+	 * holder has done since (completed, released): its holder must learn
+	 * that someone else took over, not that "its" key is completed.
+	 */
 	if (has_token && token != DatumGetInt64(op->values[Anum_keys_token - 1]))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_IN_USE),
@@ -835,6 +836,16 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 						token, keystr),
 				 errdetail("The key's current claim has another token: it was claimed again since that token was issued, or the token is wrong."),
 				 errhint("Stop working on this request; its new holder will finish it.")));
+	if (IdemRowState(op) == KEY_RELEASED)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency key \"%s\" is not claimed", keystr),
+				 errdetail("There is no live claim of this key: it was never claimed, was released, or has expired."),
+				 errhint("Call idem_claim() first.")));
+	if (IdemRowState(op) == KEY_COMPLETED)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency key \"%s\" is already completed", keystr)));
 	if (!has_token && op->probe.found != IDEM_FOUND_MINE)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
