@@ -66,20 +66,10 @@ TS=$(date +%Y%m%d-%H%M%S)
 OUT=$RESDIR/drop-$TS.txt
 : >"$OUT" || exit 1
 
-say()  { printf '%s\n' "$*" | tee -a "$OUT"; }
-raw()  { printf '%s\n' "$*" >>"$OUT"; }
-note() { printf '%s\n' "$*" >&2; }
-die()  { note "drop.sh: $*"; raw "run failed: $*"; exit 1; }
-now()  { date +%s.%N; }
-plus() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.6f", a + b}'; }
+BENCH_NAME=drop.sh
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
 maxof() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.6f", (a > b ? a : b)}'; }
-# sleep_until EPOCH: wait for a point in time (the measurement windows are
-# defined by time; there is no condition to poll for)
-sleep_until() {
-    local d
-    d=$(awk -v t="$1" -v n="$(now)" 'BEGIN{ d = t - n; printf "%.3f", (d > 0 ? d : 0) }')
-    sleep "$d"
-}
 
 WORK=$(mktemp -d /tmp/idem-drop.XXXXXX) || exit 1
 chmod 755 "$WORK"

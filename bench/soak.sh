@@ -77,19 +77,9 @@ OUT=$RESDIR/soak-$TS.txt
 CSV=$RESDIR/soak-$TS.csv
 : >"$OUT" || exit 1
 
-say()  { printf '%s\n' "$*" | tee -a "$OUT"; }
-raw()  { printf '%s\n' "$*" >>"$OUT"; }
-note() { printf '%s\n' "$*" >&2; }
-die()  { note "soak.sh: $*"; raw "run failed: $*"; exit 1; }
-now()  { date +%s.%N; }
-plus() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.6f", a + b}'; }
-# sleep_until EPOCH: samples are taken at fixed times
-sleep_until() {
-    local d
-    d=$(awk -v t="$1" -v n="$(now)" 'BEGIN{ d = t - n; printf "%.3f", (d > 0 ? d : 0) }')
-    sleep "$d"
-}
-
+BENCH_NAME=soak.sh
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
 WORK=$(mktemp -d /tmp/idem-soak.XXXXXX) || exit 1
 chmod 755 "$WORK"
 [ "$(id -u)" = 0 ] && chown "${CLUSTER_USER:-postgres}:" "$WORK"
