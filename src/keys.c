@@ -17,9 +17,13 @@
  *	  lease has lapsed, another caller may claim the key again, with a new,
  *	  larger token; the old holder's token is then refused.
  *
- * Every operation runs under the key lock of probe.c, so operations on one
- * key are serialized, and waits for transactions that are writing its row.
- * Rows are updated in place (same partition: expires_at never changes).
+ * Every operation that writes a key's row runs under the key lock of
+ * probe.c, so operations on one key are serialized, and waits for
+ * transactions that are writing its row.  That includes completing or
+ * releasing a claim of the caller's own transaction: no other transaction
+ * can change that row, but an update that moves the row to another page
+ * must not overlap another caller's probe (see IdemKeyAct).  Rows are
+ * updated in place (same partition: expires_at never changes).
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -115,6 +119,7 @@ typedef struct IdemKeyOp
 	TimestampTz now;
 	LOCKTAG		keytag;
 	bool		key_locked;		/* holds the key lock */
+	LOCKMODE	key_lockmode;	/* in this mode */
 	int			nopen;
 	IdemOpenPartition open[IDEM_MAX_PROBES];
 	IdemProbeResult probe;
@@ -131,6 +136,7 @@ static bool IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op);
 static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
 							 ItemPointer newtid);
 static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
+static bool IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait);
 static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
@@ -276,9 +282,9 @@ IdemFindOwnClaim(Oid role, text *scope, text *key)
 /*
  * IdemFetchOwnRow reads the current version of a row this transaction
  * wrote, where the own-claim list says it is, into op as if a probe had
- * found it (MINE).  No key lock is needed: no other transaction changes a
- * row whose writer is still in progress.  Returns false if the row is not
- * there any more (its version was undone), and the caller probes instead.
+ * found it (MINE), without a probe: no other transaction changes a row
+ * whose writer is still in progress.  Returns false if the row is not there
+ * any more (its version was undone), and the caller probes instead.
  */
 static bool
 IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op)
@@ -353,16 +359,25 @@ IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key)
 static bool
 IdemKeyOpBegin(IdemKeyOp *op, bool nowait)
 {
-	bool		locked;
-
-	locked = LockAcquire(&op->keytag, ExclusiveLock, false, nowait) !=
-		LOCKACQUIRE_NOT_AVAIL;
-	op->key_locked = locked;
+	bool		locked = IdemKeyOpLock(op, ExclusiveLock, nowait);
 
 	/* see every partition committed before we got the key lock */
 	AcceptInvalidationMessages();
 	IdemKeyOpProbe(op, RowExclusiveLock);
 	return locked;
+}
+
+/*
+ * IdemKeyOpLock takes the key lock in the given mode; with nowait, returns
+ * false instead of waiting if another transaction holds it.
+ */
+static bool
+IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait)
+{
+	op->key_locked = LockAcquire(&op->keytag, mode, false, nowait) !=
+		LOCKACQUIRE_NOT_AVAIL;
+	op->key_lockmode = mode;
+	return op->key_locked;
 }
 
 /*
@@ -390,7 +405,7 @@ IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock)
 	IdemClosePartitions(op->open, op->nopen);
 	op->nopen = 0;
 	if (op->key_locked && !keep_key_lock)
-		LockRelease(&op->keytag, ExclusiveLock, false);
+		LockRelease(&op->keytag, op->key_lockmode, false);
 	op->key_locked = false;
 }
 
@@ -800,7 +815,9 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 
 	/* a claim of this transaction: its row is where we left it */
 	claim = IdemFindOwnClaim(op->role, scope, key);
-	if (claim == NULL || !IdemFetchOwnRow(claim, op))
+	if (claim != NULL)
+		op->digest = claim->digest;
+	else
 	{
 		IdemKeyOpDigest(op, scope, key);
 		if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
@@ -808,9 +825,26 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("idempotency key \"%s\" is not claimed", keystr),
 					 errhint("Call idem_claim() first.")));
-		IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
-		CHECK_FOR_INTERRUPTS();
-		(void) IdemKeyOpBegin(op, false);
+	}
+
+	/*
+	 * Take the key lock even for our own claim.  No other transaction can
+	 * change that row, but our update may move it to another page (no room
+	 * for a HOT update), and a probe's index scan is not atomic: it reads
+	 * the index entries first and the rows after.  A probe that read the
+	 * entries before the new version's entry was added, and reaches the
+	 * old version after we have committed, would find neither and claim
+	 * the key a second time.  Under the key lock, moves and probes take
+	 * turns.
+	 */
+	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
+	CHECK_FOR_INTERRUPTS();
+	(void) IdemKeyOpLock(op, ExclusiveLock, false);
+	if (claim == NULL || !IdemFetchOwnRow(claim, op))
+	{
+		/* see every partition committed before we got the key lock */
+		AcceptInvalidationMessages();
+		IdemKeyOpProbe(op, RowExclusiveLock);
 	}
 
 	if (op->probe.found == IDEM_FOUND_NONE)
