@@ -137,7 +137,7 @@ static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
 							 ItemPointer newtid);
 static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
 static bool IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait);
-static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode);
+static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, bool committed);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
 static char IdemRowState(IdemKeyOp *op);
@@ -363,7 +363,7 @@ IdemKeyOpBegin(IdemKeyOp *op, bool nowait)
 
 	/* see every partition committed before we got the key lock */
 	AcceptInvalidationMessages();
-	IdemKeyOpProbe(op, RowExclusiveLock);
+	IdemKeyOpProbe(op, RowExclusiveLock, false);
 	return locked;
 }
 
@@ -386,12 +386,12 @@ IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait)
  * op->values/op->nulls.
  */
 static void
-IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode)
+IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, bool committed)
 {
 	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
 									   lockmode, op->open);
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
-			  &op->probe);
+			  committed, &op->probe);
 	if (op->probe.tuple != NULL)
 		heap_deform_tuple(op->probe.tuple,
 						  RelationGetDescr(op->open[op->probe.which].heap),
@@ -844,7 +844,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	{
 		/* see every partition committed before we got the key lock */
 		AcceptInvalidationMessages();
-		IdemKeyOpProbe(op, RowExclusiveLock);
+		IdemKeyOpProbe(op, RowExclusiveLock, false);
 	}
 
 	if (op->probe.found == IDEM_FOUND_NONE)
@@ -954,12 +954,25 @@ idem_lookup(PG_FUNCTION_ARGS)
 	if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
 		return (Datum) 0;
 
-	IdemKeyOpProbe(op, AccessShareLock);
-	/* a row another transaction is inserting does not exist yet */
-	if (op->probe.tuple == NULL ||
-		(op->probe.found == IDEM_FOUND_BUSY &&
-		 TransactionIdEquals(HeapTupleHeaderGetXmin(op->probe.tuple->t_data),
-							 op->probe.xwait)))
+	IdemKeyOpProbe(op, AccessShareLock, true);
+
+	/*
+	 * Without the key lock, a writer may have moved the key's row while we
+	 * probed (a completion with no room for the new version on the row's
+	 * page, or a re-claim into another partition): we read the index
+	 * entries before the new version's entry was added, and visited the old
+	 * version after the writer had committed.  Both happened before our
+	 * probe ended, so probing once more finds the new version.  Rows of
+	 * aborted claims also leave dead entries; probing twice is cheap.
+	 */
+	if (op->probe.found == IDEM_FOUND_NONE && op->probe.saw_dead)
+	{
+		IdemClosePartitions(op->open, op->nopen);
+		IdemKeyOpProbe(op, AccessShareLock, true);
+	}
+
+	/* rows other transactions are inserting were passed over */
+	if (op->probe.tuple == NULL)
 	{
 		IdemClosePartitions(op->open, op->nopen);
 		return (Datum) 0;

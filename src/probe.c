@@ -127,12 +127,20 @@ IdemClosePartitions(IdemOpenPartition *open, int nopen)
  * partitions with a dirty snapshot, which also sees rows of transactions in
  * progress.  A row that another transaction is inserting, updating or
  * deleting is reported BUSY with that transaction in xwait.  With
- * want_tuple, a copy of the row is returned in palloc'd memory.
+ * want_tuple, a copy of the row is returned in palloc'd memory.  With
+ * skip_inserting, rows other transactions are inserting are passed over, as
+ * if absent: a reader that shows what is committed then finds the version
+ * such a transaction is replacing, if any.
+ *
+ * The index scan reads a leaf page's matching entries first and visits the
+ * rows after, so without the key lock a probe can miss a row that a writer
+ * moves meanwhile (see idem_lookup()); saw_dead tells that the probe passed
+ * an entry whose row versions were all dead by the time it looked.
  */
 void
 IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		  const pg_uuid_t *digest, TimestampTz now, bool want_tuple,
-		  IdemProbeResult *result)
+		  bool skip_inserting, IdemProbeResult *result)
 {
 	TupleTableSlot *slot = NULL;
 	int			i;
@@ -141,6 +149,7 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 	result->xwait = InvalidTransactionId;
 	result->which = -1;
 	result->tuple = NULL;
+	result->saw_dead = false;
 	ItemPointerSetInvalid(&result->tid);
 
 	for (i = 0; i < nopen && result->found == IDEM_FOUND_NONE; i++)
@@ -148,6 +157,7 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		SnapshotData dirty;
 		IndexScanDesc scan;
 		ScanKeyData skey;
+		bool		entry_live = false;
 
 		if (slot == NULL)
 			slot = table_slot_create(open[i].heap, NULL);
@@ -158,10 +168,26 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		scan = index_beginscan(open[i].heap, open[i].index, &dirty, 1, 0);
 		index_rescan(scan, &skey, 1, NULL, 0);
 
-		while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		/* index_getnext_slot(), noting entries whose rows are all dead */
+		for (;;)
 		{
 			bool		isnull;
 			TransactionId xmin;
+
+			if (!scan->xs_heap_continue)
+			{
+				if (index_getnext_tid(scan, ForwardScanDirection) == NULL)
+					break;
+				entry_live = false;
+			}
+			if (!index_fetch_heap(scan, slot))
+			{
+				/* end of this entry's HOT chain */
+				if (!entry_live)
+					result->saw_dead = true;
+				continue;
+			}
+			entry_live = true;
 
 			if (DatumGetObjectId(slot_getattr(slot, Anum_ledger_role, &isnull)) != role)
 				continue;
@@ -177,6 +203,8 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 				result->found = IDEM_FOUND_MINE;
 			else if (TransactionIdIsValid(dirty.xmin))
 			{
+				if (skip_inserting)
+					continue;
 				result->found = IDEM_FOUND_BUSY;
 				result->xwait = dirty.xmin;
 			}
