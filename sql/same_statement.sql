@@ -38,3 +38,10 @@ SELECT status FROM idem_lookup('same-5');
 
 -- the same message id twice in one statement: once
 SELECT idem_consume_message('same', 'm-1') AS first, idem_consume_message('same', 'm-1') AS second;
+
+-- idem_lookup() sees a claim made earlier in its own statement
+BEGIN;
+WITH c AS (SELECT (idem_claim('same-6', lease => '1 minute')).status)
+SELECT c.status AS claimed, l.status AS looked_up
+  FROM c, LATERAL (SELECT status FROM idem_lookup('same-6') WHERE c.status IS NOT NULL) l;
+ROLLBACK;

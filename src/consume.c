@@ -72,7 +72,7 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 		AcceptInvalidationMessages();
 		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, digest, now,
 									   RowExclusiveLock, open);
-		IdemProbe(open, nopen, role, digest, now, false, false, &probe);
+		IdemProbe(open, nopen, role, digest, now, false, NULL, &probe);
 
 		if (probe.found == IDEM_FOUND_BUSY)
 		{

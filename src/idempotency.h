@@ -24,6 +24,7 @@
 #include "storage/itemptr.h"
 #include "storage/lock.h"
 #include "utils/relcache.h"
+#include "utils/snapshot.h"
 #include "utils/uuid.h"
 
 #define IDEM_SCHEMA_NAME	"idempotency"
@@ -181,8 +182,6 @@ typedef struct IdemProbeResult
 	int			which;			/* index of the partition among those open */
 	ItemPointerData tid;		/* the row */
 	HeapTuple	tuple;			/* copy of the row, if asked for */
-	bool		saw_dead;		/* passed an index entry with no version
-								 * live or being written */
 } IdemProbeResult;
 
 extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
@@ -191,7 +190,7 @@ extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
 extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 					  const pg_uuid_t *digest, TimestampTz now,
-					  bool want_tuple, bool skip_inserting,
+					  bool want_tuple, Snapshot snapshot,
 					  IdemProbeResult *result);
 extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 						   TimestampTz expires_at, IdemOpenPartition *open,

@@ -34,23 +34,23 @@
  */
 #include "idempotency.h"
 
+#include "access/genam.h"
 #include "access/heapam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
-#include "storage/bufmgr.h"
-#include "utils/snapmgr.h"
-#include "access/genam.h"
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/inval.h"
 #include "utils/jsonb.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 
 PG_FUNCTION_INFO_V1(idem_claim);
@@ -137,7 +137,7 @@ static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
 							 ItemPointer newtid);
 static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
 static bool IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait);
-static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, bool committed);
+static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
 static char IdemRowState(IdemKeyOp *op);
@@ -363,7 +363,7 @@ IdemKeyOpBegin(IdemKeyOp *op, bool nowait)
 
 	/* see every partition committed before we got the key lock */
 	AcceptInvalidationMessages();
-	IdemKeyOpProbe(op, RowExclusiveLock, false);
+	IdemKeyOpProbe(op, RowExclusiveLock, NULL);
 	return locked;
 }
 
@@ -382,16 +382,17 @@ IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait)
 
 /*
  * IdemKeyOpProbe opens the live partitions of the key's lane in the given
- * lock mode and probes them; the row found, if any, is deformed into
+ * lock mode and probes them, with the given MVCC snapshot or, if none, a
+ * dirty one (see IdemProbe()); the row found, if any, is deformed into
  * op->values/op->nulls.
  */
 static void
-IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, bool committed)
+IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot)
 {
 	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
 									   lockmode, op->open);
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
-			  committed, &op->probe);
+			  snapshot, &op->probe);
 	if (op->probe.tuple != NULL)
 		heap_deform_tuple(op->probe.tuple,
 						  RelationGetDescr(op->open[op->probe.which].heap),
@@ -492,15 +493,18 @@ idem_claim(PG_FUNCTION_ARGS)
 
 		CHECK_FOR_INTERRUPTS();
 		if (!IdemKeyOpBegin(op, !wait) &&
-			op->probe.found != IDEM_FOUND_MINE &&
+			!(op->probe.found == IDEM_FOUND_MINE &&
+			  IdemRowState(op) != KEY_RELEASED) &&
 			!(op->probe.found == IDEM_FOUND_DONE &&
 			  IdemRowState(op) == KEY_COMPLETED))
 		{
 			/*
-			 * Another transaction is writing this key right now (or holds it
-			 * in a partition it made itself, which we cannot see yet).  Only
-			 * our own row or a committed completed one can be answered
-			 * without the key lock; anything else is in progress.
+			 * Another transaction holds the key lock: it is writing this key
+			 * right now, or holds it in a partition it made itself, which we
+			 * cannot see yet.  Only answers that write nothing can be given
+			 * without the key lock: our own claim, or a committed completed
+			 * key.  Claiming afresh a key we released ourselves writes, and
+			 * every write holds the key lock; anything else is in progress.
 			 */
 			IdemKeyOpEnd(op, false);
 			return IdemClaimResult(fcinfo, "in_progress", op, false, false,
@@ -844,7 +848,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	{
 		/* see every partition committed before we got the key lock */
 		AcceptInvalidationMessages();
-		IdemKeyOpProbe(op, RowExclusiveLock, false);
+		IdemKeyOpProbe(op, RowExclusiveLock, NULL);
 	}
 
 	if (op->probe.found == IDEM_FOUND_NONE)
@@ -944,6 +948,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	Datum		values[8];
 	bool		nulls[8];
 	const char *status;
+	Snapshot	snapshot;
 
 	InitMaterializedSRF(fcinfo, 0);
 
@@ -954,24 +959,19 @@ idem_lookup(PG_FUNCTION_ARGS)
 	if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
 		return (Datum) 0;
 
-	IdemKeyOpProbe(op, AccessShareLock, true);
-
 	/*
-	 * Without the key lock, a writer may have moved the key's row while we
-	 * probed (a completion with no room for the new version on the row's
-	 * page, or a re-claim into another partition): we read the index
-	 * entries before the new version's entry was added, and visited the old
-	 * version after the writer had committed.  Both happened before our
-	 * probe ended, so probing once more finds the new version.  Rows of
-	 * aborted claims also leave dead entries; probing twice is cheap.
+	 * Probe under a fresh MVCC snapshot: it shows the last committed state
+	 * of the key, or this transaction's own, and never misses a row that a
+	 * writer moves while we look (see IdemProbe()).  Calls earlier in this
+	 * statement are seen too.  The partitions are listed after the snapshot
+	 * is taken, so that those made by transactions it sees are known.
 	 */
-	if (op->probe.found == IDEM_FOUND_NONE && op->probe.saw_dead)
-	{
-		IdemClosePartitions(op->open, op->nopen);
-		IdemKeyOpProbe(op, AccessShareLock, true);
-	}
+	IdemSeeOwnWrites();
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	AcceptInvalidationMessages();
+	IdemKeyOpProbe(op, AccessShareLock, snapshot);
+	UnregisterSnapshot(snapshot);
 
-	/* rows other transactions are inserting were passed over */
 	if (op->probe.tuple == NULL)
 	{
 		IdemClosePartitions(op->open, op->nopen);

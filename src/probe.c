@@ -124,23 +124,25 @@ IdemClosePartitions(IdemOpenPartition *open, int nopen)
 
 /*
  * IdemProbe looks for a live (not expired) row of (role, digest) in the open
- * partitions with a dirty snapshot, which also sees rows of transactions in
- * progress.  A row that another transaction is inserting, updating or
- * deleting is reported BUSY with that transaction in xwait.  With
- * want_tuple, a copy of the row is returned in palloc'd memory.  With
- * skip_inserting, rows other transactions are inserting are passed over, as
- * if absent: a reader that shows what is committed then finds the version
- * such a transaction is replacing, if any.
+ * partitions.  With no snapshot given, it uses a dirty snapshot, which also
+ * sees rows of transactions in progress: a row that another transaction is
+ * inserting, updating or deleting is reported BUSY with that transaction in
+ * xwait.  Writers probe that way, holding the key lock.
  *
- * The index scan reads a leaf page's matching entries first and visits the
- * rows after, so without the key lock a probe can miss a row that a writer
- * moves meanwhile (see idem_lookup()); saw_dead tells that the probe passed
- * an entry whose row versions were all dead by the time it looked.
+ * A reader that holds no key lock passes an MVCC snapshot instead, and gets
+ * the row version that snapshot sees, DONE or MINE, never BUSY.  Without the
+ * key lock a dirty probe could miss a row that a writer moves meanwhile: the
+ * index scan reads a leaf page's entries first and visits the rows after, so
+ * it can copy the entries before the new version's entry is added and visit
+ * the old version after the writer has committed, and then see neither
+ * version live.  Under an MVCC snapshot one of the two is always visible.
+ *
+ * With want_tuple, a copy of the row is returned in palloc'd memory.
  */
 void
 IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		  const pg_uuid_t *digest, TimestampTz now, bool want_tuple,
-		  bool skip_inserting, IdemProbeResult *result)
+		  Snapshot snapshot, IdemProbeResult *result)
 {
 	TupleTableSlot *slot = NULL;
 	int			i;
@@ -149,7 +151,6 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 	result->xwait = InvalidTransactionId;
 	result->which = -1;
 	result->tuple = NULL;
-	result->saw_dead = false;
 	ItemPointerSetInvalid(&result->tid);
 
 	for (i = 0; i < nopen && result->found == IDEM_FOUND_NONE; i++)
@@ -157,7 +158,6 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		SnapshotData dirty;
 		IndexScanDesc scan;
 		ScanKeyData skey;
-		bool		entry_live = false;
 
 		if (slot == NULL)
 			slot = table_slot_create(open[i].heap, NULL);
@@ -165,29 +165,14 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		InitDirtySnapshot(dirty);
 		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
 					UUIDPGetDatum(digest));
-		scan = index_beginscan(open[i].heap, open[i].index, &dirty, 1, 0);
+		scan = index_beginscan(open[i].heap, open[i].index,
+							   snapshot != NULL ? snapshot : &dirty, 1, 0);
 		index_rescan(scan, &skey, 1, NULL, 0);
 
-		/* index_getnext_slot(), noting entries whose rows are all dead */
-		for (;;)
+		while (index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
 			bool		isnull;
 			TransactionId xmin;
-
-			if (!scan->xs_heap_continue)
-			{
-				if (index_getnext_tid(scan, ForwardScanDirection) == NULL)
-					break;
-				entry_live = false;
-			}
-			if (!index_fetch_heap(scan, slot))
-			{
-				/* end of this entry's HOT chain */
-				if (!entry_live)
-					result->saw_dead = true;
-				continue;
-			}
-			entry_live = true;
 
 			if (DatumGetObjectId(slot_getattr(slot, Anum_ledger_role, &isnull)) != role)
 				continue;
@@ -201,10 +186,10 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 														 &isnull));
 			if (TransactionIdIsCurrentTransactionId(xmin))
 				result->found = IDEM_FOUND_MINE;
+			else if (snapshot != NULL)
+				result->found = IDEM_FOUND_DONE;
 			else if (TransactionIdIsValid(dirty.xmin))
 			{
-				if (skip_inserting)
-					continue;
 				result->found = IDEM_FOUND_BUSY;
 				result->xwait = dirty.xmin;
 			}
