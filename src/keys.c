@@ -119,7 +119,6 @@ typedef struct IdemKeyOp
 	TimestampTz now;
 	LOCKTAG		keytag;
 	bool		key_locked;		/* holds the key lock */
-	LOCKMODE	key_lockmode;	/* in this mode */
 	int			nopen;
 	IdemOpenPartition open[IDEM_MAX_PROBES];
 	IdemProbeResult probe;
@@ -136,7 +135,7 @@ static bool IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op);
 static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
 							 ItemPointer newtid);
 static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
-static bool IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait);
+static bool IdemKeyOpLock(IdemKeyOp *op, bool nowait);
 static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
@@ -359,7 +358,7 @@ IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key)
 static bool
 IdemKeyOpBegin(IdemKeyOp *op, bool nowait)
 {
-	bool		locked = IdemKeyOpLock(op, ExclusiveLock, nowait);
+	bool		locked = IdemKeyOpLock(op, nowait);
 
 	/* see every partition committed before we got the key lock */
 	AcceptInvalidationMessages();
@@ -368,15 +367,14 @@ IdemKeyOpBegin(IdemKeyOp *op, bool nowait)
 }
 
 /*
- * IdemKeyOpLock takes the key lock in the given mode; with nowait, returns
- * false instead of waiting if another transaction holds it.
+ * IdemKeyOpLock takes the key lock; with nowait, returns false instead of
+ * waiting if another transaction holds it.
  */
 static bool
-IdemKeyOpLock(IdemKeyOp *op, LOCKMODE mode, bool nowait)
+IdemKeyOpLock(IdemKeyOp *op, bool nowait)
 {
-	op->key_locked = LockAcquire(&op->keytag, mode, false, nowait) !=
+	op->key_locked = LockAcquire(&op->keytag, ExclusiveLock, false, nowait) !=
 		LOCKACQUIRE_NOT_AVAIL;
-	op->key_lockmode = mode;
 	return op->key_locked;
 }
 
@@ -406,7 +404,7 @@ IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock)
 	IdemClosePartitions(op->open, op->nopen);
 	op->nopen = 0;
 	if (op->key_locked && !keep_key_lock)
-		LockRelease(&op->keytag, op->key_lockmode, false);
+		LockRelease(&op->keytag, ExclusiveLock, false);
 	op->key_locked = false;
 }
 
@@ -843,7 +841,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	 */
 	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
 	CHECK_FOR_INTERRUPTS();
-	(void) IdemKeyOpLock(op, ExclusiveLock, false);
+	(void) IdemKeyOpLock(op, false);
 	if (claim == NULL || !IdemFetchOwnRow(claim, op))
 	{
 		/* see every partition committed before we got the key lock */
@@ -971,13 +969,9 @@ idem_lookup(PG_FUNCTION_ARGS)
 	AcceptInvalidationMessages();
 	IdemKeyOpProbe(op, AccessShareLock, snapshot);
 	UnregisterSnapshot(snapshot);
-
-	if (op->probe.tuple == NULL)
-	{
-		IdemClosePartitions(op->open, op->nopen);
-		return (Datum) 0;
-	}
 	IdemClosePartitions(op->open, op->nopen);
+	if (op->probe.tuple == NULL)
+		return (Datum) 0;
 
 	switch (IdemRowState(op))
 	{
