@@ -28,7 +28,7 @@ TEST_PORT_ISO ?= 54392
 
 EXTRA_CLEAN = tmp_check_regress tmp_check_iso output_iso results regression.diffs regression.out
 
-PG_CPPFLAGS = -I$(srcdir)/src
+PG_CPPFLAGS = -I$(srcdir)/src -DIDEM_VERSION=\"$(EXTVERSION)\"
 PG_CFLAGS = -Wno-unused-parameter
 
 PG_CONFIG ?= pg_config
@@ -40,9 +40,9 @@ include $(PGXS)
 pgtap:
 	pg_prove --ext .sql -v test/pgtap/
 
-ifeq ($(shell test $(VERSION_NUM) -lt 130000 && echo old),old)
-$(error idempotency requires PostgreSQL 13 or later)
+ifeq ($(shell test $(VERSION_NUM) -lt 150000 && echo old),old)
+$(error idempotency requires PostgreSQL 15 or later)
 endif
 
-# every object depends on the shared header
-$(OBJS): src/idempotency.h
+# every object depends on the shared headers
+$(OBJS): src/idempotency.h src/compat.h

@@ -33,6 +33,10 @@ SELECT has_table_privilege('pg_monitor', 'idempotency.stats', 'SELECT') AS monit
 SELECT name, setting, unit, context, min_val, max_val
   FROM pg_settings WHERE name = 'idempotency.naptime';
 SET idempotency.naptime = '10s';
+-- (only the SQLSTATE of the range errors: PostgreSQL 17 words them with
+-- units; the range itself is pg_settings' min_val and max_val above)
+\set VERBOSITY sqlstate
 ALTER SYSTEM SET idempotency.naptime = 0;
 ALTER SYSTEM SET idempotency.naptime = '2d';
+\set VERBOSITY default
 ALTER SYSTEM SET idempotency.naptime = 'soon';

@@ -93,10 +93,15 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 								open, nopen);
 		if (target < 0)
 		{
-			/* start over; keep the key lock if we hold DDL locks now */
+			/*
+			 * Have the partition made, and start over.  The key lock goes
+			 * first, unless we hold DDL locks on the ledger already (see
+			 * IdemMakeTarget).
+			 */
 			IdemClosePartitions(open, nopen);
 			if (!IdemPartitionDDLHeld(IDEM_LEDGER_MESSAGES))
 				LockRelease(&keytag, ExclusiveLock, false);
+			IdemMakeTarget(IDEM_LEDGER_MESSAGES, digest, expires_at);
 			continue;
 		}
 

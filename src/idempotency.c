@@ -30,7 +30,7 @@
 #include "utils/guc.h"
 #include "utils/timestamp.h"
 
-PG_MODULE_MAGIC;
+IDEM_MODULE_MAGIC;
 
 /* Settings; durations in seconds */
 int			idem_message_ttl = 7 * SECS_PER_DAY;
@@ -42,9 +42,7 @@ int			idem_max_key_length = 255;
 
 void		_PG_init(void);
 
-#if PG_VERSION_NUM >= 150000
 static shmem_request_hook_type prev_shmem_request_hook = NULL;
-#endif
 static shmem_startup_hook_type prev_shmem_startup_hook = NULL;
 
 static void IdemShmemRequest(void);
@@ -112,23 +110,15 @@ _PG_init(void)
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
-#if PG_VERSION_NUM >= 150000
 	MarkGUCPrefixReserved("idempotency");
-#else
-	EmitWarningsOnPlaceholders("idempotency");
-#endif
 
 	IdemStorageInit();
 	IdemKeysInit();
 
 	if (process_shared_preload_libraries_in_progress)
 	{
-#if PG_VERSION_NUM >= 150000
 		prev_shmem_request_hook = shmem_request_hook;
 		shmem_request_hook = IdemShmemRequest;
-#else
-		IdemShmemRequest();
-#endif
 		prev_shmem_startup_hook = shmem_startup_hook;
 		shmem_startup_hook = IdemShmemStartup;
 		IdemWorkerPreloadInit();
@@ -142,10 +132,8 @@ _PG_init(void)
 static void
 IdemShmemRequest(void)
 {
-#if PG_VERSION_NUM >= 150000
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-#endif
 	RequestAddinShmemSpace(add_size(IdemStatsShmemSize(),
 									IdemWorkerShmemSize()));
 	RequestNamedLWLockTranche(IDEM_LWLOCK_TRANCHE, 1);

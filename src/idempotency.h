@@ -19,6 +19,8 @@
 
 #include "postgres.h"
 
+#include "compat.h"
+
 #include "access/htup.h"
 #include "datatype/timestamp.h"
 #include "storage/itemptr.h"
@@ -100,10 +102,19 @@ extern char *IdemKeyForMessage(const char *key);
 typedef struct IdemPartition
 {
 	Oid			relid;
-	Oid			indexrelid;		/* its digest index */
 	int16		lane;			/* (lanes << 8) | lane number */
 	TimestampTz lower;			/* inclusive */
 	TimestampTz upper;			/* exclusive; droppable once upper <= now */
+
+	/*
+	 * Once the range has ended: the next transaction ID seen at or after
+	 * the end (set when this backend first sees it ended).  Every
+	 * transaction that wrote into the partition did so before the end, so
+	 * has a smaller top-level ID; once all of those have ended, no row in
+	 * it can be in progress.
+	 */
+	TransactionId ended_next_xid;
+	bool		ended;			/* in a lookup's result: range has ended */
 } IdemPartition;
 
 /* The layout new partitions get under the current settings */
@@ -158,12 +169,19 @@ extern void IdemEnsureExtensionDependency(IdemLedger ledger);
 /* Live partitions one lane may have before lookups refuse */
 #define IDEM_MAX_PROBES				256
 
-/* An open partition: its heap and digest index */
+/* Indexes of an open partition kept in IdemOpenPartition itself */
+#define IDEM_INLINE_INDEXES			2
+
+/* An open partition: its heap and every index it has (indexes.c) */
 typedef struct IdemOpenPartition
 {
-	IdemPartition part;
+	IdemPartition part;			/* part.ended: locked only while open */
 	Relation	heap;
-	Relation	index;
+	Relation	index;			/* the digest index probes use */
+	int			nindexes;		/* every index, the digest one among them */
+	Relation   *indexes;
+	bool		simple;			/* every index takes plain column values */
+	Relation	inline_indexes[IDEM_INLINE_INDEXES];
 } IdemOpenPartition;
 
 /* What a probe found */
@@ -187,6 +205,8 @@ typedef struct IdemProbeResult
 extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 								   TimestampTz now, LOCKMODE lockmode,
 								   IdemOpenPartition *open);
+extern void IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
+								  const IdemPartition *part, LOCKMODE lockmode);
 extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
 extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 					  const pg_uuid_t *digest, TimestampTz now,
@@ -195,11 +215,19 @@ extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 						   TimestampTz expires_at, IdemOpenPartition *open,
 						   int nopen);
+extern void IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
+						   TimestampTz expires_at);
 extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 						  ItemPointer newtid);
 extern bool IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
 						  HeapTuple newtuple);
 extern void IdemSeeOwnWrites(void);
+
+/* Indexes of the partitions (indexes.c) */
+extern void IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode);
+extern void IdemClosePartitionIndexes(IdemOpenPartition *op);
+extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
+								   IdemIndexUpdate which);
 
 /* The processed-message ledger (consume.c) */
 extern bool IdemRecordMessage(Oid role, const pg_uuid_t *digest,

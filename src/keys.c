@@ -138,6 +138,7 @@ static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
 static bool IdemKeyOpLock(IdemKeyOp *op, bool nowait);
 static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
+static void IdemKeyOpMakeTarget(IdemKeyOp *op, TimestampTz expires_at);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
 static char IdemRowState(IdemKeyOp *op);
 static Datum IdemClaimResult(FunctionCallInfo fcinfo, const char *status,
@@ -296,30 +297,31 @@ IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op)
 	if (!OidIsValid(claim->part.relid))
 		return false;
 
-	heap = table_open(claim->part.relid, RowExclusiveLock);
+	LockRelationOid(claim->part.relid, RowExclusiveLock);
+	IdemOpenPartitionRels(&op->open[0], op->ledger, &claim->part,
+						  RowExclusiveLock);
+	op->nopen = 1;
+	heap = op->open[0].heap;
 	tuple.t_self = claim->tid;
 	if (!heap_fetch(heap, SnapshotSelf, &tuple, &buffer, false))
 	{
-		table_close(heap, NoLock);
+		IdemClosePartitions(op->open, op->nopen);
+		op->nopen = 0;
 		return false;
 	}
 	op->probe.tuple = heap_copytuple(&tuple);
 	ReleaseBuffer(buffer);
 
 	if (!TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(op->probe.tuple->t_data)) ||
-		RelationGetDescr(heap)->natts != Natts_keys ||
 		DatumGetObjectId(heap_getattr(op->probe.tuple, Anum_ledger_role,
 									  RelationGetDescr(heap), &isnull)) != claim->role)
 	{
-		table_close(heap, NoLock);
+		IdemClosePartitions(op->open, op->nopen);
+		op->nopen = 0;
 		return false;
 	}
 
 	op->digest = claim->digest;
-	op->nopen = 1;
-	op->open[0].part = claim->part;
-	op->open[0].heap = heap;
-	op->open[0].index = index_open(claim->part.indexrelid, RowExclusiveLock);
 	op->probe.found = IDEM_FOUND_MINE;
 	op->probe.xwait = InvalidTransactionId;
 	op->probe.which = 0;
@@ -406,6 +408,19 @@ IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock)
 	if (op->key_locked && !keep_key_lock)
 		LockRelease(&op->keytag, ExclusiveLock, false);
 	op->key_locked = false;
+}
+
+/*
+ * IdemKeyOpMakeTarget ends the operation and has the partition a new row
+ * expiring at expires_at goes to made; the caller starts over.  The key
+ * lock goes first, unless we hold DDL locks on the ledger already (see
+ * IdemMakeTarget), in which case it is kept.
+ */
+static void
+IdemKeyOpMakeTarget(IdemKeyOp *op, TimestampTz expires_at)
+{
+	IdemKeyOpEnd(op, IdemPartitionDDLHeld(op->ledger));
+	IdemMakeTarget(op->ledger, &op->digest, expires_at);
 }
 
 /* state of the row found */
@@ -527,8 +542,7 @@ idem_claim(PG_FUNCTION_ARGS)
 									op->open, op->nopen);
 			if (target < 0)
 			{
-				/* start over; keep the key lock if we hold DDL locks now */
-				IdemKeyOpEnd(op, IdemPartitionDDLHeld(op->ledger));
+				IdemKeyOpMakeTarget(op, expires_at);
 				continue;
 			}
 			memset(op->nulls, true, sizeof(op->nulls));
@@ -612,8 +626,7 @@ idem_claim(PG_FUNCTION_ARGS)
 								op->open, op->nopen);
 		if (target < 0)
 		{
-			/* start over; keep the key lock if we hold DDL locks now */
-			IdemKeyOpEnd(op, IdemPartitionDDLHeld(op->ledger));
+			IdemKeyOpMakeTarget(op, expires_at);
 			continue;
 		}
 		previous_token = DatumGetInt64(op->values[Anum_keys_token - 1]);

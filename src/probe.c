@@ -43,6 +43,7 @@
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/xact.h"
+#include "access/xlog.h"
 #include "catalog/index.h"
 #include "catalog/pg_am.h"
 #include "executor/tuptable.h"
@@ -57,14 +58,20 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
-static IndexInfo *IdemDigestIndexInfo(void);
+static bool IdemMayHaveWriters(Oid relid);
+static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
 
 /*
- * IdemOpenLivePartitions opens, in the given lock mode, the live partitions
- * a key's row can be in, and their digest indexes, checking that they have
- * the ledger's columns.  Locking can deliver
- * invalidations that change the set (a partition was dropped or made), so it
- * repeats until the set is stable.  Returns how many.
+ * IdemOpenLivePartitions opens, in the given lock mode, the partitions a
+ * key's live row can be in (see IdemLivePartitionsForKey) and their indexes,
+ * checking that they have the ledger's columns.  Locking can deliver
+ * invalidations that change the set (a partition was dropped or made), so
+ * it repeats until the set is stable.  Returns how many.
+ *
+ * A partition whose range has ended is probed only if a transaction that
+ * may still be writing into it holds a lock on it, and then under a lock
+ * of its own that IdemClosePartitions releases: calls never hold locks on
+ * ended partitions, so that maintenance can drop them.
  */
 int
 IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
@@ -72,44 +79,124 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 					   IdemOpenPartition *open)
 {
 	IdemPartition parts[IDEM_MAX_PROBES];
+	bool		locked[IDEM_MAX_PROBES];
 
 	for (;;)
 	{
 		uint64		generation = IdemPartitionsGeneration();
 		int			n;
 		int			i;
+		int			nopen;
 
 		CHECK_FOR_INTERRUPTS();
 		n = IdemLivePartitionsForKey(ledger, digest, now, parts,
 									 IDEM_MAX_PROBES);
 		for (i = 0; i < n; i++)
-			LockRelationOid(parts[i].relid, lockmode);
+		{
+			locked[i] = true;
+			if (!parts[i].ended)
+				LockRelationOid(parts[i].relid, lockmode);
+			else if (CheckRelationOidLockedByMe(parts[i].relid,
+												RowExclusiveLock, true))
+			{
+				/* this transaction wrote into it: keep it like a live one */
+				LockRelationOid(parts[i].relid, lockmode);
+				parts[i].ended = false;
+			}
+			else if (!IdemMayHaveWriters(parts[i].relid))
+				locked[i] = false;
+			else
+				LockRelationOid(parts[i].relid, AccessShareLock);
+		}
 		if (generation != IdemPartitionsGeneration())
+		{
+			IdemUnlockEnded(parts, n, locked);
 			continue;
+		}
 
+		nopen = 0;
 		for (i = 0; i < n; i++)
 		{
-			if (!OidIsValid(parts[i].indexrelid))
-				ereport(ERROR,
-						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("partition \"%s\" has no digest index",
-								get_rel_name(parts[i].relid)),
-						 errhint("Partitions of the idempotency ledgers must keep the index they were made with.")));
-			open[i].part = parts[i];
-			open[i].heap = table_open(parts[i].relid, NoLock);
-			if (RelationGetDescr(open[i].heap)->natts != IdemLedgerNatts(ledger))
-				ereport(ERROR,
-						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-						 errmsg("partition \"%s\" does not have the columns of table \"%s.%s\"",
-								RelationGetRelationName(open[i].heap),
-								IDEM_SCHEMA_NAME, IdemLedgerName(ledger))));
-			open[i].index = index_open(parts[i].indexrelid, lockmode);
+			if (!locked[i])
+				continue;
+			IdemOpenPartitionRels(&open[nopen], ledger, &parts[i],
+								  parts[i].ended ? AccessShareLock : lockmode);
+			nopen++;
 		}
-		return n;
+		return nopen;
 	}
 }
 
-/* closes what IdemOpenLivePartitions opened, keeping the locks */
+/*
+ * IdemMayHaveWriters: may another transaction hold ROW EXCLUSIVE on this
+ * ended partition, that is, may it have written rows there and still be
+ * running?  Every writer keeps that lock until it ends.  Asked without
+ * waiting for anyone:
+ *	- if SHARE can be had at once, nobody holds a lock that writes take;
+ *	- if not, and someone holds a lock that conflicts with writes (a DROP
+ *	  of the partition by maintenance, whose transaction is still open),
+ *	  nobody can be writing there either.
+ * Otherwise there may be a writer (or a lock is only queued): the caller
+ * probes the partition.  On a standby, where no such lock can be taken,
+ * the answer is always yes.
+ */
+static bool
+IdemMayHaveWriters(Oid relid)
+{
+	LOCKTAG		tag;
+	VirtualTransactionId *holders;
+	int			nholders;
+
+	if (RecoveryInProgress())
+		return true;
+	if (ConditionalLockRelationOid(relid, ShareLock))
+	{
+		UnlockRelationOid(relid, ShareLock);
+		return false;
+	}
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	holders = GetLockConflicts(&tag, RowExclusiveLock, &nholders);
+	pfree(holders);
+	return nholders == 0;
+}
+
+/* releases the locks IdemOpenLivePartitions took on ended partitions */
+static void
+IdemUnlockEnded(IdemPartition *parts, int n, bool *locked)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		if (parts[i].ended && locked[i])
+			UnlockRelationOid(parts[i].relid, AccessShareLock);
+	}
+}
+
+/*
+ * IdemOpenPartitionRels opens partition "part" of a ledger, which the caller
+ * has locked in lock mode "lockmode", and its indexes, into "op", checking
+ * that it has the ledger's columns.
+ */
+void
+IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
+					  const IdemPartition *part, LOCKMODE lockmode)
+{
+	op->part = *part;
+	op->heap = table_open(part->relid, NoLock);
+	if (RelationGetDescr(op->heap)->natts != IdemLedgerNatts(ledger))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("partition \"%s\" does not have the columns of table \"%s.%s\"",
+						RelationGetRelationName(op->heap),
+						IDEM_SCHEMA_NAME, IdemLedgerName(ledger))));
+	IdemOpenPartitionIndexes(op, lockmode);
+}
+
+/*
+ * IdemClosePartitions closes what IdemOpenLivePartitions opened, keeping the
+ * locks, except those taken only to look into ended partitions.
+ */
 void
 IdemClosePartitions(IdemOpenPartition *open, int nopen)
 {
@@ -117,17 +204,24 @@ IdemClosePartitions(IdemOpenPartition *open, int nopen)
 
 	for (i = 0; i < nopen; i++)
 	{
-		index_close(open[i].index, NoLock);
+		IdemClosePartitionIndexes(&open[i]);
 		table_close(open[i].heap, NoLock);
+		if (open[i].part.ended)
+			UnlockRelationOid(open[i].part.relid, AccessShareLock);
 	}
 }
 
 /*
- * IdemProbe looks for a live (not expired) row of (role, digest) in the open
- * partitions.  With no snapshot given, it uses a dirty snapshot, which also
- * sees rows of transactions in progress: a row that another transaction is
- * inserting, updating or deleting is reported BUSY with that transaction in
- * xwait.  Writers probe that way, holding the key lock.
+ * IdemProbe looks for a live row of (role, digest) in the open partitions.
+ * A row is live until its expiry has passed and the transaction that wrote
+ * it has ended: a row written by a transaction in progress (this one or
+ * another) is never treated as expired, so a ttl shorter than the writer's
+ * transaction cannot let a second caller in before the first has ended.
+ *
+ * With no snapshot given, it uses a dirty snapshot, which also sees rows of
+ * transactions in progress: a row that another transaction is inserting,
+ * updating or deleting is reported BUSY with that transaction in xwait.
+ * Writers probe that way, holding the key lock.
  *
  * A reader that holds no key lock passes an MVCC snapshot instead, and gets
  * the row version that snapshot sees, DONE or MINE, never BUSY.  Without the
@@ -165,20 +259,20 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		InitDirtySnapshot(dirty);
 		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
 					UUIDPGetDatum(digest));
-		scan = index_beginscan(open[i].heap, open[i].index,
-							   snapshot != NULL ? snapshot : &dirty, 1, 0);
+		scan = IdemIndexBeginScan(open[i].heap, open[i].index,
+								  snapshot != NULL ? snapshot : &dirty, 1);
 		index_rescan(scan, &skey, 1, NULL, 0);
 
 		while (index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
 			bool		isnull;
+			bool		expired;
 			TransactionId xmin;
 
 			if (DatumGetObjectId(slot_getattr(slot, Anum_ledger_role, &isnull)) != role)
 				continue;
-			if (DatumGetTimestampTz(slot_getattr(slot, Anum_ledger_expires_at,
-												 &isnull)) <= now)
-				continue;		/* expired: as if absent */
+			expired = DatumGetTimestampTz(slot_getattr(slot, Anum_ledger_expires_at,
+													   &isnull)) <= now;
 
 			/* a dirty snapshot does not report our own changes in xmin */
 			xmin = DatumGetTransactionId(slot_getsysattr(slot,
@@ -186,13 +280,16 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 														 &isnull));
 			if (TransactionIdIsCurrentTransactionId(xmin))
 				result->found = IDEM_FOUND_MINE;
-			else if (snapshot != NULL)
-				result->found = IDEM_FOUND_DONE;
-			else if (TransactionIdIsValid(dirty.xmin))
+			else if (snapshot == NULL && TransactionIdIsValid(dirty.xmin))
 			{
+				/* being written: live until its writer ends, expired or not */
 				result->found = IDEM_FOUND_BUSY;
 				result->xwait = dirty.xmin;
 			}
+			else if (expired)
+				continue;		/* committed and expired: as if absent */
+			else if (snapshot != NULL)
+				result->found = IDEM_FOUND_DONE;
 			else if (TransactionIdIsValid(dirty.xmax))
 			{
 				result->found = IDEM_FOUND_BUSY;
@@ -218,17 +315,14 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
  * IdemOpenTarget returns the index, among the open partitions, of the one a
  * new row of this digest expiring at expires_at goes to.  The target is live
  * and in the key's lane, so normally it is open already.  Returns -1 if the
- * caller must start over: the partition set changed, or the target did not
- * exist and has just been made (in this transaction, as maintenance had not
- * made it).
+ * caller must start over: the partition set changed, or the target does not
+ * exist, and the caller must have it made with IdemMakeTarget first.
  */
 int
 IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 			   TimestampTz expires_at, IdemOpenPartition *open, int nopen)
 {
 	IdemPartition target;
-	IdemLayout	layout;
-	int			lane_number;
 	int			i;
 
 	if (IdemPartitionFor(ledger, digest, expires_at, &target))
@@ -238,14 +332,39 @@ IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 			if (open[i].part.relid == target.relid)
 				return i;
 		}
-		return -1;
 	}
+	return -1;
+}
+
+/*
+ * IdemMakeTarget makes the partition a new row of this digest expiring at
+ * expires_at goes to, unless it exists by now: by a partition maker worker,
+ * which commits it at once, or if none can be used, in the caller's
+ * transaction.
+ *
+ * The caller must not hold its key lock here, unless this transaction holds
+ * DDL locks on the ledger already (IdemPartitionDDLHeld): the worker may
+ * wait for a transaction that made a partition and now waits for that key,
+ * and that cycle would be invisible to the deadlock detector.  Without DDL
+ * locks of its own, the caller releases the key lock, has the partition
+ * made, and starts over.
+ */
+void
+IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
+			   TimestampTz expires_at)
+{
+	IdemPartition target;
+	IdemLayout	layout;
+	int			lane_number;
+
+	AcceptInvalidationMessages();
+	if (IdemPartitionFor(ledger, digest, expires_at, &target))
+		return;
 
 	IdemCurrentLayout(ledger, &layout);
 	lane_number = IdemLaneValue(digest, layout.lanes) & 0xFF;
 	if (!IdemWorkerMakePartition(ledger, &layout, lane_number, expires_at))
 		(void) IdemCreatePartition(ledger, &layout, lane_number, expires_at);
-	return -1;
 }
 
 /* the transaction and command of this backend's last ledger write */
@@ -278,23 +397,20 @@ IdemSeeOwnWrites(void)
 
 /*
  * IdemInsertRow inserts a row into open partition "op", which the caller
- * has checked covers its (lane, expires_at), and its index entry, and sets
- * *newtid (if not NULL) to where the row went.  Returns
- * true if the partition was made by this transaction, in which case the
- * caller must keep the key lock until the transaction ends.
+ * has checked covers its (lane, expires_at), and its entries into every
+ * index of the partition, and sets *newtid (if not NULL) to where the row
+ * went.  Returns true if the partition was made by this transaction, in
+ * which case the caller must keep the key lock until the transaction ends.
  */
 bool
 IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 			  ItemPointer newtid)
 {
 	HeapTuple	tuple;
-	Datum		indexvalue = values[Anum_ledger_digest - 1];
-	bool		indexnull = false;
 
 	tuple = heap_form_tuple(RelationGetDescr(op->heap), values, nulls);
 	simple_heap_insert(op->heap, tuple);
-	(void) index_insert(op->index, &indexvalue, &indexnull, &tuple->t_self,
-						op->heap, UNIQUE_CHECK_NO, false, IdemDigestIndexInfo());
+	IdemInsertIndexEntries(op, tuple, IDEM_INDEX_UPDATE_ALL);
 	if (newtid != NULL)
 		*newtid = tuple->t_self;
 	heap_freetuple(tuple);
@@ -306,48 +422,19 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 /*
  * IdemUpdateRow replaces row "tid" of open partition "op" by newtuple, which
  * keeps the digest and expiry of the old one (so the row never moves to
- * another partition).  The caller holds the key lock and has checked that
- * no other transaction is changing the row.  Returns true if the partition
- * was made by this transaction, as IdemInsertRow does.
+ * another partition), with the index entries the new version needs.  The
+ * caller holds the key lock and has checked that no other transaction is
+ * changing the row.  Returns true if the partition was made by this
+ * transaction, as IdemInsertRow does.
  */
 bool
 IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 {
+	IdemIndexUpdate which;
+
 	IdemSeeOwnWrites();
-	simple_heap_update(op->heap, tid, newtuple);
+	which = IdemSimpleHeapUpdate(op->heap, tid, newtuple);
 	IdemNoteWrite();
-	if (!HeapTupleIsHeapOnly(newtuple))
-	{
-		bool		isnull;
-		Datum		indexvalue = heap_getattr(newtuple, Anum_ledger_digest,
-											  RelationGetDescr(op->heap),
-											  &isnull);
-
-		(void) index_insert(op->index, &indexvalue, &isnull, &newtuple->t_self,
-							op->heap, UNIQUE_CHECK_NO, false,
-							IdemDigestIndexInfo());
-	}
+	IdemInsertIndexEntries(op, newtuple, which);
 	return op->heap->rd_createSubid != InvalidSubTransactionId;
-}
-
-/*
- * IdemDigestIndexInfo returns the IndexInfo of a digest index (one key
- * column, the digest).  It is the same for every partition of every ledger,
- * so it is built once per backend.
- */
-static IndexInfo *
-IdemDigestIndexInfo(void)
-{
-	static IndexInfo *info = NULL;
-
-	if (info == NULL)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-
-		info = makeIndexInfo(1, 1, BTREE_AM_OID, NIL, NIL,
-							 false, false, false, false);
-		info->ii_IndexAttrNumbers[0] = Anum_ledger_digest;
-		MemoryContextSwitchTo(oldcxt);
-	}
-	return info;
 }

@@ -35,6 +35,7 @@
 #include "access/genam.h"
 #include "access/htup_details.h"
 #include "access/table.h"
+#include "access/transam.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
@@ -59,6 +60,7 @@
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
 /* Partition boundaries are aligned to the Unix epoch */
@@ -103,13 +105,20 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 	},
 };
 
-/* The backend's view of one ledger */
+/*
+ * The backend's view of one ledger.  "valid" is set only once a rebuild has
+ * read everything without error and no invalidation arrived meanwhile, so
+ * an error while reading (a cancel, a lock timeout, out of memory) leaves
+ * the cache to be read again by the next call, never valid and incomplete.
+ */
 typedef struct IdemLedgerCache
 {
 	bool		valid;
+	uint64		invalidations;	/* bumped by every invalidation of it */
 	Oid			parent;			/* InvalidOid if the table does not exist */
 	int			npartitions;
 	IdemPartition *partitions;	/* sorted by (lane, lower) */
+	Oid		   *relids;			/* the partitions' OIDs, sorted */
 	int			nlayouts;
 	int			layouts[IDEM_MAX_LANES];	/* distinct lane counts present */
 } IdemLedgerCache;
@@ -124,7 +133,10 @@ static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
-static Oid	IdemFindPartitionIndex(Oid relid);
+static int	IdemOidCmp(const void *a, const void *b);
+static void IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent,
+							   IdemPartition *parts, Oid *relids, int n,
+							   const int *layouts, int nlayouts);
 static void IdemExecAsOwner(const char *sql, int lock_timeout_ms);
 static void IdemAppendTimestamp(StringInfo buf, TimestampTz t);
 
@@ -139,9 +151,11 @@ IdemStorageInit(void)
 }
 
 /*
- * IdemRelcacheCallback marks a ledger's cache stale when its parent table's
- * relcache entry is invalidated, which PostgreSQL does whenever a partition
- * is attached, detached or dropped.  No catalog access here.
+ * IdemRelcacheCallback marks a ledger's cache stale when the relcache entry
+ * of its parent table is invalidated (PostgreSQL does that whenever a
+ * partition is attached, detached or dropped), or that of one of its
+ * partitions (any DDL on it, REINDEX, VACUUM FULL, ...), or all of them.  No
+ * catalog access here.
  */
 static void
 IdemRelcacheCallback(Datum arg, Oid relid)
@@ -150,12 +164,27 @@ IdemRelcacheCallback(Datum arg, Oid relid)
 
 	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
 	{
-		if (relid == InvalidOid || relid == ledger_cache[i].parent)
+		IdemLedgerCache *cache = &ledger_cache[i];
+
+		if (relid == InvalidOid || relid == cache->parent ||
+			(cache->npartitions > 0 &&
+			 bsearch(&relid, cache->relids, cache->npartitions, sizeof(Oid),
+					 IdemOidCmp) != NULL))
 		{
-			ledger_cache[i].valid = false;
+			cache->valid = false;
+			cache->invalidations++;
 			cache_generation++;
 		}
 	}
+}
+
+static int
+IdemOidCmp(const void *a, const void *b)
+{
+	Oid			x = *(const Oid *) a;
+	Oid			y = *(const Oid *) b;
+
+	return (x > y) - (x < y);
 }
 
 const char *
@@ -262,10 +291,13 @@ IdemGetLedgerCache(IdemLedger ledger)
  *
  * Partitions whose detach is pending and partitions whose bounds are not of
  * the (lane, lane) x (lower, upper) shape this extension makes are ignored.
+ * Everything is read into new memory first; the cache is changed only at
+ * the end, and marked valid only if no invalidation arrived while reading.
  */
 static void
 IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 {
+	uint64		invalidations = cache->invalidations;
 	Oid			nspid;
 	Oid			parent = InvalidOid;
 	Relation	inhrel;
@@ -275,7 +307,9 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	int			allocated = 16;
 	int			n = 0;
 	IdemPartition *parts;
-	MemoryContext oldcxt;
+	Oid		   *relids;
+	int			layouts[IDEM_MAX_LANES];
+	int			nlayouts = 0;
 	int			i;
 
 	if (IdemCacheContext == NULL)
@@ -283,30 +317,17 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 												 "idempotency partition cache",
 												 ALLOCSET_SMALL_SIZES);
 
-	/* Free the previous contents of this ledger's cache */
-	if (cache->partitions)
-		pfree(cache->partitions);
-	cache->partitions = NULL;
-	cache->npartitions = 0;
-	cache->nlayouts = 0;
-
-	/*
-	 * Mark valid before reading: an invalidation that arrives while we read
-	 * marks it stale again, and the next caller reads once more.
-	 */
-	cache->valid = true;
-
 	nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
 	if (OidIsValid(nspid))
 		parent = get_relname_relid(ledger_defs[ledger].name, nspid);
-	cache->parent = parent;
 	if (!OidIsValid(parent))
 	{
 		/* nothing to cache; look again next time */
-		cache->valid = false;
+		IdemSetLedgerCache(cache, InvalidOid, NULL, NULL, 0, NULL, 0);
 		return;
 	}
 
+	/* a failure below leaks this into the cache context, nothing worse */
 	parts = MemoryContextAlloc(IdemCacheContext,
 							   allocated * sizeof(IdemPartition));
 
@@ -324,6 +345,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 		PartitionBoundSpec *spec;
 		IdemPartition p;
 
+		CHECK_FOR_INTERRUPTS();
 		if (inh->inhdetachpending)
 			continue;
 		reltup = SearchSysCache1(RELOID, ObjectIdGetDatum(inh->inhrelid));
@@ -342,7 +364,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 			!IdemReadBound(spec, &p.lane, &p.lower, &p.upper))
 			continue;
 		p.relid = inh->inhrelid;
-		p.indexrelid = IdemFindPartitionIndex(p.relid);
+		p.ended_next_xid = InvalidTransactionId;
 
 		if (n == allocated)
 		{
@@ -370,54 +392,49 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 		parts[j + 1] = p;
 	}
 
+	/* the OIDs, sorted, for the invalidation callback */
+	relids = MemoryContextAlloc(IdemCacheContext, Max(n, 1) * sizeof(Oid));
+	for (i = 0; i < n; i++)
+		relids[i] = parts[i].relid;
+	qsort(relids, n, sizeof(Oid), IdemOidCmp);
+
 	/* distinct lane counts present */
-	oldcxt = MemoryContextSwitchTo(IdemCacheContext);
 	for (i = 0; i < n; i++)
 	{
 		int			lanes = parts[i].lane >> 8;
 		int			k;
 
-		for (k = 0; k < cache->nlayouts; k++)
-			if (cache->layouts[k] == lanes)
+		for (k = 0; k < nlayouts; k++)
+			if (layouts[k] == lanes)
 				break;
-		if (k == cache->nlayouts && cache->nlayouts < IDEM_MAX_LANES)
-			cache->layouts[cache->nlayouts++] = lanes;
+		if (k == nlayouts && nlayouts < IDEM_MAX_LANES)
+			layouts[nlayouts++] = lanes;
 	}
-	MemoryContextSwitchTo(oldcxt);
 
-	cache->partitions = parts;
-	cache->npartitions = n;
+	IdemSetLedgerCache(cache, parent, parts, relids, n, layouts, nlayouts);
+	cache->valid = (cache->invalidations == invalidations);
 	cache_generation++;
 }
 
 /*
- * IdemFindPartitionIndex returns the OID of a partition's digest index (the
- * only index the extension gives its partitions), or InvalidOid.
+ * IdemSetLedgerCache replaces the contents of a ledger's cache (not its
+ * validity), freeing the old ones.  Nothing here can fail.
  */
-static Oid
-IdemFindPartitionIndex(Oid relid)
+static void
+IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent, IdemPartition *parts,
+				   Oid *relids, int n, const int *layouts, int nlayouts)
 {
-	Relation	indrel;
-	SysScanDesc scan;
-	ScanKeyData key;
-	HeapTuple	tup;
-	Oid			result = InvalidOid;
-
-	indrel = table_open(IndexRelationId, AccessShareLock);
-	ScanKeyInit(&key, Anum_pg_index_indrelid, BTEqualStrategyNumber,
-				F_OIDEQ, ObjectIdGetDatum(relid));
-	scan = systable_beginscan(indrel, IndexIndrelidIndexId, true, NULL, 1, &key);
-	while ((tup = systable_getnext(scan)) != NULL)
-	{
-		Form_pg_index index = (Form_pg_index) GETSTRUCT(tup);
-
-		if (index->indnatts == 1 && index->indisvalid &&
-			(!OidIsValid(result) || index->indexrelid < result))
-			result = index->indexrelid;
-	}
-	systable_endscan(scan);
-	table_close(indrel, AccessShareLock);
-	return result;
+	if (cache->partitions)
+		pfree(cache->partitions);
+	if (cache->relids)
+		pfree(cache->relids);
+	cache->parent = parent;
+	cache->partitions = parts;
+	cache->relids = relids;
+	cache->npartitions = n;
+	cache->nlayouts = nlayouts;
+	if (nlayouts > 0)
+		memcpy(cache->layouts, layouts, nlayouts * sizeof(int));
 }
 
 /*
@@ -482,7 +499,12 @@ IdemFirstInLane(IdemLedgerCache *cache, int16 lane)
 /*
  * IdemLivePartitionsForKey copies into "out" every partition a live row of
  * the key with this digest can be in: the partitions of its lane, under each
- * layout present, whose range has not ended.  Returns how many there are.
+ * layout present, whose range has not ended, and those whose range has
+ * ended (not dropped yet) while a transaction that may have written into
+ * them before the end is still running: a row of a transaction in progress
+ * counts as live whatever its expiry (see IdemProbe).  The latter have
+ * "ended" set; IdemOpenLivePartitions looks closer at them.  Returns how
+ * many there are.
  */
 int
 IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
@@ -501,15 +523,31 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 			 i < cache->npartitions && cache->partitions[i].lane == lane;
 			 i++)
 		{
-			if (cache->partitions[i].upper <= now)
-				continue;
+			IdemPartition *p = &cache->partitions[i];
+			bool		ended = (p->upper <= now);
+
+			if (ended)
+			{
+				if (!TransactionIdIsValid(p->ended_next_xid))
+					p->ended_next_xid = ReadNextTransactionId();
+
+				/*
+				 * RecentXmin is older than every transaction running when
+				 * this backend took its last snapshot: if even the newest
+				 * possible writer precedes it, nobody is writing there.
+				 */
+				if (TransactionIdPrecedes(p->ended_next_xid, RecentXmin))
+					continue;
+			}
 			if (n >= maxout)
 				ereport(ERROR,
 						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
 						 errmsg("too many live partitions in one lane of \"%s.%s\"",
 								IDEM_SCHEMA_NAME, ledger_defs[ledger].name),
 						 errhint("Increase idempotency.partition_interval, or run idem_maintain() to drop expired partitions.")));
-			out[n++] = cache->partitions[i];
+			out[n] = *p;
+			out[n].ended = ended;
+			n++;
 		}
 	}
 	return n;
@@ -724,7 +762,7 @@ IdemPartitionDDLHeld(IdemLedger ledger)
 	LOCKTAG		tag;
 
 	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
-	return LockHeldByMe(&tag, ExclusiveLock);
+	return IdemLockHeldByMe(&tag, ExclusiveLock);
 }
 
 /*

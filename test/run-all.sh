@@ -1,39 +1,35 @@
 #!/usr/bin/env bash
 #
-# test/run-all.sh -- build, install and test the idempotency extension.
+# test/run-all.sh -- build, install and test the idempotency extension on
+# every supported PostgreSQL major, then across majors.
 #
-#   bash test/run-all.sh                         # everything
-#   SUITES="regress isolation" bash test/run-all.sh
+#   bash test/run-all.sh                               # everything
+#   PG_VERSIONS=15 bash test/run-all.sh                # one major
+#   PG_VERSIONS="15 18" SUITES="regress isolation" bash test/run-all.sh
 #
-# Suites, in order: regress (sql/*.sql, pg_regress), isolation
-# (test/specs/*.spec, pg_isolation_regress), tap (test/t/*.pl, prove with
-# PostgreSQL::Test::Cluster), pgtap (test/pgtap/*.sql, pg_prove on a
-# throwaway cluster), demo (examples/demo.sql, which checks its own result,
-# on a throwaway cluster), examples (every examples/*/test.sh: each starts
-# and stops its own clusters, run as the test user with PG_CONFIG, SRC (the
-# scratch copy) and EXAMPLES_PORT_BASE set; exit 0 = pass).  A suite with
-# no test files is skipped.
+# For each major of PG_VERSIONS (default "15 17 18"), test/run-suites.sh
+# builds, installs and runs the suites:
+#   - on this machine, for the major its own Debian release packages
+#     (PostgreSQL 15 on Debian 12);
+#   - otherwise inside a Debian root file system of the release that
+#     packages it (17: trixie, 18: sid; see test/lib/roots.sh), made with
+#     mmdebstrap on first use and kept under /var/cache/idempotency/roots.
+#     The source tree is copied in; /proc and /dev are mounted while the
+#     suites run and unmounted after, pass or fail.  In the 18 root, the
+#     extension is also built for PostgreSQL 17, which its tap suite
+#     upgrades from with pg_upgrade.
+# Then, when SUITES names "upgrade" and PG_VERSIONS has 15 and 18, the
+# cross-major suite: a PostgreSQL 15 cluster on this machine, dumped with
+# PostgreSQL 18's pg_dump and restored into PostgreSQL 18 in its root
+# (test/upgrade/dump_restore.sh).
 #
-# As root (CI, fresh Debian 12): installs missing packages with apt, builds
-# and tests as the unprivileged user "postgres" (IDEM_TEST_USER to change it)
-# in a fresh copy of the tree under $TMPDIR, and installs as root.
-# As a non-root user: the packages must already be installed (the script
-# says which are missing); it builds and tests as you, and runs
-# "make install" through sudo if you cannot write PostgreSQL's directories.
+# Environment: SUITES (default: every suite of test/run-suites.sh, and
+# "upgrade"), PG_VERSIONS, and the settings of test/run-suites.sh and
+# test/lib/roots.sh, which are passed on.  Needs root for the majors that
+# run in a root file system.
 #
-# Environment:
-#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples")
-#   PG_CONFIG       default /usr/lib/postgresql/15/bin/pg_config
-#   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
-#   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
-#   SUITE_TIMEOUT   seconds one suite may take (default 900)
-#   KEEP_WORKDIR=1  keep the scratch directory (it is always kept on failure)
-#
-# The last line of output is "N passed, N failed" (suites; a skipped suite
-# counts in neither, one that could not run or was interrupted counts as
-# failed).  The exit status is non-zero if anything failed.  Every server started here,
-# including pg_regress and TAP ones left behind by an interrupted run, is
-# stopped on exit, INT and TERM.
+# Prints a summary per major, and ends with "N passed, N failed", counting
+# suites over every major.  The exit status is non-zero if anything failed.
 
 set -uo pipefail
 
@@ -42,92 +38,78 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 . "$SRC/test/lib/cluster.sh"
 # shellcheck source=test/lib/deps.sh
 . "$SRC/test/lib/deps.sh"
-# shellcheck source=test/lib/build.sh
-. "$SRC/test/lib/build.sh"
+# shellcheck source=test/lib/roots.sh
+. "$SRC/test/lib/roots.sh"
 
-ALL_SUITES="regress isolation tap pgtap demo examples"
-SUITES=${SUITES:-$ALL_SUITES}
-export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-PGTAP_PORT=${PGTAP_PORT:-54393}
-DEMO_PORT=${DEMO_PORT:-54395}
-SUITE_TIMEOUT=${SUITE_TIMEOUT:-900}
+VERSION_SUITES="regress isolation tap pgtap demo examples packaging"
+CROSS_SUITES="upgrade"
+PG_VERSIONS=${PG_VERSIONS:-15 17 18}
+SUITES=${SUITES:-$VERSION_SUITES $CROSS_SUITES}
+export SUITES
 
 for s in $SUITES; do
-	case " $ALL_SUITES " in
+	case " $VERSION_SUITES $CROSS_SUITES " in
 	*" $s "*) ;;
 	*)
-		echo "run-all: unknown suite '$s' (known: $ALL_SUITES)" >&2
+		echo "run-all: unknown suite '$s' (known: $VERSION_SUITES $CROSS_SUITES)" >&2
+		exit 2
+		;;
+	esac
+done
+for v in $PG_VERSIONS; do
+	case $v in
+	15 | 17 | 18) ;;
+	*)
+		echo "run-all: unsupported PostgreSQL major '$v' (tested: 15 17 18)" >&2
 		exit 2
 		;;
 	esac
 done
 
-say() { printf '\n==== %s\n' "$*"; }
+# suites of run-suites.sh among SUITES
+INNER_SUITES=""
+for s in $SUITES; do
+	case " $VERSION_SUITES " in *" $s "*) INNER_SUITES="$INNER_SUITES $s" ;; esac
+done
+INNER_SUITES=${INNER_SUITES# }
 
-WORK=""
-CHILD=""
-CURRENT=""
-declare -A RESULT=()
+say() { printf '\n######## %s\n' "$*"; }
+
+# The PostgreSQL major this machine's Debian release packages.
+host_major() {
+	# shellcheck disable=SC1091
+	case "$(. /etc/os-release 2>/dev/null && echo "${VERSION_CODENAME:-}")" in
+	bookworm) echo 15 ;;
+	trixie) echo 17 ;;
+	forky | sid) echo 18 ;;
+	*) echo none ;;
+	esac
+}
+
+RESULTS=$(mktemp "${TMPDIR:-/tmp}/idempotency-results.XXXXXX") || exit 1
+declare -A SUMMARY=()
 PASSED=0
 FAILED=0
+CURRENT_ROOT=""
 
-# Long-running steps run in their own session (setsid) in the background, so
-# that a signal to this script interrupts "wait" at once and cleanup can end
-# the whole step (make, pg_regress, prove, ...) before stopping servers.
-run_child() {
-	(cd "$WORK" && exec setsid "$@") &
-	CHILD=$!
-	wait "$CHILD"
-	local rc=$?
-	CHILD=""
-	return "$rc"
-}
-
-stop_child() {
-	[ -n "$CHILD" ] || return 0
-	kill -TERM -- "-$CHILD" 2>/dev/null || kill -TERM "$CHILD" 2>/dev/null
-	for _ in $(seq 1 30); do
-		kill -0 "$CHILD" 2>/dev/null || break
-		sleep 1
-	done
-	kill -KILL -- "-$CHILD" 2>/dev/null
-	wait "$CHILD" 2>/dev/null
-	CHILD=""
-}
-
-# On every exit: stop what is running, then print the summary as the last
-# line.  Suites without a result (setup failed, or interrupted) count as
-# failed.
 cleanup() {
-	local rc=$? s
+	local rc=$? v line
 	trap - EXIT INT TERM
-	stop_child
-	cluster_stop_all || rc=1
-	if [ -n "$WORK" ]; then
-		cluster_stop_any_under "$WORK" || rc=1
-	fi
-	for s in $SUITES; do
-		if [ -z "${RESULT[$s]:-}" ]; then
-			if [ "$s" = "$CURRENT" ]; then
-				RESULT[$s]="FAILED (interrupted)"
-			else
-				RESULT[$s]="FAILED (not run)"
-			fi
-			FAILED=$((FAILED + 1))
-		fi
-	done
-	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
-	if [ -n "$WORK" ]; then
-		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
-			rm -rf "$WORK"
-		else
-			echo "run-all: scratch directory kept: $WORK"
-		fi
-	fi
+	root_umount_all || rc=1
 	say "summary"
-	for s in $SUITES; do
-		printf '%-10s %s\n' "$s" "${RESULT[$s]}"
+	for v in $PG_VERSIONS cross; do
+		[ -n "${SUMMARY[$v]:-}" ] || continue
+		if [ "$v" = cross ]; then
+			echo "across majors:"
+		else
+			echo "PostgreSQL $v:"
+		fi
+		while IFS= read -r line; do
+			printf '  %s\n' "$line"
+		done <<<"${SUMMARY[$v]}"
 	done
+	rm -f "$RESULTS"
+	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
 	echo "$PASSED passed, $FAILED failed"
 	exit "$rc"
 }
@@ -135,181 +117,105 @@ trap cleanup EXIT
 trap 'echo "run-all: interrupted" >&2; exit 130' INT
 trap 'echo "run-all: terminated" >&2; exit 143' TERM
 
-# ---------------------------------------------------------------- setup
-say "dependencies"
-deps_ensure || exit 1
-CLUSTER_USER=$(deps_test_user) || exit 1
-export CLUSTER_USER
-if [ "$(id -u)" -eq 0 ]; then
-	AS_USER=(runuser -u "$CLUSTER_USER" --)
-else
-	AS_USER=()
-fi
-echo "building and testing as user $CLUSTER_USER with $PG_CONFIG ($("$PG_CONFIG" --version))"
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-test.XXXXXX") || exit 1
-chmod 755 "$WORK"
-idem_copy_tree "$SRC" "$WORK" || exit 1
-echo "scratch copy: $WORK"
-
-say "build"
-if ! idem_build "$WORK"; then
-	echo "run-all: build failed; no suite was run" >&2
-	exit 1
-fi
-say "install"
-if ! idem_install "$WORK"; then
-	echo "run-all: make install failed; no suite was run" >&2
-	exit 1
-fi
-
-# ---------------------------------------------------------------- helpers
-# Run a command as the test user in the scratch copy, bounded in time.
-in_work() {
-	run_child "${AS_USER[@]}" timeout -k 30 "$SUITE_TIMEOUT" "$@"
-}
-
-have_files() {
-	compgen -G "$WORK/$1" >/dev/null
-}
-
-show_file() {
-	local f="$1" lines="${2:-400}"
-	[ -f "$f" ] || return 0
-	echo "---- ${f#"$WORK"/} (last $lines lines)"
-	tail -n "$lines" "$f"
-}
-
-mk_installcheck() {
-	# pgxs runs regress, isolation and TAP in one "installcheck"; emptying the
-	# other two variables on the command line selects one of them.
-	in_work make installcheck PG_CONFIG="$PG_CONFIG" "$@"
-}
-
-suite_regress() {
-	local rc
-	have_files 'sql/*.sql' || return 3
-	mk_installcheck ISOLATION= TAP_TESTS=
-	rc=$?
-	[ "$rc" -eq 0 ] && return 0
-	show_file "$WORK/regression.diffs" 1000
-	show_file "$WORK/tmp_check_regress/log/postmaster.log" 100
-	return "$rc"
-}
-
-suite_isolation() {
-	local rc
-	have_files 'test/specs/*.spec' || return 3
-	mk_installcheck REGRESS= TAP_TESTS=
-	rc=$?
-	[ "$rc" -eq 0 ] && return 0
-	show_file "$WORK/output_iso/regression.diffs" 1000
-	show_file "$WORK/tmp_check_iso/log/postmaster.log" 100
-	return "$rc"
-}
-
-suite_tap() {
-	local f rc
-	have_files 'test/t/*.pl' || return 3
-	mk_installcheck REGRESS= ISOLATION= PROVE_FLAGS=--timer
-	rc=$?
-	[ "$rc" -eq 0 ] && return 0
-	for f in "$WORK"/tmp_check/log/*; do
-		show_file "$f" 300
+# Counts the results of one major's run (lines "SUITE STATUS...") into
+# SUMMARY; suites of that run without a result line failed to run.
+record() {
+	local key="$1" file="$2" suites="$3" s line status
+	for s in $suites; do
+		line=$(grep -m1 "^$s " "$file" 2>/dev/null)
+		status=${line#"$s "}
+		[ -n "$line" ] || status="FAILED (not run)"
+		SUMMARY[$key]+="$(printf '%-10s %s' "$s" "$status")"$'\n'
+		case $status in
+		passed*) PASSED=$((PASSED + 1)) ;;
+		skipped*) ;;
+		*) FAILED=$((FAILED + 1)) ;;
+		esac
 	done
-	return "$rc"
+	SUMMARY[$key]=${SUMMARY[$key]%$'\n'}
 }
 
-suite_pgtap() {
-	local dir="$WORK/pgtap_cluster" conf=() line rc=0
-	have_files 'test/pgtap/*.sql' || return 3
-	# same server settings as the pg_regress instances
-	if [ -f "$WORK/test/idempotency.conf" ]; then
-		while IFS= read -r line; do
-			conf+=("$line")
-		done <"$WORK/test/idempotency.conf"
+# Runs the suites of major $1 in its root file system.
+run_in_root() {
+	local v="$1" dir inner_results rc from_env=()
+	dir=$(root_dir "$v")
+	if ! root_ensure "$v"; then
+		echo "run-all: no root file system for PostgreSQL $v" >&2
+		return 1
 	fi
-	conf+=("fsync = off")
-	cluster_start "$dir" "$PGTAP_PORT" "${conf[@]}" || return 1
-	if (cd "$WORK" && cluster_psql "$dir" -q -c 'CREATE DATABASE idempotency_pgtap' &&
-		CLUSTER_DB=idempotency_pgtap cluster_psql "$dir" -q -c 'CREATE EXTENSION pgtap'); then
-		in_work env PGHOST="$dir/sock" PGPORT="$PGTAP_PORT" \
-			PGDATABASE=idempotency_pgtap PATH="$("$PG_CONFIG" --bindir):$PATH" \
-			make pgtap PG_CONFIG="$PG_CONFIG"
-		rc=$?
-	else
-		rc=1
+	rm -rf --one-file-system "$dir/tmp/idempotency-src" "$dir/tmp/idempotency-vendor"
+	mkdir -p "$dir/tmp/idempotency-src" || return 1
+	tar -C "$SRC" --exclude=./.git --exclude='./tmp_check*' --exclude='*.o' \
+		--exclude='*.so' --exclude='*.bc' -cf - . |
+		tar -C "$dir/tmp/idempotency-src" -xf - || return 1
+	# released third-party sources the examples build (Citus)
+	if [ -d "${IDEM_VENDOR_DIR:-$SRC/../shared/vendor}" ]; then
+		cp -r "${IDEM_VENDOR_DIR:-$SRC/../shared/vendor}" "$dir/tmp/idempotency-vendor" || return 1
 	fi
-	if [ "$rc" -ne 0 ]; then
-		show_file "$dir/postgresql.log" 200
-	fi
-	cluster_stop "$dir" || [ "$rc" -ne 0 ] || rc=1
-	return "$rc"
-}
+	inner_results=/tmp/idempotency-results
+	: >"$dir$inner_results"
+	[ "$v" = 18 ] && from_env=(IDEM_UPGRADE_FROM=17)
 
-suite_demo() {
-	local dir="$WORK/demo_cluster" rc
-	have_files 'examples/demo.sql' || return 3
-	cluster_start "$dir" "$DEMO_PORT" "fsync = off" || return 1
-	in_work env PGHOST="$dir/sock" PGPORT="$DEMO_PORT" PGDATABASE=postgres \
-		"$("$PG_CONFIG" --bindir)/psql" -X -v ON_ERROR_STOP=1 -a \
-		-f examples/demo.sql >"$WORK/demo.out" 2>&1
+	root_mount "$dir" || return 1
+	CURRENT_ROOT=$dir
+	root_run "$dir" env SUITES="$INNER_SUITES" IDEM_RESULTS="$inner_results" \
+		IDEM_VENDOR_DIR=/tmp/idempotency-vendor "${from_env[@]}" \
+		PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
+		bash /tmp/idempotency-src/test/run-suites.sh
 	rc=$?
-	if [ "$rc" -eq 0 ]; then
-		echo "examples/demo.sql ran to the end (output in demo.out)"
-	else
-		show_file "$WORK/demo.out" 200
-		show_file "$dir/postgresql.log" 100
-	fi
-	cluster_stop "$dir" || [ "$rc" -ne 0 ] || rc=1
+	CURRENT_ROOT=""
+	root_umount "$dir" || rc=1
+	cp "$dir$inner_results" "$RESULTS.$v" 2>/dev/null
 	return "$rc"
 }
 
-suite_examples() {
-	local t rc=0 n=0 base=54400
-	have_files 'examples/*/test.sh' || return 3
-	for t in "$WORK"/examples/*/test.sh; do
-		echo "---- ${t#"$WORK"/}"
-		if in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" \
-			EXAMPLES_PORT_BASE=$((base + n * 10)) bash "$t"; then
-			echo "---- ${t#"$WORK"/}: passed"
-		else
-			echo "---- ${t#"$WORK"/}: FAILED"
-			rc=1
-		fi
-		n=$((n + 1))
-	done
-	return "$rc"
-}
-
-# ---------------------------------------------------------------- suites
-for s in $SUITES; do
-	say "suite $s"
-	CURRENT=$s
-	start=$SECONDS
-	"suite_$s"
-	rc=$?
-	took=$((SECONDS - start))
-	case $rc in
-	0)
-		RESULT[$s]="passed (${took}s)"
-		PASSED=$((PASSED + 1))
-		;;
-	3)
-		RESULT[$s]="skipped (no test files)"
-		echo "no test files: skipped"
-		;;
-	124 | 137)
-		RESULT[$s]="FAILED (timed out after ${SUITE_TIMEOUT}s)"
-		FAILED=$((FAILED + 1))
-		;;
-	*)
-		RESULT[$s]="FAILED (${took}s)"
-		FAILED=$((FAILED + 1))
-		;;
-	esac
-	CURRENT=""
+# ---------------------------------------------------------------- majors
+HOST_MAJOR=$(host_major)
+NEED_ROOTS=0
+for v in $PG_VERSIONS; do
+	[ "$v" = "$HOST_MAJOR" ] || NEED_ROOTS=1
 done
+if [ "$NEED_ROOTS" = 1 ]; then
+	say "host tools for the root file systems"
+	deps_ensure mmdebstrap || exit 1
+fi
+
+if [ -n "$INNER_SUITES" ]; then
+	for v in $PG_VERSIONS; do
+		: >"$RESULTS.$v"
+		if [ "$v" = "$HOST_MAJOR" ]; then
+			say "PostgreSQL $v (this machine)"
+			env SUITES="$INNER_SUITES" IDEM_RESULTS="$RESULTS.$v" \
+				PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
+				bash "$SRC/test/run-suites.sh"
+		else
+			say "PostgreSQL $v (Debian $(root_suite "$v") root in $(root_dir "$v"))"
+			run_in_root "$v"
+		fi
+		record "$v" "$RESULTS.$v" "$INNER_SUITES"
+		rm -f "$RESULTS.$v"
+	done
+fi
+
+# ---------------------------------------------------------------- across majors
+case " $SUITES " in
+*" upgrade "*)
+	: >"$RESULTS.cross"
+	if [[ " $PG_VERSIONS " == *" 15 "* && " $PG_VERSIONS " == *" 18 "* ]]; then
+		say "suite upgrade: PostgreSQL 15 (this machine) dumped and restored into 18"
+		start=$SECONDS
+		if bash "$SRC/test/upgrade/dump_restore.sh" 15 18; then
+			echo "upgrade passed ($((SECONDS - start))s)" >>"$RESULTS.cross"
+		else
+			echo "upgrade FAILED ($((SECONDS - start))s)" >>"$RESULTS.cross"
+		fi
+	else
+		echo "upgrade skipped (needs PostgreSQL 15 and 18 in PG_VERSIONS)" >>"$RESULTS.cross"
+	fi
+	record cross "$RESULTS.cross" upgrade
+	rm -f "$RESULTS.cross"
+	;;
+esac
 
 # cleanup (the EXIT trap) prints the summary and sets the exit status
 true

@@ -7,7 +7,7 @@
 #
 #   idem_copy_tree SRC DEST   copy SRC (working tree, without .git and build
 #                             or test output) to DEST, owned by CLUSTER_USER
-#   idem_build DIR            make, as CLUSTER_USER
+#   idem_build DIR            make (warnings are errors), as CLUSTER_USER
 #   idem_install DIR          make install: as root directly, otherwise
 #                             directly if the PostgreSQL directories are
 #                             writable, else through sudo
@@ -33,7 +33,8 @@ idem_copy_tree() {
 idem_build() {
 	local dir="$1" jobs
 	jobs=$(nproc 2>/dev/null || echo 2)
-	(cd "$dir" && cluster_as_user make -j"$jobs" PG_CONFIG="$PG_CONFIG")
+	# warning-free with the server's own flags, or the build fails
+	(cd "$dir" && cluster_as_user make -j"$jobs" PG_CONFIG="$PG_CONFIG" COPT=-Werror)
 }
 
 idem_install() {

@@ -4,54 +4,67 @@
 # shared by test/run-all.sh and examples/demo.sh.  Source it; it defines
 # functions and variables only.
 #
-#   deps_ensure      install the missing Debian packages of IDEM_DEB_PACKAGES
-#                    with apt (as root; "apt-get update" runs once, and only
-#                    when something is missing).  As non-root it only checks
-#                    and fails with the apt-get command to run.
+#   deps_packages M  print the Debian packages the tests of PostgreSQL M need
+#   deps_ensure [P..] install the missing ones of packages P (default: those
+#                    of deps_packages for PG_CONFIG's major) with apt (as
+#                    root; "apt-get update" runs once, and only when
+#                    something is missing).  As non-root it only checks and
+#                    fails with the apt-get command to run.
 #   deps_test_user   print the unprivileged user to build and test as: when
 #                    root, $IDEM_TEST_USER or "postgres" (created as a system
 #                    user if absent); when not root, the current user.
 
-# Everything "make", "make installcheck" (pg_regress, pg_isolation_regress,
-# prove with PostgreSQL::Test::Cluster), "make pgtap" (pg_prove) and the
-# examples' tests (python3-psycopg, curl, pgbouncer, plproxy) need.
-# The Perl modules PostgreSQL::Test::* use beyond IPC::Run and Test::More are
-# core modules from the perl package.
-IDEM_DEB_PACKAGES=(
-	postgresql-15
-	postgresql-client-15
-	postgresql-server-dev-15
-	postgresql-15-pgtap
-	libtap-parser-sourcehandler-pgtap-perl
-	postgresql-15-cron
-	postgresql-15-plproxy
-	pgbouncer
-	libipc-run-perl
-	libtest-simple-perl
-	python3
-	python3-psycopg
-	curl
-	perl
-	make
-	gcc
-)
+# Everything the tests of PostgreSQL major MAJOR need, as Debian packages:
+# "make", "make installcheck" (pg_regress, pg_isolation_regress, prove with
+# PostgreSQL::Test::Cluster), "make pgtap" (pg_prove), the examples' tests
+# (python3-psycopg, curl, pgbouncer, plproxy, the Citus build), the DBA
+# operations tests (pg_repack) and the packaging tests (pg_buildext,
+# pgxnclient, postgres_exporter).  The Perl modules PostgreSQL::Test::* use
+# beyond IPC::Run and Test::More are core modules from the perl package.
+deps_packages() {
+	local m="$1"
+	printf '%s\n' \
+		"postgresql-$m" "postgresql-client-$m" "postgresql-server-dev-$m" \
+		"postgresql-$m-pgtap" "postgresql-$m-cron" "postgresql-$m-plproxy" \
+		"postgresql-$m-repack" \
+		libtap-parser-sourcehandler-pgtap-perl pgbouncer \
+		libipc-run-perl libtest-simple-perl perl \
+		python3 python3-psycopg curl make gcc libc6-dev \
+		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev \
+		libssl-dev libkrb5-dev libselinux1-dev libxslt1-dev libpam0g-dev \
+		libreadline-dev zlib1g-dev \
+		debhelper dpkg-dev fakeroot postgresql-server-dev-all \
+		pgxnclient prometheus-postgres-exporter
+}
 
+# The major of $PG_CONFIG.
+deps_major() {
+	"${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}" --version 2>/dev/null |
+		sed -n 's/^PostgreSQL \([0-9][0-9]*\).*/\1/p'
+}
+
+# Packages of the arguments that are not installed.
 _deps_missing() {
 	local pkg
-	for pkg in "${IDEM_DEB_PACKAGES[@]}"; do
+	for pkg in "$@"; do
 		if [ "$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null)" != "install ok installed" ]; then
 			printf '%s\n' "$pkg"
 		fi
 	done
 }
 
+# deps_ensure [PACKAGE...]: install the missing ones of PACKAGEs, or, with
+# none given, of deps_packages for PG_CONFIG's major (15 by default).
 deps_ensure() {
-	local missing=()
+	local missing=() want=("$@")
 	if ! command -v dpkg-query >/dev/null 2>&1; then
 		echo "deps: not a Debian system; assuming the dependencies are installed" >&2
 		return 0
 	fi
-	mapfile -t missing < <(_deps_missing)
+	if [ ${#want[@]} -eq 0 ]; then
+		mapfile -t want < <(deps_packages "$(deps_major || echo 15)")
+	fi
+	mapfile -t missing < <(_deps_missing "${want[@]}")
 	if [ ${#missing[@]} -eq 0 ]; then
 		return 0
 	fi

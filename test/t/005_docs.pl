@@ -425,14 +425,22 @@ SKIP:
 			"META.json: provides.idempotency.$key '$path' exists in the tree");
 	}
 
+	# the supported range: ">= 15.0.0, < 19.0.0" (meta-spec version range)
 	my $pg = $meta->{prereqs}{runtime}{requires}{PostgreSQL} // '';
-	like($pg, qr/^\d+\.\d+\.\d+$/,
-		'META.json: prereqs.runtime.requires.PostgreSQL is a version');
+	like($pg, qr/^>= \d+\.\d+\.\d+, < \d+\.\d+\.\d+$/,
+		'META.json: prereqs.runtime.requires.PostgreSQL is a version range');
+	my ($min_major, $past_major) = $pg =~ /^>= (\d+)\.\d+\.\d+, < (\d+)\./;
 	my $makefile = slurp_utf8("$root/Makefile");
 	if ($makefile =~ /VERSION_NUM\)\s+-lt\s+(\d+)0000\b/)
 	{
-		is((split /\./, $pg)[0], $1,
+		is($min_major, $1,
 			'META.json: minimum PostgreSQL is the Makefile\'s minimum');
+	}
+	my $readme = slurp_utf8("$root/README.md");
+	for my $major ($min_major .. $past_major - 1)
+	{
+		like($readme, qr/^\| $major \|/m,
+			"README: the supported versions table has a row for PostgreSQL $major");
 	}
 
 	my $changelog = slurp_utf8("$root/CHANGELOG.md");

@@ -1,0 +1,127 @@
+/*-------------------------------------------------------------------------
+ *
+ * compat.h
+ *	  The differences between the PostgreSQL majors this extension builds
+ *	  against (15 to 18), in one place.
+ *
+ * Every other file calls the Idem* names below and never tests
+ * PG_VERSION_NUM itself.  Each guard says what changed upstream, and in
+ * which major, so that a guard can be dropped when its older majors are.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/compat.h
+ *
+ *-------------------------------------------------------------------------
+ */
+#ifndef IDEMPOTENCY_COMPAT_H
+#define IDEMPOTENCY_COMPAT_H
+
+#include "postgres.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "executor/executor.h"
+#include "storage/lock.h"
+
+#if PG_VERSION_NUM < 150000
+#error "idempotency requires PostgreSQL 15 or later"
+#endif
+
+/*
+ * Which index entries a heap update needs.  PostgreSQL 16
+ * made simple_heap_update() report it (TU_UpdateIndexes), because a HOT
+ * update may now still need entries in summarizing (BRIN) indexes; before,
+ * a heap-only tuple needed none and any other needed all.
+ */
+typedef enum IdemIndexUpdate
+{
+	IDEM_INDEX_UPDATE_NONE,		/* HOT: no index changes */
+	IDEM_INDEX_UPDATE_ALL,		/* new TID: an entry in every index */
+	IDEM_INDEX_UPDATE_SUMMARIZING	/* HOT, but summarizing indexes need it */
+} IdemIndexUpdate;
+
+static inline IdemIndexUpdate
+IdemSimpleHeapUpdate(Relation rel, ItemPointer otid, HeapTuple tup)
+{
+#if PG_VERSION_NUM >= 160000
+	TU_UpdateIndexes update_indexes;
+
+	simple_heap_update(rel, otid, tup, &update_indexes);
+	switch (update_indexes)
+	{
+		case TU_None:
+			return IDEM_INDEX_UPDATE_NONE;
+		case TU_Summarizing:
+			return IDEM_INDEX_UPDATE_SUMMARIZING;
+		case TU_All:
+			break;
+	}
+	return IDEM_INDEX_UPDATE_ALL;
+#else
+	simple_heap_update(rel, otid, tup);
+	return HeapTupleIsHeapOnly(tup) ? IDEM_INDEX_UPDATE_NONE :
+		IDEM_INDEX_UPDATE_ALL;
+#endif
+}
+
+/*
+ * Whether an index access method is summarizing (BRIN): PostgreSQL 16 added
+ * IndexAmRoutine.amsummarizing; before, no index was maintained that way.
+ */
+#if PG_VERSION_NUM >= 160000
+#define IdemIndexIsSummarizing(indexrel) ((indexrel)->rd_indam->amsummarizing)
+#else
+#define IdemIndexIsSummarizing(indexrel) ((void) (indexrel), false)
+#endif
+
+/*
+ * ExecInsertIndexTuples(): PostgreSQL 16 added the trailing
+ * "onlySummarizing" argument (with TU_UpdateIndexes).  Called as for an
+ * insert: "update" only feeds a hint to btree's bottom-up deletion.
+ */
+#if PG_VERSION_NUM >= 160000
+#define IdemExecInsertIndexTuples(rri, slot, estate, only_summarizing) \
+	ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL, \
+						  (only_summarizing))
+#else
+#define IdemExecInsertIndexTuples(rri, slot, estate, only_summarizing) \
+	((void) (only_summarizing), \
+	 ExecInsertIndexTuples((rri), (slot), (estate), false, false, NULL, NIL))
+#endif
+
+/*
+ * LockHeldByMe(): PostgreSQL 17 added "orstronger".
+ * Callers here ask about exactly the mode given.
+ */
+#if PG_VERSION_NUM >= 170000
+#define IdemLockHeldByMe(tag, mode) LockHeldByMe((tag), (mode), false)
+#else
+#define IdemLockHeldByMe(tag, mode) LockHeldByMe((tag), (mode))
+#endif
+
+/*
+ * index_beginscan(): PostgreSQL 18 added an
+ * IndexScanInstrumentation argument, for EXPLAIN ANALYZE; none here.
+ */
+#if PG_VERSION_NUM >= 180000
+#define IdemIndexBeginScan(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), NULL, (nkeys), 0)
+#else
+#define IdemIndexBeginScan(heap, index, snapshot, nkeys) \
+	index_beginscan((heap), (index), (snapshot), (nkeys), 0)
+#endif
+
+/*
+ * The module's magic block: PostgreSQL 18 lets it carry
+ * the module's name and version, shown by pg_get_loaded_modules().
+ */
+#ifdef PG_MODULE_MAGIC_EXT
+#define IDEM_MODULE_MAGIC \
+	PG_MODULE_MAGIC_EXT(.name = "idempotency", .version = IDEM_VERSION)
+#else
+#define IDEM_MODULE_MAGIC PG_MODULE_MAGIC
+#endif
+
+#endif							/* IDEMPOTENCY_COMPAT_H */

@@ -1,0 +1,261 @@
+/*-------------------------------------------------------------------------
+ *
+ * indexes.c
+ *	  The indexes of a ledger partition: which one probes may use, and
+ *	  keeping every one of them complete when a row is written.
+ *
+ * The extension makes one index per partition, a btree on the digest, and
+ * probes it.  But a partition's indexes are the DBA's too: REINDEX
+ * CONCURRENTLY builds a copy beside it and swaps it in, and a DBA may add
+ * an index of their own.  So nothing about indexes is cached across calls:
+ * every call takes the partition's index list from the relcache (which
+ * PostgreSQL keeps true under its locks), and
+ *	- probes use an index only if it is provably a complete digest btree:
+ *	  valid, live, one key column (the digest), no expression, no
+ *	  predicate, the uuid btree operator family;
+ *	- writes add entries to every index that is ready for inserts, as
+ *	  PostgreSQL's own executor does, so that an index under construction
+ *	  (CREATE INDEX CONCURRENTLY, REINDEX CONCURRENTLY) or one a DBA added
+ *	  stays complete.
+ *
+ * Indexes that take their entries straight from columns are written here
+ * directly; when a partition has one with an expression, a predicate, a
+ * uniqueness or an exclusion constraint, the executor's own
+ * ExecInsertIndexTuples() does the work for all of them.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/indexes.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/htup_details.h"
+#include "catalog/index.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_type.h"
+#include "commands/defrem.h"
+#include "executor/executor.h"
+#include "executor/tuptable.h"
+#include "nodes/execnodes.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/relcache.h"
+
+static bool IdemIsDigestIndex(Relation index);
+static bool IdemIsSimpleIndex(Relation index);
+static IndexInfo *IdemIndexInfo(Relation index);
+static void IdemInsertIndexEntriesDirect(IdemOpenPartition *op,
+										 HeapTuple tuple, bool only_summarizing);
+static void IdemInsertIndexEntriesExecutor(IdemOpenPartition *op,
+										   HeapTuple tuple,
+										   bool only_summarizing);
+
+/*
+ * IdemOpenPartitionIndexes opens every index of the open partition in the
+ * given lock mode (the partition itself must be locked already, so that no
+ * index can be dropped meanwhile), and picks the digest index probes use:
+ * the first, in OID order, that is provably one.
+ */
+void
+IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
+{
+	List	   *indexoids = RelationGetIndexList(op->heap);
+	ListCell   *lc;
+	int			n = list_length(indexoids);
+
+	op->index = NULL;
+	op->nindexes = 0;
+	op->simple = true;
+	op->indexes = (n <= IDEM_INLINE_INDEXES) ? op->inline_indexes :
+		palloc(n * sizeof(Relation));
+
+	foreach(lc, indexoids)
+	{
+		Relation	index = index_open(lfirst_oid(lc), lockmode);
+
+		op->indexes[op->nindexes++] = index;
+		if (op->index == NULL && IdemIsDigestIndex(index))
+			op->index = index;
+		if (!IdemIsSimpleIndex(index))
+			op->simple = false;
+	}
+	list_free(indexoids);
+
+	if (op->index == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("partition \"%s.%s\" has no usable digest index",
+						IDEM_SCHEMA_NAME, RelationGetRelationName(op->heap)),
+				 errdetail("The extension needs a valid btree index on column \"digest\" alone, without predicate or expression."),
+				 errhint("Recreate it with CREATE INDEX ON %s.%s (digest), or REINDEX TABLE %s.%s.",
+						 IDEM_SCHEMA_NAME,
+						 quote_identifier(RelationGetRelationName(op->heap)),
+						 IDEM_SCHEMA_NAME,
+						 quote_identifier(RelationGetRelationName(op->heap)))));
+}
+
+/* closes the indexes IdemOpenPartitionIndexes opened, keeping the locks */
+void
+IdemClosePartitionIndexes(IdemOpenPartition *op)
+{
+	int			i;
+
+	for (i = 0; i < op->nindexes; i++)
+		index_close(op->indexes[i], NoLock);
+	if (op->indexes != op->inline_indexes)
+		pfree(op->indexes);
+	op->indexes = NULL;
+	op->nindexes = 0;
+	op->index = NULL;
+}
+
+/*
+ * IdemInsertIndexEntries adds the index entries a row version just written
+ * to the partition (at tuple->t_self) needs: in every index ready for
+ * inserts, only in summarizing ones, or none (see IdemIndexUpdate).
+ */
+void
+IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
+					   IdemIndexUpdate which)
+{
+	if (which == IDEM_INDEX_UPDATE_NONE)
+		return;
+	if (op->simple)
+		IdemInsertIndexEntriesDirect(op, tuple,
+									 which == IDEM_INDEX_UPDATE_SUMMARIZING);
+	else
+		IdemInsertIndexEntriesExecutor(op, tuple,
+									   which == IDEM_INDEX_UPDATE_SUMMARIZING);
+}
+
+/*
+ * IdemIsDigestIndex: is this index one that finds every row of a digest,
+ * with the uuid equality of a btree probe?
+ */
+static bool
+IdemIsDigestIndex(Relation index)
+{
+	static Oid	uuid_btree_family = InvalidOid;
+	Form_pg_index form = index->rd_index;
+
+	if (!form->indisvalid || !form->indisready || !form->indislive ||
+		form->indnatts != 1 || form->indkey.values[0] != Anum_ledger_digest ||
+		index->rd_rel->relam != BTREE_AM_OID ||
+		!heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) ||
+		!heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL))
+		return false;
+
+	if (!OidIsValid(uuid_btree_family))
+		uuid_btree_family = get_opclass_family(GetDefaultOpClass(UUIDOID,
+																 BTREE_AM_OID));
+	return index->rd_opfamily[0] == uuid_btree_family;
+}
+
+/*
+ * IdemIsSimpleIndex: can this index's entries be made from the row's
+ * columns alone, with no uniqueness or exclusion check?
+ */
+static bool
+IdemIsSimpleIndex(Relation index)
+{
+	Form_pg_index form = index->rd_index;
+
+	return !form->indisunique && !form->indisexclusion &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
+		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL);
+}
+
+/*
+ * IdemIndexInfo returns the IndexInfo of an index.  A digest btree's is the
+ * same for every partition, so it is built once per backend; any other is
+ * built for the call.
+ */
+static IndexInfo *
+IdemIndexInfo(Relation index)
+{
+	static IndexInfo *digest_info = NULL;
+	MemoryContext oldcxt;
+	IndexInfo  *info;
+
+	if (!IdemIsDigestIndex(index))
+		return BuildIndexInfo(index);
+	if (digest_info == NULL)
+	{
+		oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+		info = BuildIndexInfo(index);
+		MemoryContextSwitchTo(oldcxt);
+		digest_info = info;
+	}
+	return digest_info;
+}
+
+/*
+ * IdemInsertIndexEntriesDirect inserts the entries of a row version into
+ * indexes whose entries are plain columns of the row.
+ */
+static void
+IdemInsertIndexEntriesDirect(IdemOpenPartition *op, HeapTuple tuple,
+							 bool only_summarizing)
+{
+	TupleDesc	tupdesc = RelationGetDescr(op->heap);
+	int			i;
+
+	for (i = 0; i < op->nindexes; i++)
+	{
+		Relation	index = op->indexes[i];
+		Form_pg_index form = index->rd_index;
+		Datum		values[INDEX_MAX_KEYS];
+		bool		isnull[INDEX_MAX_KEYS];
+		int			k;
+
+		if (!form->indisready)
+			continue;			/* not built yet: its build will see the row */
+		if (only_summarizing && !IdemIndexIsSummarizing(index))
+			continue;
+		for (k = 0; k < form->indnatts; k++)
+			values[k] = heap_getattr(tuple, form->indkey.values[k], tupdesc,
+									 &isnull[k]);
+		(void) index_insert(index, values, isnull, &tuple->t_self, op->heap,
+							UNIQUE_CHECK_NO, false, IdemIndexInfo(index));
+	}
+}
+
+/*
+ * IdemInsertIndexEntriesExecutor has the executor insert the entries of a
+ * row version into every index of the partition: expressions, predicates
+ * and unique or exclusion checks are its business.
+ */
+static void
+IdemInsertIndexEntriesExecutor(IdemOpenPartition *op, HeapTuple tuple,
+							   bool only_summarizing)
+{
+	EState	   *estate = CreateExecutorState();
+	ResultRelInfo *rri = makeNode(ResultRelInfo);
+	TupleTableSlot *slot;
+	List	   *recheck;
+
+	InitResultRelInfo(rri, op->heap, 0, NULL, 0);
+	ExecOpenIndices(rri, false);
+	slot = MakeSingleTupleTableSlot(RelationGetDescr(op->heap),
+									&TTSOpsHeapTuple);
+	ExecStoreHeapTuple(tuple, slot, false);
+
+	recheck = IdemExecInsertIndexTuples(rri, slot, estate, only_summarizing);
+	if (recheck != NIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("partition \"%s.%s\" has a deferrable unique or exclusion constraint",
+						IDEM_SCHEMA_NAME, RelationGetRelationName(op->heap)),
+				 errdetail("Ledger partitions do not support deferred constraint checks."),
+				 errhint("Drop the constraint.")));
+
+	ExecDropSingleTupleTableSlot(slot);
+	ExecCloseIndices(rri);
+	FreeExecutorState(estate);
+}

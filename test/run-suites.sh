@@ -1,0 +1,363 @@
+#!/usr/bin/env bash
+#
+# test/run-suites.sh -- build, install and test the idempotency extension
+# against one PostgreSQL major, on this machine.  test/run-all.sh (the
+# README's test command) runs it for every major, here or in a Debian root
+# file system; run it directly for quick work on the host's major:
+#
+#   bash test/run-suites.sh                      # every suite
+#   SUITES="regress isolation" bash test/run-suites.sh
+#
+# Suites, in order: regress (sql/*.sql, pg_regress), isolation
+# (test/specs/*.spec, pg_isolation_regress), tap (test/t/*.pl, prove with
+# PostgreSQL::Test::Cluster), pgtap (test/pgtap/*.sql, pg_prove on a
+# throwaway cluster), demo (examples/demo.sql, which checks its own result,
+# on a throwaway cluster), examples (every examples/*/test.sh: each starts
+# and stops its own clusters, run as the test user with PG_CONFIG, SRC (the
+# scratch copy) and EXAMPLES_PORT_BASE set; exit 0 = pass), packaging
+# (test/packaging/*.sh: the Debian package, the PGXN archive and the
+# Prometheus exporter, each run as root with PG_CONFIG and SRC set).  A
+# suite with no test files is skipped.
+#
+# As root (CI, fresh Debian): installs missing packages with apt, builds
+# and tests as the unprivileged user "postgres" (IDEM_TEST_USER to change it)
+# in a fresh copy of the tree under $TMPDIR, and installs as root.
+# As a non-root user: the packages must already be installed (the script
+# says which are missing); it builds and tests as you, and runs
+# "make install" through sudo if you cannot write PostgreSQL's directories.
+#
+# Environment:
+#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples packaging")
+#   PG_CONFIG       default /usr/lib/postgresql/15/bin/pg_config
+#   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
+#   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
+#   SUITE_TIMEOUT   seconds one suite may take (default 900)
+#   KEEP_WORKDIR=1  keep the scratch directory (it is always kept on failure)
+#   IDEM_RESULTS    file to append one line per suite to: "SUITE STATUS SECONDS"
+#                   (STATUS: passed, failed, skipped), for test/run-all.sh
+#   IDEM_UPGRADE_FROM  a major whose server is installed beside this one
+#                   (the 18 root has 17): the extension is built and
+#                   installed for it too, and the tap suite's pg_upgrade
+#                   test upgrades from it
+#
+# The last line of output is "N passed, N failed" (suites; a skipped suite
+# counts in neither, one that could not run or was interrupted counts as
+# failed).  The exit status is non-zero if anything failed.  Every server started here,
+# including pg_regress and TAP ones left behind by an interrupted run, is
+# stopped on exit, INT and TERM.
+
+set -uo pipefail
+
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# shellcheck source=test/lib/cluster.sh
+. "$SRC/test/lib/cluster.sh"
+# shellcheck source=test/lib/deps.sh
+. "$SRC/test/lib/deps.sh"
+# shellcheck source=test/lib/build.sh
+. "$SRC/test/lib/build.sh"
+
+ALL_SUITES="regress isolation tap pgtap demo examples packaging"
+SUITES=${SUITES:-$ALL_SUITES}
+export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+PGTAP_PORT=${PGTAP_PORT:-54393}
+DEMO_PORT=${DEMO_PORT:-54395}
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-900}
+
+for s in $SUITES; do
+	case " $ALL_SUITES " in
+	*" $s "*) ;;
+	*)
+		echo "run-suites: unknown suite '$s' (known: $ALL_SUITES)" >&2
+		exit 2
+		;;
+	esac
+done
+
+say() { printf '\n==== %s\n' "$*"; }
+
+WORK=""
+CHILD=""
+CURRENT=""
+declare -A RESULT=()
+PASSED=0
+FAILED=0
+
+# Long-running steps run in their own session (setsid) in the background, so
+# that a signal to this script interrupts "wait" at once and cleanup can end
+# the whole step (make, pg_regress, prove, ...) before stopping servers.
+run_child() {
+	(cd "$WORK" && exec setsid "$@") &
+	CHILD=$!
+	wait "$CHILD"
+	local rc=$?
+	CHILD=""
+	return "$rc"
+}
+
+stop_child() {
+	[ -n "$CHILD" ] || return 0
+	kill -TERM -- "-$CHILD" 2>/dev/null || kill -TERM "$CHILD" 2>/dev/null
+	for _ in $(seq 1 30); do
+		kill -0 "$CHILD" 2>/dev/null || break
+		sleep 1
+	done
+	kill -KILL -- "-$CHILD" 2>/dev/null
+	wait "$CHILD" 2>/dev/null
+	CHILD=""
+}
+
+# On every exit: stop what is running, then print the summary as the last
+# line.  Suites without a result (setup failed, or interrupted) count as
+# failed.
+cleanup() {
+	local rc=$? s
+	trap - EXIT INT TERM
+	stop_child
+	cluster_stop_all || rc=1
+	if [ -n "$WORK" ]; then
+		cluster_stop_any_under "$WORK" || rc=1
+	fi
+	for s in $SUITES; do
+		if [ -z "${RESULT[$s]:-}" ]; then
+			if [ "$s" = "$CURRENT" ]; then
+				RESULT[$s]="FAILED (interrupted)"
+			else
+				RESULT[$s]="FAILED (not run)"
+			fi
+			FAILED=$((FAILED + 1))
+		fi
+	done
+	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
+	if [ -n "$WORK" ]; then
+		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
+			rm -rf "$WORK"
+		else
+			echo "run-suites: scratch directory kept: $WORK"
+		fi
+	fi
+	say "summary"
+	for s in $SUITES; do
+		printf '%-10s %s\n' "$s" "${RESULT[$s]}"
+	done
+	if [ -n "${IDEM_RESULTS:-}" ]; then
+		for s in $SUITES; do
+			printf '%s %s\n' "$s" "${RESULT[$s]}"
+		done >>"$IDEM_RESULTS"
+	fi
+	echo "$PASSED passed, $FAILED failed"
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'echo "run-suites: interrupted" >&2; exit 130' INT
+trap 'echo "run-suites: terminated" >&2; exit 143' TERM
+
+# ---------------------------------------------------------------- setup
+say "dependencies"
+deps_ensure || exit 1
+CLUSTER_USER=$(deps_test_user) || exit 1
+export CLUSTER_USER
+if [ "$(id -u)" -eq 0 ]; then
+	AS_USER=(runuser -u "$CLUSTER_USER" --)
+else
+	AS_USER=()
+fi
+echo "building and testing as user $CLUSTER_USER with $PG_CONFIG ($("$PG_CONFIG" --version))"
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-test.XXXXXX") || exit 1
+chmod 755 "$WORK"
+idem_copy_tree "$SRC" "$WORK" || exit 1
+echo "scratch copy: $WORK"
+
+say "build"
+if ! idem_build "$WORK"; then
+	echo "run-suites: build failed; no suite was run" >&2
+	exit 1
+fi
+say "install"
+if ! idem_install "$WORK"; then
+	echo "run-suites: make install failed; no suite was run" >&2
+	exit 1
+fi
+if [ -n "${IDEM_UPGRADE_FROM:-}" ]; then
+	# the same source, built and installed for the older major, whose
+	# clusters the tap suite's pg_upgrade test upgrades from
+	say "build and install for PostgreSQL $IDEM_UPGRADE_FROM (upgrade tests)"
+	if ! (PG_CONFIG=/usr/lib/postgresql/$IDEM_UPGRADE_FROM/bin/pg_config &&
+		idem_copy_tree "$SRC" "$WORK/upgrade-from" &&
+		idem_build "$WORK/upgrade-from" && idem_install "$WORK/upgrade-from"); then
+		echo "run-suites: build for PostgreSQL $IDEM_UPGRADE_FROM failed; no suite was run" >&2
+		exit 1
+	fi
+	export IDEM_UPGRADE_FROM_BINDIR=/usr/lib/postgresql/$IDEM_UPGRADE_FROM/bin
+fi
+
+# ---------------------------------------------------------------- helpers
+# Run a command as the test user in the scratch copy, bounded in time.
+in_work() {
+	run_child "${AS_USER[@]}" timeout -k 30 "$SUITE_TIMEOUT" "$@"
+}
+
+have_files() {
+	compgen -G "$WORK/$1" >/dev/null
+}
+
+show_file() {
+	local f="$1" lines="${2:-400}"
+	[ -f "$f" ] || return 0
+	echo "---- ${f#"$WORK"/} (last $lines lines)"
+	tail -n "$lines" "$f"
+}
+
+mk_installcheck() {
+	# pgxs runs regress, isolation and TAP in one "installcheck"; emptying the
+	# other two variables on the command line selects one of them.
+	in_work make installcheck PG_CONFIG="$PG_CONFIG" "$@"
+}
+
+suite_regress() {
+	local rc
+	have_files 'sql/*.sql' || return 3
+	mk_installcheck ISOLATION= TAP_TESTS=
+	rc=$?
+	[ "$rc" -eq 0 ] && return 0
+	show_file "$WORK/regression.diffs" 1000
+	show_file "$WORK/tmp_check_regress/log/postmaster.log" 100
+	return "$rc"
+}
+
+suite_isolation() {
+	local rc
+	have_files 'test/specs/*.spec' || return 3
+	mk_installcheck REGRESS= TAP_TESTS=
+	rc=$?
+	[ "$rc" -eq 0 ] && return 0
+	show_file "$WORK/output_iso/regression.diffs" 1000
+	show_file "$WORK/tmp_check_iso/log/postmaster.log" 100
+	return "$rc"
+}
+
+suite_tap() {
+	local f rc
+	have_files 'test/t/*.pl' || return 3
+	mk_installcheck REGRESS= ISOLATION= PROVE_FLAGS=--timer
+	rc=$?
+	[ "$rc" -eq 0 ] && return 0
+	for f in "$WORK"/tmp_check/log/*; do
+		show_file "$f" 300
+	done
+	return "$rc"
+}
+
+suite_pgtap() {
+	local dir="$WORK/pgtap_cluster" conf=() line rc=0
+	have_files 'test/pgtap/*.sql' || return 3
+	# same server settings as the pg_regress instances
+	if [ -f "$WORK/test/idempotency.conf" ]; then
+		while IFS= read -r line; do
+			conf+=("$line")
+		done <"$WORK/test/idempotency.conf"
+	fi
+	conf+=("fsync = off")
+	cluster_start "$dir" "$PGTAP_PORT" "${conf[@]}" || return 1
+	if (cd "$WORK" && cluster_psql "$dir" -q -c 'CREATE DATABASE idempotency_pgtap' &&
+		CLUSTER_DB=idempotency_pgtap cluster_psql "$dir" -q -c 'CREATE EXTENSION pgtap'); then
+		in_work env PGHOST="$dir/sock" PGPORT="$PGTAP_PORT" \
+			PGDATABASE=idempotency_pgtap PATH="$("$PG_CONFIG" --bindir):$PATH" \
+			make pgtap PG_CONFIG="$PG_CONFIG"
+		rc=$?
+	else
+		rc=1
+	fi
+	if [ "$rc" -ne 0 ]; then
+		show_file "$dir/postgresql.log" 200
+	fi
+	cluster_stop "$dir" || [ "$rc" -ne 0 ] || rc=1
+	return "$rc"
+}
+
+suite_demo() {
+	local dir="$WORK/demo_cluster" rc
+	have_files 'examples/demo.sql' || return 3
+	cluster_start "$dir" "$DEMO_PORT" "fsync = off" || return 1
+	in_work env PGHOST="$dir/sock" PGPORT="$DEMO_PORT" PGDATABASE=postgres \
+		"$("$PG_CONFIG" --bindir)/psql" -X -v ON_ERROR_STOP=1 -a \
+		-f examples/demo.sql >"$WORK/demo.out" 2>&1
+	rc=$?
+	if [ "$rc" -eq 0 ]; then
+		echo "examples/demo.sql ran to the end (output in demo.out)"
+	else
+		show_file "$WORK/demo.out" 200
+		show_file "$dir/postgresql.log" 100
+	fi
+	cluster_stop "$dir" || [ "$rc" -ne 0 ] || rc=1
+	return "$rc"
+}
+
+suite_examples() {
+	local t rc=0 n=0 base=54400
+	have_files 'examples/*/test.sh' || return 3
+	for t in "$WORK"/examples/*/test.sh; do
+		echo "---- ${t#"$WORK"/}"
+		if in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" \
+			EXAMPLES_PORT_BASE=$((base + n * 10)) bash "$t"; then
+			echo "---- ${t#"$WORK"/}: passed"
+		else
+			echo "---- ${t#"$WORK"/}: FAILED"
+			rc=1
+		fi
+		n=$((n + 1))
+	done
+	return "$rc"
+}
+
+suite_packaging() {
+	local t rc=0
+	have_files 'test/packaging/*.sh' || return 3
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "the packaging tests install packages: run as root"
+		return 1
+	fi
+	for t in "$WORK"/test/packaging/*.sh; do
+		echo "---- ${t#"$WORK"/}"
+		if run_child timeout -k 30 "$SUITE_TIMEOUT" env SRC="$WORK" \
+			PG_CONFIG="$PG_CONFIG" CLUSTER_USER="$CLUSTER_USER" bash "$t"; then
+			echo "---- ${t#"$WORK"/}: passed"
+		else
+			echo "---- ${t#"$WORK"/}: FAILED"
+			rc=1
+		fi
+	done
+	return "$rc"
+}
+
+# ---------------------------------------------------------------- suites
+for s in $SUITES; do
+	say "suite $s"
+	CURRENT=$s
+	start=$SECONDS
+	"suite_$s"
+	rc=$?
+	took=$((SECONDS - start))
+	case $rc in
+	0)
+		RESULT[$s]="passed (${took}s)"
+		PASSED=$((PASSED + 1))
+		;;
+	3)
+		RESULT[$s]="skipped (no test files)"
+		echo "no test files: skipped"
+		;;
+	124 | 137)
+		RESULT[$s]="FAILED (timed out after ${SUITE_TIMEOUT}s)"
+		FAILED=$((FAILED + 1))
+		;;
+	*)
+		RESULT[$s]="FAILED (${took}s)"
+		FAILED=$((FAILED + 1))
+		;;
+	esac
+	CURRENT=""
+done
+
+# cleanup (the EXIT trap) prints the summary and sets the exit status
+true
