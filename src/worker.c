@@ -34,6 +34,10 @@
  * call that needs one, nor maintenance.  Without preloading, or when the
  * caller already holds DDL locks on the ledger, the call makes it itself.
  *
+ * A database is left alone on a round while pg_restore is connected to it
+ * (see IdemRestoreInProgress), and no launcher is registered in the
+ * binary-upgrade mode pg_upgrade runs the new cluster in.
+ *
  * The launcher and its workers start only once recovery has finished
  * (BgWorkerStart_RecoveryFinished): never on a standby, at once on a
  * promoted one.  The postmaster restarts the launcher after a crash; the
@@ -56,7 +60,9 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/pg_database.h"
+#include "commands/dbcommands.h"
 #include "commands/extension.h"
+#include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -150,6 +156,7 @@ static void IdemLauncherDetach(int code, Datum arg);
 static void IdemLauncherListDatabases(HTAB *dbs);
 static void IdemLauncherRunWorker(IdemDbEntry *db);
 static void IdemWorkerConnect(Oid dboid);
+static bool IdemRestoreInProgress(void);
 static void IdemWorkerDefine(BackgroundWorker *worker, const char *function,
 							 const char *type, int restart_time);
 
@@ -193,12 +200,20 @@ IdemWorkerPreloadInit(void)
 {
 	BackgroundWorker worker;
 
+	prev_ProcessUtility = ProcessUtility_hook;
+	ProcessUtility_hook = IdemProcessUtility;
+
+	/*
+	 * pg_upgrade runs the new cluster in binary-upgrade mode while it
+	 * restores the schema and before it copies the data files: maintenance
+	 * then would drop partitions whose files are still to come.
+	 */
+	if (IsBinaryUpgrade)
+		return;
+
 	IdemWorkerDefine(&worker, "idem_launcher_main", "idempotency launcher",
 					 IDEM_LAUNCHER_RESTART_SECS);
 	RegisterBackgroundWorker(&worker);
-
-	prev_ProcessUtility = ProcessUtility_hook;
-	ProcessUtility_hook = IdemProcessUtility;
 }
 
 /*
@@ -508,7 +523,11 @@ idem_worker_main(Datum main_arg)
 			present ? IDEM_DB_PRESENT : IDEM_DB_ABSENT;
 	SpinLockRelease(&idem_worker_shared->mutex);
 
-	if (present && !RecoveryInProgress())
+	if (present && !RecoveryInProgress() && IdemRestoreInProgress())
+		ereport(LOG,
+				(errmsg("idempotency worker: pg_restore is connected to database \"%s\", not maintaining it this round",
+						get_database_name(dboid))));
+	else if (present && !RecoveryInProgress())
 	{
 		int			created;
 		int			dropped;
@@ -523,6 +542,33 @@ idem_worker_main(Datum main_arg)
 	CommitTransactionCommand();
 	pgstat_report_activity(STATE_IDLE, NULL);
 	proc_exit(0);
+}
+
+/*
+ * IdemRestoreInProgress: is pg_restore connected to this database?  While
+ * it restores the ledgers, maintenance must not touch them: it would make
+ * the tables pg_restore is about to create, or partitions that overlap
+ * those it is about to attach, or drop ended partitions before their rows
+ * are loaded.  pg_restore names its connections "pg_restore".
+ */
+static bool
+IdemRestoreInProgress(void)
+{
+	bool		restoring;
+	bool		isnull;
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	if (SPI_execute("SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity "
+					"WHERE datid = (SELECT oid FROM pg_catalog.pg_database "
+					"WHERE datname = pg_catalog.current_database()) "
+					"AND application_name = 'pg_restore')",
+					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+		elog(ERROR, "could not look for pg_restore sessions");
+	restoring = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+										   SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	return restoring;
 }
 
 /*

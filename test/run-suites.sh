@@ -33,6 +33,7 @@
 #   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
 #   SUITE_TIMEOUT   seconds one suite may take (default 900)
 #   KEEP_WORKDIR=1  keep the scratch directory (it is always kept on failure)
+#   IDEM_PROVE_TESTS  the TAP tests to run (default: every test/t/*.pl)
 #   IDEM_RESULTS    file to append one line per suite to: "SUITE STATUS SECONDS"
 #                   (STATUS: passed, failed, skipped), for test/run-all.sh
 #   IDEM_UPGRADE_FROM  a major whose server is installed beside this one
@@ -239,7 +240,8 @@ suite_isolation() {
 suite_tap() {
 	local f rc
 	have_files 'test/t/*.pl' || return 3
-	mk_installcheck REGRESS= ISOLATION= PROVE_FLAGS=--timer
+	mk_installcheck REGRESS= ISOLATION= PROVE_FLAGS=--timer \
+		${IDEM_PROVE_TESTS:+PROVE_TESTS="$IDEM_PROVE_TESTS"}
 	rc=$?
 	[ "$rc" -eq 0 ] && return 0
 	for f in "$WORK"/tmp_check/log/*; do

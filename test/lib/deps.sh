@@ -31,8 +31,6 @@ deps_packages() {
 		libipc-run-perl libtest-simple-perl perl \
 		python3 python3-psycopg curl make gcc libc6-dev \
 		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev \
-		libssl-dev libkrb5-dev libselinux1-dev libxslt1-dev libpam0g-dev \
-		libreadline-dev zlib1g-dev \
 		debhelper dpkg-dev fakeroot postgresql-server-dev-all \
 		pgxnclient prometheus-postgres-exporter
 }

@@ -125,7 +125,9 @@ for my $round (1 .. $rounds)
 			q{SELECT pid FROM pg_stat_activity WHERE application_name LIKE 'claim%' ORDER BY pid LIMIT 1});
 		ok($pid =~ /^\d+$/, "$label: found a load backend to kill");
 		kill 'KILL', $pid;
-		$node->wait_for_log(qr/server process \(PID $pid\) was terminated by signal 9/, $off);
+		# PostgreSQL 18 names the process by its type ("client backend")
+		$node->wait_for_log(
+			qr/(?:server process|client backend) \(PID $pid\) was terminated by signal 9/, $off);
 		$node->wait_for_log(qr/all server processes terminated; reinitializing/, $off);
 		$node->wait_for_log(qr/database system is ready to accept connections/, $off);
 	}
