@@ -113,7 +113,7 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
-	IdemKeysInit();
+	IdemOwnClaimsInit();
 
 	if (process_shared_preload_libraries_in_progress)
 	{

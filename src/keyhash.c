@@ -124,6 +124,13 @@ IdemDigestContext(void)
  * IdemLaneValue returns the value of the "lane" partition column for a digest
  * under a layout with "lanes" hash lanes.
  *
+ * The lane number is the digest's bytes 12 to 15 read as a little-endian
+ * unsigned integer, modulo the lane count: a function of the stored bytes
+ * alone, so a ledger moved to a machine of the other byte order (pg_dump,
+ * pg_basebackup) finds every row where it is.  (Before 0.3.0 the bytes
+ * were read in the machine's own order, which is the same thing on
+ * little-endian machines.)
+ *
  * The lane count is encoded in the value ((lanes << 8) | lane number), so
  * partitions made under different settings never share a lane value and a
  * key can be looked up under every layout that still has live partitions.
@@ -131,10 +138,12 @@ IdemDigestContext(void)
 int16
 IdemLaneValue(const pg_uuid_t *digest, int lanes)
 {
+	const unsigned char *b = digest->data + 12;
 	uint32		h;
 
 	Assert(lanes >= 1 && lanes <= IDEM_MAX_LANES);
-	memcpy(&h, digest->data + 12, sizeof(h));
+	h = (uint32) b[0] | ((uint32) b[1] << 8) | ((uint32) b[2] << 16) |
+		((uint32) b[3] << 24);
 	return (int16) ((lanes << 8) | (int) (h % (uint32) lanes));
 }
 

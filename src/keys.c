@@ -85,31 +85,6 @@ typedef enum IdemKeyAction
 	IDEM_ACTION_RELEASE
 } IdemKeyAction;
 
-/*
- * A claim made by the current transaction.  Same-transaction claims must be
- * resolved (completed or released) before COMMIT.  Where the row's current
- * version is, is remembered so that the usual claim-then-complete needs no
- * second probe.
- */
-typedef struct IdemOwnClaim
-{
-	Oid			role;
-	pg_uuid_t	digest;
-	char	   *scope;			/* scope and key as given, for matching */
-	int			scopelen;
-	char	   *key;			/* NUL-terminated */
-	int			keylen;
-	bool		must_resolve;	/* same-transaction mode */
-	SubTransactionId made_in;	/* subtransaction that made the claim */
-	SubTransactionId resolved_in;	/* that completed or released it */
-	SubTransactionId moved_in;	/* that last changed the row */
-	IdemPartition part;			/* where the row is; relid invalid if unknown */
-	ItemPointerData tid;
-} IdemOwnClaim;
-
-/* Claims of the current transaction (in TopTransactionContext) */
-static List *own_claims = NIL;
-
 /* One key operation in progress: the key lock and the partitions it opened */
 typedef struct IdemKeyOp
 {
@@ -126,14 +101,7 @@ typedef struct IdemKeyOp
 	bool		nulls[Natts_keys];
 } IdemKeyOp;
 
-static void IdemKeysXactCallback(XactEvent event, void *arg);
-static void IdemKeysSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
-									SubTransactionId parentSubid, void *arg);
-static void IdemCheckPendingClaims(void);
-static IdemOwnClaim *IdemFindOwnClaim(Oid role, text *scope, text *key);
 static bool IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op);
-static void IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op,
-							 ItemPointer newtid);
 static bool IdemKeyOpBegin(IdemKeyOp *op, bool nowait);
 static bool IdemKeyOpLock(IdemKeyOp *op, bool nowait);
 static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot);
@@ -144,140 +112,9 @@ static char IdemRowState(IdemKeyOp *op);
 static Datum IdemClaimResult(FunctionCallInfo fcinfo, const char *status,
 							 IdemKeyOp *op, bool with_token,
 							 bool with_response, TimestampTz expires_at);
-static void IdemRememberClaim(IdemKeyOp *op, text *scope, text *key,
-							  bool must_resolve, int which, ItemPointer tid);
 static void IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action,
 					   int scope_argno, int token_argno);
 static const char *IdemActionName(IdemKeyAction action);
-
-/*
- * IdemKeysInit registers the callback that checks same-transaction claims
- * at commit.  Called once from _PG_init.
- */
-void
-IdemKeysInit(void)
-{
-	RegisterXactCallback(IdemKeysXactCallback, NULL);
-	RegisterSubXactCallback(IdemKeysSubXactCallback, NULL);
-}
-
-/*
- * IdemKeysXactCallback refuses to commit (or prepare) a transaction that
- * still holds a same-transaction claim in progress, and forgets the claims
- * when the transaction ends.
- */
-static void
-IdemKeysXactCallback(XactEvent event, void *arg)
-{
-	switch (event)
-	{
-		case XACT_EVENT_PRE_COMMIT:
-		case XACT_EVENT_PRE_PREPARE:
-			if (own_claims != NIL)
-				IdemCheckPendingClaims();
-			break;
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PREPARE:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_PARALLEL_ABORT:
-			own_claims = NIL;
-			break;
-		default:
-			break;
-	}
-}
-
-/*
- * IdemKeysSubXactCallback keeps the own-claim list true across savepoints:
- * a rolled back subtransaction takes its claims, completions and releases
- * with it; a committed one hands them to its parent.
- */
-static void
-IdemKeysSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
-						SubTransactionId parentSubid, void *arg)
-{
-	ListCell   *lc;
-
-	if (event == SUBXACT_EVENT_ABORT_SUB)
-	{
-		foreach(lc, own_claims)
-		{
-			IdemOwnClaim *claim = (IdemOwnClaim *) lfirst(lc);
-
-			if (claim->made_in == mySubid)
-			{
-				own_claims = foreach_delete_current(own_claims, lc);
-				continue;
-			}
-			if (claim->resolved_in == mySubid)
-				claim->resolved_in = InvalidSubTransactionId;
-			if (claim->moved_in == mySubid)
-				claim->part.relid = InvalidOid;	/* look it up again */
-		}
-	}
-	else if (event == SUBXACT_EVENT_COMMIT_SUB)
-	{
-		foreach(lc, own_claims)
-		{
-			IdemOwnClaim *claim = (IdemOwnClaim *) lfirst(lc);
-
-			if (claim->made_in == mySubid)
-				claim->made_in = parentSubid;
-			if (claim->resolved_in == mySubid)
-				claim->resolved_in = parentSubid;
-			if (claim->moved_in == mySubid)
-				claim->moved_in = parentSubid;
-		}
-	}
-}
-
-/*
- * IdemCheckPendingClaims raises an error for the first same-transaction claim
- * of this transaction that was neither completed nor released.
- */
-static void
-IdemCheckPendingClaims(void)
-{
-	ListCell   *lc;
-
-	foreach(lc, own_claims)
-	{
-		IdemOwnClaim *claim = (IdemOwnClaim *) lfirst(lc);
-
-		if (claim->must_resolve && claim->resolved_in == InvalidSubTransactionId)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
-					 errmsg("idempotency key \"%s\" was claimed but neither completed nor released",
-							IdemKeyForMessage(claim->key)),
-					 errdetail("A claim without a lease belongs to the transaction that made it."),
-					 errhint("Call idem_complete() or idem_release() before COMMIT, or claim with a lease to finish in a later transaction.")));
-	}
-}
-
-/*
- * IdemFindOwnClaim returns the latest claim of (role, scope, key) made by
- * the current transaction, or NULL.
- */
-static IdemOwnClaim *
-IdemFindOwnClaim(Oid role, text *scope, text *key)
-{
-	int			scopelen = VARSIZE_ANY_EXHDR(scope);
-	int			keylen = VARSIZE_ANY_EXHDR(key);
-	int			i;
-
-	for (i = list_length(own_claims) - 1; i >= 0; i--)
-	{
-		IdemOwnClaim *claim = (IdemOwnClaim *) list_nth(own_claims, i);
-
-		if (claim->role == role &&
-			claim->keylen == keylen && claim->scopelen == scopelen &&
-			memcmp(claim->key, VARDATA_ANY(key), keylen) == 0 &&
-			memcmp(claim->scope, VARDATA_ANY(scope), scopelen) == 0)
-			return claim;
-	}
-	return NULL;
-}
 
 /*
  * IdemFetchOwnRow reads the current version of a row this transaction
@@ -329,15 +166,6 @@ IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op)
 	heap_deform_tuple(op->probe.tuple, RelationGetDescr(heap),
 					  op->values, op->nulls);
 	return true;
-}
-
-/* records that this transaction moved its row of a claim to newtid */
-static void
-IdemNoteRowMoved(IdemOwnClaim *claim, IdemKeyOp *op, ItemPointer newtid)
-{
-	claim->part = op->open[op->probe.which].part;
-	claim->tid = *newtid;
-	claim->moved_in = GetCurrentSubTransactionId();
 }
 
 /*
@@ -562,7 +390,8 @@ idem_claim(PG_FUNCTION_ARGS)
 			keep_key_lock = IdemInsertRow(&op->open[target], op->values, op->nulls,
 										  &newtid);
 			IdemKeyOpEnd(op, keep_key_lock);
-			IdemRememberClaim(op, scope, key, !has_lease, target, &newtid);
+			(void) IdemOwnClaimAdd(op->role, &op->digest, text_to_cstring(key),
+								   !has_lease, &op->open[target].part, &newtid);
 			return IdemClaimResult(fcinfo, "claimed", op, true, false, expires_at);
 		}
 
@@ -646,7 +475,8 @@ idem_claim(PG_FUNCTION_ARGS)
 		if (IdemInsertRow(&op->open[target], op->values, op->nulls, &newtid))
 			keep_key_lock = true;
 		IdemKeyOpEnd(op, keep_key_lock);
-		IdemRememberClaim(op, scope, key, !has_lease, target, &newtid);
+		(void) IdemOwnClaimAdd(op->role, &op->digest, text_to_cstring(key),
+							   !has_lease, &op->open[target].part, &newtid);
 		return IdemClaimResult(fcinfo, "claimed", op, true, false, expires_at);
 	}
 }
@@ -706,34 +536,6 @@ IdemClaimResult(FunctionCallInfo fcinfo, const char *status, IdemKeyOp *op,
 	nulls[5] = (expires_at == 0);
 
 	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
-}
-
-/*
- * IdemRememberClaim adds a claim this transaction made (row now at tid in
- * open partition "which") to the own-claim list.
- */
-static void
-IdemRememberClaim(IdemKeyOp *op, text *scope, text *key, bool must_resolve,
-				  int which, ItemPointer tid)
-{
-	MemoryContext oldcxt = MemoryContextSwitchTo(TopTransactionContext);
-	IdemOwnClaim *claim = palloc(sizeof(IdemOwnClaim));
-
-	claim->role = op->role;
-	claim->digest = op->digest;
-	claim->scopelen = VARSIZE_ANY_EXHDR(scope);
-	claim->scope = palloc(claim->scopelen + 1);
-	memcpy(claim->scope, VARDATA_ANY(scope), claim->scopelen);
-	claim->keylen = VARSIZE_ANY_EXHDR(key);
-	claim->key = text_to_cstring(key);
-	claim->must_resolve = must_resolve;
-	claim->made_in = GetCurrentSubTransactionId();
-	claim->resolved_in = InvalidSubTransactionId;
-	claim->moved_in = claim->made_in;
-	claim->part = op->open[which].part;
-	claim->tid = *tid;
-	own_claims = lappend(own_claims, claim);
-	MemoryContextSwitchTo(oldcxt);
 }
 
 /*
@@ -829,12 +631,10 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	op->probe.tuple = NULL;
 
 	/* a claim of this transaction: its row is where we left it */
-	claim = IdemFindOwnClaim(op->role, scope, key);
-	if (claim != NULL)
-		op->digest = claim->digest;
-	else
+	IdemKeyOpDigest(op, scope, key);
+	claim = IdemOwnClaimFind(op->role, &op->digest);
+	if (claim == NULL)
 	{
-		IdemKeyOpDigest(op, scope, key);
 		if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -926,14 +726,13 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	keep_key_lock = IdemUpdateRow(&op->open[op->probe.which], &op->probe.tid,
 								  newtuple);
 
-	/* keep the own-claim list in step: where the row is, and if resolved */
-	if (op->probe.found == IDEM_FOUND_MINE &&
-		(claim != NULL ||
-		 (claim = IdemFindOwnClaim(op->role, scope, key)) != NULL))
+	/* keep the own claims in step: where the row is, and if resolved */
+	if (op->probe.found == IDEM_FOUND_MINE && claim != NULL)
 	{
-		IdemNoteRowMoved(claim, op, &newtuple->t_self);
+		IdemOwnClaimMoved(claim, &op->open[op->probe.which].part,
+						  &newtuple->t_self);
 		if (action != IDEM_ACTION_CHECKPOINT)
-			claim->resolved_in = GetCurrentSubTransactionId();
+			IdemOwnClaimResolved(claim);
 	}
 	IdemKeyOpEnd(op, keep_key_lock);
 	heap_freetuple(newtuple);

@@ -292,6 +292,12 @@ idem_stats_info(PG_FUNCTION_ARGS)
 		uint64		total = 0;
 		int			i;
 		int			col = 0;
+		int64		maintenance_runs;
+		TimestampTz last_maintenance;
+		bool		last_run_failed;
+		char		last_error[IDEM_STATS_ERROR_LEN];
+		TimestampTz last_error_at;
+		TimestampTz stats_reset;
 
 		/* the databases, then the overflow entry */
 		if (scan_done)
@@ -315,19 +321,27 @@ idem_stats_info(PG_FUNCTION_ARGS)
 			values[col++] = Int64GetDatum((int64) v);
 		}
 
+		/* copy under the spinlock, build the datums (which allocate) after */
 		SpinLockAcquire(&entry->mutex);
-		values[col++] = Int64GetDatum(entry->maintenance_runs);
-		total += entry->maintenance_runs;
-		values[col] = TimestampTzGetDatum(entry->last_maintenance);
-		nulls[col++] = (entry->last_maintenance == 0);
-		if (entry->last_run_failed)
-			values[col++] = CStringGetTextDatum(entry->last_error);
+		maintenance_runs = entry->maintenance_runs;
+		last_maintenance = entry->last_maintenance;
+		last_run_failed = entry->last_run_failed;
+		memcpy(last_error, entry->last_error, sizeof(last_error));
+		last_error_at = entry->last_error_at;
+		stats_reset = entry->stats_reset;
+		SpinLockRelease(&entry->mutex);
+
+		values[col++] = Int64GetDatum(maintenance_runs);
+		total += maintenance_runs;
+		values[col] = TimestampTzGetDatum(last_maintenance);
+		nulls[col++] = (last_maintenance == 0);
+		if (last_run_failed)
+			values[col++] = CStringGetTextDatum(last_error);
 		else
 			nulls[col++] = true;
-		values[col] = TimestampTzGetDatum(entry->last_error_at);
-		nulls[col++] = (entry->last_error_at == 0);
-		values[col++] = TimestampTzGetDatum(entry->stats_reset);
-		SpinLockRelease(&entry->mutex);
+		values[col] = TimestampTzGetDatum(last_error_at);
+		nulls[col++] = (last_error_at == 0);
+		values[col++] = TimestampTzGetDatum(stats_reset);
 
 		/* the overflow row only when something landed there */
 		if (!OidIsValid(entry->dboid) && total == 0)
