@@ -97,11 +97,12 @@ in_root "idem_copy_tree /tmp/idempotency-src $XV/src >/dev/null &&
 step "PostgreSQL $FROM: the state to move (test/upgrade/setup.sql)"
 cluster_start "$ROOT$XV/from" "$FROM_PORT" "fsync = off" || exit 1
 cluster_psql "$ROOT$XV/from" -q -c 'CREATE EXTENSION idempotency' || exit 1
-cluster_psql "$ROOT$XV/from" -q -f "$SRC/test/upgrade/setup.sql" >/dev/null || exit 1
+# (through stdin: the test user may not read the source tree)
+cluster_psql "$ROOT$XV/from" -q <"$SRC/test/upgrade/setup.sql" >/dev/null || exit 1
 # PostgreSQL 15.20 stores an attribute option 18.6 does not know: see
 # test/upgrade/strip_attver.sql
 echo "pg_attver stripped from $(cluster_psql "$ROOT$XV/from" -qAt \
-	-f "$SRC/test/upgrade/strip_attver.sql") columns"
+	<"$SRC/test/upgrade/strip_attver.sql") columns"
 
 # ------------------------------------------------------------ dump, restore
 step "PostgreSQL $TO: pg_dump of the $FROM server, pg_restore, verify.sql"
@@ -113,7 +114,7 @@ in_root "
 	cluster_run $XV/to pg_dump -h $XV/from/sock -p $FROM_PORT -Fc -f $XV/dump postgres
 	cluster_run $XV/to pg_restore --exit-on-error -d moved $XV/dump
 	echo 'restored; checking (test/upgrade/verify.sql):'
-	CLUSTER_DB=moved cluster_psql $XV/to -qAt -f /tmp/idempotency-src/test/upgrade/verify.sql >$XV/verify.out
+	CLUSTER_DB=moved cluster_psql $XV/to -qAt </tmp/idempotency-src/test/upgrade/verify.sql >$XV/verify.out
 	cat $XV/verify.out
 " || exit 1
 
