@@ -123,6 +123,41 @@ is($node->safe_psql('upgraded',
 my ($ret, $out, $err) = $node->psql('upgraded', q{SET ROLE app; SELECT * FROM idempotency.stats});
 like($err, qr/permission denied/, 'and is closed to ordinary roles');
 
+# ---------------------------------------------------------------- lanes written big-endian
+# 0.2.0 read a digest's lane bytes in the machine's order; 0.3.0 reads them
+# little-endian everywhere.  Rows a big-endian machine wrote (simulated
+# here by moving rows to the lanes a big-endian 0.2.0 computed) are missed
+# by lookups until idempotency.relocate_lanes() moves them back.
+$node->safe_psql('postgres', 'CREATE DATABASE big_endian');
+$node->safe_psql('big_endian', q{CREATE EXTENSION idempotency VERSION '0.2.0'});
+$node->safe_psql('big_endian', q{
+	SELECT idem_maintain();
+	SELECT count(*) FROM idem_consume_messages('billing',
+	         ARRAY(SELECT 'be-' || i FROM generate_series(1, 50) i));});
+my $be_lane = q{((get_byte(uuid_send(digest), 12)::bigint * 16777216 +
+                  get_byte(uuid_send(digest), 13) * 65536 +
+                  get_byte(uuid_send(digest), 14) * 256 +
+                  get_byte(uuid_send(digest), 15)) % (lane >> 8) + ((lane >> 8) << 8))::int2};
+my $misplaced = $node->safe_psql('big_endian',
+	"WITH m AS (UPDATE idempotency.messages SET lane = $be_lane WHERE lane <> $be_lane RETURNING 1)
+	 SELECT count(*) FROM m");
+cmp_ok($misplaced, '>', 10, "$misplaced of 50 message rows sit in the lanes of a big-endian 0.2.0");
+is($node->safe_psql('big_endian', q{
+		BEGIN;
+		SELECT count(*) FROM generate_series(1, 50) i WHERE idem_consume_message('billing', 'be-' || i);
+		ROLLBACK;}),
+	$misplaced, 'lookups miss them');
+$node->safe_psql('big_endian', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('big_endian', 'SELECT idempotency.relocate_lanes()'),
+	$misplaced, 'idempotency.relocate_lanes() moves each of them to its lane');
+is($node->safe_psql('big_endian', q{
+		SELECT count(*) FROM generate_series(1, 50) i WHERE idem_consume_message('billing', 'be-' || i)}),
+	'0', 'after which every message id is a duplicate again');
+is($node->safe_psql('big_endian', "SELECT count(*) FROM idempotency.messages WHERE lane <> $be_lane"),
+	$misplaced, 'and sits in its own lane');
+is($node->safe_psql('big_endian', 'SELECT idempotency.relocate_lanes()'), '0',
+	'a second run finds nothing to move');
+
 # ---------------------------------------------------------------- same objects as a fresh install
 my $objects_sql = q{
 WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'idempotency'),

@@ -1,0 +1,214 @@
+/* idempotency--0.3.0.sql */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+-- Storage.  The ledger tables in this schema are made by the extension on
+-- first use (they are not members of the extension, so that pg_dump and
+-- pg_restore carry them and their run-time partitions); ordinary roles
+-- cannot read or write them.
+CREATE SCHEMA idempotency;
+REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
+COMMENT ON SCHEMA idempotency IS 'storage of the idempotency extension';
+
+-- Processed-message ledger
+
+CREATE FUNCTION pg_catalog.idem_consume_message(consumer text,
+                                                message_id text,
+                                                ttl interval DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_consume_message'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_consume_message(text, text, interval) IS
+'records a message as consumed in this transaction: true on first delivery, false if already consumed';
+
+CREATE FUNCTION pg_catalog.idem_consume_messages(consumer text,
+                                                 message_ids text[],
+                                                 ttl interval DEFAULT NULL)
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'idem_consume_messages'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+
+COMMENT ON FUNCTION pg_catalog.idem_consume_messages(text, text[], interval) IS
+'records a batch of messages as consumed in this transaction and returns the new ones, in input order';
+
+-- Maintenance
+
+CREATE FUNCTION pg_catalog.idem_maintain(OUT partitions_created integer,
+                                         OUT partitions_dropped integer)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_maintain'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_maintain() IS
+'makes partitions ahead and drops expired ones; safe to call concurrently (for pg_cron)';
+
+REVOKE ALL ON FUNCTION pg_catalog.idem_maintain() FROM PUBLIC;
+
+-- Observability
+
+CREATE FUNCTION idempotency.partition_info(OUT table_name text,
+                                           OUT partition regclass,
+                                           OUT lanes integer,
+                                           OUT lane integer,
+                                           OUT lower_bound timestamptz,
+                                           OUT upper_bound timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_partition_info'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+
+REVOKE ALL ON FUNCTION idempotency.partition_info() FROM PUBLIC;
+
+CREATE VIEW idempotency.partitions AS
+SELECT p.table_name,
+       p.partition,
+       p.lanes,
+       p.lane,
+       p.lower_bound,
+       p.upper_bound,
+       p.upper_bound AS droppable_at,
+       p.upper_bound <= pg_catalog.now() AS expired,
+       CASE WHEN c.reltuples < 0 THEN NULL
+            ELSE c.reltuples::bigint END AS rows_estimate,
+       pg_catalog.pg_total_relation_size(p.partition) AS bytes
+  FROM idempotency.partition_info() AS p
+  JOIN pg_catalog.pg_class AS c ON c.oid = p.partition;
+
+COMMENT ON VIEW idempotency.partitions IS
+'partitions of the ledgers: lane, range of expiry times, size, and when each becomes droppable';
+
+GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
+GRANT SELECT ON idempotency.partitions TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idempotency.partition_info() TO pg_monitor;
+
+-- Idempotency keys
+
+CREATE FUNCTION pg_catalog.idem_claim(key text,
+                                      request jsonb DEFAULT NULL,
+                                      scope text DEFAULT '',
+                                      ttl interval DEFAULT NULL,
+                                      lease interval DEFAULT NULL,
+                                      wait boolean DEFAULT false,
+                                      OUT status text,
+                                      OUT token bigint,
+                                      OUT recovery_point text,
+                                      OUT response_code integer,
+                                      OUT response_body jsonb,
+                                      OUT expires_at timestamptz)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean) IS
+'claims an idempotency key: claimed (do the work), completed (replay the stored response), in_progress (409) or mismatch (422)';
+
+CREATE FUNCTION pg_catalog.idem_complete(key text,
+                                         response_code integer,
+                                         response_body jsonb DEFAULT NULL,
+                                         scope text DEFAULT '',
+                                         token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_complete(text, integer, jsonb, text, bigint) IS
+'stores the response of a claimed idempotency key and marks it completed';
+
+CREATE FUNCTION pg_catalog.idem_checkpoint(key text,
+                                           recovery_point text,
+                                           scope text DEFAULT '',
+                                           token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_checkpoint(text, text, text, bigint) IS
+'records the recovery point reached by the holder of an idempotency key';
+
+CREATE FUNCTION pg_catalog.idem_release(key text,
+                                        scope text DEFAULT '',
+                                        token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_release(text, text, bigint) IS
+'gives up a claimed idempotency key so that a retry starts fresh';
+
+CREATE FUNCTION pg_catalog.idem_lookup(key text,
+                                       scope text DEFAULT '')
+RETURNS TABLE (status text,
+               token bigint,
+               recovery_point text,
+               response_code integer,
+               response_body jsonb,
+               claimed_at timestamptz,
+               expires_at timestamptz,
+               lease_expires_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_lookup'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION pg_catalog.idem_lookup(text, text) IS
+'the calling role''s own live record of one idempotency key, for support work';
+
+-- Statistics (shared memory; only with shared_preload_libraries)
+
+CREATE FUNCTION idempotency.stats_info(OUT dboid oid,
+                                       OUT claims bigint,
+                                       OUT replays bigint,
+                                       OUT conflicts bigint,
+                                       OUT mismatches bigint,
+                                       OUT consumed bigint,
+                                       OUT duplicates bigint,
+                                       OUT partitions_created bigint,
+                                       OUT partitions_dropped bigint,
+                                       OUT maintenance_runs bigint,
+                                       OUT last_maintenance timestamptz,
+                                       OUT last_maintenance_error text,
+                                       OUT last_error_at timestamptz,
+                                       OUT stats_reset timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats_info'
+LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+
+REVOKE ALL ON FUNCTION idempotency.stats_info() FROM PUBLIC;
+
+CREATE VIEW idempotency.stats AS
+SELECT d.datname,
+       s.claims, s.replays, s.conflicts, s.mismatches,
+       s.consumed, s.duplicates,
+       s.partitions_created, s.partitions_dropped,
+       s.maintenance_runs, s.last_maintenance,
+       s.last_maintenance_error, s.last_error_at,
+       s.stats_reset
+  FROM idempotency.stats_info() AS s
+  LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.dboid;
+
+COMMENT ON VIEW idempotency.stats IS
+'per-database counters since server start or idempotency.stats_reset() (needs shared_preload_libraries)';
+
+GRANT SELECT ON idempotency.stats TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idempotency.stats_info() TO pg_monitor;
+
+CREATE FUNCTION idempotency.stats_reset()
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_stats_reset'
+LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+
+COMMENT ON FUNCTION idempotency.stats_reset() IS
+'zeroes the statistics of every database';
+
+REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;
+
+-- Lanes (see src/relocate.c)
+
+CREATE FUNCTION idempotency.relocate_lanes(always boolean DEFAULT true)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_relocate_lanes'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.relocate_lanes(boolean) IS
+'moves ledger rows written by 0.2.0 on a big-endian machine to the lanes 0.3.0 looks them up in';
+
+REVOKE ALL ON FUNCTION idempotency.relocate_lanes(boolean) FROM PUBLIC;
