@@ -22,6 +22,8 @@
 #   BENCH_PERF_VARIANTS variants to profile                         [idem_p2 idem_batch keys_idem]
 #   BENCH_EXTRA         1 = also plain 1000-row batch and the batch on 24 partitions (+~2 min) [0]
 #   PGBIN               PostgreSQL binaries                        [/usr/lib/postgresql/15/bin]
+#   BENCH_PG            PostgreSQL major to measure; one this machine's Debian
+#                       does not package runs in its Debian root (test/lib/roots.sh) []
 #
 # Exit status: 0 all bars PASS; 3 some bar FAIL or SKIP; 1 the run itself failed.
 
@@ -29,6 +31,35 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+
+# ---------------------------------------------------------------- another major
+# BENCH_PG=NN runs this script against PostgreSQL NN: on this machine if its
+# Debian packages NN, otherwise inside the Debian root file system of
+# test/lib/roots.sh (made if missing; as root), copying the results back.
+if [ -n "${BENCH_PG:-}" ] && [ ! -x "/usr/lib/postgresql/$BENCH_PG/bin/pgbench" ]; then
+    # shellcheck source=test/lib/deps.sh
+    . "$REPO/test/lib/deps.sh"
+    # shellcheck source=test/lib/roots.sh
+    . "$REPO/test/lib/roots.sh"
+    [ "$(id -u)" = 0 ] || { echo "run.sh: BENCH_PG=$BENCH_PG needs root (a root file system)" >&2; exit 1; }
+    root_ensure "$BENCH_PG" || exit 1
+    R=$(root_dir "$BENCH_PG")
+    rm -rf --one-file-system "$R/tmp/idempotency-bench"
+    mkdir -p "$R/tmp/idempotency-bench"
+    tar -C "$REPO" --exclude=./.git --exclude='*.o' --exclude='*.so' --exclude='*.bc' -cf - . |
+        tar -C "$R/tmp/idempotency-bench" -xf -
+    trap 'root_umount_all' EXIT
+    root_mount "$R"
+    set +e
+    root_run "$R" env PGBIN="/usr/lib/postgresql/$BENCH_PG/bin" BENCH_PG= \
+        bash /tmp/idempotency-bench/bench/run.sh
+    rc=$?
+    set -e
+    mkdir -p "$HERE/results"
+    cp "$R/tmp/idempotency-bench/bench/results/"*latest* "$HERE/results/" 2>/dev/null || true
+    exit "$rc"
+fi
+[ -n "${BENCH_PG:-}" ] && PGBIN=${PGBIN:-/usr/lib/postgresql/$BENCH_PG/bin}
 PGBIN_SET=${PGBIN:+1}
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 PORT=${BENCH_PORT:-54401}

@@ -19,7 +19,7 @@
 #   root_umount_all        unmount every root this shell mounted (for traps)
 #   root_remove DIR        unmount, then delete DIR (one file system only)
 #   root_run DIR CMD...    run CMD inside DIR (chroot), with a clean
-#                          environment plus the IDEM_*, PG_* and SUITES
+#                          environment plus the IDEM_*, PG_*, BENCH_* and SUITES
 #                          variables of the caller
 #
 # Settings (environment):
@@ -159,7 +159,7 @@ root_run() {
 	shift
 	while IFS= read -r v; do
 		envs+=("$v=${!v}")
-	done < <(compgen -e | grep -E '^(IDEM_|PG_|SUITES$|SUITE_TIMEOUT$|KEEP_WORKDIR$|CI$)')
+	done < <(compgen -e | grep -E '^(IDEM_|PG_|BENCH_|SUITES$|SUITE_TIMEOUT$|KEEP_WORKDIR$|CI$)')
 	chroot "$dir" /usr/bin/env -i \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		HOME=/root LANG=C.UTF-8 TERM=dumb TMPDIR=/tmp \
