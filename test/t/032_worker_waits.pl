@@ -58,7 +58,7 @@ $t2->query_until(qr/started/, q{
 	SELECT idem_consume_message('cycle', 'K', ttl => '29 days') AS t2_fresh;
 });
 ok( $node->poll_query_until('postgres',
-		"SELECT wait_event = 'BgWorkerShutdown' FROM pg_stat_activity WHERE pid = $t2pid"),
+		"SELECT lower(wait_event) = 'bgworkershutdown' FROM pg_stat_activity WHERE pid = $t2pid"),
 	'T2 waits for its partition maker');
 ok( $node->poll_query_until('postgres', q{
 		SELECT count(*) = 1 FROM pg_stat_activity
@@ -68,9 +68,10 @@ ok( $node->poll_query_until('postgres', q{
 # T1 consumes K: K's key lock is free, so it answers now
 is($t1->query_safe(q{SELECT idem_consume_message('cycle', 'K')}),
 	't', 'T1 consumes K while T2 waits for its partition maker');
+# (PostgreSQL 17 spells the wait event BgworkerShutdown)
 is($node->safe_psql('postgres',
-		"SELECT wait_event FROM pg_stat_activity WHERE pid = $t2pid"),
-	'BgWorkerShutdown', 'T2 was still waiting for its partition maker then');
+		"SELECT lower(wait_event) FROM pg_stat_activity WHERE pid = $t2pid"),
+	'bgworkershutdown', 'T2 was still waiting for its partition maker then');
 
 $t1->query_safe('COMMIT');
 my $t2_out = $t2->query_safe('SELECT 1 AS after');
