@@ -56,7 +56,7 @@ SELECT count(*) FROM idem_consume_messages('maint', ARRAY(SELECT 'm' || g FROM g
 SELECT count(*) AS misrouted FROM idempotency.messages m
  WHERE NOT EXISTS (SELECT 1 FROM idempotency.partitions p
                     WHERE p.partition = m.tableoid
-                      AND ((p.lanes << 8) | p.lane) = m.lane
+                      AND m.lane < 0 AND (m.lane::int & 32767) = ((p.lanes << 8) | p.lane)
                       AND m.expires_at >= p.lower_bound AND m.expires_at < p.upper_bound);
 SELECT count(DISTINCT tableoid) > 10 AS spread_over_lanes FROM idempotency.messages;
 

@@ -35,7 +35,7 @@ PG_FUNCTION_INFO_V1(idem_consume_messages);
 /* One element of a batch, in the order it is recorded */
 typedef struct IdemBatchItem
 {
-	pg_uuid_t	digest;
+	IdemDigest	digest;
 	int			position;		/* index in the input array */
 } IdemBatchItem;
 
@@ -47,14 +47,14 @@ static int	IdemBatchItemCmp(const void *a, const void *b);
  * that are writing one.  Returns true if it recorded the message.
  */
 bool
-IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
+IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 				  TimestampTz expires_at)
 {
 	LOCKTAG		keytag;
 	IdemOpenPartition open[IDEM_MAX_PROBES];
 
 	(void) IdemLedgerParent(IDEM_LEDGER_MESSAGES, true);
-	IdemSetKeyLockTag(&keytag, IDEM_LEDGER_MESSAGES, role, digest);
+	IdemSetKeyLockTag(&keytag, IDEM_LEDGER_MESSAGES, role, &digest->uuid);
 
 	for (;;)
 	{
@@ -70,7 +70,7 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 
 		/* see every partition committed before we got the key lock */
 		AcceptInvalidationMessages();
-		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, digest, now,
+		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, &digest->uuid, now,
 									   RowExclusiveLock, open);
 		IdemProbe(open, nopen, role, digest, now, false, NULL, &probe);
 
@@ -89,7 +89,7 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 			return false;
 		}
 
-		target = IdemOpenTarget(IDEM_LEDGER_MESSAGES, digest, expires_at,
+		target = IdemOpenTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, expires_at,
 								open, nopen);
 		if (target < 0)
 		{
@@ -101,12 +101,12 @@ IdemRecordMessage(Oid role, const pg_uuid_t *digest, TimestampTz now,
 			IdemClosePartitions(open, nopen);
 			if (!IdemPartitionDDLHeld(IDEM_LEDGER_MESSAGES))
 				LockRelease(&keytag, ExclusiveLock, false);
-			IdemMakeTarget(IDEM_LEDGER_MESSAGES, digest, expires_at);
+			IdemMakeTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, expires_at);
 			continue;
 		}
 
 		values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
-		values[Anum_ledger_digest - 1] = UUIDPGetDatum(digest);
+		values[Anum_ledger_digest - 1] = UUIDPGetDatum(&digest->uuid);
 		values[Anum_ledger_role - 1] = ObjectIdGetDatum(role);
 		values[Anum_ledger_lane - 1] = Int16GetDatum(open[target].part.lane);
 		keep_key_lock = IdemInsertRow(&open[target], values, nulls, NULL);
@@ -132,7 +132,7 @@ idem_consume_message(PG_FUNCTION_ARGS)
 	text	   *message_id = IdemCheckKeyArg(fcinfo, 1, "message_id");
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz expires_at;
-	pg_uuid_t	digest;
+	IdemDigest	digest;
 
 	expires_at = IdemExpiresAt(fcinfo, 2, now, idem_message_ttl,
 							   "idempotency.message_ttl");
@@ -232,7 +232,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	is_new = palloc0(Max(nelems, 1) * sizeof(bool));
 	for (i = 0; i < nelems; i++)
 	{
-		if (i > 0 && memcmp(&items[i].digest, &items[i - 1].digest,
+		if (i > 0 && memcmp(&items[i].digest.uuid, &items[i - 1].digest.uuid,
 							IDEM_DIGEST_LEN) == 0)
 			continue;
 		is_new[items[i].position] =
@@ -274,7 +274,7 @@ IdemBatchItemCmp(const void *a, const void *b)
 {
 	const IdemBatchItem *x = (const IdemBatchItem *) a;
 	const IdemBatchItem *y = (const IdemBatchItem *) b;
-	int			c = memcmp(&x->digest, &y->digest, IDEM_DIGEST_LEN);
+	int			c = memcmp(&x->digest.uuid, &y->digest.uuid, IDEM_DIGEST_LEN);
 
 	if (c != 0)
 		return c;

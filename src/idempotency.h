@@ -55,8 +55,15 @@ typedef enum IdemLedger
 	IDEM_NUM_LEDGERS
 } IdemLedger;
 
-/* Digest of (namespace, key): first 16 bytes of SHA-256, stored as uuid. */
+/* Digest of (namespace, key), stored as uuid (see keyhash.c) */
 #define IDEM_DIGEST_LEN		UUID_LEN
+#define IDEM_DIGEST_PREFIX_LEN	4	/* bytes that depend on the namespace only */
+
+typedef struct IdemDigest
+{
+	pg_uuid_t	uuid;			/* as stored since 0.3.0 */
+	uint8		legacy_head[IDEM_DIGEST_PREFIX_LEN];	/* before: bytes 0-3 */
+} IdemDigest;
 
 /* Upper bound on hash lanes per ledger (see storage.c) */
 #define IDEM_MAX_LANES		64
@@ -68,8 +75,28 @@ typedef enum IdemLedger
 
 extern void IdemComputeDigest(const char *ns, int nslen,
 							  const char *key, int keylen,
-							  pg_uuid_t *digest);
-extern int16 IdemLaneValue(const pg_uuid_t *digest, int lanes);
+							  IdemDigest *digest);
+extern void IdemNamespacePrefix(const char *ns, int nslen, uint8 *prefix);
+extern void IdemLegacyDigest(const IdemDigest *digest, pg_uuid_t *out);
+extern int16 IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy);
+
+/*
+ * The value of a row's "lane" column, and of its partition's bounds: the
+ * layout's lane count (1 to 64) in bits 8-14, the lane number in bits 0-7,
+ * and bit 15 (the sign) set in partitions made since 0.3.0, whose rows
+ * store the current digest form.  Partitions made before ("legacy") hold
+ * rows with the legacy form and non-negative lane values; they are probed
+ * with that form until they have all expired and been dropped.
+ */
+#define IDEM_LANE_CURRENT	0x8000
+static inline int16
+IdemLaneValueOf(int lanes, int number, bool legacy)
+{
+	return (int16) ((legacy ? 0 : IDEM_LANE_CURRENT) | (lanes << 8) | number);
+}
+#define IdemLaneLanes(v)	((int) ((((uint16) (v)) >> 8) & 0x7F))
+#define IdemLaneNumber(v)	((int) (((uint16) (v)) & 0xFF))
+#define IdemLaneIsLegacy(v) ((v) >= 0)
 extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
@@ -102,7 +129,7 @@ extern char *IdemKeyForMessage(const char *key);
 typedef struct IdemPartition
 {
 	Oid			relid;
-	int16		lane;			/* (lanes << 8) | lane number */
+	int16		lane;			/* see IdemLaneValueOf */
 	TimestampTz lower;			/* inclusive */
 	TimestampTz upper;			/* exclusive; droppable once upper <= now */
 
@@ -209,7 +236,7 @@ extern void IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 								  const IdemPartition *part, LOCKMODE lockmode);
 extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
 extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
-					  const pg_uuid_t *digest, TimestampTz now,
+					  const IdemDigest *digest, TimestampTz now,
 					  bool want_tuple, Snapshot snapshot,
 					  IdemProbeResult *result);
 extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
@@ -230,7 +257,7 @@ extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 								   IdemIndexUpdate which);
 
 /* The processed-message ledger (consume.c) */
-extern bool IdemRecordMessage(Oid role, const pg_uuid_t *digest,
+extern bool IdemRecordMessage(Oid role, const IdemDigest *digest,
 							  TimestampTz now, TimestampTz expires_at);
 
 /*

@@ -4,12 +4,24 @@
  *	  Digests of keys, hash lanes and the lock tags derived from them.
  *
  * A ledger row does not store the caller's key text: it stores a 16-byte
- * digest, the first half of SHA-256 over the key's namespace (the consumer
- * of a message, the scope of an idempotency key) and the key itself.  That
- * keeps rows and index entries small and fixed-width whatever the keys look
- * like.  SHA-256 is used rather than a fast non-cryptographic hash so that a
- * tenant who chooses its own message ids cannot construct a collision with
- * another tenant's id in the same namespace.
+ * digest of the key's namespace (the consumer of a message, the scope of an
+ * idempotency key) and the key itself.  That keeps rows and index entries
+ * small and fixed-width whatever the keys look like.  SHA-256 is used
+ * rather than a fast non-cryptographic hash so that a tenant who chooses its
+ * own message ids cannot construct a collision with another tenant's id.
+ *
+ * Since 0.3.0 the digest is
+ *
+ *		bytes 0-3:	the first 4 bytes of SHA-256(len(ns) || ns)
+ *		bytes 4-15: bytes 4-15 of SHA-256(len(ns) || ns || key)
+ *
+ * so that every row of one namespace shares a prefix, and the rows of a
+ * scope or consumer can be found with one range scan of the digest index
+ * (idempotency.export_keys(), for moving a tenant to another node).  The
+ * 96 bits of key hash keep keys of different namespaces from colliding
+ * however they are chosen.  Before 0.3.0 the digest was bytes 0-15 of the
+ * second hash: partitions made before (the "legacy" ones, see
+ * IdemLaneValueOf) are probed with that form, which shares bytes 4-15.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -21,6 +33,7 @@
 #include "idempotency.h"
 
 #include "common/cryptohash.h"
+#include "common/hashfn.h"
 #include "common/sha2.h"
 #include "miscadmin.h"
 #include "port/pg_bswap.h"
@@ -34,34 +47,115 @@
  */
 static pg_cryptohash_ctx *digest_ctx = NULL;
 
+/*
+ * The namespace prefixes of recently used namespaces: consumers and scopes
+ * repeat, and their hash need not be computed again.  Direct-mapped; a
+ * namespace longer than IDEM_PREFIX_CACHE_NS is not kept.
+ */
+#define IDEM_PREFIX_CACHE_SIZE	64
+#define IDEM_PREFIX_CACHE_NS	64
+typedef struct IdemPrefixEntry
+{
+	int			nslen;			/* -1: empty */
+	char		ns[IDEM_PREFIX_CACHE_NS];
+	uint8		prefix[IDEM_DIGEST_PREFIX_LEN];
+} IdemPrefixEntry;
+static IdemPrefixEntry prefix_cache[IDEM_PREFIX_CACHE_SIZE];
+static bool prefix_cache_ready = false;
+
 static pg_cryptohash_ctx *IdemDigestContext(void);
+static void IdemSha256(const uint8 *a, int alen, const uint8 *b, int blen,
+					   const uint8 *c, int clen,
+					   uint8 out[PG_SHA256_DIGEST_LENGTH]);
+
+/* SHA-256 of the concatenation of up to three pieces */
+static void
+IdemSha256(const uint8 *a, int alen, const uint8 *b, int blen,
+		   const uint8 *c, int clen, uint8 out[PG_SHA256_DIGEST_LENGTH])
+{
+	pg_cryptohash_ctx *ctx = IdemDigestContext();
+
+	if (pg_cryptohash_init(ctx) < 0 ||
+		pg_cryptohash_update(ctx, a, alen) < 0 ||
+		pg_cryptohash_update(ctx, b, blen) < 0 ||
+		(clen > 0 && pg_cryptohash_update(ctx, c, clen) < 0) ||
+		pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INTERNAL_ERROR),
+				 errmsg("could not compute SHA-256 digest of idempotency key: %s",
+						pg_cryptohash_error(ctx))));
+}
 
 /*
- * IdemComputeDigest computes the digest of key "key" in namespace "ns".
+ * IdemNamespacePrefix sets the digest prefix every key of namespace "ns"
+ * has: the first bytes of SHA-256 over its length and itself.
+ */
+void
+IdemNamespacePrefix(const char *ns, int nslen, uint8 *prefix)
+{
+	uint32		nslen_be = pg_hton32((uint32) nslen);
+	IdemPrefixEntry *e;
+	uint8		full[PG_SHA256_DIGEST_LENGTH];
+
+	if (!prefix_cache_ready)
+	{
+		int			i;
+
+		for (i = 0; i < IDEM_PREFIX_CACHE_SIZE; i++)
+			prefix_cache[i].nslen = -1;
+		prefix_cache_ready = true;
+	}
+	e = &prefix_cache[hash_bytes((const unsigned char *) ns, nslen) % IDEM_PREFIX_CACHE_SIZE];
+	if (e->nslen == nslen && memcmp(e->ns, ns, nslen) == 0)
+	{
+		memcpy(prefix, e->prefix, IDEM_DIGEST_PREFIX_LEN);
+		return;
+	}
+
+	IdemSha256((const uint8 *) &nslen_be, sizeof(nslen_be),
+			   (const uint8 *) ns, nslen, NULL, 0, full);
+	memcpy(prefix, full, IDEM_DIGEST_PREFIX_LEN);
+	if (nslen <= IDEM_PREFIX_CACHE_NS)
+	{
+		e->nslen = -1;			/* not valid while it is being written */
+		memcpy(e->ns, ns, nslen);
+		memcpy(e->prefix, full, IDEM_DIGEST_PREFIX_LEN);
+		e->nslen = nslen;
+	}
+}
+
+/*
+ * IdemComputeDigest computes the digest of key "key" in namespace "ns" (see
+ * the top of this file), and the first bytes of its legacy form.
  *
  * The namespace length is hashed first, so that ("ab", "c") and ("a", "bc")
  * never share a digest.
  */
 void
 IdemComputeDigest(const char *ns, int nslen, const char *key, int keylen,
-				  pg_uuid_t *digest)
+				  IdemDigest *digest)
 {
-	pg_cryptohash_ctx *ctx;
 	uint8		full[PG_SHA256_DIGEST_LENGTH];
 	uint32		nslen_be = pg_hton32((uint32) nslen);
 
-	ctx = IdemDigestContext();
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) &nslen_be, sizeof(nslen_be)) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) ns, nslen) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) key, keylen) < 0 ||
-		pg_cryptohash_final(ctx, full, sizeof(full)) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not compute SHA-256 digest of idempotency key: %s",
-						pg_cryptohash_error(ctx))));
+	IdemSha256((const uint8 *) &nslen_be, sizeof(nslen_be),
+			   (const uint8 *) ns, nslen, (const uint8 *) key, keylen, full);
+	memcpy(digest->legacy_head, full, IDEM_DIGEST_PREFIX_LEN);
+	memcpy(digest->uuid.data + IDEM_DIGEST_PREFIX_LEN,
+		   full + IDEM_DIGEST_PREFIX_LEN,
+		   IDEM_DIGEST_LEN - IDEM_DIGEST_PREFIX_LEN);
+	IdemNamespacePrefix(ns, nslen, digest->uuid.data);
+}
 
-	memcpy(digest->data, full, IDEM_DIGEST_LEN);
+/*
+ * IdemLegacyDigest sets *out to the form a key's digest had before 0.3.0,
+ * as rows in legacy partitions store it.
+ */
+void
+IdemLegacyDigest(const IdemDigest *digest, pg_uuid_t *out)
+{
+	*out = digest->uuid;
+	memcpy(out->data, digest->legacy_head, IDEM_DIGEST_PREFIX_LEN);
 }
 
 /*
@@ -122,21 +216,18 @@ IdemDigestContext(void)
 
 /*
  * IdemLaneValue returns the value of the "lane" partition column for a digest
- * under a layout with "lanes" hash lanes.
+ * under a layout with "lanes" hash lanes, in current or legacy partitions.
  *
  * The lane number is the digest's bytes 12 to 15 read as a little-endian
  * unsigned integer, modulo the lane count: a function of the stored bytes
  * alone, so a ledger moved to a machine of the other byte order (pg_dump,
  * pg_basebackup) finds every row where it is.  (Before 0.3.0 the bytes
  * were read in the machine's own order, which is the same thing on
- * little-endian machines.)
- *
- * The lane count is encoded in the value ((lanes << 8) | lane number), so
- * partitions made under different settings never share a lane value and a
- * key can be looked up under every layout that still has live partitions.
+ * little-endian machines.)  Those bytes are the same in a digest's current
+ * and legacy forms.
  */
 int16
-IdemLaneValue(const pg_uuid_t *digest, int lanes)
+IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy)
 {
 	const unsigned char *b = digest->data + 12;
 	uint32		h;
@@ -144,12 +235,14 @@ IdemLaneValue(const pg_uuid_t *digest, int lanes)
 	Assert(lanes >= 1 && lanes <= IDEM_MAX_LANES);
 	h = (uint32) b[0] | ((uint32) b[1] << 8) | ((uint32) b[2] << 16) |
 		((uint32) b[3] << 24);
-	return (int16) ((lanes << 8) | (int) (h % (uint32) lanes));
+	return IdemLaneValueOf(lanes, (int) (h % (uint32) lanes), legacy);
 }
 
 /*
  * IdemSetKeyLockTag fills in the lock tag that serializes the probe and
- * insert of one key of one role in one ledger.
+ * insert of one key of one role in one ledger.  It is made of the digest's
+ * bytes 4 to 11, which are the same in its current and legacy forms and do
+ * not depend on the namespace alone.
  *
  * Distinct keys may share a tag (64 bits of hash); that only makes two
  * callers wait for each other for the length of a probe.
@@ -160,7 +253,7 @@ IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 {
 	uint64		h;
 
-	memcpy(&h, digest->data, sizeof(h));
+	memcpy(&h, digest->data + IDEM_DIGEST_PREFIX_LEN, sizeof(h));
 	h ^= ((uint64) role * UINT64CONST(0x9E3779B97F4A7C15)) + (uint64) ledger;
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 IDEM_LOCK_KEY);

@@ -90,7 +90,7 @@ typedef struct IdemKeyOp
 {
 	IdemLedger	ledger;
 	Oid			role;
-	pg_uuid_t	digest;
+	IdemDigest	digest;
 	TimestampTz now;
 	LOCKTAG		keytag;
 	bool		key_locked;		/* holds the key lock */
@@ -158,7 +158,6 @@ IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op)
 		return false;
 	}
 
-	op->digest = claim->digest;
 	op->probe.found = IDEM_FOUND_MINE;
 	op->probe.xwait = InvalidTransactionId;
 	op->probe.which = 0;
@@ -217,7 +216,7 @@ IdemKeyOpLock(IdemKeyOp *op, bool nowait)
 static void
 IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot)
 {
-	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest, op->now,
+	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest.uuid, op->now,
 									   lockmode, op->open);
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
 			  snapshot, &op->probe);
@@ -248,7 +247,7 @@ static void
 IdemKeyOpMakeTarget(IdemKeyOp *op, TimestampTz expires_at)
 {
 	IdemKeyOpEnd(op, IdemPartitionDDLHeld(op->ledger));
-	IdemMakeTarget(op->ledger, &op->digest, expires_at);
+	IdemMakeTarget(op->ledger, &op->digest.uuid, expires_at);
 }
 
 /* state of the row found */
@@ -321,7 +320,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		fingerprint = IdemFingerprint(PG_GETARG_DATUM(1));
 	IdemKeyOpDigest(op, scope, key);
 	(void) IdemLedgerParent(op->ledger, true);
-	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
+	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest.uuid);
 
 	for (;;)
 	{
@@ -366,7 +365,7 @@ idem_claim(PG_FUNCTION_ARGS)
 
 		if (op->probe.found == IDEM_FOUND_NONE)
 		{
-			target = IdemOpenTarget(op->ledger, &op->digest, expires_at,
+			target = IdemOpenTarget(op->ledger, &op->digest.uuid, expires_at,
 									op->open, op->nopen);
 			if (target < 0)
 			{
@@ -375,7 +374,7 @@ idem_claim(PG_FUNCTION_ARGS)
 			}
 			memset(op->nulls, true, sizeof(op->nulls));
 			op->values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
-			op->values[Anum_ledger_digest - 1] = UUIDPGetDatum(&op->digest);
+			op->values[Anum_ledger_digest - 1] = UUIDPGetDatum(&op->digest.uuid);
 			op->values[Anum_ledger_role - 1] = ObjectIdGetDatum(op->role);
 			op->values[Anum_ledger_lane - 1] = Int16GetDatum(op->open[target].part.lane);
 			op->values[Anum_keys_state - 1] = CharGetDatum(KEY_IN_PROGRESS);
@@ -390,7 +389,7 @@ idem_claim(PG_FUNCTION_ARGS)
 			keep_key_lock = IdemInsertRow(&op->open[target], op->values, op->nulls,
 										  &newtid);
 			IdemKeyOpEnd(op, keep_key_lock);
-			(void) IdemOwnClaimAdd(op->role, &op->digest, text_to_cstring(key),
+			(void) IdemOwnClaimAdd(op->role, &op->digest.uuid, text_to_cstring(key),
 								   !has_lease, &op->open[target].part, &newtid);
 			return IdemClaimResult(fcinfo, "claimed", op, true, false, expires_at);
 		}
@@ -451,7 +450,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		 * the new one goes to the partition of its new expiry.  Concurrent
 		 * probes see both as being written by us until we end.
 		 */
-		target = IdemOpenTarget(op->ledger, &op->digest, expires_at,
+		target = IdemOpenTarget(op->ledger, &op->digest.uuid, expires_at,
 								op->open, op->nopen);
 		if (target < 0)
 		{
@@ -459,6 +458,8 @@ idem_claim(PG_FUNCTION_ARGS)
 			continue;
 		}
 		previous_token = DatumGetInt64(op->values[Anum_keys_token - 1]);
+		/* the new row has the current digest form, whatever the old one had */
+		op->values[Anum_ledger_digest - 1] = UUIDPGetDatum(&op->digest.uuid);
 		op->values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
 		op->values[Anum_ledger_lane - 1] = Int16GetDatum(op->open[target].part.lane);
 		op->values[Anum_keys_state - 1] = CharGetDatum(KEY_IN_PROGRESS);
@@ -475,7 +476,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		if (IdemInsertRow(&op->open[target], op->values, op->nulls, &newtid))
 			keep_key_lock = true;
 		IdemKeyOpEnd(op, keep_key_lock);
-		(void) IdemOwnClaimAdd(op->role, &op->digest, text_to_cstring(key),
+		(void) IdemOwnClaimAdd(op->role, &op->digest.uuid, text_to_cstring(key),
 							   !has_lease, &op->open[target].part, &newtid);
 		return IdemClaimResult(fcinfo, "claimed", op, true, false, expires_at);
 	}
@@ -632,7 +633,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 
 	/* a claim of this transaction: its row is where we left it */
 	IdemKeyOpDigest(op, scope, key);
-	claim = IdemOwnClaimFind(op->role, &op->digest);
+	claim = IdemOwnClaimFind(op->role, &op->digest.uuid);
 	if (claim == NULL)
 	{
 		if (!OidIsValid(IdemLedgerParent(op->ledger, false)))
@@ -652,7 +653,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	 * the key a second time.  Under the key lock, moves and probes take
 	 * turns.
 	 */
-	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest);
+	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest.uuid);
 	CHECK_FOR_INTERRUPTS();
 	(void) IdemKeyOpLock(op, false);
 	if (claim == NULL || !IdemFetchOwnRow(claim, op))

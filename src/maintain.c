@@ -136,7 +136,7 @@ IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now)
 
 	for (lane_number = 0; lane_number < layout.lanes; lane_number++)
 	{
-		int16		lane = (int16) ((layout.lanes << 8) | lane_number);
+		int16		lane = IdemLaneValueOf(layout.lanes, lane_number, false);
 		TimestampTz t = now;
 
 		while (t < horizon)

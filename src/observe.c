@@ -53,8 +53,8 @@ idem_partition_info(PG_FUNCTION_ARGS)
 
 			values[0] = CStringGetTextDatum(IdemLedgerName(ledger));
 			values[1] = ObjectIdGetDatum(p->relid);
-			values[2] = Int32GetDatum(p->lane >> 8);
-			values[3] = Int32GetDatum(p->lane & 0xFF);
+			values[2] = Int32GetDatum(IdemLaneLanes(p->lane));
+			values[3] = Int32GetDatum(IdemLaneNumber(p->lane));
 			values[4] = TimestampTzGetDatum(p->lower);
 			values[5] = TimestampTzGetDatum(p->upper);
 			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,

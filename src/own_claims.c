@@ -56,8 +56,8 @@ IdemOwnTagHash(const IdemOwnTag *tag)
 {
 	uint32		h;
 
-	/* the digest is a cryptographic hash already */
-	memcpy(&h, tag->digest.data, sizeof(h));
+	/* bytes 4-7 of the digest are a cryptographic hash of the key */
+	memcpy(&h, tag->digest.data + IDEM_DIGEST_PREFIX_LEN, sizeof(h));
 	return h ^ murmurhash32((uint32) tag->role);
 }
 

@@ -235,7 +235,7 @@ IdemClosePartitions(IdemOpenPartition *open, int nopen)
  */
 void
 IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
-		  const pg_uuid_t *digest, TimestampTz now, bool want_tuple,
+		  const IdemDigest *digest, TimestampTz now, bool want_tuple,
 		  Snapshot snapshot, IdemProbeResult *result)
 {
 	TupleTableSlot *slot = NULL;
@@ -252,13 +252,18 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		SnapshotData dirty;
 		IndexScanDesc scan;
 		ScanKeyData skey;
+		pg_uuid_t	legacy;
 
 		if (slot == NULL)
 			slot = table_slot_create(open[i].heap, NULL);
 
+		/* legacy partitions hold the key's digest in its legacy form */
 		InitDirtySnapshot(dirty);
+		if (IdemLaneIsLegacy(open[i].part.lane))
+			IdemLegacyDigest(digest, &legacy);
 		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
-					UUIDPGetDatum(digest));
+					UUIDPGetDatum(IdemLaneIsLegacy(open[i].part.lane) ?
+								  &legacy : &digest->uuid));
 		scan = IdemIndexBeginScan(open[i].heap, open[i].index,
 								  snapshot != NULL ? snapshot : &dirty, 1);
 		index_rescan(scan, &skey, 1, NULL, 0);
@@ -362,7 +367,7 @@ IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
 		return;
 
 	IdemCurrentLayout(ledger, &layout);
-	lane_number = IdemLaneValue(digest, layout.lanes) & 0xFF;
+	lane_number = IdemLaneNumber(IdemLaneValue(digest, layout.lanes, false));
 	if (!IdemWorkerMakePartition(ledger, &layout, lane_number, expires_at))
 		(void) IdemCreatePartition(ledger, &layout, lane_number, expires_at);
 }

@@ -118,7 +118,7 @@ IdemFindMisplaced(IdemLedger ledger)
 												RelationGetDescr(heap), &isnull));
 			lane = DatumGetInt16(heap_getattr(tup, Anum_ledger_lane,
 											  RelationGetDescr(heap), &isnull));
-			want = IdemLaneValue(digest, lane >> 8);
+			want = IdemLaneValue(digest, IdemLaneLanes(lane), IdemLaneIsLegacy(lane));
 			if (want == lane)
 				continue;
 			m = palloc(sizeof(IdemMisplaced));
@@ -165,10 +165,10 @@ IdemMoveRow(IdemLedger ledger, IdemMisplaced *m)
 	{
 		IdemLayout	layout;
 
-		layout.lanes = m->lane >> 8;
+		layout.lanes = IdemLaneLanes(m->lane);
 		layout.width_us = m->from.upper - m->from.lower;
 		layout.interval_us = layout.width_us / layout.lanes;
-		(void) IdemCreatePartition(ledger, &layout, m->lane & 0xFF, expires_at);
+		(void) IdemCreatePartition(ledger, &layout, IdemLaneNumber(m->lane), expires_at);
 		if (!IdemLanePartitionAt(ledger, m->lane, expires_at, &target))
 			elog(ERROR, "partition made for lane %d is not in the partition cache",
 				 (int) m->lane);

@@ -120,7 +120,8 @@ typedef struct IdemLedgerCache
 	IdemPartition *partitions;	/* sorted by (lane, lower) */
 	Oid		   *relids;			/* the partitions' OIDs, sorted */
 	int			nlayouts;
-	int			layouts[IDEM_MAX_LANES];	/* distinct lane counts present */
+	int16		layouts[2 * IDEM_MAX_LANES];	/* distinct layouts present: the
+												 * lane value of their lane 0 */
 } IdemLedgerCache;
 
 static IdemLedgerCache ledger_cache[IDEM_NUM_LEDGERS];
@@ -136,7 +137,7 @@ static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
 static int	IdemOidCmp(const void *a, const void *b);
 static void IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent,
 							   IdemPartition *parts, Oid *relids, int n,
-							   const int *layouts, int nlayouts);
+							   const int16 *layouts, int nlayouts);
 static void IdemExecAsOwner(const char *sql, int lock_timeout_ms);
 static void IdemAppendTimestamp(StringInfo buf, TimestampTz t);
 
@@ -308,7 +309,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	int			n = 0;
 	IdemPartition *parts;
 	Oid		   *relids;
-	int			layouts[IDEM_MAX_LANES];
+	int16		layouts[2 * IDEM_MAX_LANES];
 	int			nlayouts = 0;
 	int			i;
 
@@ -398,17 +399,18 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 		relids[i] = parts[i].relid;
 	qsort(relids, n, sizeof(Oid), IdemOidCmp);
 
-	/* distinct lane counts present */
+	/* distinct layouts present (lane counts, current or legacy) */
 	for (i = 0; i < n; i++)
 	{
-		int			lanes = parts[i].lane >> 8;
+		int16		layout = IdemLaneValueOf(IdemLaneLanes(parts[i].lane), 0,
+											 IdemLaneIsLegacy(parts[i].lane));
 		int			k;
 
 		for (k = 0; k < nlayouts; k++)
-			if (layouts[k] == lanes)
+			if (layouts[k] == layout)
 				break;
-		if (k == nlayouts && nlayouts < IDEM_MAX_LANES)
-			layouts[nlayouts++] = lanes;
+		if (k == nlayouts && nlayouts < lengthof(layouts))
+			layouts[nlayouts++] = layout;
 	}
 
 	IdemSetLedgerCache(cache, parent, parts, relids, n, layouts, nlayouts);
@@ -422,7 +424,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
  */
 static void
 IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent, IdemPartition *parts,
-				   Oid *relids, int n, const int *layouts, int nlayouts)
+				   Oid *relids, int n, const int16 *layouts, int nlayouts)
 {
 	if (cache->partitions)
 		pfree(cache->partitions);
@@ -434,7 +436,7 @@ IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent, IdemPartition *parts,
 	cache->npartitions = n;
 	cache->nlayouts = nlayouts;
 	if (nlayouts > 0)
-		memcpy(cache->layouts, layouts, nlayouts * sizeof(int));
+		memcpy(cache->layouts, layouts, nlayouts * sizeof(int16));
 }
 
 /*
@@ -474,7 +476,8 @@ IdemReadBound(PartitionBoundSpec *spec, int16 *lane, TimestampTz *lower,
 	*lane = DatumGetInt16(castNode(Const, lo_lane->value)->constvalue);
 	*lower = DatumGetTimestampTz(castNode(Const, lo_time->value)->constvalue);
 	*upper = DatumGetTimestampTz(castNode(Const, hi_time->value)->constvalue);
-	return (*lane >> 8) >= 1 && (*lane >> 8) <= IDEM_MAX_LANES;
+	return IdemLaneLanes(*lane) >= 1 && IdemLaneLanes(*lane) <= IDEM_MAX_LANES &&
+		IdemLaneNumber(*lane) < IdemLaneLanes(*lane);
 }
 
 /* index of the first cached partition of a lane (binary search) */
@@ -516,7 +519,8 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 
 	for (k = 0; k < cache->nlayouts; k++)
 	{
-		int16		lane = IdemLaneValue(digest, cache->layouts[k]);
+		int16		lane = IdemLaneValue(digest, IdemLaneLanes(cache->layouts[k]),
+										 IdemLaneIsLegacy(cache->layouts[k]));
 		int			i;
 
 		for (i = IdemFirstInLane(cache, lane);
@@ -555,7 +559,8 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 
 /*
  * IdemPartitionFor finds the partition a new row of this digest expiring at
- * expires_at goes to, preferring the layout of the current settings.
+ * expires_at goes to: one made since 0.3.0 (legacy partitions take no new
+ * rows), preferring the layout of the current settings.
  */
 bool
 IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
@@ -572,13 +577,15 @@ IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
 
 		for (k = 0; k < cache->nlayouts; k++)
 		{
-			int16		lane;
+			int			lanes = IdemLaneLanes(cache->layouts[k]);
 
-			/* first pass: current layout only; second: any other */
-			if ((pass == 0) != (cache->layouts[k] == layout.lanes))
+			if (IdemLaneIsLegacy(cache->layouts[k]))
 				continue;
-			lane = IdemLaneValue(digest, cache->layouts[k]);
-			if (IdemLanePartitionAt(ledger, lane, expires_at, out))
+			/* first pass: current layout only; second: any other */
+			if ((pass == 0) != (lanes == layout.lanes))
+				continue;
+			if (IdemLanePartitionAt(ledger, IdemLaneValue(digest, lanes, false),
+									expires_at, out))
 				return true;
 		}
 	}
@@ -781,7 +788,7 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 					int lane_number, TimestampTz at)
 {
 	const IdemLedgerDef *def = &ledger_defs[ledger];
-	int16		lane = (int16) ((layout->lanes << 8) | lane_number);
+	int16		lane = IdemLaneValueOf(layout->lanes, lane_number, false);
 	IdemLedgerCache *cache;
 	LOCKTAG		tag;
 	TimestampTz lower,
@@ -824,13 +831,16 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 			upper = p->lower;
 	}
 
-	/* messages_<lanes>_<lane>_<lower bound, UTC> */
+	/*
+	 * messages_n<lanes>_<lane>_<lower bound, UTC>; "n" tells them from the
+	 * legacy partitions of the same lane and range, messages_<lanes>_...
+	 */
 	if (timestamp2tm(lower, NULL, &tm, &fsec, NULL, NULL) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("timestamp out of range")));
 	initStringInfo(&name);
-	appendStringInfo(&name, "%s_%d_%d_%04d%02d%02d_%02d%02d%02d",
+	appendStringInfo(&name, "%s_n%d_%d_%04d%02d%02d_%02d%02d%02d",
 					 def->name, layout->lanes, lane_number,
 					 tm.tm_year, tm.tm_mon, tm.tm_mday,
 					 tm.tm_hour, tm.tm_min, tm.tm_sec);

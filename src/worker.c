@@ -634,7 +634,7 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemPartitionRequest req;
 	Oid			parent;
 	IdemPartition p;
-	int16		lane = (int16) ((layout->lanes << 8) | lane_number);
+	int16		lane = IdemLaneValueOf(layout->lanes, lane_number, false);
 
 	if (idem_worker_shared == NULL || MyBackendType != B_BACKEND ||
 		IsInParallelMode())

@@ -134,10 +134,13 @@ $node->safe_psql('big_endian', q{
 	SELECT idem_maintain();
 	SELECT count(*) FROM idem_consume_messages('billing',
 	         ARRAY(SELECT 'be-' || i FROM generate_series(1, 50) i));});
-my $be_lane = q{((get_byte(uuid_send(digest), 12)::bigint * 16777216 +
+# (the lane value keeps its layout bits: lane count in bits 8-14, the
+# digest form in the sign; the lane number is bytes 12-15 big-endian)
+my $be_lane = q{((lane::int & -256) +
+                 (get_byte(uuid_send(digest), 12)::bigint * 16777216 +
                   get_byte(uuid_send(digest), 13) * 65536 +
                   get_byte(uuid_send(digest), 14) * 256 +
-                  get_byte(uuid_send(digest), 15)) % (lane >> 8) + ((lane >> 8) << 8))::int2};
+                  get_byte(uuid_send(digest), 15)) % ((lane::int & 32512) >> 8))::int2};
 my $misplaced = $node->safe_psql('big_endian',
 	"WITH m AS (UPDATE idempotency.messages SET lane = $be_lane WHERE lane <> $be_lane RETURNING 1)
 	 SELECT count(*) FROM m");
