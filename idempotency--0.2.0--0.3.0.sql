@@ -19,4 +19,69 @@ COMMENT ON FUNCTION idempotency.relocate_lanes(boolean) IS
 
 REVOKE ALL ON FUNCTION idempotency.relocate_lanes(boolean) FROM PUBLIC;
 
+-- Moving tenants between nodes (see src/transfer.c)
+
+CREATE TYPE idempotency.key_record AS (
+    role             name,
+    digest           uuid,
+    expires_at       timestamptz,
+    status           text,
+    token            bigint,
+    claimed_at       timestamptz,
+    lease_expires_at timestamptz,
+    fingerprint      bytea,
+    recovery_point   text,
+    response_code    integer,
+    response_body    jsonb
+);
+
+COMMENT ON TYPE idempotency.key_record IS
+'one live idempotency key as idempotency.export_keys() gives it and idempotency.import_key() takes it';
+
+CREATE TYPE idempotency.message_record AS (
+    role       name,
+    digest     uuid,
+    expires_at timestamptz
+);
+
+COMMENT ON TYPE idempotency.message_record IS
+'one consumed message id as idempotency.export_messages() gives it and idempotency.import_message() takes it';
+
+CREATE FUNCTION idempotency.export_keys(scopes text[] DEFAULT NULL)
+RETURNS SETOF idempotency.key_record
+AS 'MODULE_PATHNAME', 'idem_export_keys'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_keys(text[]) IS
+'the live idempotency keys of the given scopes (all if NULL), of every role, for idempotency.import_key() on another node';
+
+CREATE FUNCTION idempotency.import_key(k record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_key'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_key(record) IS
+'stores an exported idempotency key unless this node has a version at least as new: inserted, replaced, kept or expired';
+
+CREATE FUNCTION idempotency.export_messages(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.message_record
+AS 'MODULE_PATHNAME', 'idem_export_messages'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_messages(text[]) IS
+'the live consumed message ids of the given consumers (all if NULL), of every role, for idempotency.import_message() on another node';
+
+CREATE FUNCTION idempotency.import_message(m record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_message'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_message(record) IS
+'records an exported message id as consumed unless this node has it already: inserted, kept or expired';
+
+REVOKE ALL ON FUNCTION idempotency.export_keys(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_key(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_messages(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_message(record) FROM PUBLIC;
+
 SELECT idempotency.relocate_lanes(false);

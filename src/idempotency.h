@@ -193,6 +193,21 @@ extern void IdemEnsureExtensionDependency(IdemLedger ledger);
 #define Natts_messages				4
 #define Natts_keys					12
 
+/* Columns of the key ledger after the four every ledger has */
+#define Anum_keys_state				5
+#define Anum_keys_token				6
+#define Anum_keys_claimed_at		7
+#define Anum_keys_lease_until		8
+#define Anum_keys_fingerprint		9
+#define Anum_keys_recovery_point	10
+#define Anum_keys_response_code		11
+#define Anum_keys_response_body		12
+
+/* Values of the key ledger's state column */
+#define KEY_IN_PROGRESS		'p'
+#define KEY_COMPLETED		'c'
+#define KEY_RELEASED		'r'
+
 /* Live partitions one lane may have before lookups refuse */
 #define IDEM_MAX_PROBES				256
 
@@ -255,6 +270,18 @@ extern void IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode);
 extern void IdemClosePartitionIndexes(IdemOpenPartition *op);
 extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 								   IdemIndexUpdate which);
+
+/* What importing a ledger row did (keys.c, consume.c; see transfer.c) */
+typedef enum IdemImportOutcome
+{
+	IDEM_IMPORT_INSERTED,		/* no live local row: the row was added */
+	IDEM_IMPORT_REPLACED,		/* it replaced an older local version */
+	IDEM_IMPORT_KEPT,			/* the local row is as new: left as it was */
+	IDEM_IMPORT_EXPIRED			/* it has expired: nothing to do */
+} IdemImportOutcome;
+
+extern IdemImportOutcome IdemImportKey(Oid role, const pg_uuid_t *digest,
+									   Datum *values, bool *nulls);
 
 /* The processed-message ledger (consume.c) */
 extern bool IdemRecordMessage(Oid role, const IdemDigest *digest,

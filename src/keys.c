@@ -59,21 +59,6 @@ PG_FUNCTION_INFO_V1(idem_checkpoint);
 PG_FUNCTION_INFO_V1(idem_release);
 PG_FUNCTION_INFO_V1(idem_lookup);
 
-/* Columns of the key ledger after the four every ledger has */
-#define Anum_keys_state				5
-#define Anum_keys_token				6
-#define Anum_keys_claimed_at		7
-#define Anum_keys_lease_until		8
-#define Anum_keys_fingerprint		9
-#define Anum_keys_recovery_point	10
-#define Anum_keys_response_code		11
-#define Anum_keys_response_body		12
-
-/* Values of the state column */
-#define KEY_IN_PROGRESS		'p'
-#define KEY_COMPLETED		'c'
-#define KEY_RELEASED		'r'
-
 /* Columns of idem_claim()'s result */
 #define Natts_claim_result			6
 
@@ -737,6 +722,124 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	}
 	IdemKeyOpEnd(op, keep_key_lock);
 	heap_freetuple(newtuple);
+}
+
+/*
+ * IdemImportKey stores a key's row brought from another node
+ * (idempotency.import_key()): "values"/"nulls" hold every column of the key
+ * ledger but the lane, for role "role" and digest "digest" (current form).
+ * A live local row of the key is replaced only by a newer one: a larger
+ * token, or the same token in a state that follows the local one (completed
+ * or released after in progress, or in progress again, with its latest
+ * recovery point, for the node being moved from owns the key).  Waits for
+ * transactions writing the key, as a claim does.
+ */
+IdemImportOutcome
+IdemImportKey(Oid role, const pg_uuid_t *digest, Datum *values, bool *nulls)
+{
+	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+	TimestampTz expires_at = DatumGetTimestampTz(values[Anum_ledger_expires_at - 1]);
+	int64		token = DatumGetInt64(values[Anum_keys_token - 1]);
+	char		state = DatumGetChar(values[Anum_keys_state - 1]);
+	IdemImportOutcome outcome;
+
+	op->ledger = IDEM_LEDGER_KEYS;
+	op->role = role;
+	op->now = GetCurrentTimestamp();
+	op->key_locked = false;
+	op->nopen = 0;
+	op->probe.tuple = NULL;
+	op->digest.uuid = *digest;
+	memcpy(op->digest.legacy_head, digest->data, IDEM_DIGEST_PREFIX_LEN);
+
+	if (expires_at <= op->now)
+		return IDEM_IMPORT_EXPIRED;
+	(void) IdemLedgerParent(op->ledger, true);
+	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest.uuid);
+
+	for (;;)
+	{
+		int			target;
+		bool		keep_key_lock;
+
+		CHECK_FOR_INTERRUPTS();
+		(void) IdemKeyOpBegin(op, false);
+		if (op->probe.found == IDEM_FOUND_BUSY)
+		{
+			IdemKeyOpEnd(op, false);
+			XactLockTableWait(op->probe.xwait, NULL, NULL, XLTW_None);
+			continue;
+		}
+		if (op->probe.found == IDEM_FOUND_MINE)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("cannot import an idempotency key this transaction has written")));
+
+		outcome = IDEM_IMPORT_INSERTED;
+		if (op->probe.found == IDEM_FOUND_DONE)
+		{
+			int64		local_token = DatumGetInt64(op->values[Anum_keys_token - 1]);
+			char		local_state = IdemRowState(op);
+
+			if (token < local_token ||
+				(token == local_token && local_state != KEY_IN_PROGRESS))
+			{
+				IdemKeyOpEnd(op, false);
+				return IDEM_IMPORT_KEPT;
+			}
+			if (token == local_token && state == KEY_IN_PROGRESS)
+			{
+				/* the same claim in progress: same unless a checkpoint moved on */
+				bool		same_point;
+
+				if (nulls[Anum_keys_recovery_point - 1] ||
+					op->nulls[Anum_keys_recovery_point - 1])
+					same_point = nulls[Anum_keys_recovery_point - 1] ==
+						op->nulls[Anum_keys_recovery_point - 1];
+				else
+				{
+					text	   *a = DatumGetTextPP(values[Anum_keys_recovery_point - 1]);
+					text	   *b = DatumGetTextPP(op->values[Anum_keys_recovery_point - 1]);
+
+					same_point = VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+						memcmp(VARDATA_ANY(a), VARDATA_ANY(b),
+							   VARSIZE_ANY_EXHDR(a)) == 0;
+				}
+				if (same_point)
+				{
+					IdemKeyOpEnd(op, false);
+					return IDEM_IMPORT_KEPT;
+				}
+			}
+			outcome = IDEM_IMPORT_REPLACED;
+		}
+
+		target = IdemOpenTarget(op->ledger, &op->digest.uuid, expires_at,
+								op->open, op->nopen);
+		if (target < 0)
+		{
+			IdemKeyOpMakeTarget(op, expires_at);
+			continue;
+		}
+		keep_key_lock = false;
+		if (outcome == IDEM_IMPORT_REPLACED)
+		{
+			IdemSeeOwnWrites();
+			simple_heap_delete(op->open[op->probe.which].heap, &op->probe.tid);
+			keep_key_lock =
+				op->open[op->probe.which].heap->rd_createSubid != InvalidSubTransactionId;
+		}
+		values[Anum_ledger_digest - 1] = UUIDPGetDatum(&op->digest.uuid);
+		values[Anum_ledger_role - 1] = ObjectIdGetDatum(op->role);
+		values[Anum_ledger_lane - 1] = Int16GetDatum(op->open[target].part.lane);
+		nulls[Anum_ledger_digest - 1] = false;
+		nulls[Anum_ledger_role - 1] = false;
+		nulls[Anum_ledger_lane - 1] = false;
+		if (IdemInsertRow(&op->open[target], values, nulls, NULL))
+			keep_key_lock = true;
+		IdemKeyOpEnd(op, keep_key_lock);
+		return outcome;
+	}
 }
 
 /*

@@ -60,6 +60,7 @@ BAIL_OUT('cannot find the top of the source tree (idempotency.control)')
 # reference may name although no errcode() in src/ raises them.
 my %PG_RAISED = (
 	'42501' => 'privilege checks: EXECUTE, SET on a parameter, schema USAGE',
+	'42704' => 'get_role_oid(): an imported row names a role this node lacks',
 	'55P03' => 'lock_timeout while a call waits',
 	'57014' => 'statement_timeout while a call waits',
 	'40P01' => 'deadlock detection while a call waits',

@@ -1,0 +1,618 @@
+/*-------------------------------------------------------------------------
+ *
+ * transfer.c
+ *	  Moving ledger rows between nodes: idempotency.export_keys(),
+ *	  idempotency.import_key(), idempotency.export_messages() and
+ *	  idempotency.import_message().
+ *
+ * When a tenant moves to another database (a Citus shard move, a PL/Proxy
+ * partition split), its live keys and consumed message ids must go with its
+ * rows, or a retry after the move would do the work again.  Export reads
+ * the live rows of a set of namespaces (scopes, consumers) with one index
+ * range scan per partition and namespace: every digest of a namespace
+ * starts with the same four bytes (keyhash.c).  Those four bytes are a hash,
+ * so an export may also carry rows of another namespace that shares them;
+ * that is harmless, because an import never makes a key older than it is:
+ *
+ *	- a key is imported unless the local node holds a version at least as
+ *	  new (a larger token, or the same token completed or released);
+ *	- a message id is imported unless the local node has it already.
+ *
+ * Rows keep their role (by name), digest, expiry, token, fingerprint,
+ * recovery point and response, so an old holder's token stays valid and a
+ * replay answers byte for byte.  Export reads under the statement's
+ * snapshot: what is being written meanwhile is not exported, so the mover
+ * stops writes to the tenants first (see doc/scale-out.md).
+ *
+ * Rows written before 0.3.0 (in "legacy" partitions) have digests without
+ * the namespace prefix: they cannot be found by namespace, and a node that
+ * still has them cannot tell an imported key from its legacy twin.  Both
+ * export and import refuse while such partitions are live.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/transfer.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "catalog/pg_type.h"
+#include "executor/tuptable.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "utils/acl.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/timestamp.h"
+#include "utils/typcache.h"
+
+PG_FUNCTION_INFO_V1(idem_export_keys);
+PG_FUNCTION_INFO_V1(idem_export_messages);
+PG_FUNCTION_INFO_V1(idem_import_key);
+PG_FUNCTION_INFO_V1(idem_import_message);
+
+/* Columns of idempotency.key_record */
+#define Natts_key_record			11
+#define Anum_key_record_role		1
+#define Anum_key_record_digest		2
+#define Anum_key_record_expires_at	3
+#define Anum_key_record_status		4
+#define Anum_key_record_token		5
+#define Anum_key_record_claimed_at	6
+#define Anum_key_record_lease_expires_at 7
+#define Anum_key_record_fingerprint	8
+#define Anum_key_record_recovery_point 9
+#define Anum_key_record_response_code 10
+#define Anum_key_record_response_body 11
+
+/* Columns of idempotency.message_record */
+#define Natts_message_record		3
+
+/* The fingerprint idem_claim() stores: SHA-256 */
+#define IDEM_FINGERPRINT_LEN		32
+
+static void IdemRefuseLegacy(IdemLedger ledger, const char *funcname);
+static int	IdemNamespacePrefixes(ArrayType *namespaces, const char *argname,
+								  const char *elemname,
+								  uint8 (**prefixes)[IDEM_DIGEST_PREFIX_LEN]);
+static void IdemExportPartition(IdemLedger ledger, const IdemPartition *part,
+								uint8 (*prefixes)[IDEM_DIGEST_PREFIX_LEN],
+								int nprefixes, TimestampTz now,
+								ReturnSetInfo *rsinfo);
+static void IdemExportRow(IdemLedger ledger, TupleTableSlot *slot,
+						  TimestampTz now, ReturnSetInfo *rsinfo);
+static Datum IdemExport(FunctionCallInfo fcinfo, IdemLedger ledger,
+						const char *argname, const char *elemname);
+static void IdemDeformRecord(FunctionCallInfo fcinfo, int natts,
+							 const Oid *types, const char *typname,
+							 Datum *values, bool *nulls);
+static Oid	IdemImportRole(Datum name, bool isnull);
+static void IdemRequireField(bool isnull, const char *field);
+static text *IdemImportOutcomeText(IdemImportOutcome outcome);
+
+/*
+ * IdemRefuseLegacy raises an error if the ledger has a live partition made
+ * before 0.3.0 (see the top of this file).
+ */
+static void
+IdemRefuseLegacy(IdemLedger ledger, const char *funcname)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	List	   *parts;
+	ListCell   *lc;
+
+	if (!OidIsValid(IdemLedgerParent(ledger, false)))
+		return;
+	AcceptInvalidationMessages();
+	parts = IdemAllPartitions(ledger);
+	foreach(lc, parts)
+	{
+		IdemPartition *p = (IdemPartition *) lfirst(lc);
+
+		if (IdemLaneIsLegacy(p->lane) && p->upper > now)
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("cannot call %s while \"%s.%s\" has partitions made before version 0.3.0",
+							funcname, IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+					 errdetail("Partition \"%s\" holds rows written before 0.3.0 until %s.",
+							   get_rel_name(p->relid),
+							   timestamptz_to_str(p->upper)),
+					 errhint("Wait until it has expired, and run idem_maintain() to drop it.")));
+	}
+	list_free_deep(parts);
+}
+
+/*
+ * IdemNamespacePrefixes sets *prefixes to the distinct digest prefixes of
+ * the namespaces of an array, in order, and returns how many.
+ */
+static int
+IdemNamespacePrefixes(ArrayType *namespaces, const char *argname,
+					  const char *elemname,
+					  uint8 (**prefixes)[IDEM_DIGEST_PREFIX_LEN])
+{
+	Datum	   *elems;
+	bool	   *elemnulls;
+	int			nelems;
+	int			i;
+	int			n = 0;
+	uint8		(*out)[IDEM_DIGEST_PREFIX_LEN];
+
+	if (ARR_NDIM(namespaces) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("%s must be a one-dimensional array", argname)));
+	deconstruct_array(namespaces, TEXTOID, -1, false, TYPALIGN_INT,
+					  &elems, &elemnulls, &nelems);
+	out = palloc(Max(nelems, 1) * IDEM_DIGEST_PREFIX_LEN);
+	for (i = 0; i < nelems; i++)
+	{
+		text	   *ns;
+		int			j;
+
+		if (elemnulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("%s must not contain nulls", argname),
+					 errdetail("Element %d is null.", i + 1)));
+		ns = DatumGetTextPP(elems[i]);
+		IdemCheckKeyLength(VARSIZE_ANY_EXHDR(ns), elemname);
+		IdemNamespacePrefix(VARDATA_ANY(ns), VARSIZE_ANY_EXHDR(ns), out[n]);
+		for (j = 0; j < n; j++)
+		{
+			if (memcmp(out[j], out[n], IDEM_DIGEST_PREFIX_LEN) == 0)
+				break;
+		}
+		if (j == n)
+			n++;
+	}
+	*prefixes = out;
+	return n;
+}
+
+/*
+ * IdemExport is the body of the export functions: the live rows of the
+ * given namespaces (all rows if the array is NULL) of one ledger.
+ */
+static Datum
+IdemExport(FunctionCallInfo fcinfo, IdemLedger ledger, const char *argname,
+		   const char *elemname)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	TimestampTz now = GetCurrentTimestamp();
+	uint8		(*prefixes)[IDEM_DIGEST_PREFIX_LEN] = NULL;
+	int			nprefixes = -1;
+	List	   *parts;
+	ListCell   *lc;
+	char		funcname[NAMEDATALEN + 32];
+
+	snprintf(funcname, sizeof(funcname), "%s.export_%s()", IDEM_SCHEMA_NAME,
+			 IdemLedgerName(ledger));
+	InitMaterializedSRF(fcinfo, 0);
+	if (!PG_ARGISNULL(0))
+		nprefixes = IdemNamespacePrefixes(PG_GETARG_ARRAYTYPE_P(0), argname,
+										  elemname, &prefixes);
+	if (nprefixes == 0 || !OidIsValid(IdemLedgerParent(ledger, false)))
+		return (Datum) 0;
+	IdemRefuseLegacy(ledger, funcname);
+
+	parts = IdemAllPartitions(ledger);
+	foreach(lc, parts)
+	{
+		IdemPartition *p = (IdemPartition *) lfirst(lc);
+
+		if (p->upper > now)
+			IdemExportPartition(ledger, p, prefixes, nprefixes, now, rsinfo);
+	}
+	list_free_deep(parts);
+	return (Datum) 0;
+}
+
+/*
+ * IdemExportPartition adds the live rows of one partition to the result:
+ * those whose digest starts with one of the prefixes, by index range scans,
+ * or every row if nprefixes < 0.  A partition dropped meanwhile is skipped.
+ */
+static void
+IdemExportPartition(IdemLedger ledger, const IdemPartition *part,
+					uint8 (*prefixes)[IDEM_DIGEST_PREFIX_LEN], int nprefixes,
+					TimestampTz now, ReturnSetInfo *rsinfo)
+{
+	IdemOpenPartition op;
+	Snapshot	snapshot = GetActiveSnapshot();
+	TupleTableSlot *slot;
+	int			i;
+
+	LockRelationOid(part->relid, AccessShareLock);
+	if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(part->relid)))
+	{
+		UnlockRelationOid(part->relid, AccessShareLock);
+		return;
+	}
+	IdemOpenPartitionRels(&op, ledger, part, AccessShareLock);
+	slot = table_slot_create(op.heap, NULL);
+
+	if (nprefixes < 0 || op.index == NULL)
+	{
+		/* every row (or, without a usable digest index, filter them here) */
+		TableScanDesc scan = table_beginscan(op.heap, snapshot, 0, NULL);
+
+		while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			pg_uuid_t  *digest;
+
+			digest = DatumGetUUIDP(slot_getattr(slot, Anum_ledger_digest, &isnull));
+			for (i = 0; i < nprefixes; i++)
+			{
+				if (memcmp(digest->data, prefixes[i], IDEM_DIGEST_PREFIX_LEN) == 0)
+					break;
+			}
+			if (nprefixes < 0 || i < nprefixes)
+				IdemExportRow(ledger, slot, now, rsinfo);
+		}
+		table_endscan(scan);
+	}
+	else
+	{
+		for (i = 0; i < nprefixes; i++)
+		{
+			pg_uuid_t	low;
+			pg_uuid_t	high;
+			ScanKeyData skeys[2];
+			IndexScanDesc scan;
+
+			memset(low.data, 0x00, UUID_LEN);
+			memset(high.data, 0xFF, UUID_LEN);
+			memcpy(low.data, prefixes[i], IDEM_DIGEST_PREFIX_LEN);
+			memcpy(high.data, prefixes[i], IDEM_DIGEST_PREFIX_LEN);
+			ScanKeyInit(&skeys[0], 1, BTGreaterEqualStrategyNumber, F_UUID_GE,
+						UUIDPGetDatum(&low));
+			ScanKeyInit(&skeys[1], 1, BTLessEqualStrategyNumber, F_UUID_LE,
+						UUIDPGetDatum(&high));
+			scan = IdemIndexBeginScan(op.heap, op.index, snapshot, 2);
+			index_rescan(scan, skeys, 2, NULL, 0);
+			while (index_getnext_slot(scan, ForwardScanDirection, slot))
+				IdemExportRow(ledger, slot, now, rsinfo);
+			index_endscan(scan);
+		}
+	}
+
+	ExecDropSingleTupleTableSlot(slot);
+	IdemClosePartitionIndexes(&op);
+	table_close(op.heap, NoLock);
+}
+
+/*
+ * IdemExportRow adds the row in slot to the result, as a key_record or a
+ * message_record, unless it has expired or its role has been dropped.
+ */
+static void
+IdemExportRow(IdemLedger ledger, TupleTableSlot *slot, TimestampTz now,
+			  ReturnSetInfo *rsinfo)
+{
+	Datum		values[Natts_key_record];
+	bool		nulls[Natts_key_record];
+	char	   *rolename;
+	char		state;
+
+	slot_getallattrs(slot);
+	if (DatumGetTimestampTz(slot->tts_values[Anum_ledger_expires_at - 1]) <= now)
+		return;
+	rolename = GetUserNameFromId(DatumGetObjectId(slot->tts_values[Anum_ledger_role - 1]),
+								 true);
+	if (rolename == NULL)
+		return;
+
+	memset(nulls, false, sizeof(nulls));
+	values[Anum_key_record_role - 1] = DirectFunctionCall1(namein,
+														   CStringGetDatum(rolename));
+	values[Anum_key_record_digest - 1] = slot->tts_values[Anum_ledger_digest - 1];
+	values[Anum_key_record_expires_at - 1] = slot->tts_values[Anum_ledger_expires_at - 1];
+	if (ledger == IDEM_LEDGER_MESSAGES)
+	{
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		return;
+	}
+
+	state = DatumGetChar(slot->tts_values[Anum_keys_state - 1]);
+	values[Anum_key_record_status - 1] =
+		CStringGetTextDatum(state == KEY_COMPLETED ? "completed" :
+							state == KEY_RELEASED ? "released" : "in_progress");
+	values[Anum_key_record_token - 1] = slot->tts_values[Anum_keys_token - 1];
+	values[Anum_key_record_claimed_at - 1] = slot->tts_values[Anum_keys_claimed_at - 1];
+	values[Anum_key_record_lease_expires_at - 1] = slot->tts_values[Anum_keys_lease_until - 1];
+	nulls[Anum_key_record_lease_expires_at - 1] = slot->tts_isnull[Anum_keys_lease_until - 1];
+	values[Anum_key_record_fingerprint - 1] = slot->tts_values[Anum_keys_fingerprint - 1];
+	nulls[Anum_key_record_fingerprint - 1] = slot->tts_isnull[Anum_keys_fingerprint - 1];
+	values[Anum_key_record_recovery_point - 1] = slot->tts_values[Anum_keys_recovery_point - 1];
+	nulls[Anum_key_record_recovery_point - 1] = slot->tts_isnull[Anum_keys_recovery_point - 1];
+	values[Anum_key_record_response_code - 1] = slot->tts_values[Anum_keys_response_code - 1];
+	nulls[Anum_key_record_response_code - 1] = slot->tts_isnull[Anum_keys_response_code - 1];
+	values[Anum_key_record_response_body - 1] = slot->tts_values[Anum_keys_response_body - 1];
+	nulls[Anum_key_record_response_body - 1] = slot->tts_isnull[Anum_keys_response_body - 1];
+	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+}
+
+/*
+ * idempotency.export_keys(scopes text[] DEFAULT NULL)
+ *		RETURNS SETOF idempotency.key_record
+ *
+ * The live idempotency keys of the given scopes, of every role (NULL: every
+ * live key of the ledger).
+ */
+Datum
+idem_export_keys(PG_FUNCTION_ARGS)
+{
+	return IdemExport(fcinfo, IDEM_LEDGER_KEYS, "scopes", "scope");
+}
+
+/*
+ * idempotency.export_messages(consumers text[] DEFAULT NULL)
+ *		RETURNS SETOF idempotency.message_record
+ *
+ * The live consumed message ids of the given consumers, of every role.
+ */
+Datum
+idem_export_messages(PG_FUNCTION_ARGS)
+{
+	return IdemExport(fcinfo, IDEM_LEDGER_MESSAGES, "consumers", "consumer");
+}
+
+/* Column types of the records import_key() and import_message() take */
+static const Oid key_record_types[Natts_key_record] = {
+	NAMEOID, UUIDOID, TIMESTAMPTZOID, TEXTOID, INT8OID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, BYTEAOID, TEXTOID, INT4OID, JSONBOID
+};
+static const Oid message_record_types[Natts_message_record] = {
+	NAMEOID, UUIDOID, TIMESTAMPTZOID
+};
+
+/*
+ * IdemDeformRecord reads argument 0, a record with the columns of the named
+ * composite type (that type, a table made from it, any row of the same
+ * column types), into values/nulls.
+ */
+static void
+IdemDeformRecord(FunctionCallInfo fcinfo, int natts, const Oid *types,
+				 const char *typname, Datum *values, bool *nulls)
+{
+	HeapTupleHeader rec = PG_GETARG_HEAPTUPLEHEADER(0);
+	TupleDesc	tupdesc;
+	HeapTupleData tuple;
+	Datum	   *all_values;
+	bool	   *all_nulls;
+	int			i;
+	int			n = 0;
+
+	tupdesc = lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(rec),
+									 HeapTupleHeaderGetTypMod(rec));
+	for (i = 0; i < tupdesc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(tupdesc, i);
+
+		if (att->attisdropped)
+			continue;
+		if (n >= natts || att->atttypid != types[n])
+			ereport(ERROR,
+					(errcode(ERRCODE_DATATYPE_MISMATCH),
+					 errmsg("record does not have the columns of type %s.%s",
+							IDEM_SCHEMA_NAME, typname),
+					 n < natts ?
+					 errdetail("Column %d has type %s, but %s is expected.",
+							   n + 1, format_type_be(att->atttypid),
+							   format_type_be(types[n])) :
+					 errdetail("It has more than %d columns.", natts)));
+		n++;
+	}
+	if (n != natts)
+		ereport(ERROR,
+				(errcode(ERRCODE_DATATYPE_MISMATCH),
+				 errmsg("record does not have the columns of type %s.%s",
+						IDEM_SCHEMA_NAME, typname),
+				 errdetail("It has %d columns, but %d are expected.", n, natts)));
+	tuple.t_len = HeapTupleHeaderGetDatumLength(rec);
+	ItemPointerSetInvalid(&tuple.t_self);
+	tuple.t_tableOid = InvalidOid;
+	tuple.t_data = rec;
+	all_values = palloc(tupdesc->natts * sizeof(Datum));
+	all_nulls = palloc(tupdesc->natts * sizeof(bool));
+	heap_deform_tuple(&tuple, tupdesc, all_values, all_nulls);
+	n = 0;
+	for (i = 0; i < tupdesc->natts; i++)
+	{
+		if (TupleDescAttr(tupdesc, i)->attisdropped)
+			continue;
+		values[n] = all_values[i];
+		nulls[n] = all_nulls[i];
+		n++;
+	}
+	ReleaseTupleDesc(tupdesc);
+}
+
+/* the local role of an imported row, which must exist */
+static Oid
+IdemImportRole(Datum name, bool isnull)
+{
+	IdemRequireField(isnull, "role");
+	return get_role_oid(NameStr(*DatumGetName(name)), false);
+}
+
+/* raises the error for a missing field of an imported record */
+static void
+IdemRequireField(bool isnull, const char *field)
+{
+	if (isnull)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("field \"%s\" of the imported record must not be null",
+						field)));
+}
+
+/* import_key()'s and import_message()'s answer */
+static text *
+IdemImportOutcomeText(IdemImportOutcome outcome)
+{
+	switch (outcome)
+	{
+		case IDEM_IMPORT_INSERTED:
+			return cstring_to_text("inserted");
+		case IDEM_IMPORT_REPLACED:
+			return cstring_to_text("replaced");
+		case IDEM_IMPORT_KEPT:
+			return cstring_to_text("kept");
+		case IDEM_IMPORT_EXPIRED:
+			break;
+	}
+	return cstring_to_text("expired");
+}
+
+/*
+ * idempotency.import_key(k record) RETURNS text
+ *
+ * Stores an exported key in this node's ledger unless this node has a
+ * version at least as new.  Answers inserted, replaced, kept or expired.
+ * Every field is checked before anything is written.
+ */
+Datum
+idem_import_key(PG_FUNCTION_ARGS)
+{
+	Datum		rec[Natts_key_record];
+	bool		recnulls[Natts_key_record];
+	Datum		values[Natts_keys];
+	bool		nulls[Natts_keys];
+	Oid			role;
+	pg_uuid_t	digest;
+	char	   *status;
+	char		state;
+
+	IdemDeformRecord(fcinfo, Natts_key_record, key_record_types, "key_record",
+					 rec, recnulls);
+	role = IdemImportRole(rec[Anum_key_record_role - 1],
+						  recnulls[Anum_key_record_role - 1]);
+	IdemRequireField(recnulls[Anum_key_record_digest - 1], "digest");
+	digest = *DatumGetUUIDP(rec[Anum_key_record_digest - 1]);
+	IdemRequireField(recnulls[Anum_key_record_expires_at - 1], "expires_at");
+	IdemRequireField(recnulls[Anum_key_record_status - 1], "status");
+	IdemRequireField(recnulls[Anum_key_record_token - 1], "token");
+	IdemRequireField(recnulls[Anum_key_record_claimed_at - 1], "claimed_at");
+
+	status = TextDatumGetCString(rec[Anum_key_record_status - 1]);
+	if (strcmp(status, "in_progress") == 0)
+		state = KEY_IN_PROGRESS;
+	else if (strcmp(status, "completed") == 0)
+		state = KEY_COMPLETED;
+	else if (strcmp(status, "released") == 0)
+		state = KEY_RELEASED;
+	else
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("invalid status \"%s\" of an imported idempotency key", status),
+				 errhint("Valid statuses are \"in_progress\", \"completed\" and \"released\".")));
+	if (DatumGetInt64(rec[Anum_key_record_token - 1]) <= 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("token of an imported idempotency key must be positive")));
+	if (state == KEY_COMPLETED)
+	{
+		int32		code;
+
+		IdemRequireField(recnulls[Anum_key_record_response_code - 1], "response_code");
+		code = DatumGetInt32(rec[Anum_key_record_response_code - 1]);
+		if (code < 100 || code > 599)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("response_code %d is out of range", code),
+					 errdetail("An HTTP status code is between 100 and 599.")));
+	}
+	else if (!recnulls[Anum_key_record_response_code - 1] ||
+			 !recnulls[Anum_key_record_response_body - 1])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an idempotency key that is not completed has no response")));
+	if (state != KEY_IN_PROGRESS && !recnulls[Anum_key_record_lease_expires_at - 1])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an idempotency key that is not in progress has no lease")));
+	if (!recnulls[Anum_key_record_fingerprint - 1] &&
+		VARSIZE_ANY_EXHDR(DatumGetByteaPP(rec[Anum_key_record_fingerprint - 1])) !=
+		IDEM_FINGERPRINT_LEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("fingerprint of an imported idempotency key must be %d bytes",
+						IDEM_FINGERPRINT_LEN)));
+	if (!recnulls[Anum_key_record_recovery_point - 1])
+		IdemCheckKeyLength(VARSIZE_ANY_EXHDR(DatumGetTextPP(rec[Anum_key_record_recovery_point - 1])),
+						   "recovery_point");
+	IdemCheckWritable("idempotency.import_key()");
+	IdemRefuseLegacy(IDEM_LEDGER_KEYS, "idempotency.import_key()");
+
+	memset(nulls, false, sizeof(nulls));
+	values[Anum_ledger_expires_at - 1] = rec[Anum_key_record_expires_at - 1];
+	values[Anum_keys_state - 1] = CharGetDatum(state);
+	values[Anum_keys_token - 1] = rec[Anum_key_record_token - 1];
+	values[Anum_keys_claimed_at - 1] = rec[Anum_key_record_claimed_at - 1];
+	values[Anum_keys_lease_until - 1] = rec[Anum_key_record_lease_expires_at - 1];
+	nulls[Anum_keys_lease_until - 1] = recnulls[Anum_key_record_lease_expires_at - 1];
+	values[Anum_keys_fingerprint - 1] = rec[Anum_key_record_fingerprint - 1];
+	nulls[Anum_keys_fingerprint - 1] = recnulls[Anum_key_record_fingerprint - 1];
+	values[Anum_keys_recovery_point - 1] = rec[Anum_key_record_recovery_point - 1];
+	nulls[Anum_keys_recovery_point - 1] = recnulls[Anum_key_record_recovery_point - 1];
+	values[Anum_keys_response_code - 1] = rec[Anum_key_record_response_code - 1];
+	nulls[Anum_keys_response_code - 1] = recnulls[Anum_key_record_response_code - 1];
+	values[Anum_keys_response_body - 1] = rec[Anum_key_record_response_body - 1];
+	nulls[Anum_keys_response_body - 1] = recnulls[Anum_key_record_response_body - 1];
+
+	PG_RETURN_TEXT_P(IdemImportOutcomeText(IdemImportKey(role, &digest,
+														 values, nulls)));
+}
+
+/*
+ * idempotency.import_message(m record) RETURNS text
+ *
+ * Records an exported message id as consumed in this node's ledger unless
+ * this node has it already.  Answers inserted, kept or expired.
+ */
+Datum
+idem_import_message(PG_FUNCTION_ARGS)
+{
+	Datum		rec[Natts_message_record];
+	bool		recnulls[Natts_message_record];
+	Oid			role;
+	IdemDigest	digest;
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz expires_at;
+
+	IdemDeformRecord(fcinfo, Natts_message_record, message_record_types,
+					 "message_record", rec, recnulls);
+	role = IdemImportRole(rec[Anum_key_record_role - 1],
+						  recnulls[Anum_key_record_role - 1]);
+	IdemRequireField(recnulls[Anum_key_record_digest - 1], "digest");
+	IdemRequireField(recnulls[Anum_key_record_expires_at - 1], "expires_at");
+	digest.uuid = *DatumGetUUIDP(rec[Anum_key_record_digest - 1]);
+	memcpy(digest.legacy_head, digest.uuid.data, IDEM_DIGEST_PREFIX_LEN);
+	expires_at = DatumGetTimestampTz(rec[Anum_key_record_expires_at - 1]);
+	IdemCheckWritable("idempotency.import_message()");
+	IdemRefuseLegacy(IDEM_LEDGER_MESSAGES, "idempotency.import_message()");
+
+	if (expires_at <= now)
+		PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_EXPIRED));
+	PG_RETURN_TEXT_P(IdemImportOutcomeText(IdemRecordMessage(role, &digest, now,
+															  expires_at) ?
+										   IDEM_IMPORT_INSERTED :
+										   IDEM_IMPORT_KEPT));
+}
