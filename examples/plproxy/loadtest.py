@@ -41,16 +41,17 @@ Prints a line per check and exits 0 if every check passed, 1 otherwise.
 
 import argparse
 import json
+import os
 import random
 import sys
-import threading
 import time
 from collections import defaultdict
 
-try:
-    import psycopg
-except ImportError:
-    sys.exit("loadtest: python3-psycopg (psycopg 3) is required")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                "..", "lib"))
+from payments_load import (Checker, amount_of, overlaps,  # noqa: E402
+                           psycopg, run_concurrent, run_pool, status_summary,
+                           with_user)
 
 
 CONTROL_FUNCTION = """
@@ -67,126 +68,6 @@ $$;
 GRANT EXECUTE ON FUNCTION
     create_payment_anywhere(text, text, jsonb, numeric) TO {role};
 """
-
-
-class Reply:
-    __slots__ = ("phase", "tenant", "key", "status", "code", "body",
-                 "start", "end")
-
-    def __init__(self, phase, tenant, key, status, code, body, start, end):
-        self.phase = phase
-        self.tenant = tenant
-        self.key = key
-        self.status = status
-        self.code = code
-        self.body = body
-        self.start = start
-        self.end = end
-
-
-def amount_of(tenant, key):
-    """The amount a request for (tenant, key) carries: fixed per key."""
-    return (sum(map(ord, tenant + key)) % 9000 + 100) / 100
-
-
-def request_of(amount):
-    return {"amount": amount, "currency": "EUR"}
-
-
-class Client:
-    """One application connection to the proxy."""
-
-    def __init__(self, conninfo, function):
-        self.conn = psycopg.connect(conninfo, autocommit=True)
-        self.function = function
-
-    def send(self, phase, tenant, key, amount):
-        sql = ("SELECT status, response_code, response_body FROM "
-               + self.function + "(%s, %s, %s::jsonb, %s::numeric)")
-        start = time.monotonic()
-        try:
-            row = self.conn.execute(
-                sql, (tenant, key, json.dumps(request_of(amount)),
-                      str(amount))).fetchone()
-            status, code, body = row
-        except psycopg.Error as e:
-            status, code, body = "error %s: %s" % (e.sqlstate, e), None, None
-        return Reply(phase, tenant, key, status, code, body, start,
-                     time.monotonic())
-
-    def close(self):
-        self.conn.close()
-
-
-def run_concurrent(conninfo, function, phase, keys, copies, threads):
-    """Send each key "copies" times at once: rounds of threads // copies keys,
-    every thread of a round released by the same barrier."""
-    per_round = max(1, threads // copies)
-    rounds = [keys[i:i + per_round] for i in range(0, len(keys), per_round)]
-    barrier = threading.Barrier(threads)
-    replies = []
-    lock = threading.Lock()
-    failures = []
-
-    def worker(n):
-        try:
-            client = Client(conninfo, function)
-        except psycopg.Error as e:
-            failures.append(str(e))
-            barrier.abort()
-            return
-        mine = []
-        try:
-            for r in rounds:
-                slot = n // copies
-                item = r[slot] if slot < len(r) else None
-                barrier.wait()
-                if item is not None:
-                    tenant, key = item
-                    mine.append(client.send(phase, tenant, key,
-                                            amount_of(tenant, key)))
-        except threading.BrokenBarrierError:
-            failures.append("barrier broken")
-        finally:
-            client.close()
-        with lock:
-            replies.extend(mine)
-
-    ts = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if failures:
-        raise RuntimeError("load phase %s failed: %s" % (phase, failures[0]))
-    return replies
-
-
-def run_pool(conninfo, function, phase, items, threads):
-    """Send each (tenant, key, amount) once, from a pool of threads."""
-    queue = list(items)
-    lock = threading.Lock()
-    replies = []
-
-    def worker():
-        client = Client(conninfo, function)
-        mine = []
-        while True:
-            with lock:
-                if not queue:
-                    break
-                tenant, key, amount = queue.pop()
-            mine.append(client.send(phase, tenant, key, amount))
-        client.close()
-        with lock:
-            replies.extend(mine)
-
-    ts = [threading.Thread(target=worker) for _ in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    return replies
 
 
 def read_partitions(parts):
@@ -319,41 +200,6 @@ def lookup_problems(parts_app, keys, home, replies):
     return problems
 
 
-def overlaps(replies):
-    """Keys whose concurrent copies really ran at the same time: some
-    'replayed' reply was sent before the 'created' one had returned."""
-    per_key = defaultdict(list)
-    for r in replies:
-        per_key[(r.tenant, r.key)].append(r)
-    n = 0
-    for rs in per_key.values():
-        created = [r for r in rs if r.status == "created"]
-        if created and any(r.status == "replayed" and r.start < created[0].end
-                           for r in rs):
-            n += 1
-    return n
-
-
-def with_user(conninfo, user):
-    return "%s user=%s" % (conninfo, user)
-
-
-class Checker:
-    """Prints one line per check and remembers the failed ones."""
-
-    def __init__(self):
-        self.failed = []
-
-    def __call__(self, name, problems, show=10):
-        if problems:
-            self.failed.append(name)
-            print("FAIL %s: %d problem(s)" % (name, len(problems)))
-            for p in problems[:show]:
-                print("     " + p)
-        else:
-            print("ok   %s" % name)
-
-
 def ledger_problems(payments, ledger):
     return ["partition %d: %d keys, %d payments" % (p, ledger[p], payments[p])
             for p in range(len(ledger)) if ledger[p] != payments[p]]
@@ -404,11 +250,7 @@ def mode_load(args, check, rng):
           % (len(replies) + len(ctl_replies), len(keys) * args.copies,
              t1 - t0, len(replies) - len(keys) * args.copies, t2 - t1,
              len(ctl_replies)))
-    status_count = defaultdict(int)
-    for r in replies:
-        status_count[(r.phase, r.status.split(":")[0])] += 1
-    print("replies: " + ", ".join("%s %s: %d" % (p, s, n) for (p, s), n
-                                  in sorted(status_count.items())))
+    print("replies: " + status_summary(replies))
 
     rows, ledger = read_partitions(args.part)
     payments = [sum(1 for r in rows if r[0] == p) for p in range(nparts)]

@@ -30,7 +30,7 @@ deps_packages() {
 		libtap-parser-sourcehandler-pgtap-perl pgbouncer \
 		libipc-run-perl libtest-simple-perl perl \
 		python3 python3-psycopg curl make gcc libc6-dev \
-		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev \
+		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev libkrb5-dev \
 		debhelper dpkg-dev fakeroot postgresql-server-dev-all \
 		pgxnclient prometheus-postgres-exporter
 }
