@@ -2,7 +2,7 @@
 """examples/plproxy/loadtest.py -- concurrent load through the PL/Proxy node,
 then checks on the partitions, for examples/plproxy/test.sh.
 
-    python3 loadtest.py [--mode load|after-move] [--state FILE] \
+    python3 loadtest.py [--mode load|after-move|after-split] [--state FILE] \
         --proxy CONNINFO --part CONNINFO [--part ...] [--app-user app] \
         [--tenants 24] [--keys 12] [--copies 4] [--threads 8] [--seed N]
 
@@ -35,6 +35,12 @@ The keys and first replies are saved to --state, if given.
 saved key is sent again (two copies at once) and must replay its first reply;
 a new key per tenant (--copies at once) must be paid once, on the tenant's
 partition; keys = payments on every partition.
+
+--mode after-split, after test.sh split every partition in two (4 -> 8,
+moving each tenant's payments and live keys with idempotency.export_keys()
+and import_key()): the same, except that a partition keeps the ledger rows
+of the tenants that left it, so the count is per tenant: on its partition,
+as many live keys as payments.
 
 Prints a line per check and exits 0 if every check passed, 1 otherwise.
 """
@@ -291,10 +297,33 @@ def mode_load(args, check, rng):
                                    if r.status == "created"]}, f)
 
 
+def tenant_ledger_problems(parts, tenants, home, rows):
+    """On each tenant's partition, as many live keys of the tenant as
+    payments (the partition may hold keys of tenants that left it)."""
+    problems = []
+    paid = defaultdict(int)
+    for part, tenant, _, _, _ in rows:
+        paid[(part, tenant)] += 1
+    conns = [psycopg.connect(c, autocommit=True) for c in parts]
+    try:
+        for t in sorted(tenants):
+            n = conns[home[t]].execute(
+                "SELECT count(*) FROM idempotency.export_keys(%s)",
+                ([t],)).fetchone()[0]
+            if n != paid[(home[t], t)]:
+                problems.append("tenant %s: %d keys, %d payments on part%d"
+                                % (t, n, paid[(home[t], t)], home[t]))
+    finally:
+        for c in conns:
+            c.close()
+    return problems
+
+
 def mode_after_move(args, check, rng):
-    """After a partition moved to another server (test.sh): every key saved
-    by mode_load, sent again through the proxy, replays its first response;
-    a new key per tenant is paid once, on its tenant's partition."""
+    """After a partition moved to another server, or every partition was
+    split (test.sh): every key saved by mode_load, sent again through the
+    proxy, replays its first response; a new key per tenant is paid once,
+    on its tenant's partition."""
     nparts = len(args.part)
     app_proxy = with_user(args.proxy, args.app_user)
     with open(args.state) as f:
@@ -316,24 +345,31 @@ def mode_after_move(args, check, rng):
     check("every old key, moved partition included, replays its first reply",
           problems)
 
-    new_keys = [(t, "key-after-move") for t in tenants]
+    new_keys = [(t, "key-" + args.mode) for t in tenants]
     new_replies = run_concurrent(app_proxy, "create_payment", "concurrent",
                                  new_keys, args.copies, args.threads)
     rows, ledger = read_partitions(args.part)
     payments = [sum(1 for r in rows if r[0] == p) for p in range(nparts)]
     print("payments per partition %s, idempotency keys per partition %s"
           % (payments, ledger))
-    problems, by_key = row_problems(keys + new_keys, rows, home)
+    earlier = ([(t, "key-after-move") for t in tenants]
+               if args.mode == "after-split" else [])
+    problems, by_key = row_problems(keys + earlier + new_keys, rows, home)
     check("one payment per key, on the tenant's hashtext partition", problems)
     check("every reply for a new key agrees and names its payment",
           reply_problems(new_keys, new_replies, by_key))
-    check("idempotency keys = payments on every partition",
-          ledger_problems(payments, ledger))
+    if args.mode == "after-split":
+        check("on its partition, each tenant has as many keys as payments",
+              tenant_ledger_problems(args.part, tenants, home, rows))
+    else:
+        check("idempotency keys = payments on every partition",
+              ledger_problems(payments, ledger))
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--mode", choices=("load", "after-move"), default="load")
+    ap.add_argument("--mode", choices=("load", "after-move", "after-split"),
+                    default="load")
     ap.add_argument("--state", help="file for the keys and first replies")
     ap.add_argument("--proxy", required=True)
     ap.add_argument("--part", action="append", required=True)
@@ -349,8 +385,8 @@ def main():
     nparts = len(args.part)
     if nparts & (nparts - 1):
         sys.exit("loadtest: the partition count must be a power of two")
-    if args.mode == "after-move" and not args.state:
-        sys.exit("loadtest: --mode after-move needs --state")
+    if args.mode != "load" and not args.state:
+        sys.exit("loadtest: --mode %s needs --state" % args.mode)
     seed = args.seed if args.seed is not None else random.randrange(1 << 30)
     print("loadtest --mode %s, seed %d" % (args.mode, seed))
     check = Checker()

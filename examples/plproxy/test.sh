@@ -150,11 +150,12 @@ again=$(CLUSTER_DB=proxy cluster_psql "$WORK/proxy" -U app -At -c \
 say "smoke test: created on partition hashtext('acme') & 3, then replayed"
 
 # loadtest ARG...: run loadtest.py against the proxy and the partitions
+# (every partition of PART_SERVER, in order)
 loadtest() {
 	local p args
 	args=(--state "$WORK/state.json"
 		--proxy "host=$WORK/proxy/sock port=${PORT[proxy]} dbname=proxy user=$DBUSER")
-	for p in 0 1 2 3; do
+	for p in "${!PART_SERVER[@]}"; do
 		args+=(--part "$(conninfo "$p") user=$DBUSER")
 	done
 	"$PYTHON" "$HERE/loadtest.py" "${args[@]}" "$@"
@@ -227,5 +228,55 @@ exec {long_in}>&- {long_out}<&-
 say "a session opened before the move follows it: replay from the copied ledger, retry paid once"
 
 loadtest --mode after-move || fail "loadtest.py reported failures after the move"
+
+# ---------------------------------------------------------------- splitting
+# Split every partition in two, 4 -> 8: partition p keeps the tenants with
+# hashtext(tenant) & 7 = p and hands those with & 7 = p + 4 to a new
+# partition p + 4, with their payments and their live idempotency keys
+# (idempotency.export_keys() on p, idempotency.import_key() on p + 4).  The
+# whole service is frozen meanwhile: PL/Proxy maps every tenant with one
+# partition count.
+split_start=$SECONDS
+PART_SERVER+=(shard1 shard2 shard0 shard2)
+part() { CLUSTER_DB=part$1 cluster_psql "$WORK/${PART_SERVER[$1]}" "${@:2}"; }
+for p in 0 1 2 3; do
+	cluster_psql "$WORK/${PART_SERVER[$p]}" -q -At -c "REVOKE CONNECT ON DATABASE part$p FROM PUBLIC" \
+		-c "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		     WHERE datname = 'part$p' AND usename = 'app'" >/dev/null ||
+		fail "could not freeze partition $p"
+done
+for p in 0 1 2 3; do
+	q=$((p + 4))
+	cluster_psql "$WORK/${PART_SERVER[$q]}" -q -c "CREATE DATABASE part$q" &&
+		part "$q" -q -f "$WORK/shard.sql" ||
+		fail "could not make partition $q"
+	tenants=$(part "$p" -At -c "SELECT coalesce(array_agg(DISTINCT tenant), '{}')
+	                               FROM payments WHERE hashtext(tenant) & 7 = $q") ||
+		fail "could not list the tenants leaving partition $p"
+	# the tenants' payments (ids kept), then their live keys
+	part "$p" -c "\\copy (SELECT id, tenant, key, amount, created_at FROM payments WHERE hashtext(tenant) & 7 = $q) TO STDOUT" |
+		part "$q" -q -c "\\copy payments (id, tenant, key, amount, created_at) FROM pstdin" \
+			-c "SELECT setval('payments_id_seq', (SELECT max(id) FROM payments))" >/dev/null ||
+		fail "could not copy the payments of partition $p to $q"
+	imported=$(part "$p" -c "\\copy (SELECT * FROM idempotency.export_keys('$tenants')) TO STDOUT" |
+		part "$q" -At -c "CREATE TEMP TABLE moving (LIKE idempotency.key_record)" \
+			-c "\\copy moving FROM pstdin" \
+			-c "SELECT count(*) FILTER (WHERE idempotency.import_key(m) = 'inserted')
+			             || ' of ' || count(*) FROM moving m" | tail -n 1) ||
+		fail "could not move the keys of partition $p to $q"
+	part "$p" -q -c "DELETE FROM payments WHERE hashtext(tenant) & 7 = $q" ||
+		fail "could not delete the moved payments from partition $p"
+	say "partition $p -> $p and $q: $(tr -d '{}' <<<"$tenants" | tr ',' '\n' | grep -c .) tenants, $imported keys imported"
+done
+px -q -c "ALTER SERVER payments OPTIONS (ADD p4 '$(conninfo 4)', ADD p5 '$(conninfo 5)',
+                                         ADD p6 '$(conninfo 6)', ADD p7 '$(conninfo 7)')" ||
+	fail "could not give the proxy eight partitions"
+for p in 0 1 2 3; do
+	cluster_psql "$WORK/${PART_SERVER[$p]}" -q -c "GRANT CONNECT ON DATABASE part$p TO PUBLIC" ||
+		fail "could not unfreeze partition $p"
+done
+say "split 4 -> 8 partitions in $((SECONDS - split_start)) s"
+
+loadtest --mode after-split || fail "loadtest.py reported failures after the split"
 
 say "passed in $((SECONDS - start)) s"
