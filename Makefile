@@ -32,6 +32,13 @@ PG_CPPFLAGS = -I$(srcdir)/src -DIDEM_VERSION=\"$(EXTVERSION)\"
 PG_CFLAGS = -Wno-unused-parameter
 
 PG_CONFIG ?= pg_config
+
+# SHA-256 straight from OpenSSL (src/keyhash.c) when PostgreSQL is built
+# with it, as every Debian and PGDG build is
+ifneq (,$(findstring -lcrypto,$(shell $(PG_CONFIG) --libs)))
+SHLIB_LINK += -lcrypto
+endif
+
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 

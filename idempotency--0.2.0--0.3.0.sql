@@ -9,6 +9,38 @@
 -- lanes here, in the updating transaction; elsewhere nothing is read or
 -- written.  The ledgers are otherwise unchanged.
 
+-- idem_claim() returns a named row type instead of OUT parameters (the
+-- same columns): cheaper for the executor to set up at every call.
+DROP FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean);
+
+-- idem_claim()'s result.  A named row type rather than OUT parameters:
+-- the executor then takes the result's shape from the type cache instead
+-- of building it from pg_proc at every execution.
+CREATE TYPE idempotency.claim_result AS (
+    status         text,
+    token          bigint,
+    recovery_point text,
+    response_code  integer,
+    response_body  jsonb,
+    expires_at     timestamptz
+);
+
+COMMENT ON TYPE idempotency.claim_result IS
+'what idem_claim() answers: status, token, recovery_point, response_code, response_body, expires_at';
+
+CREATE FUNCTION pg_catalog.idem_claim(key text,
+                                      request jsonb DEFAULT NULL,
+                                      scope text DEFAULT '',
+                                      ttl interval DEFAULT NULL,
+                                      lease interval DEFAULT NULL,
+                                      wait boolean DEFAULT false)
+RETURNS idempotency.claim_result
+AS 'MODULE_PATHNAME', 'idem_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean) IS
+'claims an idempotency key: claimed (do the work), completed (replay the stored response), in_progress (409) or mismatch (422)';
+
 CREATE FUNCTION idempotency.relocate_lanes(always boolean DEFAULT true)
 RETURNS bigint
 AS 'MODULE_PATHNAME', 'idem_relocate_lanes'

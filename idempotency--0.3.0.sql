@@ -84,19 +84,28 @@ GRANT EXECUTE ON FUNCTION idempotency.partition_info() TO pg_monitor;
 
 -- Idempotency keys
 
+-- idem_claim()'s result.  A named row type rather than OUT parameters:
+-- the executor then takes the result's shape from the type cache instead
+-- of building it from pg_proc at every execution.
+CREATE TYPE idempotency.claim_result AS (
+    status         text,
+    token          bigint,
+    recovery_point text,
+    response_code  integer,
+    response_body  jsonb,
+    expires_at     timestamptz
+);
+
+COMMENT ON TYPE idempotency.claim_result IS
+'what idem_claim() answers: status, token, recovery_point, response_code, response_body, expires_at';
+
 CREATE FUNCTION pg_catalog.idem_claim(key text,
                                       request jsonb DEFAULT NULL,
                                       scope text DEFAULT '',
                                       ttl interval DEFAULT NULL,
                                       lease interval DEFAULT NULL,
-                                      wait boolean DEFAULT false,
-                                      OUT status text,
-                                      OUT token bigint,
-                                      OUT recovery_point text,
-                                      OUT response_code integer,
-                                      OUT response_body jsonb,
-                                      OUT expires_at timestamptz)
-RETURNS record
+                                      wait boolean DEFAULT false)
+RETURNS idempotency.claim_result
 AS 'MODULE_PATHNAME', 'idem_claim'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
 

@@ -40,12 +40,42 @@
 #include "utils/jsonb.h"
 #include "utils/resowner.h"
 
+#ifdef USE_OPENSSL
+#include <openssl/evp.h>
+#endif
+
 /*
- * One SHA-256 context for the life of the backend: creating one costs more
- * than hashing a key.  It is registered with a resource owner of its own that
- * is never released, so transaction ends leave it alone.
+ * SHA-256 for the life of the backend.  Every call hashes a key (twice when
+ * it claims and completes), and most hash a request too, so the setup of a
+ * hash must cost next to nothing.  With OpenSSL (as PostgreSQL is built on
+ * every platform that matters), the digest implementation is fetched once
+ * and one EVP context is reset for each hash: pg_cryptohash_init() fetches
+ * the implementation again for every hash, which costs more than hashing a
+ * key.  Without OpenSSL, PostgreSQL's own cryptohash API is used, with one
+ * context registered with a resource owner of its own that is never
+ * released, so that transaction ends leave it alone.
  */
+#ifdef USE_OPENSSL
+static EVP_MD_CTX *sha_ctx = NULL;
+static const EVP_MD *sha_md = NULL;
+#else
 static pg_cryptohash_ctx *digest_ctx = NULL;
+#endif
+
+/*
+ * The digest computed last, and what it was computed from: a key is
+ * usually claimed and then completed by the same backend, one call after
+ * the other.
+ */
+#define IDEM_LAST_DIGEST_INPUT	256
+static struct
+{
+	bool		valid;
+	int			nslen;
+	int			keylen;
+	char		input[IDEM_LAST_DIGEST_INPUT];	/* ns, then key */
+	IdemDigest	digest;
+}			last_digest;
 
 /*
  * The namespace prefixes of recently used namespaces: consumers and scopes
@@ -63,10 +93,97 @@ typedef struct IdemPrefixEntry
 static IdemPrefixEntry prefix_cache[IDEM_PREFIX_CACHE_SIZE];
 static bool prefix_cache_ready = false;
 
-static pg_cryptohash_ctx *IdemDigestContext(void);
 static void IdemSha256(const uint8 *a, int alen, const uint8 *b, int blen,
 					   const uint8 *c, int clen,
 					   uint8 out[PG_SHA256_DIGEST_LENGTH]);
+
+#ifdef USE_OPENSSL
+
+/* sets up the backend's SHA-256 context on first use */
+static void
+IdemSha256Setup(void)
+{
+	if (sha_md == NULL)
+	{
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+		sha_md = EVP_MD_fetch(NULL, "SHA256", NULL);
+#else
+		sha_md = EVP_sha256();
+#endif
+		if (sha_md == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_INTERNAL_ERROR),
+					 errmsg("could not load the SHA-256 implementation of OpenSSL")));
+	}
+	if (sha_ctx == NULL)
+	{
+		sha_ctx = EVP_MD_CTX_new();
+		if (sha_ctx == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("out of memory")));
+	}
+}
+
+/* SHA-256 of the concatenation of up to three pieces */
+static void
+IdemSha256(const uint8 *a, int alen, const uint8 *b, int blen,
+		   const uint8 *c, int clen, uint8 out[PG_SHA256_DIGEST_LENGTH])
+{
+	unsigned int outlen;
+
+	IdemSha256Setup();
+#if OPENSSL_VERSION_NUMBER >= 0x30000000L
+	if (EVP_DigestInit_ex2(sha_ctx, sha_md, NULL) != 1)
+#else
+	if (EVP_DigestInit_ex(sha_ctx, sha_md, NULL) != 1)
+#endif
+		goto fail;
+	if (EVP_DigestUpdate(sha_ctx, a, alen) != 1 ||
+		(blen > 0 && EVP_DigestUpdate(sha_ctx, b, blen) != 1) ||
+		(clen > 0 && EVP_DigestUpdate(sha_ctx, c, clen) != 1) ||
+		EVP_DigestFinal_ex(sha_ctx, out, &outlen) != 1 ||
+		outlen != PG_SHA256_DIGEST_LENGTH)
+		goto fail;
+	return;
+
+fail:
+	ereport(ERROR,
+			(errcode(ERRCODE_INTERNAL_ERROR),
+			 errmsg("could not compute a SHA-256 digest with OpenSSL")));
+}
+
+#else							/* !USE_OPENSSL */
+
+/* returns the backend's SHA-256 context, making it on first use */
+static pg_cryptohash_ctx *
+IdemDigestContext(void)
+{
+	static ResourceOwner owner = NULL;
+
+	if (digest_ctx == NULL)
+	{
+		ResourceOwner save = CurrentResourceOwner;
+
+		if (owner == NULL)
+			owner = ResourceOwnerCreate(NULL, "idempotency digest");
+		CurrentResourceOwner = owner;
+		PG_TRY();
+		{
+			digest_ctx = pg_cryptohash_create(PG_SHA256);
+		}
+		PG_FINALLY();
+		{
+			CurrentResourceOwner = save;
+		}
+		PG_END_TRY();
+		if (digest_ctx == NULL)
+			ereport(ERROR,
+					(errcode(ERRCODE_OUT_OF_MEMORY),
+					 errmsg("out of memory")));
+	}
+	return digest_ctx;
+}
 
 /* SHA-256 of the concatenation of up to three pieces */
 static void
@@ -77,14 +194,16 @@ IdemSha256(const uint8 *a, int alen, const uint8 *b, int blen,
 
 	if (pg_cryptohash_init(ctx) < 0 ||
 		pg_cryptohash_update(ctx, a, alen) < 0 ||
-		pg_cryptohash_update(ctx, b, blen) < 0 ||
+		(blen > 0 && pg_cryptohash_update(ctx, b, blen) < 0) ||
 		(clen > 0 && pg_cryptohash_update(ctx, c, clen) < 0) ||
 		pg_cryptohash_final(ctx, out, PG_SHA256_DIGEST_LENGTH) < 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not compute SHA-256 digest of idempotency key: %s",
+				 errmsg("could not compute a SHA-256 digest: %s",
 						pg_cryptohash_error(ctx))));
 }
+
+#endif							/* USE_OPENSSL */
 
 /*
  * IdemNamespacePrefix sets the digest prefix every key of namespace "ns"
@@ -137,6 +256,16 @@ IdemComputeDigest(const char *ns, int nslen, const char *key, int keylen,
 {
 	uint8		full[PG_SHA256_DIGEST_LENGTH];
 	uint32		nslen_be = pg_hton32((uint32) nslen);
+	bool		keep = (nslen + keylen <= IDEM_LAST_DIGEST_INPUT);
+
+	if (keep && last_digest.valid && last_digest.nslen == nslen &&
+		last_digest.keylen == keylen &&
+		memcmp(last_digest.input, ns, nslen) == 0 &&
+		memcmp(last_digest.input + nslen, key, keylen) == 0)
+	{
+		*digest = last_digest.digest;
+		return;
+	}
 
 	IdemSha256((const uint8 *) &nslen_be, sizeof(nslen_be),
 			   (const uint8 *) ns, nslen, (const uint8 *) key, keylen, full);
@@ -145,6 +274,18 @@ IdemComputeDigest(const char *ns, int nslen, const char *key, int keylen,
 		   full + IDEM_DIGEST_PREFIX_LEN,
 		   IDEM_DIGEST_LEN - IDEM_DIGEST_PREFIX_LEN);
 	IdemNamespacePrefix(ns, nslen, digest->uuid.data);
+
+	/* remembered only once complete: an error above leaves it invalid */
+	last_digest.valid = false;
+	if (keep)
+	{
+		memcpy(last_digest.input, ns, nslen);
+		memcpy(last_digest.input + nslen, key, keylen);
+		last_digest.nslen = nslen;
+		last_digest.keylen = keylen;
+		last_digest.digest = *digest;
+		last_digest.valid = true;
+	}
 }
 
 /*
@@ -168,50 +309,13 @@ IdemFingerprint(Datum request)
 {
 	Jsonb	   *jb = DatumGetJsonbP(request);
 	char	   *text = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
-	pg_cryptohash_ctx *ctx = IdemDigestContext();
 	bytea	   *result = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
 
 	SET_VARSIZE(result, VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
-	if (pg_cryptohash_init(ctx) < 0 ||
-		pg_cryptohash_update(ctx, (const uint8 *) text, strlen(text)) < 0 ||
-		pg_cryptohash_final(ctx, (uint8 *) VARDATA(result),
-							PG_SHA256_DIGEST_LENGTH) < 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_INTERNAL_ERROR),
-				 errmsg("could not compute SHA-256 fingerprint of request: %s",
-						pg_cryptohash_error(ctx))));
+	IdemSha256((const uint8 *) text, strlen(text), NULL, 0, NULL, 0,
+			   (uint8 *) VARDATA(result));
 	pfree(text);
 	return result;
-}
-
-/* returns the backend's SHA-256 context, making it on first use */
-static pg_cryptohash_ctx *
-IdemDigestContext(void)
-{
-	static ResourceOwner owner = NULL;
-
-	if (digest_ctx == NULL)
-	{
-		ResourceOwner save = CurrentResourceOwner;
-
-		if (owner == NULL)
-			owner = ResourceOwnerCreate(NULL, "idempotency digest");
-		CurrentResourceOwner = owner;
-		PG_TRY();
-		{
-			digest_ctx = pg_cryptohash_create(PG_SHA256);
-		}
-		PG_FINALLY();
-		{
-			CurrentResourceOwner = save;
-		}
-		PG_END_TRY();
-		if (digest_ctx == NULL)
-			ereport(ERROR,
-					(errcode(ERRCODE_OUT_OF_MEMORY),
-					 errmsg("out of memory")));
-	}
-	return digest_ctx;
 }
 
 /*

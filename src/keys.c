@@ -272,7 +272,8 @@ idem_claim(PG_FUNCTION_ARGS)
 	TimestampTz lease_until = 0;
 	TimestampTz expires_at;
 	bool		wait;
-	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+	IdemKeyOp	opdata;
+	IdemKeyOp  *op = &opdata;
 
 	op->ledger = IDEM_LEDGER_KEYS;
 	op->role = GetUserId();
@@ -476,19 +477,23 @@ static Datum
 IdemClaimResult(FunctionCallInfo fcinfo, const char *status, IdemKeyOp *op,
 				bool with_token, bool with_response, TimestampTz expires_at)
 {
-	static TupleDesc tupdesc = NULL;
+	TupleDesc	tupdesc = (TupleDesc) fcinfo->flinfo->fn_extra;
 	Datum		values[Natts_claim_result];
 	bool		nulls[Natts_claim_result];
 
-	/* the result's shape never changes: bless it once per backend */
+	/*
+	 * The result's row type, once per call site: not for the backend's
+	 * life, as the type is made again by DROP and CREATE EXTENSION.
+	 */
 	if (tupdesc == NULL)
 	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
 		TupleDesc	desc;
 
 		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
 			elog(ERROR, "return type must be a row type");
 		tupdesc = BlessTupleDesc(CreateTupleDescCopy(desc));
+		fcinfo->flinfo->fn_extra = tupdesc;
 		MemoryContextSwitchTo(oldcxt);
 	}
 
@@ -585,7 +590,8 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	bool		has_token = !PG_ARGISNULL(token_argno);
 	int64		token = has_token ? PG_GETARG_INT64(token_argno) : 0;
 	const char *keystr = IdemKeyForMessage(text_to_cstring(key));
-	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+	IdemKeyOp	opdata;
+	IdemKeyOp  *op = &opdata;
 	int32		response_code = 0;
 	text	   *recovery_point = NULL;
 	HeapTuple	newtuple;
@@ -737,7 +743,8 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 IdemImportOutcome
 IdemImportKey(Oid role, const pg_uuid_t *digest, Datum *values, bool *nulls)
 {
-	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+	IdemKeyOp	opdata;
+	IdemKeyOp  *op = &opdata;
 	TimestampTz expires_at = DatumGetTimestampTz(values[Anum_ledger_expires_at - 1]);
 	int64		token = DatumGetInt64(values[Anum_keys_token - 1]);
 	char		state = DatumGetChar(values[Anum_keys_state - 1]);
@@ -858,7 +865,8 @@ idem_lookup(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *key = IdemCheckKeyArg(fcinfo, 0, "key");
 	text	   *scope = IdemCheckScopeArg(fcinfo, 1, "scope");
-	IdemKeyOp  *op = palloc(sizeof(IdemKeyOp));
+	IdemKeyOp	opdata;
+	IdemKeyOp  *op = &opdata;
 	Datum		values[8];
 	bool		nulls[8];
 	const char *status;

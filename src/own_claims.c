@@ -143,7 +143,7 @@ IdemOwnClaimAdd(Oid role, const pg_uuid_t *digest, const char *key,
 	bool		found;
 
 	if (own_claims == NULL)
-		own_claims = ownclaims_create(TopTransactionContext, 64, NULL);
+		own_claims = ownclaims_create(TopTransactionContext, 8, NULL);
 
 	claim = palloc(sizeof(IdemOwnClaim));
 	claim->role = role;

@@ -9,7 +9,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(84);
+SELECT plan(85);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_keys_plain;
@@ -30,12 +30,19 @@ SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_claim'), 1,
 SELECT is(pg_get_function_arguments('pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean)'::regprocedure),
           'key text, request jsonb DEFAULT NULL::jsonb, scope text DEFAULT ''''::text, '
           'ttl interval DEFAULT NULL::interval, lease interval DEFAULT NULL::interval, '
-          'wait boolean DEFAULT false, OUT status text, OUT token bigint, OUT recovery_point text, '
-          'OUT response_code integer, OUT response_body jsonb, OUT expires_at timestamp with time zone',
-          'idem_claim argument names, defaults and OUT columns');
+          'wait boolean DEFAULT false',
+          'idem_claim argument names and defaults');
 SELECT function_returns('pg_catalog', 'idem_claim',
-                        ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean'], 'record',
-                        'idem_claim returns one record');
+                        ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean'],
+                        'idempotency.claim_result',
+                        'idem_claim returns one idempotency.claim_result');
+SELECT is(ARRAY(SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
+                  FROM pg_attribute a
+                 WHERE a.attrelid = 'idempotency.claim_result'::regclass AND a.attnum > 0
+                 ORDER BY a.attnum),
+          ARRAY['status text', 'token bigint', 'recovery_point text', 'response_code integer',
+                'response_body jsonb', 'expires_at timestamp with time zone'],
+          'idem_claim answers status, token, recovery_point, response_code, response_body, expires_at');
 SELECT is((SELECT proretset FROM pg_proc
             WHERE oid = 'pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean)'::regprocedure),
           false, 'idem_claim returns a single row, not a set');

@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+# bench/bigtxn.sh -- big transactions: does a call cost the same at the end
+# of a transaction that made hundreds of thousands of calls as at its start?
+#
+#   bash bench/bigtxn.sh                       # about 2 minutes
+#   BIGTXN_KEYS=100000 BIGTXN_MESSAGES=200000 bash bench/bigtxn.sh
+#
+# On a throwaway cluster (shared_buffers 1GB, so that the ledgers stay in
+# memory and the curve shows CPU, not I/O), three transactions, each one
+# PL/pgSQL DO block, timed in ten slices of equal numbers of calls:
+#
+#   keys       BIGTXN_KEYS same-transaction claims of new keys (500,000),
+#              then BIGTXN_KEYS completions of the same keys, in the same
+#              transaction; then BIGTXN_SAVEPOINTS savepoints (1,000), each
+#              claiming one more key and rolled back, while the 500,000
+#              claims are still held
+#   savepoints the same savepoints in a transaction that holds no claim
+#   messages   BIGTXN_MESSAGES consumes of new message ids (1,000,000)
+#
+# It prints each phase's per-call cost in the first and the last slice and
+# their ratio (goal: last / first <= 1.2), the cost of a savepoint with and
+# without the 500,000 claims held (goal: <= 1.2), and the backend's memory
+# at the end of each phase (pg_backend_memory_contexts, total bytes), per
+# claim held.  Results: bench/results/bigtxn-latest.txt.
+#
+# Environment: BIGTXN_KEYS, BIGTXN_MESSAGES, BIGTXN_SAVEPOINTS, BIGTXN_PORT
+# [54481], BENCH_BUILD auto|1|0 (make install first when the library
+# directory is writable), PGBIN [/usr/lib/postgresql/15/bin].
+# Exit status: 0 every goal PASS, 3 some goal FAIL, 1 the run failed.
+
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+BENCH_NAME=bigtxn.sh
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+KEYS=${BIGTXN_KEYS:-500000}
+MESSAGES=${BIGTXN_MESSAGES:-1000000}
+SAVEPOINTS=${BIGTXN_SAVEPOINTS:-1000}
+PORT=${BIGTXN_PORT:-54481}
+BUILD=${BENCH_BUILD:-auto}
+RESDIR=$HERE/results
+mkdir -p "$RESDIR"
+OUT=$RESDIR/bigtxn-latest.txt
+: >"$OUT"
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+
+if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
+    AS_PG=(runuser -u postgres --)
+else
+    AS_PG=()
+fi
+pg() { "${AS_PG[@]}" "$@"; }
+
+T0=$(date +%s)
+WORK=$(mktemp -d /tmp/idem-bigtxn.XXXXXX)
+chmod 755 "$WORK"
+[ "$(id -u)" = 0 ] && chown postgres: "$WORK"
+PGD=$WORK/data
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ -f "$PGD/postmaster.pid" ]; then
+        pg "$PGBIN/pg_ctl" -D "$PGD" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+q() { pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U postgres -d postgres "$@"; }
+
+PKGLIBDIR=$("$PGBIN/pg_config" --pkglibdir)
+if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && [ -w "$PKGLIBDIR" ]; }; then
+    note "building and installing the extension (make install) ..."
+    (cd "$REPO" && make -s PG_CONFIG="$PGBIN/pg_config" install) >"$WORK/build.log" 2>&1 \
+        || { tail -n 20 "$WORK/build.log" >&2; die "make install failed"; }
+fi
+
+pg "$PGBIN/initdb" -D "$PGD" -A trust -U postgres -E UTF8 --locale=C --no-sync >"$WORK/initdb.log" 2>&1 \
+    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
+cat >>"$PGD/postgresql.conf" <<EOF
+port = $PORT
+listen_addresses = ''
+unix_socket_directories = '$WORK'
+shared_buffers = 1GB
+synchronous_commit = off
+fsync = off
+max_wal_size = 8GB
+checkpoint_timeout = 30min
+autovacuum = off
+log_min_messages = warning
+EOF
+pg "$PGBIN/pg_ctl" -D "$PGD" -l "$WORK/server.log" -w -t 60 start >/dev/null \
+    || { tail -n 30 "$WORK/server.log" >&2; die "server did not start"; }
+PGVER=$(q -At -c "SHOW server_version")
+
+q <<'EOF'
+CREATE EXTENSION idempotency;
+SELECT idem_maintain();
+CREATE TABLE slices (phase text, slice int, calls int, seconds float8);
+CREATE TABLE memory (phase text, bytes bigint);
+-- times ten slices of n calls of "body" ($1 is the call's number), in the
+-- caller's transaction
+CREATE FUNCTION timed(phase text, n int, body text) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz;
+    s  int;
+    i  int;
+BEGIN
+    FOR s IN 0 .. 9 LOOP
+        t0 := clock_timestamp();
+        FOR i IN s * (n / 10) + 1 .. (s + 1) * (n / 10) LOOP
+            EXECUTE body USING i;
+        END LOOP;
+        INSERT INTO slices
+        VALUES (phase, s, n / 10, extract(epoch FROM clock_timestamp() - t0));
+    END LOOP;
+    INSERT INTO memory
+    SELECT phase, sum(total_bytes) FROM pg_backend_memory_contexts;
+END
+$$;
+-- n savepoints, each claiming one key and rolled back
+CREATE FUNCTION savepoints(phase text, n int) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+    i  int;
+BEGIN
+    FOR i IN 1 .. n LOOP
+        BEGIN
+            PERFORM idem_claim(phase || '-sp-' || i);
+            RAISE EXCEPTION USING ERRCODE = 'P0001', MESSAGE = 'roll back';
+        EXCEPTION WHEN raise_exception THEN
+            NULL;
+        END;
+    END LOOP;
+    INSERT INTO slices
+    VALUES (phase, 0, n, extract(epoch FROM clock_timestamp() - t0));
+END
+$$;
+EOF
+
+say "bench/bigtxn.sh: PostgreSQL $PGVER, $KEYS keys, $MESSAGES message ids, $SAVEPOINTS savepoints per transaction"
+note "keys: $KEYS claims, then $KEYS completions, then $SAVEPOINTS savepoints, in one transaction ..."
+q <<EOF
+BEGIN;
+SELECT timed('claim', $KEYS, \$\$SELECT idem_claim('big-' || \$1)\$\$);
+SELECT timed('complete', $KEYS, \$\$SELECT idem_complete('big-' || \$1, 201, '{"ok": true}')\$\$);
+SELECT savepoints('savepoint, $KEYS claims held', $SAVEPOINTS);
+COMMIT;
+EOF
+note "savepoints without claims held ..."
+q <<EOF
+BEGIN;
+SELECT savepoints('savepoint, no claim held', $SAVEPOINTS);
+COMMIT;
+EOF
+note "messages: $MESSAGES consumes in one transaction ..."
+q <<EOF
+BEGIN;
+SELECT timed('consume', $MESSAGES, \$\$SELECT idem_consume_message('big', \$1::text)\$\$);
+COMMIT;
+EOF
+q -At -c "SELECT count(*) FROM idempotency.keys WHERE state = 'c'" | {
+    read -r n
+    [ "$n" = "$KEYS" ] || die "expected $KEYS completed keys, found $n"
+}
+
+FAILS=0
+goal() {   # label value target
+    local ok
+    ok=$(awk -v v="$2" -v t="$3" 'BEGIN{ print (v + 0 <= t + 0) ? "PASS" : "FAIL" }')
+    [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
+    say "$(printf '%-64s %7s <= %-4s %s' "$1" "$2" "$3" "$ok")"
+}
+say ""
+say "per-call cost (µs) in each tenth of the transaction:"
+q -At -F ' ' -c "SELECT phase, string_agg(round((seconds / calls * 1e6)::numeric, 1)::text, ' ' ORDER BY slice)
+                   FROM slices WHERE phase IN ('claim', 'complete', 'consume') GROUP BY phase ORDER BY phase" |
+    while read -r phase rest; do say "  $(printf '%-9s' "$phase") $rest"; done
+say ""
+for phase in claim complete consume; do
+    r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
+                               max(seconds) FILTER (WHERE slice = 0))::numeric, 3)
+                    FROM slices WHERE phase = '$phase'")
+    goal "$phase: last tenth / first tenth" "$r" 1.2
+done
+r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE phase LIKE '%claims held') /
+                           max(seconds) FILTER (WHERE phase LIKE '%no claim held'))::numeric, 3)
+                FROM slices WHERE phase LIKE 'savepoint%'")
+goal "savepoint rollback with $KEYS claims held / with none" "$r" 1.2
+say ""
+say "backend memory at the end of each phase (pg_backend_memory_contexts):"
+q -At -F ' ' -c "SELECT phase, pg_size_pretty(bytes),
+                        CASE WHEN phase IN ('claim', 'complete')
+                             THEN round(bytes::numeric / $KEYS) || ' bytes per claim held' END
+                   FROM memory ORDER BY phase" |
+    while read -r line; do say "  $line"; done
+say ""
+say "command: BIGTXN_KEYS=$KEYS BIGTXN_MESSAGES=$MESSAGES BIGTXN_SAVEPOINTS=$SAVEPOINTS bash bench/bigtxn.sh"
+say "elapsed: $(( $(date +%s) - T0 )) s"
+[ "$FAILS" = 0 ] || exit 3
