@@ -152,7 +152,7 @@ extdir=$("$PG_CONFIG" --sharedir)/extension
 (cd "$SRC" && make -s uninstall PG_CONFIG="$PG_CONFIG") >/dev/null
 pkg_check "make uninstall removed the library and the control file" \
 	test ! -e "$pkglibdir/idempotency.so" -a ! -e "$extdir/idempotency.control"
-if (cd "$T" && pgxn install --unstable --pg_config "$PG_CONFIG" "$ARCHIVE") >"$T/install.log" 2>&1; then
+if (cd "$T" && pgxn install --pg_config "$PG_CONFIG" "$ARCHIVE") >"$T/install.log" 2>&1; then
 	echo "ok: pgxn install"
 else
 	tail -n 40 "$T/install.log"
@@ -191,7 +191,7 @@ pkg_say "pgxn check $ARCHIVE (regression and isolation suites)"
 printf '#!/bin/sh\nexec make TAP_TESTS= "$@"\n' >"$T/make-without-tap"
 chmod 755 "$T/make-without-tap"
 start=$SECONDS
-if as_user env TMPDIR="$T" pgxn check --unstable --pg_config "$PG_CONFIG" \
+if as_user env TMPDIR="$T" pgxn check --pg_config "$PG_CONFIG" \
 	--make "$T/make-without-tap" "$ARCHIVE" >"$T/check.log" 2>&1; then
 	grep -E 'tests passed|failed' "$T/check.log"
 	echo "ok: pgxn check passed in $((SECONDS - start))s"
