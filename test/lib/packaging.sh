@@ -15,7 +15,7 @@
 #   pkg_self_test_lists      check that pkg_same_lists can fail
 #   pkg_restore_install      "make install" from SRC again (the state the
 #                            suites before and after this one expect)
-#   pkg_port N               a private port: PACKAGING_PORT_BASE (default
+#   pkg_port N               a private port: IDEM_PACKAGING_PORT_BASE (default
 #                            54470) + N
 #   pkg_result               print the verdict; return 1 if a check failed
 #
@@ -89,7 +89,7 @@ pkg_restore_install() {
 }
 
 pkg_port() {
-	echo $((${PACKAGING_PORT_BASE:-54470} + $1))
+	echo $((${IDEM_PACKAGING_PORT_BASE:-54470} + $1))
 }
 
 pkg_result() {

@@ -26,7 +26,7 @@
 #
 # On exit, pass or fail: the package is purged if still installed, the
 # throwaway server stopped, and "make install" from SRC is run again so
-# that later suites find the extension installed.  Ports: PACKAGING_PORT_BASE
+# that later suites find the extension installed.  Ports: IDEM_PACKAGING_PORT_BASE
 # + 0 (server) and + 1 (pg_virtualenv's cluster).
 
 set -uo pipefail

@@ -23,7 +23,7 @@
 #      command's job).
 #
 # On exit, pass or fail: the server is stopped and "make install" from SRC
-# is run again.  Ports: PACKAGING_PORT_BASE + 2.
+# is run again.  Ports: IDEM_PACKAGING_PORT_BASE + 2.
 
 set -uo pipefail
 

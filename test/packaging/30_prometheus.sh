@@ -39,7 +39,7 @@
 #      dropped partitions are counted.
 #
 # On exit, pass or fail: the exporter, pgbench, the lock-holding session
-# and the server are stopped.  Ports: PACKAGING_PORT_BASE + 3 (server,
+# and the server are stopped.  Ports: IDEM_PACKAGING_PORT_BASE + 3 (server,
 # unix socket), + 4 and + 5 (the exporters, 127.0.0.1).
 
 set -uo pipefail
