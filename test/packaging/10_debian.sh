@@ -75,7 +75,7 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
-deps_ensure debhelper dpkg-dev fakeroot postgresql-server-dev-all || exit 1
+deps_ensure build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all || exit 1
 
 # --------------------------------------------------------------- 1. sources
 pkg_say "PostgreSQL $PKG_MAJOR, extension $PKG_VERSION, package $PKG"
