@@ -24,7 +24,9 @@
 # test puts SRC's build back when it is done, pass or fail.
 
 PKG_FAILED=0
+# shellcheck disable=SC2034 # used by the tests that source this file
 PKG_MAJOR=$("$PG_CONFIG" --version | sed -n 's/^PostgreSQL \([0-9][0-9]*\).*/\1/p')
+# shellcheck disable=SC2034
 PKG_VERSION=$(sed -n "s/^default_version[[:space:]]*=[[:space:]]*'\([^']*\)'.*/\1/p" \
 	"$SRC/idempotency.control")
 

@@ -116,7 +116,10 @@ if ! as_user env -C "$T/build/idempotency-$PKG_VERSION" PG_SUPPORTED_VERSIONS="$
 fi
 echo "built in $((SECONDS - start))s"
 # (besides its -dbgsym package of detached debug symbols)
-mapfile -t debs < <(cd "$T/build" && ls -- *.deb 2>/dev/null | grep -v -- '-dbgsym_')
+debs=()
+for f in "$T"/build/*.deb; do
+	case $f in *-dbgsym_*) ;; *) [ -e "$f" ] && debs+=("${f##*/}") ;; esac
+done
 pkg_check "exactly one package was built: ${debs[*]}" \
 	test "${#debs[@]}" -eq 1 -a "${debs[0]:-}" = "${PKG}_${deb_version}_$(dpkg --print-architecture).deb"
 DEB=$T/build/${debs[0]:-none}

@@ -297,9 +297,9 @@ compare() {
 # two reads (the worker's, see above) can drop partitions, and the values
 # would not lie between the two reads: then fetch again (at most 5 times).
 fetch() {
-	local desc="$1" out="$2" address="$3" try
+	local desc="$1" out="$2" address="$3"
 	shift 3
-	for try in 1 2 3 4 5; do
+	for _ in 1 2 3 4 5; do
 		snapshot "$T/before.tsv" "$@"
 		scrape "$out" "$address" || {
 			pkg_fail "$desc: fetching /metrics from $address"
@@ -387,12 +387,12 @@ else
 fi
 
 expect() {
-	local name="$1" labels="$2" want="$3" got
+	local name="$1" labels="$2" expected="$3" got
 	got=$(metric "$T/multi.prom" "$name" "$labels")
-	if [ -n "$got" ] && perl -e 'exit(!($ARGV[0] == $ARGV[1]))' "$got" "$want"; then
-		printf 'ok: %s{%s} = %s\n' "$name" "$labels" "$want"
+	if [ -n "$got" ] && perl -e 'exit(!($ARGV[0] == $ARGV[1]))' "$got" "$expected"; then
+		printf 'ok: %s{%s} = %s\n' "$name" "$labels" "$expected"
 	else
-		pkg_fail "$name{$labels} is '${got}', the load says $want"
+		pkg_fail "$name{$labels} is '${got}', the load says $expected"
 	fi
 }
 expect idempotency_stats_claims_total datname=app 41
@@ -415,11 +415,11 @@ for f in quiet multi; do
 	pkg_check "$f: the query file loaded (pg_exporter_user_queries_load_error 0)" test \
 		"$(metric "$T/$f.prom" pg_exporter_user_queries_load_error "")" = 0
 done
-missing=""
+absent=""
 for m in $(grep -o '\bidempotency_[a-z_]*' "$ALERTS" | sort -u); do
-	grep -q "^$m[{ ]" "$T/quiet.prom" || missing+=" $m"
+	grep -q "^${m}[{ ]" "$T/quiet.prom" || absent+=" $m"
 done
-pkg_check "every metric the alert rules use is exported${missing:+ (missing:$missing)}" test -z "$missing"
+pkg_check "every metric the alert rules use is exported${absent:+ (missing:$absent)}" test -z "$absent"
 
 # ----------------------------------------------------------- 2. under load
 release_blocker
