@@ -51,5 +51,10 @@ ifeq ($(shell test $(VERSION_NUM) -lt 150000 && echo old),old)
 $(error idempotency requires PostgreSQL 15 or later)
 endif
 
+# The release archive PGXN takes: $(EXTENSION)-$(EXTVERSION).zip (tools/dist.sh)
+.PHONY: dist
+dist:
+	bash $(srcdir)/tools/dist.sh
+
 # every object depends on the shared headers
 $(OBJS): src/idempotency.h src/compat.h

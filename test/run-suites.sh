@@ -16,7 +16,8 @@
 # and stops its own clusters, run as the test user with PG_CONFIG, SRC (the
 # scratch copy) and EXAMPLES_PORT_BASE set; exit 0 = pass), packaging
 # (test/packaging/*.sh: the Debian package, the PGXN archive and the
-# Prometheus exporter, each run as root with PG_CONFIG and SRC set).  A
+# Prometheus exporter, each run as root with PG_CONFIG, SRC and CLUSTER_USER
+# set; exit 0 = pass, 77 = skipped here, with the reason printed).  A
 # suite with no test files is skipped.
 #
 # As root (CI, fresh Debian): installs missing packages with apt, builds
@@ -321,7 +322,7 @@ suite_examples() {
 }
 
 suite_packaging() {
-	local t rc=0
+	local t rc=0 start
 	have_files 'test/packaging/*.sh' || return 3
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "the packaging tests install packages: run as root"
@@ -329,13 +330,17 @@ suite_packaging() {
 	fi
 	for t in "$WORK"/test/packaging/*.sh; do
 		echo "---- ${t#"$WORK"/}"
-		if run_child timeout -k 30 "$SUITE_TIMEOUT" env SRC="$WORK" \
-			PG_CONFIG="$PG_CONFIG" CLUSTER_USER="$CLUSTER_USER" bash "$t"; then
-			echo "---- ${t#"$WORK"/}: passed"
-		else
-			echo "---- ${t#"$WORK"/}: FAILED"
+		start=$SECONDS
+		run_child timeout -k 30 "$SUITE_TIMEOUT" env SRC="$WORK" \
+			PG_CONFIG="$PG_CONFIG" CLUSTER_USER="$CLUSTER_USER" bash "$t"
+		case $? in
+		0) echo "---- ${t#"$WORK"/}: passed ($((SECONDS - start))s)" ;;
+		77) echo "---- ${t#"$WORK"/}: skipped (it says why above)" ;;
+		*)
+			echo "---- ${t#"$WORK"/}: FAILED ($((SECONDS - start))s)"
 			rc=1
-		fi
+			;;
+		esac
 	done
 	return "$rc"
 }

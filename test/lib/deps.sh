@@ -18,8 +18,9 @@
 # "make", "make installcheck" (pg_regress, pg_isolation_regress, prove with
 # PostgreSQL::Test::Cluster), "make pgtap" (pg_prove), the examples' tests
 # (python3-psycopg, curl, pgbouncer, plproxy, the Citus build), the DBA
-# operations tests (pg_repack) and the packaging tests (pg_buildext,
-# pgxnclient, postgres_exporter).  The Perl modules PostgreSQL::Test::* use
+# operations tests (pg_repack) and the packaging tests (pg_buildext and
+# dpkg-buildpackage, whose implicit build dependency is build-essential;
+# pgxnclient; postgres_exporter).  The Perl modules PostgreSQL::Test::* use
 # beyond IPC::Run and Test::More are core modules from the perl package.
 deps_packages() {
 	local m="$1"
@@ -31,7 +32,7 @@ deps_packages() {
 		libipc-run-perl libtest-simple-perl perl \
 		python3 python3-psycopg curl make gcc libc6-dev \
 		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev libkrb5-dev \
-		debhelper dpkg-dev fakeroot postgresql-server-dev-all \
+		build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all \
 		pgxnclient prometheus-postgres-exporter
 }
 

@@ -24,7 +24,16 @@
 #   - META.json parses, follows meta-spec 1.0.0, and its version, the
 #     control file's default_version and the installed extension's version
 #     agree; the files it names exist;
-#   - CHANGELOG.md has a section for that version.
+#   - CHANGELOG.md has a section for that version, and debian/changelog's
+#     latest entry is that version (with a Debian revision);
+#   - README.md stays a newcomer's page: at most 15 KB (the reference lives
+#     in doc/reference.md);
+#   - every relative link in README.md, doc/*.md, bench/README.md,
+#     CHANGELOG.md and examples/*/README.md names a file of the tree, and
+#     its #anchor a heading of that file (GitHub's anchors);
+#   - every metric contrib/prometheus/idempotency-queries.yaml defines is
+#     documented in doc/monitoring.md, and every metric the alert rules use
+#     is one the query file defines.
 #
 # While a version bump is under way (META.json already at the next version,
 # the control file not yet), the version checks fail, and say so.
@@ -450,6 +459,141 @@ SKIP:
 		like($changelog, qr/^##\s+\[?\Q$version\E\]?(?:\s|$)/m,
 			"CHANGELOG.md has a section for $version");
 	}
+}
+
+# ------------------------------------------------------- debian/changelog
+{
+	my ($deb_version) =
+	  slurp_utf8("$root/debian/changelog") =~ /\A\S+ \(([^)]+)\)/;
+	like($deb_version // '', qr/^\Q$control_version\E-[0-9A-Za-z.+~]+$/,
+		"debian/changelog's latest entry is $control_version-<revision>");
+}
+
+# ---------------------------------------------------------------- README
+my $readme_bytes = -s "$root/README.md";
+ok($readme_bytes <= 15 * 1024,
+	"README.md is at most 15 KB ($readme_bytes bytes): the reference belongs in doc/");
+
+# -------------------------------------------------------------- links
+# GitHub's anchor for a heading: lower case, punctuation dropped (but
+# hyphens and underscores), spaces to hyphens; repeats get -1, -2, ...
+sub anchors_of
+{
+	my ($path) = @_;
+	my (%anchors, %seen);
+	my $in_fence = 0;
+	for my $line (split /\n/, slurp_utf8($path))
+	{
+		if ($line =~ /^\s*(```|~~~)/) { $in_fence = !$in_fence; next; }
+		next if $in_fence || $line !~ /^#{1,6}\s+(.*?)\s*#*\s*$/;
+		my $text = $1;
+		$text =~ s/\[([^\]]*)\]\([^)]*\)/$1/g;    # links keep their text
+		my $slug = lc $text;
+		$slug =~ s/[^\p{Word}\- ]//g;
+		$slug =~ s/ /-/g;
+		my $n = $seen{$slug}++;
+		$anchors{ $n ? "$slug-$n" : $slug } = 1;
+	}
+	return \%anchors;
+}
+
+# The relative links of markdown TEXT, a file at path DOC of the tree:
+# returns how many there are and a description of each broken one.
+my %anchor_cache;
+sub check_links
+{
+	my ($doc, $text) = @_;
+	(my $dir = $doc) =~ s{[^/]*$}{};
+	my @bad;
+	my $n = 0;
+	my $in_fence = 0;
+	for my $line (split /\n/, $text)
+	{
+		if ($line =~ /^\s*(```|~~~)/) { $in_fence = !$in_fence; next; }
+		next if $in_fence;
+		(my $prose = $line) =~ s/`[^`]*`//g;
+		while ($prose =~ /\]\(([^)\s]+)\)/g)
+		{
+			my $target = $1;
+			next if $target =~ m{^[a-z][a-z0-9+.-]*:}i;    # http:, mailto:
+			$n++;
+			my ($file, $anchor) = $target =~ /^([^#]*)(?:#(.*))?$/;
+			my $path = $file eq '' ? $doc : "$dir$file";
+			1 while $path =~ s{(^|/)(?!\.\./)[^/]+/\.\./}{$1};
+			$path =~ s{/$}{};
+			if (!-e "$root/$path")
+			{
+				push @bad, "$target (no $path)";
+				next;
+			}
+			next unless defined $anchor && $anchor ne '';
+			if ($path !~ /\.md$/ || -d "$root/$path")
+			{
+				push @bad, "$target (an anchor into a file that is not markdown)";
+				next;
+			}
+			$anchor_cache{$path} //= anchors_of("$root/$path");
+			push @bad, "$target (no heading #$anchor in $path)"
+			  unless $anchor_cache{$path}{$anchor};
+		}
+	}
+	return ($n, @bad);
+}
+
+{
+	# the check can fail: a missing file and a missing heading are caught
+	my ($n, @bad) = check_links('README.md',
+		    "[a](doc/nothing.md), [b](doc/reference.md#no-such-heading), "
+		  . "[c](doc/reference.md#views), `[d](not/a/link.md)`");
+	ok($n == 3 && @bad == 2,
+		'the link check finds a missing file and a missing heading')
+	  or diag("links: $n, broken: @bad");
+
+	opendir(my $dh, "$root/doc") or die "could not open $root/doc: $!";
+	my @docs = map { "doc/$_" } sort grep { /\.md$/ } readdir($dh);
+	closedir($dh);
+	opendir($dh, "$root/examples") or die "could not open $root/examples: $!";
+	push @docs, map { "examples/$_/README.md" }
+	  sort grep { !/^\./ && -f "$root/examples/$_/README.md" } readdir($dh);
+	closedir($dh);
+	for my $doc ('README.md', 'CHANGELOG.md', 'bench/README.md', @docs)
+	{
+		($n, @bad) = check_links($doc, slurp_utf8("$root/$doc"));
+		if (!ok(!@bad, "$doc: its $n relative links resolve"))
+		{
+			diag("broken link in $doc: $_") for @bad;
+		}
+	}
+}
+
+# ------------------------------------------------------------ monitoring
+{
+	require CPAN::Meta::YAML;
+	my $queries_path = "$root/contrib/prometheus/idempotency-queries.yaml";
+	my $yaml = CPAN::Meta::YAML->read_string(slurp_utf8($queries_path))
+	  or BAIL_OUT("$queries_path: " . CPAN::Meta::YAML->errstr);
+	my %defined;
+	for my $namespace (sort keys %{ $yaml->[0] })
+	{
+		for my $m (@{ $yaml->[0]{$namespace}{metrics} // [] })
+		{
+			my ($column, $spec) = %$m;
+			next if ($spec->{usage} // '') eq 'LABEL';
+			$defined{"${namespace}_$column"} = 1;
+		}
+	}
+	ok(scalar(keys %defined) > 0, 'the query file defines metrics');
+	my $monitoring = slurp_utf8("$root/doc/monitoring.md");
+	my @undocumented = grep { $monitoring !~ /`\Q$_\E`/ } sort keys %defined;
+	ok(!@undocumented,
+		'doc/monitoring.md documents every metric of the query file')
+	  or diag("not documented: @undocumented");
+	my $alerts = slurp_utf8("$root/contrib/prometheus/idempotency-alerts.yml");
+	my %used = map { $_ => 1 } $alerts =~ /\b(idempotency_[a-z_]+)/g;
+	my @unknown = grep { !$defined{$_} } sort keys %used;
+	ok(!@unknown && %used,
+		'the alert rules use only metrics the query file defines')
+	  or diag("unknown: @unknown");
 }
 
 $node->stop;

@@ -1,0 +1,353 @@
+#!/usr/bin/env bash
+# bench/scale.sh -- the cost curve of the ledgers as they grow past memory.
+#
+#   bash bench/scale.sh                 # 1M, 10M and 50M live entries (~25 min)
+#   SCALE_SIZES="1000000 5000000" SCALE_ROUNDS=3 bash bench/scale.sh
+#
+# One throwaway cluster with shared_buffers well below the data (256 MB),
+# two databases side by side: "led" (the extension's ledgers, default
+# settings: message ttl 7 days in 7 lanes, key ttl 1 day) and "plain" (what
+# applications hand-roll: plain_messages (consumer, message_id) with its
+# primary key, raw_keys (key) with its primary key).  Both are filled to
+# each size in turn, the same number of live entries on both sides, by a
+# bulk path (INSERT ... SELECT into the ledger's partitioned table, the
+# digest index built after the load, the same for the plain tables' primary
+# keys): ledger rows with the namespace prefix of the measured consumer or
+# scope, random key bytes, expiries spread over the ttl, each in its lane.
+# Then, at each size, in interleaved rounds:
+#
+#   consume   idem_consume_message('scale', random UUID)  vs
+#             INSERT INTO plain_messages ... ON CONFLICT DO NOTHING
+#   claim     BEGIN; idem_claim(k); idem_complete(k); COMMIT  vs
+#             BEGIN; INSERT INTO raw_keys ... ON CONFLICT DO NOTHING; UPDATE; COMMIT
+#
+# with pgbench (4 clients, prepared statements, synchronous_commit off), and
+# reports tps, p99 latency (from pgbench's per-transaction log), bytes on
+# disk per live entry (heap + indexes + TOAST) and shared-buffer hits and
+# reads per transaction (pg_stat_database of each database), as a table in
+# bench/results/scale-latest.txt and a plot in bench/results/scale-latest.png
+# (gnuplot).  Ratios are medians of the per-round ratios.
+#
+# Environment (defaults in brackets):
+#   SCALE_SIZES     live entries per ledger, ascending   [1000000 10000000 50000000]
+#   SCALE_ROUNDS    interleaved rounds per workload       [5]
+#   SCALE_SECONDS   seconds per pgbench run               [6]
+#   SCALE_PORT      port (unix socket only)               [54471]
+#   SCALE_BUILD     auto|1|0: make install first          [auto]
+#   PGBIN           PostgreSQL binaries                   [/usr/lib/postgresql/15/bin]
+#
+# Exit status: 0 all goals PASS; 3 some goal FAIL; 1 the run failed.
+
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/.." && pwd)
+BENCH_NAME=scale.sh
+PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+SIZES=${SCALE_SIZES:-1000000 10000000 50000000}
+ROUNDS=${SCALE_ROUNDS:-5}
+SECS=${SCALE_SECONDS:-6}
+PORT=${SCALE_PORT:-54471}
+BUILD=${SCALE_BUILD:-auto}
+CLIENTS=4
+RESDIR=$HERE/results
+mkdir -p "$RESDIR"
+OUT=$RESDIR/scale-latest.txt
+DATA=$RESDIR/scale-latest.dat
+PNG=$RESDIR/scale-latest.png
+: >"$OUT"
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+
+if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
+    AS_PG=(runuser -u postgres --)
+else
+    AS_PG=()
+fi
+pg() { "${AS_PG[@]}" "$@"; }
+
+T0=$(date +%s)
+WORK=$(mktemp -d /tmp/idem-scale.XXXXXX)
+chmod 755 "$WORK"
+[ "$(id -u)" = 0 ] && chown postgres: "$WORK"
+PGD=$WORK/data
+
+cleanup() {
+    local rc=$?
+    trap - EXIT INT TERM
+    if [ -f "$PGD/postmaster.pid" ]; then
+        pg "$PGBIN/pg_ctl" -D "$PGD" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$WORK"
+    exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+q()    { local db=$1; shift; pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U postgres -d "$db" "$@"; }
+qval() { q "$1" -At -c "$2"; }
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (b+0==0) print "NA"; else printf "%.3f", a/b }'; }
+
+# ---------------------------------------------------------------- build
+PKGLIBDIR=$("$PGBIN/pg_config" --pkglibdir)
+if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && [ -w "$PKGLIBDIR" ]; }; then
+    note "building and installing the extension (make install) ..."
+    (cd "$REPO" && make -s PG_CONFIG="$PGBIN/pg_config" install) >"$WORK/build.log" 2>&1 \
+        || { tail -n 20 "$WORK/build.log" >&2; die "make install failed"; }
+fi
+
+# ---------------------------------------------------------------- cluster
+pg "$PGBIN/initdb" -D "$PGD" -A trust -U postgres -E UTF8 --locale=C --no-sync >"$WORK/initdb.log" 2>&1 \
+    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
+cat >>"$PGD/postgresql.conf" <<EOF
+port = $PORT
+listen_addresses = ''
+unix_socket_directories = '$WORK'
+shared_buffers = 256MB
+synchronous_commit = off
+fsync = off
+full_page_writes = off
+wal_level = minimal
+max_wal_senders = 0
+max_wal_size = 8GB
+checkpoint_timeout = 30min
+maintenance_work_mem = 1GB
+autovacuum = off
+log_min_messages = warning
+EOF
+pg "$PGBIN/pg_ctl" -D "$PGD" -l "$WORK/server.log" -w -t 60 start >/dev/null \
+    || { tail -n 30 "$WORK/server.log" >&2; die "server did not start"; }
+PGVER=$(qval postgres "SHOW server_version")
+
+qval postgres "CREATE DATABASE led" >/dev/null
+qval postgres "CREATE DATABASE plain" >/dev/null
+q led >/dev/null <<'EOF'
+CREATE EXTENSION idempotency;
+SELECT idem_maintain();
+SELECT idem_consume_message('probe', 'probe');
+BEGIN; SELECT idem_claim('probe'); SELECT idem_complete('probe', 200); COMMIT;
+-- the namespace prefix of a consumer or scope (src/keyhash.c), and a random
+-- digest with it
+CREATE FUNCTION scale_digest(ns text) RETURNS uuid LANGUAGE sql AS $$
+  SELECT encode(substring(sha256(int4send(octet_length(ns)) || convert_to(ns, 'UTF8')) FROM 1 FOR 4)
+                || substring(uuid_send(gen_random_uuid()) FROM 5), 'hex')::uuid $$;
+-- the lane value of a current partition for a digest under "lanes" lanes
+CREATE FUNCTION scale_lane(d uuid, lanes int) RETURNS int2 LANGUAGE sql AS $$
+  SELECT (-32768 + lanes * 256 +
+          (get_byte(uuid_send(d), 12)::bigint + get_byte(uuid_send(d), 13)::bigint * 256 +
+           get_byte(uuid_send(d), 14)::bigint * 65536 +
+           get_byte(uuid_send(d), 15)::bigint * 16777216) % lanes)::int2 $$;
+EOF
+q plain >/dev/null <<'EOF'
+CREATE TABLE plain_messages (consumer text NOT NULL, message_id text NOT NULL,
+                             consumed_at timestamptz NOT NULL DEFAULT now());
+CREATE TABLE raw_keys (key text NOT NULL, status text NOT NULL, response_code int,
+                       response_body jsonb, created_at timestamptz NOT NULL DEFAULT now());
+EOF
+
+cat >"$WORK/consume_idem.sql" <<'EOF'
+SELECT idem_consume_message('scale', gen_random_uuid()::text);
+EOF
+cat >"$WORK/consume_plain.sql" <<'EOF'
+INSERT INTO plain_messages (consumer, message_id) VALUES ('scale', gen_random_uuid()::text) ON CONFLICT DO NOTHING;
+EOF
+cat >"$WORK/claim_idem.sql" <<'EOF'
+\set r random(1, 9223372036854775806)
+BEGIN;
+SELECT status FROM idem_claim('k' || :r, '{"amount": 100}', scope => 'scale');
+SELECT idem_complete('k' || :r, 201, '{"charge": 1}', scope => 'scale');
+COMMIT;
+EOF
+cat >"$WORK/claim_plain.sql" <<'EOF'
+\set r random(1, 9223372036854775806)
+BEGIN;
+INSERT INTO raw_keys (key, status) VALUES ('k' || :r, 'in_progress') ON CONFLICT DO NOTHING;
+UPDATE raw_keys SET status = 'completed', response_code = 201, response_body = '{"charge": 1}' WHERE key = 'k' || :r;
+COMMIT;
+EOF
+chmod 644 "$WORK"/*.sql
+
+# ---------------------------------------------------------------- fill
+# adds rows so that each side holds $1 live entries per ledger
+FILLED=0
+fill_to() {
+    local n=$1 add=$(( $1 - FILLED )) t
+    [ "$add" -gt 0 ] || return 0
+    t=$(now)
+    note "filling to $n entries per ledger (+$add) ..."
+    # drop the indexes, load, build them again: the bulk path
+    q led >/dev/null <<EOF
+SELECT format('DROP INDEX idempotency.%I', c.relname)
+  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
+ WHERE i.indrelid IN (SELECT partition FROM idempotency.partitions) \gexec
+INSERT INTO idempotency.messages
+SELECT e, d, 'postgres'::regrole, scale_lane(d, 7)
+  FROM (SELECT scale_digest('scale') AS d,
+               now() + interval '1 minute' + random() * interval '6 days 23 hours' AS e
+          FROM generate_series(1, $add)) s;
+INSERT INTO idempotency.keys (expires_at, digest, role, lane, state, token, claimed_at,
+                              fingerprint, response_code, response_body)
+SELECT e, d, 'postgres'::regrole, scale_lane(d, 1), 'c', 1, e - interval '1 day',
+       sha256(convert_to('{"amount": 100}', 'UTF8')), 201, '{"charge": 1}'
+  FROM (SELECT scale_digest('scale') AS d,
+               now() + interval '1 minute' + random() * interval '23 hours' AS e
+          FROM generate_series(1, $add)) s;
+SELECT format('CREATE INDEX ON %s (digest)', partition)
+  FROM idempotency.partitions \gexec
+VACUUM ANALYZE;
+EOF
+    q plain >/dev/null <<EOF
+ALTER TABLE plain_messages DROP CONSTRAINT IF EXISTS plain_messages_pkey;
+ALTER TABLE raw_keys DROP CONSTRAINT IF EXISTS raw_keys_pkey;
+INSERT INTO plain_messages (consumer, message_id)
+SELECT 'scale', gen_random_uuid()::text FROM generate_series(1, $add);
+INSERT INTO raw_keys (key, status, response_code, response_body)
+SELECT 'f' || gen_random_uuid()::text, 'completed', 201, '{"charge": 1}' FROM generate_series(1, $add);
+ALTER TABLE plain_messages ADD PRIMARY KEY (consumer, message_id);
+ALTER TABLE raw_keys ADD PRIMARY KEY (key);
+VACUUM ANALYZE;
+EOF
+    qval postgres "CHECKPOINT" >/dev/null
+    FILLED=$n
+    note "  filled in $(awk -v a="$t" -v b="$(now)" 'BEGIN{printf "%.0f", b - a}') s"
+}
+
+# sanity: the bulk-loaded rows are what the extension finds
+check_fill() {
+    local ok
+    ok=$(qval led "SELECT count(*) FROM idempotency.messages m
+                    WHERE m.lane <> scale_lane(m.digest, 7)") || die "fill check failed"
+    [ "$ok" = 0 ] || die "$ok bulk-loaded message rows are not in their lane"
+}
+
+# ---------------------------------------------------------------- measure
+# run_one db script tag -> "tps p99_ms hits_per_txn reads_per_txn"
+run_one() {
+    local db=$1 script=$2 tag=$3 out tps p99 before after
+    before=$(qval postgres "SELECT blks_hit || ' ' || blks_read FROM pg_stat_database WHERE datname = '$db'")
+    rm -f "$WORK"/pgbench_log.*
+    out=$(cd "$WORK" && pg "$PGBIN/pgbench" -n -M prepared -c "$CLIENTS" -j 2 -T "$SECS" \
+              -l --sampling-rate=0.2 -h "$WORK" -p "$PORT" -U postgres -f "$WORK/$script" "$db" 2>&1) \
+        || { printf '%s\n' "$out" >&2; die "pgbench failed: $tag"; }
+    printf '%s\n' "$out" | grep -q 'number of failed transactions: 0 ' \
+        || { printf '%s\n' "$out" >&2; die "pgbench had failed transactions: $tag"; }
+    tps=$(printf '%s\n' "$out" | awk '/^tps = /{print $3; exit}')
+    p99=$(cat "$WORK"/pgbench_log.* | awk '{print $3}' | sort -n |
+          awk '{a[NR]=$1} END{ i = int(NR * 0.99); if (i < 1) i = 1; printf "%.3f", a[i] / 1000 }')
+    qval "$db" "SELECT pg_stat_force_next_flush()" >/dev/null 2>&1 || true
+    after=$(qval postgres "SELECT blks_hit || ' ' || blks_read FROM pg_stat_database WHERE datname = '$db'")
+    awk -v t="$tps" -v p="$p99" -v b="$before" -v a="$after" -v s="$SECS" 'BEGIN{
+        split(b, x, " "); split(a, y, " "); n = t * s;
+        printf "%s %s %.1f %.2f\n", t, p, (y[1] - x[1]) / n, (y[2] - x[2]) / n }'
+}
+
+bytes_per_entry() {   # db -> bytes per live entry of each ledger "messages keys"
+    if [ "$1" = led ]; then
+        qval led "SELECT round(sum(bytes) FILTER (WHERE table_name = 'messages') / $FILLED.0, 1) || ' ' ||
+                         round(sum(bytes) FILTER (WHERE table_name = 'keys') / $FILLED.0, 1)
+                    FROM idempotency.partitions"
+    else
+        qval plain "SELECT round(pg_total_relation_size('plain_messages') / $FILLED.0, 1) || ' ' ||
+                           round(pg_total_relation_size('raw_keys') / $FILLED.0, 1)"
+    fi
+}
+
+say "bench/scale.sh: PostgreSQL $PGVER, shared_buffers 256MB, $CLIENTS clients, ${SECS}s runs, $ROUNDS interleaved rounds"
+say "sizes: $SIZES"
+printf '# size  c_ratio c_tps_e c_tps_p c_p99_e c_p99_p c_hit_e c_read_e c_hit_p c_read_p  k_ratio k_tps_e k_tps_p k_p99_e k_p99_p k_hit_e k_read_e k_hit_p k_read_p  b_msg_e b_msg_p b_key_e b_key_p\n' >"$DATA"
+
+declare -A RATIO=()
+for n in $SIZES; do
+    fill_to "$n"
+    check_fill
+    read -r bme bke <<<"$(bytes_per_entry led)"
+    read -r bmp bkp <<<"$(bytes_per_entry plain)"
+    row="$n"
+    for w in consume claim; do
+        ratios=(); te=(); tp=(); pe=(); pp=(); he=(); re=(); hp=(); rp=()
+        for r in $(seq 1 "$ROUNDS"); do
+            # alternate which side goes first
+            if [ $((r % 2)) = 1 ]; then
+                read -r a1 a2 a3 a4 <<<"$(run_one led "${w}_idem.sql" "$n $w idem r$r")"
+                read -r b1 b2 b3 b4 <<<"$(run_one plain "${w}_plain.sql" "$n $w plain r$r")"
+            else
+                read -r b1 b2 b3 b4 <<<"$(run_one plain "${w}_plain.sql" "$n $w plain r$r")"
+                read -r a1 a2 a3 a4 <<<"$(run_one led "${w}_idem.sql" "$n $w idem r$r")"
+            fi
+            raw "  $n $w round $r: idem tps $a1 p99 ${a2}ms hit/txn $a3 read/txn $a4 | plain tps $b1 p99 ${b2}ms hit/txn $b3 read/txn $b4 | ratio $(div "$a1" "$b1")"
+            ratios+=("$(div "$a1" "$b1")"); te+=("$a1"); tp+=("$b1"); pe+=("$a2"); pp+=("$b2")
+            he+=("$a3"); re+=("$a4"); hp+=("$b3"); rp+=("$b4")
+        done
+        RATIO[$w.$n]=$(median "${ratios[@]}")
+        row="$row  ${RATIO[$w.$n]} $(median "${te[@]}") $(median "${tp[@]}") $(median "${pe[@]}") $(median "${pp[@]}") $(median "${he[@]}") $(median "${re[@]}") $(median "${hp[@]}") $(median "${rp[@]}")"
+    done
+    row="$row  $bme $bmp $bke $bkp"
+    echo "$row" >>"$DATA"
+    say ""
+    say "== $n live entries per ledger"
+    awk -v r="$row" 'BEGIN{ split(r, f, " ");
+        printf "consume: idem/raw %s  tps %s vs %s  p99 %s vs %s ms  buffers/txn hit %s read %s vs hit %s read %s\n", f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10];
+        printf "claim+complete: idem/raw %s  tps %s vs %s  p99 %s vs %s ms  buffers/txn hit %s read %s vs hit %s read %s\n", f[11], f[12], f[13], f[14], f[15], f[16], f[17], f[18], f[19];
+        printf "bytes per live entry: messages %s vs %s (%.2fx), keys %s vs %s (%.2fx)\n", f[20], f[21], f[20]/f[21], f[22], f[23], f[22]/f[23] }' | tee -a "$OUT"
+done
+
+# ---------------------------------------------------------------- goals
+first=$(echo "$SIZES" | awk '{print $1}')
+last=$(echo "$SIZES" | awk '{print $NF}')
+FAILS=0
+goal() {   # label value op target
+    local v=$2 ok
+    ok=$(awk -v v="$v" -v op="$3" -v t="$4" 'BEGIN{ print ((op == ">=") ? (v+0 >= t+0) : (v+0 <= t+0)) ? "PASS" : "FAIL" }')
+    [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
+    say "$(printf '%-62s %8s %s %-6s %s' "$1" "$v" "$3" "$4" "$ok")"
+}
+say ""
+say "== goals"
+goal "consume idem/raw at $last vs at $first (ratio of ratios)" \
+    "$(div "${RATIO[consume.$last]}" "${RATIO[consume.$first]}")" ">=" 1.00
+goal "claim+complete idem/raw at $last vs at $first (ratio of ratios)" \
+    "$(div "${RATIO[claim.$last]}" "${RATIO[claim.$first]}")" ">=" 1.00
+while read -r line; do
+    case $line in \#*) continue ;; esac
+    set -- $line
+    goal "bytes per live message id vs plain UUID table at $1" "$(div "${20}" "${21}")" "<=" 0.60
+done <"$DATA"
+b_first=$(awk -v s="$first" '$1 == s {print $20}' "$DATA")
+b_last=$(awk -v s="$last" '$1 == s {print $20}' "$DATA")
+goal "bytes per live message id at $last vs at $first" "$(div "$b_last" "$b_first")" "<=" 1.00
+
+# ---------------------------------------------------------------- plot
+if command -v gnuplot >/dev/null 2>&1; then
+    gnuplot <<EOF || note "gnuplot failed; no plot"
+set terminal pngcairo size 1000,420 font ",10"
+set output "$PNG"
+set multiplot layout 1,2 title "idempotency at scale: PostgreSQL $PGVER, shared_buffers 256MB, $CLIENTS clients (bench/scale.sh)"
+set logscale x
+set xlabel "live entries per ledger"
+set key top right
+set grid
+set ylabel "transactions per second"
+set title "throughput"
+plot "$DATA" using 1:3 with linespoints title "idem_consume_message", \
+     "$DATA" using 1:4 with linespoints title "plain INSERT ON CONFLICT", \
+     "$DATA" using 1:12 with linespoints title "idem_claim + idem_complete", \
+     "$DATA" using 1:13 with linespoints title "raw INSERT + UPDATE"
+set title "extension / raw SQL"
+set ylabel "throughput ratio"
+set yrange [0:*]
+plot "$DATA" using 1:2 with linespoints title "consume", \
+     "$DATA" using 1:11 with linespoints title "claim + complete", \
+     1 with lines dashtype 2 title ""
+unset multiplot
+EOF
+    [ -f "$PNG" ] && say "plot: bench/results/$(basename "$PNG")"
+else
+    note "gnuplot is not installed: no plot (apt-get install gnuplot-nox)"
+fi
+say ""
+say "command: SCALE_SIZES='$SIZES' SCALE_ROUNDS=$ROUNDS SCALE_SECONDS=$SECS bash bench/scale.sh"
+say "elapsed: $(( $(date +%s) - T0 )) s"
+[ "$FAILS" = 0 ] || exit 3
