@@ -16,6 +16,8 @@
 #              claims are still held
 #   savepoints the same savepoints in a transaction that holds no claim
 #   messages   BIGTXN_MESSAGES consumes of new message ids (1,000,000)
+#   baseline   as many INSERT ... ON CONFLICT DO NOTHING into a plain
+#              (consumer, message_id) table, for comparison
 #
 # It prints each phase's per-call cost in the first and the last slice and
 # their ratio (goal: last / first <= 1.2), the cost of a savepoint with and
@@ -103,6 +105,13 @@ q <<'EOF'
 CREATE EXTENSION idempotency;
 SELECT idem_maintain();
 CREATE TABLE slices (phase text, slice int, calls int, seconds float8);
+-- the baseline: what applications hand-roll (bench/sql/setup_plain.sql)
+CREATE TABLE plain_messages (
+    consumer    text        NOT NULL,
+    message_id  text        NOT NULL,
+    consumed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (consumer, message_id)
+);
 CREATE TABLE memory (phase text, bytes bigint);
 -- times ten slices of n calls of "body" ($1 is the call's number), in the
 -- caller's transaction
@@ -148,7 +157,7 @@ EOF
 
 say "bench/bigtxn.sh: PostgreSQL $PGVER, $KEYS keys, $MESSAGES message ids, $SAVEPOINTS savepoints per transaction"
 note "keys: $KEYS claims, then $KEYS completions, then $SAVEPOINTS savepoints, in one transaction ..."
-q <<EOF
+q -o /dev/null <<EOF
 BEGIN;
 SELECT timed('claim', $KEYS, \$\$SELECT idem_claim('big-' || \$1)\$\$);
 SELECT timed('complete', $KEYS, \$\$SELECT idem_complete('big-' || \$1, 201, '{"ok": true}')\$\$);
@@ -156,15 +165,21 @@ SELECT savepoints('savepoint, $KEYS claims held', $SAVEPOINTS);
 COMMIT;
 EOF
 note "savepoints without claims held ..."
-q <<EOF
+q -o /dev/null <<EOF
 BEGIN;
 SELECT savepoints('savepoint, no claim held', $SAVEPOINTS);
 COMMIT;
 EOF
 note "messages: $MESSAGES consumes in one transaction ..."
-q <<EOF
+q -o /dev/null <<EOF
 BEGIN;
 SELECT timed('consume', $MESSAGES, \$\$SELECT idem_consume_message('big', \$1::text)\$\$);
+COMMIT;
+EOF
+note "baseline: $MESSAGES plain INSERT ... ON CONFLICT DO NOTHING in one transaction ..."
+q -o /dev/null <<EOF
+BEGIN;
+SELECT timed('plain insert', $MESSAGES, \$\$INSERT INTO plain_messages (consumer, message_id) VALUES ('big', \$1::text) ON CONFLICT DO NOTHING\$\$);
 COMMIT;
 EOF
 q -At -c "SELECT count(*) FROM idempotency.keys WHERE state = 'c'" | {
@@ -181,9 +196,9 @@ goal() {   # label value target
 }
 say ""
 say "per-call cost (µs) in each tenth of the transaction:"
-q -At -F ' ' -c "SELECT phase, string_agg(round((seconds / calls * 1e6)::numeric, 1)::text, ' ' ORDER BY slice)
-                   FROM slices WHERE phase IN ('claim', 'complete', 'consume') GROUP BY phase ORDER BY phase" |
-    while read -r phase rest; do say "  $(printf '%-9s' "$phase") $rest"; done
+q -At -F '|' -c "SELECT phase, string_agg(round((seconds / calls * 1e6)::numeric, 1)::text, ' ' ORDER BY slice)
+                   FROM slices WHERE phase IN ('claim', 'complete', 'consume', 'plain insert') GROUP BY phase ORDER BY phase" |
+    while IFS='|' read -r phase rest; do say "  $(printf '%-12s' "$phase") $rest"; done
 say ""
 for phase in claim complete consume; do
     r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
@@ -195,6 +210,10 @@ r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE phase LIKE '%claims held'
                            max(seconds) FILTER (WHERE phase LIKE '%no claim held'))::numeric, 3)
                 FROM slices WHERE phase LIKE 'savepoint%'")
 goal "savepoint rollback with $KEYS claims held / with none" "$r" 1.2
+r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
+                           max(seconds) FILTER (WHERE slice = 0))::numeric, 3)
+                FROM slices WHERE phase = 'plain insert'")
+say "$(printf '%-64s %7s (baseline, for comparison)' "plain INSERT ON CONFLICT: last tenth / first tenth" "$r")"
 say ""
 say "backend memory at the end of each phase (pg_backend_memory_contexts):"
 q -At -F ' ' -c "SELECT phase, pg_size_pretty(bytes),
