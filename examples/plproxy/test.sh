@@ -30,6 +30,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 SRC=${SRC:-$(cd "$HERE/../.." && pwd -P)}
 # shellcheck source=test/lib/cluster.sh
 . "$SRC/test/lib/cluster.sh"
+# shellcheck source=test/lib/examples.sh
+. "$SRC/test/lib/examples.sh"
 
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 BASE=${EXAMPLES_PORT_BASE:-54460}
@@ -49,49 +51,9 @@ fail() {
 if [ ! -f "$("$PG_CONFIG" --sharedir)/extension/plproxy.control" ]; then
 	fail "PL/Proxy is not installed (apt-get install postgresql-15-plproxy)"
 fi
-# Debian's python3 first: another python3 on PATH (pyenv, venv) may lack
-# psycopg
-PYTHON=${PYTHON:-}
-if [ -z "$PYTHON" ]; then
-	for py in /usr/bin/python3 python3; do
-		if "$py" -c 'import psycopg' 2>/dev/null; then
-			PYTHON=$py
-			break
-		fi
-	done
-fi
-[ -n "$PYTHON" ] ||
-	fail "psycopg 3 is not installed (apt-get install python3-psycopg)"
-
-WORK=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-plproxy.XXXXXX") || exit 1
-chmod 755 "$WORK"
+examples_python
 SERVERS=(proxy shard0 shard1 shard2)
-
-cleanup() {
-	local rc=$? s
-	trap - EXIT INT TERM
-	for s in "${SERVERS[@]}"; do
-		cluster_stop "$WORK/$s" || rc=1
-	done
-	cluster_stop_any_under "$WORK" || rc=1
-	if [ "$rc" -ne 0 ]; then
-		for s in "${SERVERS[@]}"; do
-			if [ -f "$WORK/$s/postgresql.log" ]; then
-				echo "---- $s/postgresql.log (last 30 lines)"
-				tail -n 30 "$WORK/$s/postgresql.log"
-			fi
-		done
-	fi
-	if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
-		rm -rf "$WORK"
-	else
-		say "scratch directory kept: $WORK"
-	fi
-	exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+examples_workdir plproxy "${SERVERS[@]}"
 
 start=$SECONDS
 declare -A PORT=()
