@@ -48,60 +48,14 @@ OUT=$RESDIR/bigtxn-latest.txt
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
 
-if [ "$(id -u)" = 0 ]; then
-    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
-    AS_PG=(runuser -u postgres --)
-else
-    AS_PG=()
-fi
-pg() { "${AS_PG[@]}" "$@"; }
-
 T0=$(date +%s)
-WORK=$(mktemp -d /tmp/idem-bigtxn.XXXXXX)
-chmod 755 "$WORK"
-[ "$(id -u)" = 0 ] && chown postgres: "$WORK"
-PGD=$WORK/data
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    if [ -f "$PGD/postmaster.pid" ]; then
-        pg "$PGBIN/pg_ctl" -D "$PGD" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
-    fi
-    rm -rf "$WORK"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+bench_build "$REPO"
+bench_cluster "$PORT" "shared_buffers = 1GB" "synchronous_commit = off" "fsync = off" \
+    "max_wal_size = 8GB" "checkpoint_timeout = 30min" "autovacuum = off" \
+    "log_min_messages = warning"
+PGVER=$(q postgres -At -c "SHOW server_version")
 
-q() { pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U postgres -d postgres "$@"; }
-
-PKGLIBDIR=$("$PGBIN/pg_config" --pkglibdir)
-if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && [ -w "$PKGLIBDIR" ]; }; then
-    note "building and installing the extension (make install) ..."
-    (cd "$REPO" && make -s PG_CONFIG="$PGBIN/pg_config" install) >"$WORK/build.log" 2>&1 \
-        || { tail -n 20 "$WORK/build.log" >&2; die "make install failed"; }
-fi
-
-pg "$PGBIN/initdb" -D "$PGD" -A trust -U postgres -E UTF8 --locale=C --no-sync >"$WORK/initdb.log" 2>&1 \
-    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
-cat >>"$PGD/postgresql.conf" <<EOF
-port = $PORT
-listen_addresses = ''
-unix_socket_directories = '$WORK'
-shared_buffers = 1GB
-synchronous_commit = off
-fsync = off
-max_wal_size = 8GB
-checkpoint_timeout = 30min
-autovacuum = off
-log_min_messages = warning
-EOF
-pg "$PGBIN/pg_ctl" -D "$PGD" -l "$WORK/server.log" -w -t 60 start >/dev/null \
-    || { tail -n 30 "$WORK/server.log" >&2; die "server did not start"; }
-PGVER=$(q -At -c "SHOW server_version")
-
-q <<'EOF'
+q postgres -o /dev/null <<'EOF'
 CREATE EXTENSION idempotency;
 SELECT idem_maintain();
 CREATE TABLE slices (phase text, slice int, calls int, seconds float8);
@@ -157,7 +111,7 @@ EOF
 
 say "bench/bigtxn.sh: PostgreSQL $PGVER, $KEYS keys, $MESSAGES message ids, $SAVEPOINTS savepoints per transaction"
 note "keys: $KEYS claims, then $KEYS completions, then $SAVEPOINTS savepoints, in one transaction ..."
-q -o /dev/null <<EOF
+q postgres -o /dev/null <<EOF
 BEGIN;
 SELECT timed('claim', $KEYS, \$\$SELECT idem_claim('big-' || \$1)\$\$);
 SELECT timed('complete', $KEYS, \$\$SELECT idem_complete('big-' || \$1, 201, '{"ok": true}')\$\$);
@@ -165,24 +119,24 @@ SELECT savepoints('savepoint, $KEYS claims held', $SAVEPOINTS);
 COMMIT;
 EOF
 note "savepoints without claims held ..."
-q -o /dev/null <<EOF
+q postgres -o /dev/null <<EOF
 BEGIN;
 SELECT savepoints('savepoint, no claim held', $SAVEPOINTS);
 COMMIT;
 EOF
 note "messages: $MESSAGES consumes in one transaction ..."
-q -o /dev/null <<EOF
+q postgres -o /dev/null <<EOF
 BEGIN;
 SELECT timed('consume', $MESSAGES, \$\$SELECT idem_consume_message('big', \$1::text)\$\$);
 COMMIT;
 EOF
 note "baseline: $MESSAGES plain INSERT ... ON CONFLICT DO NOTHING in one transaction ..."
-q -o /dev/null <<EOF
+q postgres -o /dev/null <<EOF
 BEGIN;
 SELECT timed('plain insert', $MESSAGES, \$\$INSERT INTO plain_messages (consumer, message_id) VALUES ('big', \$1::text) ON CONFLICT DO NOTHING\$\$);
 COMMIT;
 EOF
-q -At -c "SELECT count(*) FROM idempotency.keys WHERE state = 'c'" | {
+q postgres -At -c "SELECT count(*) FROM idempotency.keys WHERE state = 'c'" | {
     read -r n
     [ "$n" = "$KEYS" ] || die "expected $KEYS completed keys, found $n"
 }
@@ -196,27 +150,27 @@ goal() {   # label value target
 }
 say ""
 say "per-call cost (µs) in each tenth of the transaction:"
-q -At -F '|' -c "SELECT phase, string_agg(round((seconds / calls * 1e6)::numeric, 1)::text, ' ' ORDER BY slice)
+q postgres -At -F '|' -c "SELECT phase, string_agg(round((seconds / calls * 1e6)::numeric, 1)::text, ' ' ORDER BY slice)
                    FROM slices WHERE phase IN ('claim', 'complete', 'consume', 'plain insert') GROUP BY phase ORDER BY phase" |
     while IFS='|' read -r phase rest; do say "  $(printf '%-12s' "$phase") $rest"; done
 say ""
 for phase in claim complete consume; do
-    r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
+    r=$(q postgres -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
                                max(seconds) FILTER (WHERE slice = 0))::numeric, 3)
                     FROM slices WHERE phase = '$phase'")
     goal "$phase: last tenth / first tenth" "$r" 1.2
 done
-r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE phase LIKE '%claims held') /
+r=$(q postgres -At -c "SELECT round((max(seconds) FILTER (WHERE phase LIKE '%claims held') /
                            max(seconds) FILTER (WHERE phase LIKE '%no claim held'))::numeric, 3)
                 FROM slices WHERE phase LIKE 'savepoint%'")
 goal "savepoint rollback with $KEYS claims held / with none" "$r" 1.2
-r=$(q -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
+r=$(q postgres -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
                            max(seconds) FILTER (WHERE slice = 0))::numeric, 3)
                 FROM slices WHERE phase = 'plain insert'")
 say "$(printf '%-64s %7s (baseline, for comparison)' "plain INSERT ON CONFLICT: last tenth / first tenth" "$r")"
 say ""
 say "backend memory at the end of each phase (pg_backend_memory_contexts):"
-q -At -F ' ' -c "SELECT phase, pg_size_pretty(bytes),
+q postgres -At -F ' ' -c "SELECT phase, pg_size_pretty(bytes),
                         CASE WHEN phase IN ('claim', 'complete')
                              THEN round(bytes::numeric / $KEYS) || ' bytes per claim held' END
                    FROM memory ORDER BY phase" |

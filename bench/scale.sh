@@ -13,8 +13,12 @@
 # bulk path (INSERT ... SELECT into the ledger's partitioned table, the
 # digest index built after the load, the same for the plain tables' primary
 # keys): ledger rows with the namespace prefix of the measured consumer or
-# scope, random key bytes, expiries spread over the ttl, each in its lane.
-# Then, at each size, in interleaved rounds:
+# scope, random key bytes, expiries spread over the ttl, each in its lane;
+# plain rows with ids of the very form the measured calls send ('k' and a
+# random number, random UUID text), so that new ids land all over the
+# existing index on both sides.
+# Then, at each size, after reading the probed indexes of both sides into
+# the OS page cache and an unmeasured run of each side, in interleaved rounds:
 #
 #   consume   idem_consume_message('scale', random UUID)  vs
 #             INSERT INTO plain_messages ... ON CONFLICT DO NOTHING
@@ -59,73 +63,24 @@ PNG=$RESDIR/scale-latest.png
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
 
-if [ "$(id -u)" = 0 ]; then
-    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
-    AS_PG=(runuser -u postgres --)
-else
-    AS_PG=()
-fi
-pg() { "${AS_PG[@]}" "$@"; }
-
 T0=$(date +%s)
-WORK=$(mktemp -d /tmp/idem-scale.XXXXXX)
-chmod 755 "$WORK"
-[ "$(id -u)" = 0 ] && chown postgres: "$WORK"
-PGD=$WORK/data
-
-cleanup() {
-    local rc=$?
-    trap - EXIT INT TERM
-    if [ -f "$PGD/postmaster.pid" ]; then
-        pg "$PGBIN/pg_ctl" -D "$PGD" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
-    fi
-    rm -rf "$WORK"
-    exit "$rc"
-}
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-
-q()    { local db=$1; shift; pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U postgres -d "$db" "$@"; }
-qval() { q "$1" -At -c "$2"; }
+qval()   { q "$1" -At -c "$2"; }
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
 div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (b+0==0) print "NA"; else printf "%.3f", a/b }'; }
 
-# ---------------------------------------------------------------- build
-PKGLIBDIR=$("$PGBIN/pg_config" --pkglibdir)
-if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && [ -w "$PKGLIBDIR" ]; }; then
-    note "building and installing the extension (make install) ..."
-    (cd "$REPO" && make -s PG_CONFIG="$PGBIN/pg_config" install) >"$WORK/build.log" 2>&1 \
-        || { tail -n 20 "$WORK/build.log" >&2; die "make install failed"; }
-fi
-
 # ---------------------------------------------------------------- cluster
-pg "$PGBIN/initdb" -D "$PGD" -A trust -U postgres -E UTF8 --locale=C --no-sync >"$WORK/initdb.log" 2>&1 \
-    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
-cat >>"$PGD/postgresql.conf" <<EOF
-port = $PORT
-listen_addresses = ''
-unix_socket_directories = '$WORK'
-shared_buffers = 256MB
-synchronous_commit = off
-fsync = off
-full_page_writes = off
-wal_level = minimal
-max_wal_senders = 0
-max_wal_size = 8GB
-checkpoint_timeout = 30min
-maintenance_work_mem = 1GB
-autovacuum = off
-log_min_messages = warning
-EOF
-pg "$PGBIN/pg_ctl" -D "$PGD" -l "$WORK/server.log" -w -t 60 start >/dev/null \
-    || { tail -n 30 "$WORK/server.log" >&2; die "server did not start"; }
+bench_build "$REPO"
+bench_cluster "$PORT" "shared_buffers = 256MB" "synchronous_commit = off" "fsync = off" \
+    "full_page_writes = off" "wal_level = minimal" "max_wal_senders = 0" \
+    "max_wal_size = 8GB" "checkpoint_timeout = 30min" "maintenance_work_mem = 1GB" \
+    "autovacuum = off" "log_min_messages = warning"
 PGVER=$(qval postgres "SHOW server_version")
 
 qval postgres "CREATE DATABASE led" >/dev/null
 qval postgres "CREATE DATABASE plain" >/dev/null
 q led >/dev/null <<'EOF'
 CREATE EXTENSION idempotency;
+CREATE EXTENSION pg_prewarm;
 SELECT idem_maintain();
 SELECT idem_consume_message('probe', 'probe');
 BEGIN; SELECT idem_claim('probe'); SELECT idem_complete('probe', 200); COMMIT;
@@ -144,6 +99,7 @@ CREATE FUNCTION scale_lane(d uuid, lanes int) RETURNS int2 LANGUAGE sql AS $$
            get_byte(uuid_send(d), 15)::bigint * 16777216) % lanes)::int2 $$;
 EOF
 q plain >/dev/null <<'EOF'
+CREATE EXTENSION pg_prewarm;
 CREATE TABLE plain_messages (consumer text NOT NULL, message_id text NOT NULL,
                              consumed_at timestamptz NOT NULL DEFAULT now());
 CREATE TABLE raw_keys (key text NOT NULL, status text NOT NULL, response_code int,
@@ -182,9 +138,9 @@ fill_to() {
     note "filling to $n entries per ledger (+$add) ..."
     # drop the indexes, load, build them again: the bulk path
     q led >/dev/null <<EOF
-SELECT format('DROP INDEX idempotency.%I', c.relname)
-  FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid
- WHERE i.indrelid IN (SELECT partition FROM idempotency.partitions) \gexec
+-- the partitions' digest indexes belong to the parents' partitioned ones
+DROP INDEX idempotency.messages_digest_idx;
+DROP INDEX idempotency.keys_digest_idx;
 INSERT INTO idempotency.messages
 SELECT e, d, 'postgres'::regrole, scale_lane(d, 7)
   FROM (SELECT scale_digest(g) AS d,
@@ -197,8 +153,8 @@ SELECT e, d, 'postgres'::regrole, scale_lane(d, 1), 'c', 1, e - interval '1 day'
   FROM (SELECT scale_digest(-g) AS d,
                now() + interval '1 minute' + random() * interval '23 hours' AS e
           FROM generate_series($FILLED + 1, $n) g) s;
-SELECT format('CREATE INDEX ON %s (digest)', partition)
-  FROM idempotency.partitions \gexec
+CREATE INDEX messages_digest_idx ON idempotency.messages (digest);
+CREATE INDEX keys_digest_idx ON idempotency.keys (digest);
 VACUUM ANALYZE;
 EOF
     q plain >/dev/null <<EOF
@@ -207,7 +163,7 @@ ALTER TABLE raw_keys DROP CONSTRAINT IF EXISTS raw_keys_pkey;
 INSERT INTO plain_messages (consumer, message_id)
 SELECT 'scale', md5(g::text)::uuid::text FROM generate_series($FILLED + 1, $n) g;
 INSERT INTO raw_keys (key, status, response_code, response_body)
-SELECT 'f' || md5((-g)::text)::uuid::text, 'completed', 201, '{"charge": 1}'
+SELECT 'k' || (hashint8extended(g, 0) & 9223372036854775807), 'completed', 201, '{"charge": 1}'
   FROM generate_series($FILLED + 1, $n) g;
 ALTER TABLE plain_messages ADD PRIMARY KEY (consumer, message_id);
 ALTER TABLE raw_keys ADD PRIMARY KEY (key);
@@ -247,14 +203,38 @@ run_one() {
         printf "%s %s %.1f %.2f\n", t, p, (y[1] - x[1]) / n, (y[2] - x[2]) / n }'
 }
 
+# Before a workload's rounds at each size: read the indexes it probes into
+# the OS page cache on both sides (pg_prewarm 'read': not into shared
+# buffers, which stay at 256 MB) and run it once, unmeasured, on each side.
+# Without this the rounds would start from whatever the fill left in the
+# page cache: the side filled first is evicted by the other side's load,
+# and its first rounds measure the disk (see bench/README.md).
+warm() {   # workload
+    local w=$1 rel
+    if [ "$w" = consume ]; then rel=messages; else rel=keys; fi
+    qval led "SELECT sum(pg_prewarm(i.indexrelid, 'read'))
+                FROM pg_index i JOIN idempotency.partitions p ON p.partition = i.indrelid
+               WHERE p.table_name = '$rel'" >/dev/null
+    if [ "$w" = consume ]; then rel=plain_messages_pkey; else rel=raw_keys_pkey; fi
+    qval plain "SELECT pg_prewarm('$rel', 'read')" >/dev/null
+    run_one led "${w}_idem.sql" "$w idem warm-up" >/dev/null
+    run_one plain "${w}_plain.sql" "$w plain warm-up" >/dev/null
+}
+
 bytes_per_entry() {   # db -> bytes per live entry of each ledger "messages keys"
+    # divided by the rows there are (the fill plus what earlier rounds
+    # inserted), not by the size filled to
     if [ "$1" = led ]; then
-        qval led "SELECT round(sum(bytes) FILTER (WHERE table_name = 'messages') / $FILLED.0, 1) || ' ' ||
-                         round(sum(bytes) FILTER (WHERE table_name = 'keys') / $FILLED.0, 1)
+        qval led "SELECT round(sum(bytes) FILTER (WHERE table_name = 'messages') /
+                               (SELECT count(*) FROM idempotency.messages), 1) || ' ' ||
+                         round(sum(bytes) FILTER (WHERE table_name = 'keys') /
+                               (SELECT count(*) FROM idempotency.keys), 1)
                     FROM idempotency.partitions"
     else
-        qval plain "SELECT round(pg_total_relation_size('plain_messages') / $FILLED.0, 1) || ' ' ||
-                           round(pg_total_relation_size('raw_keys') / $FILLED.0, 1)"
+        qval plain "SELECT round(pg_total_relation_size('plain_messages') /
+                                 (SELECT count(*) FROM plain_messages)::numeric, 1) || ' ' ||
+                           round(pg_total_relation_size('raw_keys') /
+                                 (SELECT count(*) FROM raw_keys)::numeric, 1)"
     fi
 }
 
@@ -270,6 +250,7 @@ for n in $SIZES; do
     read -r bmp bkp <<<"$(bytes_per_entry plain)"
     row="$n"
     for w in consume claim; do
+        warm "$w"
         ratios=(); te=(); tp=(); pe=(); pp=(); he=(); re=(); hp=(); rp=()
         for r in $(seq 1 "$ROUNDS"); do
             # alternate which side goes first
@@ -315,6 +296,7 @@ goal "claim+complete idem/raw at $last vs at $first (ratio of ratios)" \
     "$(div "${RATIO[claim.$last]}" "${RATIO[claim.$first]}")" ">=" 1.00
 while read -r line; do
     case $line in \#*) continue ;; esac
+    # shellcheck disable=SC2086 # split into fields on purpose
     set -- $line
     goal "bytes per live message id vs plain UUID table at $1" "$(div "${20}" "${21}")" "<=" 0.60
 done <"$DATA"
