@@ -34,12 +34,14 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+# shellcheck disable=SC2034 # BENCH_NAME and BUILD are read by bench/lib.sh
 BENCH_NAME=bigtxn.sh
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 KEYS=${BIGTXN_KEYS:-500000}
 MESSAGES=${BIGTXN_MESSAGES:-1000000}
 SAVEPOINTS=${BIGTXN_SAVEPOINTS:-1000}
 PORT=${BIGTXN_PORT:-54481}
+# shellcheck disable=SC2034
 BUILD=${BENCH_BUILD:-auto}
 RESDIR=$HERE/results
 mkdir -p "$RESDIR"

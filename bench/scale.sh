@@ -39,6 +39,7 @@
 #   SCALE_PORT      port (unix socket only)               [54471]
 #   SCALE_BUILD     auto|1|0: make install first          [auto]
 #   PGBIN           PostgreSQL binaries                   [/usr/lib/postgresql/15/bin]
+#   SCALE_PLOT_ONLY 1: only draw the plot again from the last run's table
 #
 # Exit status: 0 all goals PASS; 3 some goal FAIL; 1 the run failed.
 
@@ -46,12 +47,14 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
+# shellcheck disable=SC2034 # BENCH_NAME and BUILD are read by bench/lib.sh
 BENCH_NAME=scale.sh
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
 SIZES=${SCALE_SIZES:-1000000 10000000 50000000}
 ROUNDS=${SCALE_ROUNDS:-5}
 SECS=${SCALE_SECONDS:-6}
 PORT=${SCALE_PORT:-54471}
+# shellcheck disable=SC2034
 BUILD=${SCALE_BUILD:-auto}
 CLIENTS=4
 RESDIR=$HERE/results
@@ -59,9 +62,59 @@ mkdir -p "$RESDIR"
 OUT=$RESDIR/scale-latest.txt
 DATA=$RESDIR/scale-latest.dat
 PNG=$RESDIR/scale-latest.png
-: >"$OUT"
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
+
+# ---------------------------------------------------------------- plot
+# the table in $DATA as three panels in $PNG; its first line names the server
+plot_results() {
+    local ver
+    if ! command -v gnuplot >/dev/null 2>&1; then
+        note "gnuplot is not installed: no plot (apt-get install gnuplot-nox)"
+        return 0
+    fi
+    ver=$(sed -n 's/^# server: //p' "$DATA")
+    gnuplot <<EOF || { note "gnuplot failed; no plot"; return 0; }
+set terminal pngcairo size 1200,420 font ",10" noenhanced
+set output "$PNG"
+set multiplot layout 1,3 title "idempotency at scale: PostgreSQL $ver, shared_buffers 256MB, $CLIENTS clients, median of interleaved rounds (bench/scale.sh)"
+set logscale x
+set xrange [500000:100000000]
+set format x "%.0s%c"
+set xlabel "live entries per ledger"
+set key bottom left
+set grid
+set ylabel "transactions per second"
+set title "throughput"
+set yrange [0:*]
+plot "$DATA" using 1:3 with linespoints title "idem_consume_message", \
+     "$DATA" using 1:4 with linespoints title "plain INSERT ON CONFLICT", \
+     "$DATA" using 1:12 with linespoints title "idem_claim + idem_complete", \
+     "$DATA" using 1:13 with linespoints title "raw INSERT + UPDATE"
+set title "extension / raw SQL (higher is better)"
+set ylabel "throughput ratio"
+set yrange [0:1.5]
+plot "$DATA" using 1:2 with linespoints title "consume", \
+     "$DATA" using 1:11 with linespoints title "claim + complete", \
+     1 with lines dashtype 2 title ""
+set title "bytes on disk per live entry (heap + indexes)"
+set ylabel "bytes"
+set yrange [0:*]
+plot "$DATA" using 1:20 with linespoints title "message ledger", \
+     "$DATA" using 1:21 with linespoints title "plain (consumer, message_id) table", \
+     "$DATA" using 1:22 with linespoints title "key ledger", \
+     "$DATA" using 1:23 with linespoints title "raw_keys table"
+unset multiplot
+EOF
+    [ -f "$PNG" ] && say "plot: bench/results/$(basename "$PNG")"
+}
+
+if [ "${SCALE_PLOT_ONLY:-0}" = 1 ]; then
+    OUT=/dev/null
+    plot_results
+    exit 0
+fi
+: >"$OUT"
 
 T0=$(date +%s)
 qval()   { q "$1" -At -c "$2"; }
@@ -158,6 +211,7 @@ CREATE INDEX keys_digest_idx ON idempotency.keys (digest);
 VACUUM ANALYZE;
 EOF
     q plain >/dev/null <<EOF
+SET client_min_messages = warning;
 ALTER TABLE plain_messages DROP CONSTRAINT IF EXISTS plain_messages_pkey;
 ALTER TABLE raw_keys DROP CONSTRAINT IF EXISTS raw_keys_pkey;
 INSERT INTO plain_messages (consumer, message_id)
@@ -240,7 +294,8 @@ bytes_per_entry() {   # db -> bytes per live entry of each ledger "messages keys
 
 say "bench/scale.sh: PostgreSQL $PGVER, shared_buffers 256MB, $CLIENTS clients, ${SECS}s runs, $ROUNDS interleaved rounds"
 say "sizes: $SIZES"
-printf '# size  c_ratio c_tps_e c_tps_p c_p99_e c_p99_p c_hit_e c_read_e c_hit_p c_read_p  k_ratio k_tps_e k_tps_p k_p99_e k_p99_p k_hit_e k_read_e k_hit_p k_read_p  b_msg_e b_msg_p b_key_e b_key_p\n' >"$DATA"
+printf '# server: %s\n' "$PGVER" >"$DATA"
+printf '# size  c_ratio c_tps_e c_tps_p c_p99_e c_p99_p c_hit_e c_read_e c_hit_p c_read_p  k_ratio k_tps_e k_tps_p k_p99_e k_p99_p k_hit_e k_read_e k_hit_p k_read_p  b_msg_e b_msg_p b_key_e b_key_p\n' >>"$DATA"
 
 declare -A RATIO=()
 for n in $SIZES; do
@@ -305,33 +360,7 @@ b_last=$(awk -v s="$last" '$1 == s {print $20}' "$DATA")
 goal "bytes per live message id at $last vs at $first" "$(div "$b_last" "$b_first")" "<=" 1.00
 
 # ---------------------------------------------------------------- plot
-if command -v gnuplot >/dev/null 2>&1; then
-    gnuplot <<EOF || note "gnuplot failed; no plot"
-set terminal pngcairo size 1000,420 font ",10"
-set output "$PNG"
-set multiplot layout 1,2 title "idempotency at scale: PostgreSQL $PGVER, shared_buffers 256MB, $CLIENTS clients (bench/scale.sh)"
-set logscale x
-set xlabel "live entries per ledger"
-set key top right
-set grid
-set ylabel "transactions per second"
-set title "throughput"
-plot "$DATA" using 1:3 with linespoints title "idem_consume_message", \
-     "$DATA" using 1:4 with linespoints title "plain INSERT ON CONFLICT", \
-     "$DATA" using 1:12 with linespoints title "idem_claim + idem_complete", \
-     "$DATA" using 1:13 with linespoints title "raw INSERT + UPDATE"
-set title "extension / raw SQL"
-set ylabel "throughput ratio"
-set yrange [0:*]
-plot "$DATA" using 1:2 with linespoints title "consume", \
-     "$DATA" using 1:11 with linespoints title "claim + complete", \
-     1 with lines dashtype 2 title ""
-unset multiplot
-EOF
-    [ -f "$PNG" ] && say "plot: bench/results/$(basename "$PNG")"
-else
-    note "gnuplot is not installed: no plot (apt-get install gnuplot-nox)"
-fi
+plot_results
 say ""
 say "command: SCALE_SIZES='$SIZES' SCALE_ROUNDS=$ROUNDS SCALE_SECONDS=$SECS bash bench/scale.sh"
 say "elapsed: $(( $(date +%s) - T0 )) s"
