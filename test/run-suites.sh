@@ -78,6 +78,7 @@ done
 say() { printf '\n==== %s\n' "$*"; }
 
 WORK=""
+UPGRADE_WORK=""
 CHILD=""
 CURRENT=""
 declare -A RESULT=()
@@ -132,9 +133,9 @@ cleanup() {
 	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
 	if [ -n "$WORK" ]; then
 		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
-			rm -rf "$WORK"
+			rm -rf "$WORK" ${UPGRADE_WORK:+"$UPGRADE_WORK"}
 		else
-			echo "run-suites: scratch directory kept: $WORK"
+			echo "run-suites: scratch directory kept: $WORK${UPGRADE_WORK:+ (and $UPGRADE_WORK)}"
 		fi
 	fi
 	say "summary"
@@ -182,11 +183,13 @@ if ! idem_install "$WORK"; then
 fi
 if [ -n "${IDEM_UPGRADE_FROM:-}" ]; then
 	# the same source, built and installed for the older major, whose
-	# clusters the tap suite's pg_upgrade test upgrades from
+	# clusters the tap suite's pg_upgrade test upgrades from; beside the
+	# scratch copy, not in it, or "make dist" there would archive it too
+	UPGRADE_WORK="$WORK.upgrade-from"
 	say "build and install for PostgreSQL $IDEM_UPGRADE_FROM (upgrade tests)"
 	if ! (PG_CONFIG=/usr/lib/postgresql/$IDEM_UPGRADE_FROM/bin/pg_config &&
-		idem_copy_tree "$SRC" "$WORK/upgrade-from" &&
-		idem_build "$WORK/upgrade-from" && idem_install "$WORK/upgrade-from"); then
+		idem_copy_tree "$SRC" "$UPGRADE_WORK" &&
+		idem_build "$UPGRADE_WORK" && idem_install "$UPGRADE_WORK"); then
 		echo "run-suites: build for PostgreSQL $IDEM_UPGRADE_FROM failed; no suite was run" >&2
 		exit 1
 	fi
