@@ -37,6 +37,7 @@ REPO=$(cd "$HERE/.." && pwd)
 # shellcheck disable=SC2034 # BENCH_NAME and BUILD are read by bench/lib.sh
 BENCH_NAME=bigtxn.sh
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+export PG_CONFIG=$PGBIN/pg_config
 KEYS=${BIGTXN_KEYS:-500000}
 MESSAGES=${BIGTXN_MESSAGES:-1000000}
 SAVEPOINTS=${BIGTXN_SAVEPOINTS:-1000}
@@ -47,6 +48,8 @@ RESDIR=$HERE/results
 mkdir -p "$RESDIR"
 OUT=$RESDIR/bigtxn-latest.txt
 : >"$OUT"
+# shellcheck source=../test/lib/cluster.sh
+. "$REPO/test/lib/cluster.sh"
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
 

@@ -94,8 +94,6 @@ trap 'exit 143' TERM
 cp -r "$HERE/sql" "$WORK/sql"
 [ "$(id -u)" = 0 ] && chown -R "${CLUSTER_USER:-postgres}:" "$WORK/sql"
 
-q()    { local db=$1; shift; cluster_psql "$C" -q -d "$db" "$@"; }
-qval() { q "$1" -At -c "$2"; }
 
 T0=$(date +%s)
 

@@ -12,6 +12,8 @@
 #   plus A B       A + B, 6 decimals
 #   sleep_until T  wait until clock time T (measurement windows and samples
 #                  are defined by time; there is no condition to poll for)
+#   median X...    the median of the numbers (NA if none)
+#   div A B        A / B, 3 decimals (NA if either is empty or ERR, or B is 0)
 
 say()  { printf '%s\n' "$*" | tee -a "$OUT"; }
 raw()  { printf '%s\n' "$*" >>"$OUT"; }
@@ -25,45 +27,42 @@ sleep_until() {
     sleep "$d"
 }
 
+median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
+div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || a=="ERR" || b=="ERR" || b+0==0) print "NA"; else printf "%.3f", a/b }'; }
+
 # ---------------------------------------------------------------- clusters
-# For the scripts that start a throwaway cluster (bench/scale.sh,
-# bench/bigtxn.sh); they set PGBIN and BUILD first.
+# The throwaway cluster of a bench script is test/lib/cluster.sh's, which
+# the script sources (with PG_CONFIG set) along with this file.
 #
-#   pg CMD...            run CMD as the unprivileged "postgres" user when
-#                        this shell is root (initdb refuses root)
+#   q DB [PSQL_ARG...]   psql -q to database DB of the cluster in $C
+#   qval DB SQL          the value SQL returns there (psql -At)
 #   bench_build REPO     make install from REPO when BUILD is 1, or auto and
 #                        PostgreSQL's library directory is writable
 #   bench_cluster PORT [CONF_LINE...]
-#                        initdb in a new temporary directory WORK (data in
-#                        PGD = WORK/data), unix socket in WORK only, the
-#                        CONF_LINEs appended, start it; a trap stops it and
-#                        removes WORK on exit, pass or fail
-#   q DB [PSQL_ARG...]   psql -X -q -v ON_ERROR_STOP=1 to database DB
+#                        a new temporary directory WORK with the cluster in
+#                        C = WORK/cluster, started by cluster_start with the
+#                        CONF_LINEs; a trap stops it and removes WORK on
+#                        exit, pass or fail (bench/scale.sh, bench/bigtxn.sh)
 
-pg() {
-    if [ "$(id -u)" = 0 ]; then
-        runuser -u postgres -- "$@"
-    else
-        "$@"
-    fi
-}
+q()    { local db=$1; shift; cluster_psql "$C" -q -d "$db" "$@"; }
+qval() { q "$1" -At -c "$2"; }
 
 bench_build() {
-    local repo="$1" libdir
-    libdir=$("$PGBIN/pg_config" --pkglibdir)
+    local repo="$1" libdir log
+    libdir=$("$PG_CONFIG" --pkglibdir)
     if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && [ -w "$libdir" ]; }; then
         note "building and installing the extension (make install) ..."
-        (cd "$repo" && make -s PG_CONFIG="$PGBIN/pg_config" install) >"/tmp/$BENCH_NAME-build.log" 2>&1 ||
-            { tail -n 20 "/tmp/$BENCH_NAME-build.log" >&2; die "make install failed"; }
+        log=$(mktemp "/tmp/idem-${BENCH_NAME%.sh}-build.XXXXXX")
+        (cd "$repo" && make -s PG_CONFIG="$PG_CONFIG" install) >"$log" 2>&1 ||
+            { tail -n 20 "$log" >&2; rm -f "$log"; die "make install failed"; }
+        rm -f "$log"
     fi
 }
 
 _bench_cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    if [ -f "$PGD/postmaster.pid" ]; then
-        pg "$PGBIN/pg_ctl" -D "$PGD" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
-    fi
+    cluster_stop_all
     rm -rf "$WORK"
     exit "$rc"
 }
@@ -71,31 +70,12 @@ _bench_cleanup() {
 bench_cluster() {
     local port="$1"
     shift
-    if [ "$(id -u)" = 0 ] && ! id postgres >/dev/null 2>&1; then
-        die "running as root but there is no 'postgres' user"
-    fi
     WORK=$(mktemp -d "/tmp/idem-${BENCH_NAME%.sh}.XXXXXX")
     chmod 755 "$WORK"
-    [ "$(id -u)" = 0 ] && chown postgres: "$WORK"
-    PGD=$WORK/data
-    BENCH_PORT_IN_USE=$port
+    [ "$(id -u)" = 0 ] && chown "${CLUSTER_USER:-postgres}:" "$WORK"
+    C=$WORK/cluster
     trap _bench_cleanup EXIT
     trap 'exit 130' INT
     trap 'exit 143' TERM
-    pg "$PGBIN/initdb" -D "$PGD" -A trust -U postgres -E UTF8 --locale=C --no-sync >"$WORK/initdb.log" 2>&1 ||
-        { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
-    {
-        echo "port = $port"
-        echo "listen_addresses = ''"
-        echo "unix_socket_directories = '$WORK'"
-        printf '%s\n' "$@"
-    } >>"$PGD/postgresql.conf"
-    pg "$PGBIN/pg_ctl" -D "$PGD" -l "$WORK/server.log" -w -t 60 start >/dev/null ||
-        { tail -n 30 "$WORK/server.log" >&2; die "server did not start"; }
-}
-
-q() {
-    local db="$1"
-    shift
-    pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$BENCH_PORT_IN_USE" -U postgres -d "$db" "$@"
+    cluster_start "$C" "$port" "$@" || die "the cluster did not start"
 }

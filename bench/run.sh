@@ -91,19 +91,13 @@ T0=$(date +%s)
 CMDLINE="BENCH_SECONDS=$SECS BENCH_ROUNDS=$ROUNDS BENCH_WARMUP=$WARMUP BENCH_STORAGE_ROWS=$NROWS BENCH_PERF_SECONDS=$PERF_SECS BENCH_PRELOAD=$PRELOAD BENCH_EXTRA=$EXTRA${BENCH_GROUP:+ BENCH_GROUP=$GROUP}${ONLY:+ BENCH_VARIANTS='$ONLY'}${BENCH_PERF_VARIANTS:+ BENCH_PERF_VARIANTS='$PERF_VARIANTS'}${REV:+ BENCH_REV=$REV}${BENCH_BUILD:+ BENCH_BUILD=$BUILD}${BENCH_PORT:+ BENCH_PORT=$PORT}${PGBIN_SET:+ PGBIN=$PGBIN} bash bench/run.sh"
 PGB_OPTS=(-n -M prepared -c "$CLIENTS" -j "$THREADS")
 
-say()  { printf '%s\n' "$*" | tee -a "$LATEST"; }
-raw()  { printf '%s\n' "$*" >>"$LATEST"; }
-note() { printf '%s\n' "$*" >&2; }
-die()  { note "run.sh: $*"; exit 1; }
-
-# ---------------------------------------------------------------- run as postgres
-if [ "$(id -u)" = 0 ]; then
-    id postgres >/dev/null 2>&1 || die "running as root but there is no 'postgres' user"
-    AS_PG=(runuser -u postgres --)
-else
-    AS_PG=()
-fi
-pg() { "${AS_PG[@]}" "$@"; }
+BENCH_NAME=run.sh
+OUT=$LATEST
+export PG_CONFIG=$PGBIN/pg_config
+# shellcheck source=../test/lib/cluster.sh
+. "$REPO/test/lib/cluster.sh"
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
 
 # ---------------------------------------------------------------- variants
 # message group (idempotency.messages) and key group (idempotency.keys), in
@@ -145,8 +139,8 @@ done
 
 WORK=$(mktemp -d /tmp/idem-bench.XXXXXX)
 chmod 755 "$WORK"
-[ "$(id -u)" = 0 ] && chown postgres: "$WORK"
-PGDATA_B=$WORK/data
+[ "$(id -u)" = 0 ] && chown "${CLUSTER_USER:-postgres}:" "$WORK"
+C=$WORK/cluster
 BG_PID=
 PERF_PID=
 
@@ -155,9 +149,7 @@ cleanup() {
     trap - EXIT INT TERM
     [ -n "$PERF_PID" ] && kill "$PERF_PID" 2>/dev/null || true
     [ -n "$BG_PID" ] && kill "$BG_PID" 2>/dev/null || true
-    if [ -f "$PGDATA_B/postmaster.pid" ]; then
-        pg "$PGBIN/pg_ctl" -D "$PGDATA_B" -m immediate -w -t 30 stop >/dev/null 2>&1 || true
-    fi
+    cluster_stop_all
     if [ "$KEEP" = 1 ]; then
         note "temp dir kept: $WORK"
     else
@@ -170,14 +162,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 cp -r "$HERE/sql" "$WORK/sql"
-[ "$(id -u)" = 0 ] && chown -R postgres: "$WORK/sql"
-
-q()    { local db=$1; shift; pg "$PGBIN/psql" -X -q -v ON_ERROR_STOP=1 -h "$WORK" -p "$PORT" -U postgres -d "$db" "$@"; }
-qval() { q "$1" -At -c "$2"; }
+[ "$(id -u)" = 0 ] && chown -R "${CLUSTER_USER:-postgres}:" "$WORK/sql"
 
 # awk helpers ------------------------------------------------------------------
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
-div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || a=="ERR" || b=="ERR" || b+0==0) print "NA"; else printf "%.3f", a/b }'; }
 mul()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="ERR" || a=="") print "ERR"; else printf "%.1f", a*b }'; }
 verdict() {  # value op target -> PASS/FAIL/SKIP
     awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN{
@@ -217,25 +204,11 @@ if [ "$BUILD" = 1 ] || { [ "$BUILD" = auto ] && [ -w "$PKGLIBDIR" ]; }; then
 fi
 
 # ---------------------------------------------------------------- cluster
-note "initdb in $WORK ..."
-pg "$PGBIN/initdb" -D "$PGDATA_B" -A trust -U postgres -E UTF8 --locale=C --no-sync >"$WORK/initdb.log" 2>&1 \
-    || { cat "$WORK/initdb.log" >&2; die "initdb failed"; }
-cat >>"$PGDATA_B/postgresql.conf" <<EOF
-
-# ---- bench/run.sh
-port = $PORT
-listen_addresses = ''
-unix_socket_directories = '$WORK'
-synchronous_commit = off
-shared_buffers = 1GB
-max_wal_size = 4GB
-checkpoint_timeout = 30min
-log_min_messages = warning
-EOF
-[ "$PRELOAD" = 1 ] && echo "shared_preload_libraries = 'idempotency'" >>"$PGDATA_B/postgresql.conf"
-
-pg "$PGBIN/pg_ctl" -D "$PGDATA_B" -l "$WORK/server.log" -w -t 60 start >/dev/null \
-    || { tail -n 30 "$WORK/server.log" >&2; die "server did not start"; }
+note "starting a cluster in $WORK ..."
+CONF=("synchronous_commit = off" "shared_buffers = 1GB" "max_wal_size = 4GB"
+      "checkpoint_timeout = 30min" "log_min_messages = warning")
+[ "$PRELOAD" = 1 ] && CONF+=("shared_preload_libraries = 'idempotency'")
+cluster_start "$C" "$PORT" "${CONF[@]}" || die "the cluster did not start"
 
 PGVER=$(qval postgres "SHOW server_version")
 
@@ -395,7 +368,7 @@ declare -A TPS=()
 
 run_pgbench() {   # variant seconds tag -> echoes tps or ERR
     local v=$1 secs=$2 tag=$3 out rc=0 tps failed
-    out=$(pg "$PGBIN/pgbench" "${PGB_OPTS[@]}" -T "$secs" -h "$WORK" -p "$PORT" -U postgres \
+    out=$(cluster_run "$C" pgbench "${PGB_OPTS[@]}" -T "$secs" \
              -f "$WORK/sql/${V_SQL[$v]}" "${V_DB[$v]}" 2>&1) || rc=$?
     {
         echo "=== $tag $v db=${V_DB[$v]} script=${V_SQL[$v]} rc=$rc"
@@ -444,7 +417,7 @@ done
 perf_profile() {   # variant outfile
     local v=$1 out=$2 pids db=${V_DB[$1]}
     note "profiling $v ($db) for ${PERF_SECS}s with perf ..."
-    pg "$PGBIN/pgbench" "${PGB_OPTS[@]}" -T $((PERF_SECS + 4)) -h "$WORK" -p "$PORT" -U postgres \
+    cluster_run "$C" pgbench "${PGB_OPTS[@]}" -T $((PERF_SECS + 4)) \
         -f "$WORK/sql/${V_SQL[$v]}" "$db" >"$WORK/perf-pgbench.log" 2>&1 &
     BG_PID=$!
     sleep 2

@@ -50,6 +50,7 @@ REPO=$(cd "$HERE/.." && pwd)
 # shellcheck disable=SC2034 # BENCH_NAME and BUILD are read by bench/lib.sh
 BENCH_NAME=scale.sh
 PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+export PG_CONFIG=$PGBIN/pg_config
 SIZES=${SCALE_SIZES:-1000000 10000000 50000000}
 ROUNDS=${SCALE_ROUNDS:-5}
 SECS=${SCALE_SECONDS:-6}
@@ -62,6 +63,8 @@ mkdir -p "$RESDIR"
 OUT=$RESDIR/scale-latest.txt
 DATA=$RESDIR/scale-latest.dat
 PNG=$RESDIR/scale-latest.png
+# shellcheck source=../test/lib/cluster.sh
+. "$REPO/test/lib/cluster.sh"
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
 
@@ -117,9 +120,6 @@ fi
 : >"$OUT"
 
 T0=$(date +%s)
-qval()   { q "$1" -At -c "$2"; }
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
-div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (b+0==0) print "NA"; else printf "%.3f", a/b }'; }
 
 # ---------------------------------------------------------------- cluster
 bench_build "$REPO"
@@ -195,13 +195,13 @@ fill_to() {
 DROP INDEX idempotency.messages_digest_idx;
 DROP INDEX idempotency.keys_digest_idx;
 INSERT INTO idempotency.messages
-SELECT e, d, 'postgres'::regrole, scale_lane(d, 7)
+SELECT e, d, to_regrole(current_user), scale_lane(d, 7)
   FROM (SELECT scale_digest(g) AS d,
                now() + interval '1 minute' + random() * interval '6 days 23 hours' AS e
           FROM generate_series($FILLED + 1, $n) g) s;
 INSERT INTO idempotency.keys (expires_at, digest, role, lane, state, token, claimed_at,
                               fingerprint, response_code, response_body)
-SELECT e, d, 'postgres'::regrole, scale_lane(d, 1), 'c', 1, e - interval '1 day',
+SELECT e, d, to_regrole(current_user), scale_lane(d, 1), 'c', 1, e - interval '1 day',
        sha256(convert_to('{"amount": 100}', 'UTF8')), 201, '{"charge": 1}'
   FROM (SELECT scale_digest(-g) AS d,
                now() + interval '1 minute' + random() * interval '23 hours' AS e
@@ -242,8 +242,8 @@ run_one() {
     local db=$1 script=$2 tag=$3 out tps p99 before after
     before=$(qval postgres "SELECT blks_hit || ' ' || blks_read FROM pg_stat_database WHERE datname = '$db'")
     rm -f "$WORK"/pgbench_log.*
-    out=$(cd "$WORK" && pg "$PGBIN/pgbench" -n -M prepared -c "$CLIENTS" -j 2 -T "$SECS" \
-              -l --sampling-rate=0.2 -h "$WORK" -p "$PORT" -U postgres -f "$WORK/$script" "$db" 2>&1) \
+    out=$(cd "$WORK" && cluster_run "$C" pgbench -n -M prepared -c "$CLIENTS" -j 2 -T "$SECS" \
+              -l --sampling-rate=0.2 -f "$WORK/$script" "$db" 2>&1) \
         || { printf '%s\n' "$out" >&2; die "pgbench failed: $tag"; }
     printf '%s\n' "$out" | grep -q 'number of failed transactions: 0 ' \
         || { printf '%s\n' "$out" >&2; die "pgbench had failed transactions: $tag"; }
