@@ -51,7 +51,7 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 				  TimestampTz expires_at)
 {
 	LOCKTAG		keytag;
-	IdemOpenPartition open[IDEM_MAX_PROBES];
+	IdemOpenPartition *open;
 
 	(void) IdemLedgerParent(IDEM_LEDGER_MESSAGES, true);
 	IdemSetKeyLockTag(&keytag, IDEM_LEDGER_MESSAGES, role, &digest->uuid);
@@ -71,13 +71,14 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 		/* see every partition committed before we got the key lock */
 		AcceptInvalidationMessages();
 		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, &digest->uuid, now,
-									   RowExclusiveLock, open);
+									   RowExclusiveLock, &open);
 		IdemProbe(open, nopen, role, digest, now, false, NULL, &probe);
 
 		if (probe.found == IDEM_FOUND_BUSY)
 		{
 			/* wait for the writer to finish, then look again */
 			IdemClosePartitions(open, nopen);
+			pfree(open);
 			LockRelease(&keytag, ExclusiveLock, false);
 			XactLockTableWait(probe.xwait, NULL, NULL, XLTW_None);
 			continue;
@@ -85,6 +86,7 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 		if (probe.found != IDEM_FOUND_NONE)
 		{
 			IdemClosePartitions(open, nopen);
+			pfree(open);
 			LockRelease(&keytag, ExclusiveLock, false);
 			return false;
 		}
@@ -99,6 +101,7 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 			 * IdemMakeTarget).
 			 */
 			IdemClosePartitions(open, nopen);
+			pfree(open);
 			if (!IdemPartitionDDLHeld(IDEM_LEDGER_MESSAGES))
 				LockRelease(&keytag, ExclusiveLock, false);
 			IdemMakeTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, expires_at);
@@ -112,6 +115,7 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 		keep_key_lock = IdemInsertRow(&open[target], values, nulls, NULL);
 
 		IdemClosePartitions(open, nopen);
+		pfree(open);
 		if (!keep_key_lock)
 			LockRelease(&keytag, ExclusiveLock, false);
 		return true;

@@ -68,6 +68,9 @@ typedef struct IdemDigest
 /* Upper bound on hash lanes per ledger (see storage.c) */
 #define IDEM_MAX_LANES		64
 
+/* Partitions beyond the maintained horizon that cover max_ttl (storage.c) */
+#define IDEM_FAR_PARTITIONS	16
+
 /* Kinds of lock tags the extension uses (LOCKTAG_ADVISORY, field4) */
 #define IDEM_LOCK_KEY		0x4944	/* one key of one role: probe + insert */
 #define IDEM_LOCK_CREATE	0x4945	/* creating storage of one ledger */
@@ -160,8 +163,7 @@ extern int	IdemLedgerDefaultTtl(IdemLedger ledger);
 extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);
 extern uint64 IdemPartitionsGeneration(void);
 extern int	IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
-									 TimestampTz now, IdemPartition *out,
-									 int maxout);
+									 TimestampTz now, IdemPartition **out);
 extern bool IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
 							 TimestampTz expires_at, IdemPartition *out);
 extern bool IdemLanePartitionAt(IdemLedger ledger, int16 lane, TimestampTz t,
@@ -173,9 +175,22 @@ extern Oid	IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 extern void IdemPartitionBounds(const IdemLayout *layout, int lane_number,
 								TimestampTz t, TimestampTz *lower,
 								TimestampTz *upper);
+extern void IdemNewPartitionBounds(IdemLedger ledger, const IdemLayout *layout,
+								   int lane_number, TimestampTz at,
+								   TimestampTz *lower, TimestampTz *upper);
 extern bool IdemDropPartition(Oid relid, int lock_timeout_ms);
 extern bool IdemPartitionDDLHeld(IdemLedger ledger);
 extern void IdemEnsureExtensionDependency(IdemLedger ledger);
+extern void IdemRestrictLedgerPrivileges(IdemLedger ledger);
+
+/* ----------------------------------------------------------------
+ * Work done with more privilege than the caller (privilege.c)
+ * ----------------------------------------------------------------
+ */
+extern void IdemPinWorkerSettings(void);
+extern void IdemExecAsOwner(const char *sql, int lock_timeout_ms);
+extern void IdemRestrictTableAcl(Oid relid);
+extern bool IdemRoleMayCreateIn(Oid roleid, Oid nspid);
 
 /* ----------------------------------------------------------------
  * The dedup protocol: key lock, dirty probe of live partitions, insert
@@ -207,9 +222,6 @@ extern void IdemEnsureExtensionDependency(IdemLedger ledger);
 #define KEY_IN_PROGRESS		'p'
 #define KEY_COMPLETED		'c'
 #define KEY_RELEASED		'r'
-
-/* Live partitions one lane may have before lookups refuse */
-#define IDEM_MAX_PROBES				256
 
 /* Indexes of an open partition kept in IdemOpenPartition itself */
 #define IDEM_INLINE_INDEXES			2
@@ -246,7 +258,7 @@ typedef struct IdemProbeResult
 
 extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 								   TimestampTz now, LOCKMODE lockmode,
-								   IdemOpenPartition *open);
+								   IdemOpenPartition **open);
 extern void IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 								  const IdemPartition *part, LOCKMODE lockmode);
 extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
@@ -261,6 +273,7 @@ extern void IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
 						   TimestampTz expires_at);
 extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 						  ItemPointer newtid);
+extern void IdemCountKeptKeyLock(void);
 extern bool IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
 						  HeapTuple newtuple);
 extern void IdemSeeOwnWrites(void);

@@ -80,7 +80,7 @@ typedef struct IdemKeyOp
 	LOCKTAG		keytag;
 	bool		key_locked;		/* holds the key lock */
 	int			nopen;
-	IdemOpenPartition open[IDEM_MAX_PROBES];
+	IdemOpenPartition *open;	/* palloc'd by the probe */
 	IdemProbeResult probe;
 	Datum		values[Natts_keys];
 	bool		nulls[Natts_keys];
@@ -120,6 +120,7 @@ IdemFetchOwnRow(IdemOwnClaim *claim, IdemKeyOp *op)
 		return false;
 
 	LockRelationOid(claim->part.relid, RowExclusiveLock);
+	op->open = palloc(sizeof(IdemOpenPartition));
 	IdemOpenPartitionRels(&op->open[0], op->ledger, &claim->part,
 						  RowExclusiveLock);
 	op->nopen = 1;
@@ -202,7 +203,7 @@ static void
 IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot)
 {
 	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest.uuid, op->now,
-									   lockmode, op->open);
+									   lockmode, &op->open);
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now, true,
 			  snapshot, &op->probe);
 	if (op->probe.tuple != NULL)

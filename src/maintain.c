@@ -72,6 +72,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 				continue;
 			(void) IdemLedgerParent(ledger, true);
 			IdemEnsureExtensionDependency(ledger);
+			IdemRestrictLedgerPrivileges(ledger);
 			*created += IdemMakePartitionsAhead(ledger, now);
 			*dropped += IdemDropExpiredPartitions(ledger, now);
 		}

@@ -64,9 +64,11 @@ static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
 /*
  * IdemOpenLivePartitions opens, in the given lock mode, the partitions a
  * key's live row can be in (see IdemLivePartitionsForKey) and their indexes,
- * checking that they have the ledger's columns.  Locking can deliver
- * invalidations that change the set (a partition was dropped or made), so
- * it repeats until the set is stable.  Returns how many.
+ * checking that they have the ledger's columns, into *open, a palloc'd
+ * array (of at least one element, so that a caller may put one partition
+ * there itself).  Locking can deliver invalidations that change the set (a
+ * partition was dropped or made), so it repeats until the set is stable.
+ * Returns how many it opened.
  *
  * A partition whose range has ended is probed only if a transaction that
  * may still be writing into it holds a lock on it, and then under a lock
@@ -76,21 +78,20 @@ static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
 int
 IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 					   TimestampTz now, LOCKMODE lockmode,
-					   IdemOpenPartition *open)
+					   IdemOpenPartition **open)
 {
-	IdemPartition parts[IDEM_MAX_PROBES];
-	bool		locked[IDEM_MAX_PROBES];
-
 	for (;;)
 	{
 		uint64		generation = IdemPartitionsGeneration();
+		IdemPartition *parts;
+		bool	   *locked;
 		int			n;
 		int			i;
 		int			nopen;
 
 		CHECK_FOR_INTERRUPTS();
-		n = IdemLivePartitionsForKey(ledger, digest, now, parts,
-									 IDEM_MAX_PROBES);
+		n = IdemLivePartitionsForKey(ledger, digest, now, &parts);
+		locked = palloc(Max(n, 1) * sizeof(bool));
 		for (i = 0; i < n; i++)
 		{
 			locked[i] = true;
@@ -111,18 +112,23 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 		if (generation != IdemPartitionsGeneration())
 		{
 			IdemUnlockEnded(parts, n, locked);
+			pfree(parts);
+			pfree(locked);
 			continue;
 		}
 
+		*open = palloc(Max(n, 1) * sizeof(IdemOpenPartition));
 		nopen = 0;
 		for (i = 0; i < n; i++)
 		{
 			if (!locked[i])
 				continue;
-			IdemOpenPartitionRels(&open[nopen], ledger, &parts[i],
+			IdemOpenPartitionRels(&(*open)[nopen], ledger, &parts[i],
 								  parts[i].ended ? AccessShareLock : lockmode);
 			nopen++;
 		}
+		pfree(parts);
+		pfree(locked);
 		return nopen;
 	}
 }
@@ -412,7 +418,10 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 			  ItemPointer newtid)
 {
 	HeapTuple	tuple;
+	bool		keeps_key_lock = op->heap->rd_createSubid != InvalidSubTransactionId;
 
+	if (keeps_key_lock)
+		IdemCountKeptKeyLock();
 	tuple = heap_form_tuple(RelationGetDescr(op->heap), values, nulls);
 	simple_heap_insert(op->heap, tuple);
 	IdemInsertIndexEntries(op, tuple, IDEM_INDEX_UPDATE_ALL);
@@ -421,7 +430,44 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 	heap_freetuple(tuple);
 	IdemNoteWrite();
 
-	return op->heap->rd_createSubid != InvalidSubTransactionId;
+	return keeps_key_lock;
+}
+
+/* the transaction whose kept key locks kept_key_locks counts */
+static TransactionId kept_key_locks_xid = InvalidTransactionId;
+static int	kept_key_locks = 0;
+
+/*
+ * IdemCountKeptKeyLock counts, before the write, a key lock this
+ * transaction is about to keep until it ends, because it writes the key's
+ * row into a partition it made itself; and refuses the write if the
+ * transaction keeps max_locks_per_transaction of them already.  Each kept
+ * lock takes an entry of the lock table every backend shares: without a
+ * bound, one transaction writing a million keys (a backfill, in a database
+ * where no partition maker worker could be started) would fill the table,
+ * and every other session's next lock would fail.  Only this transaction
+ * fails instead, before it has written the row.  (A lock kept by a
+ * subtransaction that rolled back is still counted: the count errs on the
+ * safe side.)
+ */
+void
+IdemCountKeptKeyLock(void)
+{
+	TransactionId xid = GetTopTransactionId();
+
+	if (!TransactionIdEquals(xid, kept_key_locks_xid))
+	{
+		kept_key_locks_xid = xid;
+		kept_key_locks = 0;
+	}
+	if (kept_key_locks >= max_locks_per_xact)
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("too many keys written into partitions made by this transaction"),
+				 errdetail("Each such key holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
+						   kept_key_locks, "max_locks_per_transaction"),
+				 errhint("Have the partitions made first (run idem_maintain() in a transaction of its own), or write the keys in smaller transactions.")));
+	kept_key_locks++;
 }
 
 /*

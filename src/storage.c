@@ -138,7 +138,6 @@ static int	IdemOidCmp(const void *a, const void *b);
 static void IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent,
 							   IdemPartition *parts, Oid *relids, int n,
 							   const int16 *layouts, int nlayouts);
-static void IdemExecAsOwner(const char *sql, int lock_timeout_ms);
 static void IdemAppendTimestamp(StringInfo buf, TimestampTz t);
 
 /*
@@ -264,6 +263,45 @@ IdemPartitionBounds(const IdemLayout *layout, int lane_number, TimestampTz t,
 		k--;					/* floor division */
 	*lower = offset + k * layout->width_us;
 	*upper = *lower + layout->width_us;
+}
+
+/*
+ * IdemNewPartitionBounds returns the range a new partition of lane
+ * "lane_number" of a layout gets to hold time "at" (before it is clipped to
+ * its neighbours): the layout's range containing "at" while "at" is within
+ * the horizon maintenance keeps made (the default ttl plus premake
+ * partitions from now), and beyond it a wider aligned range, up to
+ * IDEM_FAR_PARTITIONS of which cover idempotency.max_ttl.
+ *
+ * Any role can ask for any ttl up to max_ttl, and without the wider ranges
+ * a role that asked for many distinct long ttls would make one partition
+ * per ttl in a lane (720 with one-hour partitions and a 30-day max_ttl),
+ * which every call with a key in that lane then probes.  With them, a lane
+ * has at most about premake + 4 + 2 * IDEM_FAR_PARTITIONS live partitions
+ * per layout, whatever is asked.  The wider widths are the layout's width
+ * times a power of two, with the same lane stagger, so a range of one width
+ * either holds one of a smaller width or does not meet it.  A row with a
+ * long ttl may then stay on disk up to that width past its expiry.
+ */
+void
+IdemNewPartitionBounds(IdemLedger ledger, const IdemLayout *layout,
+					   int lane_number, TimestampTz at,
+					   TimestampTz *lower, TimestampTz *upper)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz horizon;
+	IdemLayout	far = *layout;
+	int64		max_ttl_us = (int64) idem_max_ttl * USECS_PER_SEC;
+
+	horizon = now + (int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC +
+		idem_premake * layout->width_us;
+	if (at >= horizon)
+	{
+		while (far.width_us < max_ttl_us / IDEM_FAR_PARTITIONS &&
+			   far.width_us <= PG_INT64_MAX / 4)
+			far.width_us *= 2;
+	}
+	IdemPartitionBounds(&far, lane_number, at, lower, upper);
 }
 
 /*
@@ -500,23 +538,29 @@ IdemFirstInLane(IdemLedgerCache *cache, int16 lane)
 }
 
 /*
- * IdemLivePartitionsForKey copies into "out" every partition a live row of
- * the key with this digest can be in: the partitions of its lane, under each
- * layout present, whose range has not ended, and those whose range has
- * ended (not dropped yet) while a transaction that may have written into
- * them before the end is still running: a row of a transaction in progress
- * counts as live whatever its expiry (see IdemProbe).  The latter have
- * "ended" set; IdemOpenLivePartitions looks closer at them.  Returns how
- * many there are.
+ * IdemLivePartitionsForKey sets *out to a palloc'd array of every partition
+ * a live row of the key with this digest can be in, and returns how many
+ * there are: the partitions of its lane, under each layout present, whose
+ * range has not ended, and those whose range has ended (not dropped yet)
+ * while a transaction that may have written into them before the end is
+ * still running: a row of a transaction in progress counts as live
+ * whatever its expiry (see IdemProbe).  The latter have "ended" set;
+ * IdemOpenLivePartitions looks closer at them.
+ *
+ * There is no upper limit: how many partitions a lane has is not for any
+ * one role to decide (see IdemPartitionWidth), and a transaction left open
+ * for long keeps ended partitions in the list, however many there are.
  */
 int
 IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
-						 TimestampTz now, IdemPartition *out, int maxout)
+						 TimestampTz now, IdemPartition **out)
 {
 	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
 	int			n = 0;
+	int			allocated = 8;
 	int			k;
 
+	*out = palloc(allocated * sizeof(IdemPartition));
 	for (k = 0; k < cache->nlayouts; k++)
 	{
 		int16		lane = IdemLaneValue(digest, IdemLaneLanes(cache->layouts[k]),
@@ -543,14 +587,13 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 				if (TransactionIdPrecedes(p->ended_next_xid, RecentXmin))
 					continue;
 			}
-			if (n >= maxout)
-				ereport(ERROR,
-						(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-						 errmsg("too many live partitions in one lane of \"%s.%s\"",
-								IDEM_SCHEMA_NAME, ledger_defs[ledger].name),
-						 errhint("Increase idempotency.partition_interval, or run idem_maintain() to drop expired partitions.")));
-			out[n] = *p;
-			out[n].ended = ended;
+			if (n == allocated)
+			{
+				allocated *= 2;
+				*out = repalloc(*out, allocated * sizeof(IdemPartition));
+			}
+			(*out)[n] = *p;
+			(*out)[n].ended = ended;
 			n++;
 		}
 	}
@@ -686,7 +729,6 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 					 "CREATE TABLE idempotency.%s (%s) PARTITION BY RANGE (lane, expires_at); ",
 					 def->name, def->columns);
 	appendStringInfo(&sql, def->indexes, def->name, def->name);
-	appendStringInfo(&sql, "; REVOKE ALL ON idempotency.%s FROM PUBLIC", def->name);
 	appendStringInfo(&sql, "; COMMENT ON TABLE idempotency.%s IS %s",
 					 def->name, quote_literal_cstr(def->comment));
 	IdemExecAsOwner(sql.data, 0);
@@ -697,6 +739,8 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 	if (!OidIsValid(cache->parent))
 		elog(ERROR, "could not find table \"%s.%s\" after creating it",
 			 IDEM_SCHEMA_NAME, def->name);
+	/* granted to nobody, whatever the owner's default privileges say */
+	IdemRestrictTableAcl(cache->parent);
 
 	/* DROP EXTENSION takes the table with it */
 	ObjectAddressSet(table, RelationRelationId, cache->parent);
@@ -757,6 +801,33 @@ IdemEnsureExtensionDependency(IdemLedger ledger)
 }
 
 /*
+ * IdemRestrictLedgerPrivileges takes back every privilege anyone but the
+ * owner holds on a ledger's table and on each of its partitions (see
+ * IdemRestrictTableAcl).  New tables are made that way; maintenance runs
+ * this every round for those that came another way: restored by
+ * pg_restore into a database whose restoring role has default privileges,
+ * made by an older version of the extension, or granted by hand.
+ */
+void
+IdemRestrictLedgerPrivileges(IdemLedger ledger)
+{
+	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
+	Oid		   *relids;
+	int			n = cache->npartitions;
+	int			i;
+
+	if (!OidIsValid(cache->parent))
+		return;
+	IdemRestrictTableAcl(cache->parent);
+	/* a copy: revoking invalidates the cache */
+	relids = palloc(Max(n, 1) * sizeof(Oid));
+	memcpy(relids, cache->relids, n * sizeof(Oid));
+	for (i = 0; i < n; i++)
+		IdemRestrictTableAcl(relids[i]);
+	pfree(relids);
+}
+
+/*
  * IdemPartitionDDLHeld: has this transaction made a partition of the ledger
  * itself (so that it holds the ledger's creation lock, and DDL locks on its
  * parent, until it ends)?  A call that has must not release a key lock to
@@ -807,7 +878,7 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 	AcceptInvalidationMessages();
 	cache = IdemGetLedgerCache(ledger);
 
-	IdemPartitionBounds(layout, lane_number, at, &lower, &upper);
+	IdemNewPartitionBounds(ledger, layout, lane_number, at, &lower, &upper);
 	for (i = IdemFirstInLane(cache, lane);
 		 i < cache->npartitions && cache->partitions[i].lane == lane;
 		 i++)
@@ -861,6 +932,7 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemExecAsOwner(sql.data, 0);
 
 	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
+	IdemRestrictTableAcl(relid);
 	pfree(sql.data);
 	pfree(name.data);
 
@@ -878,6 +950,13 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
  * Only the partition and its parent are locked: the ledgers' readers and
  * writers never lock the parent, and no live row is in an expired partition,
  * so nobody waits for this.
+ *
+ * CASCADE: an expired partition goes with whatever another role made
+ * depend on it.  Any role can make a view or a column default that names a
+ * partition by OID (a regclass constant needs no privilege on the table);
+ * with RESTRICT, one such object would keep an expired partition, and so
+ * every row in it, for ever.  The partitions are the extension's storage:
+ * nothing of anyone else's belongs on them.
  */
 bool
 IdemDropPartition(Oid relid, int lock_timeout_ms)
@@ -885,16 +964,21 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
 	char	   *relname = get_rel_name(relid);
+	char	   *nspname;
 	bool		dropped = false;
 
 	if (relname == NULL)
 		return false;			/* already gone */
+	nspname = get_namespace_name(get_rel_namespace(relid));
+	if (nspname == NULL)
+		return false;
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcontext);
 	PG_TRY();
 	{
-		char	   *sql = psprintf("DROP TABLE idempotency.%s",
+		char	   *sql = psprintf("DROP TABLE %s.%s CASCADE",
+								   quote_identifier(nspname),
 								   quote_identifier(relname));
 
 		IdemExecAsOwner(sql, lock_timeout_ms);
@@ -926,68 +1010,6 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 	if (dropped)
 		IdemStatsAdd(IDEM_STAT_PARTITIONS_DROPPED, 1);
 	return dropped;
-}
-
-/*
- * IdemExecAsOwner runs utility SQL as the owner of schema idempotency, with
- * search_path = pg_catalog, pg_temp, the database's default tablespace, the
- * heap access method and, if lock_timeout_ms > 0, that lock timeout: none
- * of the caller's settings can redirect the DDL.  The previous user, security context and settings are restored
- * on return; on error, transaction abort restores them.
- */
-static void
-IdemExecAsOwner(const char *sql, int lock_timeout_ms)
-{
-	HeapTuple	tup;
-	Oid			owner;
-	Oid			save_userid;
-	int			save_sec_context;
-	int			save_nestlevel;
-	int			rc;
-
-	tup = SearchSysCache1(NAMESPACENAME, CStringGetDatum(IDEM_SCHEMA_NAME));
-	if (!HeapTupleIsValid(tup))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_SCHEMA),
-				 errmsg("schema \"%s\" does not exist", IDEM_SCHEMA_NAME),
-				 errhint("Run CREATE EXTENSION idempotency.")));
-	owner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
-	ReleaseSysCache(tup);
-
-	GetUserIdAndSecContext(&save_userid, &save_sec_context);
-	SetUserIdAndSecContext(owner, save_sec_context |
-						   SECURITY_LOCAL_USERID_CHANGE |
-						   SECURITY_RESTRICTED_OPERATION);
-	save_nestlevel = NewGUCNestLevel();
-	(void) set_config_option("search_path", "pg_catalog, pg_temp",
-							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-							 true, 0, false);
-	/* the storage's place and kind are not the caller's to choose */
-	(void) set_config_option("default_tablespace", "",
-							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-							 true, 0, false);
-	(void) set_config_option("default_table_access_method", "heap",
-							 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-							 true, 0, false);
-	if (lock_timeout_ms > 0)
-	{
-		char		buf[32];
-
-		snprintf(buf, sizeof(buf), "%d", lock_timeout_ms);
-		(void) set_config_option("lock_timeout", buf,
-								 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
-								 true, 0, false);
-	}
-
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute(sql, false, 0);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute failed: %s", SPI_result_code_string(rc));
-	SPI_finish();
-
-	AtEOXact_GUC(true, save_nestlevel);
-	SetUserIdAndSecContext(save_userid, save_sec_context);
 }
 
 /* appends t as a quoted timestamptz literal in UTC */

@@ -27,12 +27,19 @@
  *	  marked as without it on that round.
  *
  * Partitions a call needs that maintenance has not made yet (a ttl beyond
- * the horizon, or maintenance lagging) are made, when preloaded, by a
- * short-lived "partition maker" worker in its own transaction, while the
- * call waits: the call's transaction then holds no DDL lock, so a long
+ * the horizon, or maintenance lagging) are made by a short-lived "partition
+ * maker" worker in its own transaction, while the call waits: the call's
+ * transaction then holds no DDL lock and keeps no key lock, so a long
  * transaction that needed a new partition does not hold up every other
- * call that needs one, nor maintenance.  Without preloading, or when the
- * caller already holds DDL locks on the ledger, the call makes it itself.
+ * call that needs one, nor maintenance.  A partition maker is a dynamic
+ * background worker, which needs a free worker slot but not preloading.
+ * When no slot is free, or the caller already holds DDL locks on the
+ * ledger, the call makes the partition itself.
+ *
+ * The workers connect as the bootstrap superuser; PostgreSQL applies the
+ * database's settings (ALTER DATABASE ... SET) to their connections, and
+ * the database's owner need not be trusted, so every worker pins its own
+ * settings first (privilege.c) and runs no SQL but the storage DDL.
  *
  * A database is left alone on a round while pg_restore is connected to it
  * (see IdemRestoreInProgress), and no launcher is registered in the
@@ -59,10 +66,10 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "access/xlog.h"
+#include "catalog/namespace.h"
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "commands/extension.h"
-#include "executor/spi.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -75,6 +82,7 @@
 #include "storage/shmem.h"
 #include "storage/spin.h"
 #include "tcop/utility.h"
+#include "utils/backend_status.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -84,14 +92,6 @@
 
 /* How long the postmaster waits before restarting a launcher that died */
 #define IDEM_LAUNCHER_RESTART_SECS	5
-
-/*
- * Longest a worker waits for a lock (an ANALYZE or a DDL on a ledger's
- * parent can block ATTACH PARTITION): the round fails with the error in
- * idempotency.stats and is retried next round, and the other databases
- * are not held up.
- */
-#define IDEM_WORKER_LOCK_TIMEOUT_MS	5000
 
 /* What the launcher knows about the extension in one database */
 typedef enum IdemDbState
@@ -545,30 +545,43 @@ idem_worker_main(Datum main_arg)
 }
 
 /*
- * IdemRestoreInProgress: is pg_restore connected to this database?  While
- * it restores the ledgers, maintenance must not touch them: it would make
- * the tables pg_restore is about to create, or partitions that overlap
- * those it is about to attach, or drop ended partitions before their rows
- * are loaded.  pg_restore names its connections "pg_restore".
+ * IdemRestoreInProgress: is pg_restore restoring this database?  While it
+ * restores the ledgers, maintenance must not touch them: it would make the
+ * tables pg_restore is about to create, or partitions that overlap those
+ * it is about to attach, or drop ended partitions before their rows are
+ * loaded.  pg_restore names its connections "pg_restore".
+ *
+ * Any role can name its connection so, and stay connected: such a session
+ * counts only if its role may create tables in schema idempotency (its
+ * owner, a superuser, or a role they granted CREATE), as a restore of the
+ * ledgers must.  An ordinary role cannot hold maintenance off.  Read from
+ * the activity table in C: no SQL runs here with the database's settings.
  */
 static bool
 IdemRestoreInProgress(void)
 {
-	bool		restoring;
-	bool		isnull;
+	Oid			nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+	int			nbackends = pgstat_fetch_stat_numbackends();
+	int			i;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	if (SPI_execute("SELECT EXISTS (SELECT FROM pg_catalog.pg_stat_activity "
-					"WHERE datid = (SELECT oid FROM pg_catalog.pg_database "
-					"WHERE datname = pg_catalog.current_database()) "
-					"AND application_name = 'pg_restore')",
-					true, 1) != SPI_OK_SELECT || SPI_processed != 1)
-		elog(ERROR, "could not look for pg_restore sessions");
-	restoring = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
-										   SPI_tuptable->tupdesc, 1, &isnull));
-	SPI_finish();
-	return restoring;
+	for (i = 1; i <= nbackends; i++)
+	{
+		LocalPgBackendStatus *local = IdemLocalBackendStatus(i);
+		PgBackendStatus *be;
+
+		if (local == NULL)
+			continue;
+		be = &local->backendStatus;
+		if (be->st_procpid == MyProcPid ||
+			be->st_backendType != B_BACKEND ||
+			be->st_databaseid != MyDatabaseId ||
+			be->st_appname == NULL ||
+			strcmp(be->st_appname, "pg_restore") != 0)
+			continue;
+		if (!OidIsValid(nspid) || IdemRoleMayCreateIn(be->st_userid, nspid))
+			return true;
+	}
+	return false;
 }
 
 /*
@@ -594,8 +607,9 @@ IdemWorkerDefine(BackgroundWorker *worker, const char *function,
 
 /*
  * IdemWorkerConnect sets up a per-database worker: signals, a connection to
- * database "dboid" as the bootstrap superuser with the database's own
- * settings, and a bounded lock wait.
+ * database "dboid" as the bootstrap superuser, and settings of its own in
+ * place of the database's (which its owner chose, and which PostgreSQL
+ * applies to every connection): see IdemPinWorkerSettings.
  */
 static void
 IdemWorkerConnect(Oid dboid)
@@ -604,13 +618,7 @@ IdemWorkerConnect(Oid dboid)
 	BackgroundWorkerUnblockSignals();
 
 	BackgroundWorkerInitializeConnectionByOid(dboid, InvalidOid, 0);
-	if (LockTimeout == 0 || LockTimeout > IDEM_WORKER_LOCK_TIMEOUT_MS)
-	{
-		char		value[32];
-
-		snprintf(value, sizeof(value), "%d", IDEM_WORKER_LOCK_TIMEOUT_MS);
-		SetConfigOption("lock_timeout", value, PGC_SUSET, PGC_S_OVERRIDE);
-	}
+	IdemPinWorkerSettings();
 }
 
 /*
@@ -636,8 +644,7 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemPartition p;
 	int16		lane = IdemLaneValueOf(layout->lanes, lane_number, false);
 
-	if (idem_worker_shared == NULL || MyBackendType != B_BACKEND ||
-		IsInParallelMode())
+	if (MyBackendType != B_BACKEND || IsInParallelMode() || IsBinaryUpgrade)
 		return false;
 
 	if (IdemPartitionDDLHeld(ledger))
@@ -681,6 +688,13 @@ idem_partition_maker_main(Datum main_arg)
 	IdemPartitionRequest req;
 
 	memcpy(&req, MyBgworkerEntry->bgw_extra, sizeof(req));
+	if (req.ledger < 0 || req.ledger >= IDEM_NUM_LEDGERS ||
+		req.layout.lanes < 1 || req.layout.lanes > IDEM_MAX_LANES ||
+		req.lane_number < 0 || req.lane_number >= req.layout.lanes ||
+		req.layout.interval_us <= 0 ||
+		req.layout.width_us != req.layout.lanes * req.layout.interval_us ||
+		TIMESTAMP_NOT_FINITE(req.at))
+		elog(ERROR, "invalid partition request");
 	IdemWorkerConnect(req.dboid);
 
 	SetCurrentStatementStartTimestamp();

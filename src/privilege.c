@@ -1,0 +1,277 @@
+/*-------------------------------------------------------------------------
+ *
+ * privilege.c
+ *	  What the extension does with more privilege than its caller: the DDL
+ *	  it runs as the owner of its storage, the settings its background
+ *	  workers run with, and the privileges of the ledger tables.
+ *
+ * Three things run with more privilege than whoever caused them:
+ *
+ *	- partition and table DDL, which any role's call may need, runs as the
+ *	  owner of schema idempotency (IdemExecAsOwner);
+ *	- the per-database maintenance workers and partition makers connect as
+ *	  the bootstrap superuser, and PostgreSQL applies the database's own
+ *	  settings (ALTER DATABASE ... SET, chosen by the database's owner, who
+ *	  need not be trusted) to every connection (IdemPinWorkerSettings);
+ *	- the ledger tables are made by the storage owner, so that owner's
+ *	  default privileges (ALTER DEFAULT PRIVILEGES) would be applied to them
+ *	  (IdemRestrictTableAcl).
+ *
+ * The rule for all three: nothing the caller, the database's owner or a
+ * default privilege can set changes what they do.  SQL runs with the
+ * settings of pinned_settings below, whatever the session had, under a
+ * restricted security context; the workers' own settings are pinned at
+ * PGC_S_OVERRIDE, above anything a database or role setting gives; and a
+ * ledger table is granted to nobody but its owner.  No SQL run here names
+ * an operator or a function: there is nothing for a look-alike to
+ * intercept even if the path were not pinned.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/privilege.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/htup_details.h"
+#include "catalog/pg_class.h"
+#include "catalog/pg_namespace.h"
+#include "executor/spi.h"
+#include "lib/stringinfo.h"
+#include "miscadmin.h"
+#include "utils/acl.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+#include "utils/syscache.h"
+
+/*
+ * Longest a worker waits for a lock (an ANALYZE or a DDL on a ledger's
+ * parent can block ATTACH PARTITION): the round fails with the error in
+ * idempotency.stats and is retried next round, and the other databases
+ * are not held up.
+ */
+#define IDEM_WORKER_LOCK_TIMEOUT	"5s"
+
+/* A setting and the value privileged work runs with */
+typedef struct IdemPinnedSetting
+{
+	const char *name;
+	const char *value;
+} IdemPinnedSetting;
+
+/*
+ * Settings that could change what privileged SQL does, or where what it
+ * makes goes: how names, literals and comparisons are read, and the place
+ * and kind of new storage.  Applied to DDL run as the storage owner (for
+ * that DDL only) and to the workers (for their whole life).
+ */
+static const IdemPinnedSetting pinned_settings[] = {
+	{"search_path", "pg_catalog, pg_temp"},
+	{"DateStyle", "ISO, MDY"},
+	{"IntervalStyle", "postgres"},
+	{"TimeZone", "UTC"},
+	{"standard_conforming_strings", "on"},
+	{"backslash_quote", "safe_encoding"},
+	{"quote_all_identifiers", "off"},
+	{"transform_null_equals", "off"},
+	{"check_function_bodies", "on"},
+	{"default_tablespace", ""},
+	{"temp_tablespaces", ""},
+	{"default_table_access_method", "heap"},
+	{"default_toast_compression", "pglz"},
+};
+
+/*
+ * What a worker's transactions themselves must not take from the database:
+ * read-only or serializable transactions, timeouts that cut maintenance
+ * short (or a missing one that lets it wait forever), another role.
+ * transaction_timeout exists from PostgreSQL 17 on; a setting this server
+ * does not have is skipped.
+ */
+static const IdemPinnedSetting worker_settings[] = {
+	{"default_transaction_read_only", "off"},
+	{"default_transaction_isolation", "read committed"},
+	{"default_transaction_deferrable", "off"},
+	{"statement_timeout", "0"},
+	{"lock_timeout", IDEM_WORKER_LOCK_TIMEOUT},
+	{"idle_in_transaction_session_timeout", "0"},
+	{"transaction_timeout", "0"},
+	{"role", "none"},
+};
+
+static void IdemPinSettings(const IdemPinnedSetting *settings, int n,
+							GucSource source, GucAction action);
+
+/*
+ * IdemPinSettings sets each of "settings" that this server has, with the
+ * given source and action.  A value a setting refuses is a bug here: the
+ * error is raised.
+ */
+static void
+IdemPinSettings(const IdemPinnedSetting *settings, int n, GucSource source,
+				GucAction action)
+{
+	int			i;
+
+	for (i = 0; i < n; i++)
+	{
+		if (GetConfigOption(settings[i].name, true, false) == NULL)
+			continue;
+		(void) set_config_option(settings[i].name, settings[i].value,
+								 PGC_SUSET, source, action, true, ERROR,
+								 false);
+	}
+}
+
+/*
+ * IdemPinWorkerSettings fixes the settings of a background worker that has
+ * just connected to a database: those of pinned_settings and
+ * worker_settings, at PGC_S_OVERRIDE, so that neither the database's nor
+ * any role's settings apply to anything the worker does.  Call it before
+ * the worker starts its first transaction.
+ */
+void
+IdemPinWorkerSettings(void)
+{
+	IdemPinSettings(pinned_settings, lengthof(pinned_settings),
+					PGC_S_OVERRIDE, GUC_ACTION_SET);
+	IdemPinSettings(worker_settings, lengthof(worker_settings),
+					PGC_S_OVERRIDE, GUC_ACTION_SET);
+}
+
+/*
+ * IdemExecAsOwner runs utility SQL as the owner of schema idempotency, in a
+ * restricted security context, with the settings of pinned_settings and, if
+ * lock_timeout_ms > 0, that lock timeout: none of the caller's settings can
+ * redirect the DDL.  The previous user, security context and settings are
+ * restored on return; on error, transaction abort restores them.
+ */
+void
+IdemExecAsOwner(const char *sql, int lock_timeout_ms)
+{
+	HeapTuple	tup;
+	Oid			owner;
+	Oid			save_userid;
+	int			save_sec_context;
+	int			save_nestlevel;
+	int			rc;
+
+	tup = SearchSysCache1(NAMESPACENAME, CStringGetDatum(IDEM_SCHEMA_NAME));
+	if (!HeapTupleIsValid(tup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("schema \"%s\" does not exist", IDEM_SCHEMA_NAME),
+				 errhint("Run CREATE EXTENSION idempotency.")));
+	owner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
+	ReleaseSysCache(tup);
+
+	GetUserIdAndSecContext(&save_userid, &save_sec_context);
+	SetUserIdAndSecContext(owner, save_sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+	save_nestlevel = NewGUCNestLevel();
+	IdemPinSettings(pinned_settings, lengthof(pinned_settings),
+					PGC_S_SESSION, GUC_ACTION_SAVE);
+	if (lock_timeout_ms > 0)
+	{
+		char		buf[32];
+
+		snprintf(buf, sizeof(buf), "%d", lock_timeout_ms);
+		(void) set_config_option("lock_timeout", buf,
+								 PGC_USERSET, PGC_S_SESSION, GUC_ACTION_SAVE,
+								 true, 0, false);
+	}
+
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	rc = SPI_execute(sql, false, 0);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute failed: %s", SPI_result_code_string(rc));
+	SPI_finish();
+
+	AtEOXact_GUC(true, save_nestlevel);
+	SetUserIdAndSecContext(save_userid, save_sec_context);
+}
+
+/*
+ * IdemRestrictTableAcl takes back every privilege on table "relid" that is
+ * held by anyone but its owner: the ledger tables are reached through the
+ * extension's functions only, and hold every role's fingerprints, stored
+ * responses and digests.  Whatever granted them (the storage owner's
+ * default privileges when the table was made, a restore, a GRANT), they go.
+ * Does nothing, and runs no SQL, when there is nothing to take back, as
+ * for a table made without default privileges.
+ */
+void
+IdemRestrictTableAcl(Oid relid)
+{
+	HeapTuple	tup;
+	Form_pg_class form;
+	Datum		datum;
+	bool		isnull;
+	Acl		   *acl;
+	AclItem    *items;
+	StringInfoData sql;
+	int			ngrantees = 0;
+	int			i;
+
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	if (!HeapTupleIsValid(tup))
+		return;					/* dropped meanwhile */
+	form = (Form_pg_class) GETSTRUCT(tup);
+	datum = SysCacheGetAttr(RELOID, tup, Anum_pg_class_relacl, &isnull);
+	if (isnull)
+	{
+		/* the default: the owner only */
+		ReleaseSysCache(tup);
+		return;
+	}
+
+	acl = DatumGetAclPCopy(datum);
+	items = ACL_DAT(acl);
+	initStringInfo(&sql);
+	appendStringInfo(&sql, "REVOKE ALL ON TABLE %s.%s FROM ",
+					 quote_identifier(get_namespace_name(form->relnamespace)),
+					 quote_identifier(NameStr(form->relname)));
+	for (i = 0; i < ACL_NUM(acl); i++)
+	{
+		Oid			grantee = items[i].ai_grantee;
+		int			j;
+
+		if (grantee == form->relowner)
+			continue;
+		/* each grantee once */
+		for (j = 0; j < i; j++)
+			if (items[j].ai_grantee == grantee)
+				break;
+		if (j < i)
+			continue;
+		if (ngrantees++ > 0)
+			appendStringInfoString(&sql, ", ");
+		if (grantee == ACL_ID_PUBLIC)
+			appendStringInfoString(&sql, "PUBLIC");
+		else
+			appendStringInfoString(&sql,
+								   quote_identifier(GetUserNameFromId(grantee, false)));
+	}
+	appendStringInfoString(&sql, " CASCADE");
+	ReleaseSysCache(tup);
+
+	if (ngrantees > 0)
+		IdemExecAsOwner(sql.data, 0);
+	pfree(sql.data);
+	pfree(acl);
+}
+
+/*
+ * IdemRoleMayCreateIn: may role "roleid" create objects in namespace
+ * "nspid" (directly, or through the roles it inherits from)?
+ */
+bool
+IdemRoleMayCreateIn(Oid roleid, Oid nspid)
+{
+	return IdemNamespaceAclCheck(nspid, roleid, ACL_CREATE) == ACLCHECK_OK;
+}
