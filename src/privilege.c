@@ -36,7 +36,9 @@
 #include "idempotency.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_authid.h"
 #include "catalog/pg_namespace.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
@@ -131,15 +133,30 @@ IdemPinSettings(const IdemPinnedSetting *settings, int n, GucSource source,
  * just connected to a database: those of pinned_settings and
  * worker_settings, at PGC_S_OVERRIDE, so that neither the database's nor
  * any role's settings apply to anything the worker does.  Call it before
- * the worker starts its first transaction.
+ * the worker starts its first transaction: it runs one of its own.
  */
 void
 IdemPinWorkerSettings(void)
 {
+	IdemPinnedSetting self;
+
+	/* some settings look names up in the catalogs */
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+
+	/*
+	 * First who the worker is: a database setting of session_authorization
+	 * would otherwise make it another role (an owner may set it to any).
+	 */
+	self.name = "session_authorization";
+	self.value = GetUserNameFromId(BOOTSTRAP_SUPERUSERID, false);
+	IdemPinSettings(&self, 1, PGC_S_OVERRIDE, GUC_ACTION_SET);
 	IdemPinSettings(pinned_settings, lengthof(pinned_settings),
 					PGC_S_OVERRIDE, GUC_ACTION_SET);
 	IdemPinSettings(worker_settings, lengthof(worker_settings),
 					PGC_S_OVERRIDE, GUC_ACTION_SET);
+
+	CommitTransactionCommand();
 }
 
 /*

@@ -49,10 +49,12 @@ mkdir $tsdir or die "mkdir $tsdir: $!";
 
 # what the test itself runs in "db" is never read through the owner's
 # settings: a client's connection options outrank the database's
+my $superuser = $node->safe_psql('postgres', 'SELECT current_user');
 $ENV{PGOPTIONS} = join ' ', map { "-c $_" } (
 	'search_path=pg_catalog,pg_temp', 'default_transaction_read_only=off',
 	'statement_timeout=0', 'lock_timeout=0', 'idle_in_transaction_session_timeout=0',
-	'DateStyle=ISO,MDY', 'TimeZone=UTC', 'default_tablespace=', 'role=none');
+	'DateStyle=ISO,MDY', 'TimeZone=UTC', 'default_tablespace=', 'role=none',
+	"session_authorization=$superuser", 'local_preload_libraries=');
 
 sub q_db
 {
@@ -224,6 +226,9 @@ my @settings = (
 	[ 'default_toast_compression',        q{'lz4'} ],
 	[ 'check_function_bodies',            q{off} ],
 	[ 'role',                             q{'owner'} ],
+	[ 'session_authorization',            q{'owner'} ],
+	[ 'row_security',                     q{off} ],
+	[ 'local_preload_libraries',          q{'no_such_library'} ],
 	[ 'standard_conforming_strings',      q{off} ],
 	[ 'quote_all_identifiers',            q{on} ],
 	[ 'transform_null_equals',            q{on} ],
@@ -255,11 +260,12 @@ is(sprung(), 'f f', 'under each setting, no look-alike was called');
 foreach my $s (@settings)
 {
 	my ($name, $value) = @$s;
-	next if $name eq 'search_path' || $name eq 'role';
+	next if $name eq 'search_path' || $name eq 'role' || $name eq 'session_authorization';
 	next if $name eq 'default_toast_compression' && !$has_lz4;
 	is((as_owner(qq{ALTER DATABASE db SET $name = $value}))[0], 0, "the owner sets $name = $value again");
 }
-is((as_owner(q{ALTER DATABASE db SET role = 'owner'}))[0], 0, 'and role = owner');
+is((as_owner(q{ALTER DATABASE db SET role = 'owner'; ALTER DATABASE db SET session_authorization = 'owner'}))[0],
+	0, 'and role and session_authorization = owner');
 $runs = wait_rounds($runs, 'every setting at once');
 check_storage('every setting at once');
 
@@ -276,8 +282,9 @@ check_storage('after the partition maker');
 # (with the database's search_path, dates and storage settings: only what
 # would make the superuser's own command fail is set aside)
 {
-	local $ENV{PGOPTIONS} = join ' ', map { "-c $_" }
-	  qw(default_transaction_read_only=off statement_timeout=0 lock_timeout=0 role=none);
+	local $ENV{PGOPTIONS} = join ' ', map { "-c $_" } (
+		'default_transaction_read_only=off', 'statement_timeout=0', 'lock_timeout=0',
+		'role=none', "session_authorization=$superuser", 'local_preload_libraries=');
 	$node->safe_psql('db', q{SELECT idem_maintain()});
 	$node->safe_psql('db', q{ALTER EXTENSION idempotency UPDATE});
 }
