@@ -90,25 +90,31 @@ sub reach
 		    AND has_table_privilege('idempotency.stats', 'SELECT'))});
 }
 
-# the privileges of every member of the extension, and of the schema
+# the privileges of every member of the extension, and of the schema, as
+# (grantee, privilege) pairs (a NULL ACL is its object kind's default)
 my $member_acls = q{
-SELECT string_agg(x, E'\n' ORDER BY x) FROM (
-  SELECT format('function %s %s', p.oid::regprocedure, p.proacl) AS x
+WITH m (kind, name, acl, owner) AS (
+  SELECT 'f', p.oid::regprocedure::text, p.proacl, p.proowner
     FROM pg_depend d JOIN pg_proc p ON p.oid = d.objid
-   WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+   WHERE d.classid = 'pg_proc'::regclass AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
      AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
   UNION ALL
-  SELECT format('relation %s %s', c.oid::regclass, c.relacl)
+  SELECT 'r', c.oid::regclass::text, c.relacl, c.relowner
     FROM pg_depend d JOIN pg_class c ON c.oid = d.objid
-   WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+   WHERE d.classid = 'pg_class'::regclass AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
      AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
   UNION ALL
-  SELECT format('type %s %s', t.oid::regtype, t.typacl)
+  SELECT 'T', t.oid::regtype::text, t.typacl, t.typowner
     FROM pg_depend d JOIN pg_type t ON t.oid = d.objid
-   WHERE d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
+   WHERE d.classid = 'pg_type'::regclass AND d.refclassid = 'pg_extension'::regclass AND d.deptype = 'e'
      AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
   UNION ALL
-  SELECT format('schema %s %s', nspname, nspacl) FROM pg_namespace WHERE nspname = 'idempotency') s};
+  SELECT 'n', nspname::text, nspacl, nspowner FROM pg_namespace WHERE nspname = 'idempotency')
+SELECT string_agg(format('%s %s: %s %s%s', kind, name,
+                         CASE WHEN a.grantee = 0 THEN 'PUBLIC' ELSE a.grantee::regrole::text END,
+                         a.privilege_type, CASE WHEN a.is_grantable THEN ' with grant option' ELSE '' END),
+                  E'\n' ORDER BY kind, name, a.grantee::regrole::text, a.privilege_type)
+  FROM m, aclexplode(coalesce(m.acl, acldefault(m.kind::"char", m.owner))) AS a};
 
 # ---------------------------------------------------------------- 1. fresh
 $node->safe_psql('plain', 'CREATE EXTENSION idempotency');
@@ -148,6 +154,27 @@ is(reach('updated'),
 	'the update takes it all back');
 is($node->safe_psql('updated', $member_acls), $node->safe_psql('plain', $member_acls),
 	'the updated members have the privileges of a fresh install');
+
+# what a DBA granted or revoked on purpose stays as it was
+$node->safe_psql('postgres', q{CREATE DATABASE deliberate; CREATE ROLE maint; CREATE ROLE mover;});
+$node->safe_psql('deliberate', $defaults);
+$node->safe_psql('deliberate', q{CREATE EXTENSION idempotency VERSION '0.3.0'});
+$node->safe_psql('deliberate', q{
+	GRANT EXECUTE ON FUNCTION idem_maintain() TO maint;
+	GRANT EXECUTE ON FUNCTION idempotency.export_keys(text[]) TO mover;
+	REVOKE EXECUTE ON FUNCTION idem_claim(text, jsonb, text, interval, interval, boolean) FROM PUBLIC;
+	GRANT EXECUTE ON FUNCTION idem_claim(text, jsonb, text, interval, interval, boolean) TO app;
+});
+$node->safe_psql('deliberate', 'ALTER EXTENSION idempotency UPDATE');
+is($node->safe_psql('deliberate', q{
+	SELECT format('maint: %s, mover: %s, app: %s, public: %s, reporting: %s',
+	  has_function_privilege('maint', 'idem_maintain()', 'EXECUTE'),
+	  has_function_privilege('mover', 'idempotency.export_keys(text[])', 'EXECUTE'),
+	  has_function_privilege('app', 'idem_claim(text, jsonb, text, interval, interval, boolean)', 'EXECUTE'),
+	  has_function_privilege('public', 'idem_claim(text, jsonb, text, interval, interval, boolean)', 'EXECUTE'),
+	  has_function_privilege('reporting', 'idempotency.export_keys(text[])', 'EXECUTE'))}),
+	'maint: t, mover: t, app: t, public: f, reporting: f',
+	'the update keeps what was granted or revoked on purpose, and takes back what default privileges gave');
 
 # maintenance takes back any grant that came later
 $node->safe_psql('updated', q{GRANT SELECT ON ALL TABLES IN SCHEMA idempotency TO reporting});
