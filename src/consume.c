@@ -91,7 +91,7 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 			return false;
 		}
 
-		target = IdemOpenTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, expires_at,
+		target = IdemOpenTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, now, expires_at,
 								open, nopen);
 		if (target < 0)
 		{
@@ -104,7 +104,7 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 			pfree(open);
 			if (!IdemPartitionDDLHeld(IDEM_LEDGER_MESSAGES))
 				LockRelease(&keytag, ExclusiveLock, false);
-			IdemMakeTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, expires_at);
+			IdemMakeTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, now, expires_at);
 			continue;
 		}
 

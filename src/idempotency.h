@@ -85,21 +85,27 @@ extern int16 IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy);
 
 /*
  * The value of a row's "lane" column, and of its partition's bounds: the
- * layout's lane count (1 to 64) in bits 8-14, the lane number in bits 0-7,
- * and bit 15 (the sign) set in partitions made since 0.3.0, whose rows
- * store the current digest form.  Partitions made before ("legacy") hold
- * rows with the legacy form and non-negative lane values; they are probed
- * with that form until they have all expired and been dropped.
+ * layout's lane count (1 to 64) in bits 8-14, the lane number in bits 0-5,
+ * bit 7 set for the lane's "far" partitions (since 0.3.1: rows written with
+ * an expiry beyond the horizon maintenance keeps made, in wider partitions;
+ * see IdemNewPartitionBounds), and bit 15 (the sign) set in partitions made
+ * since 0.3.0, whose rows store the current digest form.  Partitions made
+ * before ("legacy") hold rows with the legacy form and non-negative lane
+ * values; they are probed with that form until they have all expired and
+ * been dropped.
  */
 #define IDEM_LANE_CURRENT	0x8000
+#define IDEM_LANE_FAR		0x0080
 static inline int16
 IdemLaneValueOf(int lanes, int number, bool legacy)
 {
 	return (int16) ((legacy ? 0 : IDEM_LANE_CURRENT) | (lanes << 8) | number);
 }
 #define IdemLaneLanes(v)	((int) ((((uint16) (v)) >> 8) & 0x7F))
-#define IdemLaneNumber(v)	((int) (((uint16) (v)) & 0xFF))
+#define IdemLaneNumber(v)	((int) (((uint16) (v)) & 0x7F))
 #define IdemLaneIsLegacy(v) ((v) >= 0)
+#define IdemLaneIsFar(v)	((((uint16) (v)) & IDEM_LANE_FAR) != 0)
+#define IdemFarLane(v)		((int16) ((v) | IDEM_LANE_FAR))
 extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
@@ -164,19 +170,22 @@ extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);
 extern uint64 IdemPartitionsGeneration(void);
 extern int	IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 									 TimestampTz now, IdemPartition **out);
+extern bool IdemTargetIsFar(IdemLedger ledger, TimestampTz now,
+							TimestampTz expires_at);
 extern bool IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
-							 TimestampTz expires_at, IdemPartition *out);
+							 TimestampTz now, TimestampTz expires_at,
+							 IdemPartition *out);
 extern bool IdemLanePartitionAt(IdemLedger ledger, int16 lane, TimestampTz t,
 								IdemPartition *out);
 extern bool IdemLedgerDefined(IdemLedger ledger);
 extern List *IdemAllPartitions(IdemLedger ledger);
 extern Oid	IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
-								int lane_number, TimestampTz lower);
+								int lane_number, bool far, TimestampTz at);
 extern void IdemPartitionBounds(const IdemLayout *layout, int lane_number,
 								TimestampTz t, TimestampTz *lower,
 								TimestampTz *upper);
-extern void IdemNewPartitionBounds(IdemLedger ledger, const IdemLayout *layout,
-								   int lane_number, TimestampTz at,
+extern void IdemNewPartitionBounds(const IdemLayout *layout, int lane_number,
+								   bool far, TimestampTz at,
 								   TimestampTz *lower, TimestampTz *upper);
 extern bool IdemDropPartition(Oid relid, int lock_timeout_ms);
 extern bool IdemPartitionDDLHeld(IdemLedger ledger);
@@ -267,10 +276,10 @@ extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 					  bool want_tuple, Snapshot snapshot,
 					  IdemProbeResult *result);
 extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
-						   TimestampTz expires_at, IdemOpenPartition *open,
-						   int nopen);
+						   TimestampTz now, TimestampTz expires_at,
+						   IdemOpenPartition *open, int nopen);
 extern void IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
-						   TimestampTz expires_at);
+						   TimestampTz now, TimestampTz expires_at);
 extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 						  ItemPointer newtid);
 extern void IdemCountKeptKeyLock(void);
@@ -373,7 +382,7 @@ extern int	idem_naptime;
 
 extern void IdemWorkerPreloadInit(void);
 extern bool IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
-									int lane_number, TimestampTz at);
+									int lane_number, bool far, TimestampTz at);
 extern Size IdemWorkerShmemSize(void);
 extern void IdemWorkerShmemInit(void);
 

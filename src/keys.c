@@ -233,7 +233,7 @@ static void
 IdemKeyOpMakeTarget(IdemKeyOp *op, TimestampTz expires_at)
 {
 	IdemKeyOpEnd(op, IdemPartitionDDLHeld(op->ledger));
-	IdemMakeTarget(op->ledger, &op->digest.uuid, expires_at);
+	IdemMakeTarget(op->ledger, &op->digest.uuid, op->now, expires_at);
 }
 
 /* state of the row found */
@@ -352,7 +352,7 @@ idem_claim(PG_FUNCTION_ARGS)
 
 		if (op->probe.found == IDEM_FOUND_NONE)
 		{
-			target = IdemOpenTarget(op->ledger, &op->digest.uuid, expires_at,
+			target = IdemOpenTarget(op->ledger, &op->digest.uuid, op->now, expires_at,
 									op->open, op->nopen);
 			if (target < 0)
 			{
@@ -437,7 +437,7 @@ idem_claim(PG_FUNCTION_ARGS)
 		 * the new one goes to the partition of its new expiry.  Concurrent
 		 * probes see both as being written by us until we end.
 		 */
-		target = IdemOpenTarget(op->ledger, &op->digest.uuid, expires_at,
+		target = IdemOpenTarget(op->ledger, &op->digest.uuid, op->now, expires_at,
 								op->open, op->nopen);
 		if (target < 0)
 		{
@@ -822,7 +822,7 @@ IdemImportKey(Oid role, const pg_uuid_t *digest, Datum *values, bool *nulls)
 			outcome = IDEM_IMPORT_REPLACED;
 		}
 
-		target = IdemOpenTarget(op->ledger, &op->digest.uuid, expires_at,
+		target = IdemOpenTarget(op->ledger, &op->digest.uuid, op->now, expires_at,
 								op->open, op->nopen);
 		if (target < 0)
 		{

@@ -147,7 +147,7 @@ IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now)
 			CHECK_FOR_INTERRUPTS();
 			if (!IdemLanePartitionAt(ledger, lane, t, &p))
 			{
-				(void) IdemCreatePartition(ledger, &layout, lane_number, t);
+				(void) IdemCreatePartition(ledger, &layout, lane_number, false, t);
 				created++;
 				AcceptInvalidationMessages();
 				if (!IdemLanePartitionAt(ledger, lane, t, &p))

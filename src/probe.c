@@ -324,19 +324,20 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 
 /*
  * IdemOpenTarget returns the index, among the open partitions, of the one a
- * new row of this digest expiring at expires_at goes to.  The target is live
- * and in the key's lane, so normally it is open already.  Returns -1 if the
- * caller must start over: the partition set changed, or the target does not
- * exist, and the caller must have it made with IdemMakeTarget first.
+ * new row of this digest expiring at expires_at, written at "now", goes to
+ * (see IdemPartitionFor).  The target is live and in one of the key's
+ * lanes, so normally it is open already.  Returns -1 if the caller must
+ * start over: the partition set changed, or the target does not exist, and
+ * the caller must have it made with IdemMakeTarget first.
  */
 int
-IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
+IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest, TimestampTz now,
 			   TimestampTz expires_at, IdemOpenPartition *open, int nopen)
 {
 	IdemPartition target;
 	int			i;
 
-	if (IdemPartitionFor(ledger, digest, expires_at, &target))
+	if (IdemPartitionFor(ledger, digest, now, expires_at, &target))
 	{
 		for (i = 0; i < nopen; i++)
 		{
@@ -349,9 +350,9 @@ IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
 
 /*
  * IdemMakeTarget makes the partition a new row of this digest expiring at
- * expires_at goes to, unless it exists by now: by a partition maker worker,
- * which commits it at once, or if none can be used, in the caller's
- * transaction.
+ * expires_at, written at "now", goes to, unless it exists by now: by a
+ * partition maker worker, which commits it at once, or if none can be
+ * used, in the caller's transaction.
  *
  * The caller must not hold its key lock here, unless this transaction holds
  * DDL locks on the ledger already (IdemPartitionDDLHeld): the worker may
@@ -361,21 +362,23 @@ IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
  * made, and starts over.
  */
 void
-IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
+IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest, TimestampTz now,
 			   TimestampTz expires_at)
 {
 	IdemPartition target;
 	IdemLayout	layout;
 	int			lane_number;
+	bool		far;
 
 	AcceptInvalidationMessages();
-	if (IdemPartitionFor(ledger, digest, expires_at, &target))
+	if (IdemPartitionFor(ledger, digest, now, expires_at, &target))
 		return;
 
 	IdemCurrentLayout(ledger, &layout);
 	lane_number = IdemLaneNumber(IdemLaneValue(digest, layout.lanes, false));
-	if (!IdemWorkerMakePartition(ledger, &layout, lane_number, expires_at))
-		(void) IdemCreatePartition(ledger, &layout, lane_number, expires_at);
+	far = IdemTargetIsFar(ledger, now, expires_at);
+	if (!IdemWorkerMakePartition(ledger, &layout, lane_number, far, expires_at))
+		(void) IdemCreatePartition(ledger, &layout, lane_number, far, expires_at);
 }
 
 /* the transaction and command of this backend's last ledger write */

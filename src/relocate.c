@@ -168,7 +168,8 @@ IdemMoveRow(IdemLedger ledger, IdemMisplaced *m)
 		layout.lanes = IdemLaneLanes(m->lane);
 		layout.width_us = m->from.upper - m->from.lower;
 		layout.interval_us = layout.width_us / layout.lanes;
-		(void) IdemCreatePartition(ledger, &layout, IdemLaneNumber(m->lane), expires_at);
+		(void) IdemCreatePartition(ledger, &layout, IdemLaneNumber(m->lane),
+								   IdemLaneIsFar(m->lane), expires_at);
 		if (!IdemLanePartitionAt(ledger, m->lane, expires_at, &target))
 			elog(ERROR, "partition made for lane %d is not in the partition cache",
 				 (int) m->lane);

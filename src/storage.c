@@ -266,42 +266,58 @@ IdemPartitionBounds(const IdemLayout *layout, int lane_number, TimestampTz t,
 }
 
 /*
+ * IdemTargetIsFar: does a new row expiring at expires_at, written at "now",
+ * go to a far partition of its lane?  It does when its expiry is beyond the
+ * horizon maintenance keeps made: the default ttl plus premake partitions
+ * of the current layout from now.
+ *
+ * Any role can ask for any ttl up to idempotency.max_ttl.  Rows with such
+ * ttls go to "far" partitions, which have their own lane value (so that
+ * they never meet the lane's other partitions) and are wider: at most
+ * IDEM_FAR_PARTITIONS of them cover max_ttl.  Without them, a role that
+ * asked for many distinct long ttls would make one partition per ttl in a
+ * lane (720 with one-hour partitions and a 30-day max_ttl), which every
+ * call with a key in that lane then probes.  Rows with the default ttl
+ * never go there, so they keep being dropped within one partition width
+ * of their expiry; a row in a far partition may stay on disk up to that
+ * partition's width past its expiry.
+ */
+bool
+IdemTargetIsFar(IdemLedger ledger, TimestampTz now, TimestampTz expires_at)
+{
+	IdemLayout	layout;
+
+	IdemCurrentLayout(ledger, &layout);
+	return expires_at >= now +
+		(int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC +
+		idem_premake * layout.width_us;
+}
+
+/*
  * IdemNewPartitionBounds returns the range a new partition of lane
  * "lane_number" of a layout gets to hold time "at" (before it is clipped to
- * its neighbours): the layout's range containing "at" while "at" is within
- * the horizon maintenance keeps made (the default ttl plus premake
- * partitions from now), and beyond it a wider aligned range, up to
- * IDEM_FAR_PARTITIONS of which cover idempotency.max_ttl.
- *
- * Any role can ask for any ttl up to max_ttl, and without the wider ranges
- * a role that asked for many distinct long ttls would make one partition
- * per ttl in a lane (720 with one-hour partitions and a 30-day max_ttl),
- * which every call with a key in that lane then probes.  With them, a lane
- * has at most about premake + 4 + 2 * IDEM_FAR_PARTITIONS live partitions
- * per layout, whatever is asked.  The wider widths are the layout's width
- * times a power of two, with the same lane stagger, so a range of one width
- * either holds one of a smaller width or does not meet it.  A row with a
- * long ttl may then stay on disk up to that width past its expiry.
+ * its neighbours): the layout's range containing "at", or for a far
+ * partition (see IdemTargetIsFar) the aligned range of the smallest width
+ * that is the layout's width times a power of two and at least
+ * idempotency.max_ttl / IDEM_FAR_PARTITIONS.  Far ranges keep the lane's
+ * stagger, so that a range of one width either holds one of a smaller
+ * width or does not meet it.
  */
 void
-IdemNewPartitionBounds(IdemLedger ledger, const IdemLayout *layout,
-					   int lane_number, TimestampTz at,
-					   TimestampTz *lower, TimestampTz *upper)
+IdemNewPartitionBounds(const IdemLayout *layout, int lane_number, bool far,
+					   TimestampTz at, TimestampTz *lower, TimestampTz *upper)
 {
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz horizon;
-	IdemLayout	far = *layout;
-	int64		max_ttl_us = (int64) idem_max_ttl * USECS_PER_SEC;
+	IdemLayout	wide = *layout;
 
-	horizon = now + (int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC +
-		idem_premake * layout->width_us;
-	if (at >= horizon)
+	if (far)
 	{
-		while (far.width_us < max_ttl_us / IDEM_FAR_PARTITIONS &&
-			   far.width_us <= PG_INT64_MAX / 4)
-			far.width_us *= 2;
+		int64		max_ttl_us = (int64) idem_max_ttl * USECS_PER_SEC;
+
+		while (wide.width_us < max_ttl_us / IDEM_FAR_PARTITIONS &&
+			   wide.width_us <= PG_INT64_MAX / 4)
+			wide.width_us *= 2;
 	}
-	IdemPartitionBounds(&far, lane_number, at, lower, upper);
+	IdemPartitionBounds(&wide, lane_number, at, lower, upper);
 }
 
 /*
@@ -515,7 +531,9 @@ IdemReadBound(PartitionBoundSpec *spec, int16 *lane, TimestampTz *lower,
 	*lower = DatumGetTimestampTz(castNode(Const, lo_time->value)->constvalue);
 	*upper = DatumGetTimestampTz(castNode(Const, hi_time->value)->constvalue);
 	return IdemLaneLanes(*lane) >= 1 && IdemLaneLanes(*lane) <= IDEM_MAX_LANES &&
-		IdemLaneNumber(*lane) < IdemLaneLanes(*lane);
+		IdemLaneNumber(*lane) < IdemLaneLanes(*lane) &&
+		!(IdemLaneIsLegacy(*lane) && IdemLaneIsFar(*lane)) &&
+		(((uint16) *lane) & 0x0040) == 0;
 }
 
 /* index of the first cached partition of a lane (binary search) */
@@ -548,7 +566,7 @@ IdemFirstInLane(IdemLedgerCache *cache, int16 lane)
  * IdemOpenLivePartitions looks closer at them.
  *
  * There is no upper limit: how many partitions a lane has is not for any
- * one role to decide (see IdemPartitionWidth), and a transaction left open
+ * one role to decide (see IdemTargetIsFar), and a transaction left open
  * for long keeps ended partitions in the list, however many there are.
  */
 int
@@ -561,12 +579,20 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 	int			k;
 
 	*out = palloc(allocated * sizeof(IdemPartition));
-	for (k = 0; k < cache->nlayouts; k++)
+	for (k = 0; k < cache->nlayouts * 2; k++)
 	{
-		int16		lane = IdemLaneValue(digest, IdemLaneLanes(cache->layouts[k]),
-										 IdemLaneIsLegacy(cache->layouts[k]));
+		int16		layout = cache->layouts[k / 2];
+		int16		lane = IdemLaneValue(digest, IdemLaneLanes(layout),
+										 IdemLaneIsLegacy(layout));
 		int			i;
 
+		/* each layout's lane, then (but for legacy ones) its far lane */
+		if (k % 2 == 1)
+		{
+			if (IdemLaneIsLegacy(layout))
+				continue;
+			lane = IdemFarLane(lane);
+		}
 		for (i = IdemFirstInLane(cache, lane);
 			 i < cache->npartitions && cache->partitions[i].lane == lane;
 			 i++)
@@ -602,15 +628,18 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 
 /*
  * IdemPartitionFor finds the partition a new row of this digest expiring at
- * expires_at goes to: one made since 0.3.0 (legacy partitions take no new
- * rows), preferring the layout of the current settings.
+ * expires_at, written at "now", goes to: one made since 0.3.0 (legacy
+ * partitions take no new rows), of the lane's far partitions if the row's
+ * expiry is beyond the horizon (see IdemTargetIsFar), preferring the layout
+ * of the current settings.
  */
 bool
 IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
-				 TimestampTz expires_at, IdemPartition *out)
+				 TimestampTz now, TimestampTz expires_at, IdemPartition *out)
 {
 	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
 	IdemLayout	layout;
+	bool		far = IdemTargetIsFar(ledger, now, expires_at);
 	int			pass;
 
 	IdemCurrentLayout(ledger, &layout);
@@ -621,13 +650,15 @@ IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
 		for (k = 0; k < cache->nlayouts; k++)
 		{
 			int			lanes = IdemLaneLanes(cache->layouts[k]);
+			int16		lane;
 
 			if (IdemLaneIsLegacy(cache->layouts[k]))
 				continue;
 			/* first pass: current layout only; second: any other */
 			if ((pass == 0) != (lanes == layout.lanes))
 				continue;
-			if (IdemLanePartitionAt(ledger, IdemLaneValue(digest, lanes, false),
+			lane = IdemLaneValue(digest, lanes, false);
+			if (IdemLanePartitionAt(ledger, far ? IdemFarLane(lane) : lane,
 									expires_at, out))
 				return true;
 		}
@@ -845,8 +876,9 @@ IdemPartitionDDLHeld(IdemLedger ledger)
 
 /*
  * IdemCreatePartition makes the partition of lane "lane_number" of a layout
- * that contains time "at", clipped so that it does not overlap partitions
- * the lane already has, and returns its OID.  If a partition of that lane
+ * (or of that lane's far partitions) that contains time "at", clipped so
+ * that it does not overlap partitions the lane already has, and returns its
+ * OID.  If a partition of that lane
  * already contains "at" (another session made it while we waited for the
  * creation lock), that partition is returned instead.
  *
@@ -856,7 +888,7 @@ IdemPartitionDDLHeld(IdemLedger ledger)
  */
 Oid
 IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
-					int lane_number, TimestampTz at)
+					int lane_number, bool far, TimestampTz at)
 {
 	const IdemLedgerDef *def = &ledger_defs[ledger];
 	int16		lane = IdemLaneValueOf(layout->lanes, lane_number, false);
@@ -878,7 +910,9 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 	AcceptInvalidationMessages();
 	cache = IdemGetLedgerCache(ledger);
 
-	IdemNewPartitionBounds(ledger, layout, lane_number, at, &lower, &upper);
+	if (far)
+		lane = IdemFarLane(lane);
+	IdemNewPartitionBounds(layout, lane_number, far, at, &lower, &upper);
 	for (i = IdemFirstInLane(cache, lane);
 		 i < cache->npartitions && cache->partitions[i].lane == lane;
 		 i++)
@@ -903,16 +937,17 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 	}
 
 	/*
-	 * messages_n<lanes>_<lane>_<lower bound, UTC>; "n" tells them from the
-	 * legacy partitions of the same lane and range, messages_<lanes>_...
+	 * messages_n<lanes>_<lane>_<lower bound, UTC>, or _f<lane>_ for a far
+	 * partition; "n" tells them from the legacy partitions of the same lane
+	 * and range, messages_<lanes>_...
 	 */
 	if (timestamp2tm(lower, NULL, &tm, &fsec, NULL, NULL) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("timestamp out of range")));
 	initStringInfo(&name);
-	appendStringInfo(&name, "%s_n%d_%d_%04d%02d%02d_%02d%02d%02d",
-					 def->name, layout->lanes, lane_number,
+	appendStringInfo(&name, "%s_n%d_%s%d_%04d%02d%02d_%02d%02d%02d",
+					 def->name, layout->lanes, far ? "f" : "", lane_number,
 					 tm.tm_year, tm.tm_mon, tm.tm_mday,
 					 tm.tm_hour, tm.tm_min, tm.tm_sec);
 	if (fsec != 0)

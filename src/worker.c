@@ -135,6 +135,7 @@ typedef struct IdemPartitionRequest
 	int			ledger;
 	IdemLayout	layout;
 	int			lane_number;
+	bool		far;
 	TimestampTz at;
 } IdemPartitionRequest;
 
@@ -623,7 +624,8 @@ IdemWorkerConnect(Oid dboid)
 
 /*
  * IdemWorkerMakePartition has a partition maker make the partition of lane
- * "lane_number" of "layout" containing "at" in its own transaction, and
+ * "lane_number" of "layout" (a far one if "far") containing "at" in its own
+ * transaction, and
  * waits for it.  Returns true if that partition now exists (committed);
  * false if a worker cannot be used here or did not make it, in which case
  * the caller makes it itself.
@@ -635,7 +637,7 @@ IdemWorkerConnect(Oid dboid)
  */
 bool
 IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
-						int lane_number, TimestampTz at)
+						int lane_number, bool far, TimestampTz at)
 {
 	BackgroundWorker worker;
 	BackgroundWorkerHandle *handle;
@@ -644,6 +646,8 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemPartition p;
 	int16		lane = IdemLaneValueOf(layout->lanes, lane_number, false);
 
+	if (far)
+		lane = IdemFarLane(lane);
 	if (MyBackendType != B_BACKEND || IsInParallelMode() || IsBinaryUpgrade)
 		return false;
 
@@ -659,6 +663,7 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 	req.ledger = (int) ledger;
 	req.layout = *layout;
 	req.lane_number = lane_number;
+	req.far = far;
 	req.at = at;
 
 	IdemWorkerDefine(&worker, "idem_partition_maker_main",
@@ -704,7 +709,7 @@ idem_partition_maker_main(Datum main_arg)
 
 	if (OidIsValid(get_extension_oid("idempotency", true)))
 		(void) IdemCreatePartition((IdemLedger) req.ledger, &req.layout,
-								   req.lane_number, req.at);
+								   req.lane_number, req.far, req.at);
 
 	PopActiveSnapshot();
 	CommitTransactionCommand();
