@@ -410,12 +410,17 @@ def moves_under_load(cluster, app_co, old_keys, tenants, events, args, rng):
     for t in threads:
         t.start()
     moves = []
+    at_start = set(cluster.home(tenants).values())
     try:
         # any shard that holds tenants, to the other worker; a shard may
-        # come back to a worker that still has old copies of its keys
-        for _ in range(args.moves):
-            shard, frm = rng.choice(sorted(set(
-                cluster.home(tenants).values())))
+        # come back to a worker that still has old copies of its keys.  The
+        # last move takes a shard away from where it started, so that some
+        # tenants end on another node whatever the seed chose before.
+        for i in range(args.moves):
+            where = sorted(set(cluster.home(tenants).values()))
+            if i == args.moves - 1 and set(where) & at_start:
+                where = sorted(set(where) & at_start)
+            shard, frm = rng.choice(where)
             started = time.monotonic()
             n_tenants, n_keys, n_msgs = cluster.move(shard, 1 - frm)
             moves.append((shard, frm, 1 - frm, n_tenants, n_keys, n_msgs,
