@@ -30,7 +30,7 @@ BEGIN
 EXCEPTION WHEN OTHERS THEN
   RETURN SQLSTATE || ': ' ||
          regexp_replace(regexp_replace(SQLERRM, 'token -?[0-9]+', 'token N'),
-                        '_n?[0-9]+_[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?', '_L_N_T', 'g');
+                        '_n?[0-9]+_f?[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?', '_L_N_T', 'g');
 END $$;
 GRANT EXECUTE ON FUNCTION try(text) TO PUBLIC;
 
@@ -446,7 +446,7 @@ SELECT c.relnamespace::regnamespace, c.relname, c.relkind
  WHERE c.oid NOT IN (SELECT oid FROM relations_before)
    AND NOT (c.relnamespace = 'pg_toast'::regnamespace)
    AND NOT (c.relnamespace = 'idempotency'::regnamespace
-            AND c.relname ~ '^(keys|messages)_n?[0-9]+_[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?(_digest_idx)?$')
+            AND c.relname ~ '^(keys|messages)_n?[0-9]+_f?[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?(_digest_idx)?$')
    AND c.relpersistence <> 't';
 SELECT count(*) > 0 AS partitions_made
   FROM pg_class c WHERE c.oid NOT IN (SELECT oid FROM relations_before)

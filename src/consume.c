@@ -40,14 +40,39 @@ typedef struct IdemBatchItem
 } IdemBatchItem;
 
 static int	IdemBatchItemCmp(const void *a, const void *b);
+static void IdemMessageTtl(FunctionCallInfo fcinfo, int argno, Interval *ttl);
+
+/*
+ * IdemMessageTtl sets *ttl to the ttl argument "argno" of a consume
+ * function, or to idempotency.message_ttl if it is NULL, after the checks
+ * of IdemExpiresAt.
+ */
+static void
+IdemMessageTtl(FunctionCallInfo fcinfo, int argno, Interval *ttl)
+{
+	(void) IdemExpiresAt(fcinfo, argno, GetCurrentTimestamp(), idem_message_ttl,
+						 "idempotency.message_ttl");
+	if (PG_ARGISNULL(argno))
+	{
+		memset(ttl, 0, sizeof(*ttl));
+		ttl->time = (int64) idem_message_ttl * USECS_PER_SEC;
+	}
+	else
+		*ttl = *PG_GETARG_INTERVAL_P(argno);
+}
 
 /*
  * IdemRecordMessage records message "digest" of role "role" in the message
  * ledger unless a live record exists, waiting for transactions in progress
  * that are writing one.  Returns true if it recorded the message.
+ *
+ * The record expires "ttl" after it is written, or, with ttl NULL (an
+ * import), at expires_at: after a wait, the clock is read again, so that a
+ * record is never written already expired.  An imported record that has
+ * expired while we waited is not written (false).
  */
 bool
-IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
+IdemRecordMessage(Oid role, const IdemDigest *digest, const Interval *ttl,
 				  TimestampTz expires_at)
 {
 	LOCKTAG		keytag;
@@ -64,8 +89,15 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, TimestampTz now,
 		Datum		values[Natts_messages];
 		bool		nulls[Natts_messages] = {false};
 		bool		keep_key_lock;
+		TimestampTz now = GetCurrentTimestamp();
 
 		CHECK_FOR_INTERRUPTS();
+		if (ttl != NULL)
+			expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+																 TimestampTzGetDatum(now),
+																 IntervalPGetDatum(ttl)));
+		else if (expires_at <= now)
+			return false;
 		(void) LockAcquire(&keytag, ExclusiveLock, false, false);
 
 		/* see every partition committed before we got the key lock */
@@ -134,19 +166,17 @@ idem_consume_message(PG_FUNCTION_ARGS)
 {
 	text	   *consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
 	text	   *message_id = IdemCheckKeyArg(fcinfo, 1, "message_id");
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz expires_at;
+	Interval	ttl;
 	IdemDigest	digest;
 
-	expires_at = IdemExpiresAt(fcinfo, 2, now, idem_message_ttl,
-							   "idempotency.message_ttl");
+	IdemMessageTtl(fcinfo, 2, &ttl);
 	IdemCheckWritable("idem_consume_message()");
 
 	IdemComputeDigest(VARDATA_ANY(consumer), VARSIZE_ANY_EXHDR(consumer),
 					  VARDATA_ANY(message_id), VARSIZE_ANY_EXHDR(message_id),
 					  &digest);
 
-	if (IdemRecordMessage(GetUserId(), &digest, now, expires_at))
+	if (IdemRecordMessage(GetUserId(), &digest, &ttl, 0))
 	{
 		IdemStatsAdd(IDEM_STAT_CONSUMED, 1);
 		PG_RETURN_BOOL(true);
@@ -169,8 +199,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	text	   *consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
-	TimestampTz now = GetCurrentTimestamp();
-	TimestampTz expires_at;
+	Interval	ttl;
 	ArrayType  *ids;
 	Datum	   *elems;
 	bool	   *nulls;
@@ -199,8 +228,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
 				 errmsg("message_ids must be a one-dimensional array")));
-	expires_at = IdemExpiresAt(fcinfo, 2, now, idem_message_ttl,
-							   "idempotency.message_ttl");
+	IdemMessageTtl(fcinfo, 2, &ttl);
 
 	deconstruct_array(ids, TEXTOID, -1, false, TYPALIGN_INT,
 					  &elems, &nulls, &nelems);
@@ -240,7 +268,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 							IDEM_DIGEST_LEN) == 0)
 			continue;
 		is_new[items[i].position] =
-			IdemRecordMessage(role, &items[i].digest, now, expires_at);
+			IdemRecordMessage(role, &items[i].digest, &ttl, 0);
 	}
 
 	/* return the new ones in input order */

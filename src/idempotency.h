@@ -141,15 +141,6 @@ typedef struct IdemPartition
 	int16		lane;			/* see IdemLaneValueOf */
 	TimestampTz lower;			/* inclusive */
 	TimestampTz upper;			/* exclusive; droppable once upper <= now */
-
-	/*
-	 * Once the range has ended: the next transaction ID seen at or after
-	 * the end (set when this backend first sees it ended).  Every
-	 * transaction that wrote into the partition did so before the end, so
-	 * has a smaller top-level ID; once all of those have ended, no row in
-	 * it can be in progress.
-	 */
-	TransactionId ended_next_xid;
 	bool		ended;			/* in a lookup's result: range has ended */
 } IdemPartition;
 
@@ -307,7 +298,7 @@ extern IdemImportOutcome IdemImportKey(Oid role, const pg_uuid_t *digest,
 
 /* The processed-message ledger (consume.c) */
 extern bool IdemRecordMessage(Oid role, const IdemDigest *digest,
-							  TimestampTz now, TimestampTz expires_at);
+							  const Interval *ttl, TimestampTz expires_at);
 
 /*
  * A claim made by the current transaction (own_claims.c).  Same-transaction

@@ -93,6 +93,8 @@ static void IdemKeyOpProbe(IdemKeyOp *op, LOCKMODE lockmode, Snapshot snapshot);
 static void IdemKeyOpEnd(IdemKeyOp *op, bool keep_key_lock);
 static void IdemKeyOpMakeTarget(IdemKeyOp *op, TimestampTz expires_at);
 static void IdemKeyOpDigest(IdemKeyOp *op, text *scope, text *key);
+static void IdemClaimClock(FunctionCallInfo fcinfo, IdemKeyOp *op,
+						   TimestampTz *expires_at, TimestampTz *lease_until);
 static char IdemRowState(IdemKeyOp *op);
 static Datum IdemClaimResult(FunctionCallInfo fcinfo, const char *status,
 							 IdemKeyOp *op, bool with_token,
@@ -257,6 +259,35 @@ IdemNextToken(TimestampTz now, int64 previous)
 }
 
 /*
+ * IdemClaimClock reads the clock into op->now and computes from it the
+ * expiry and, with a lease, the lease's end of a claim made now, checking
+ * the ttl and lease arguments of idem_claim().
+ */
+static void
+IdemClaimClock(FunctionCallInfo fcinfo, IdemKeyOp *op, TimestampTz *expires_at,
+			   TimestampTz *lease_until)
+{
+	op->now = GetCurrentTimestamp();
+	*expires_at = IdemExpiresAt(fcinfo, 3, op->now, idem_key_ttl,
+								"idempotency.key_ttl");
+	*lease_until = 0;
+	if (PG_ARGISNULL(4))
+		return;
+	*lease_until = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														   TimestampTzGetDatum(op->now),
+														   PG_GETARG_DATUM(4)));
+	if (*lease_until <= op->now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must be a positive interval")));
+	if (*lease_until > *expires_at)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease must not be longer than the key's ttl"),
+				 errhint("Pass a longer ttl or a shorter lease.")));
+}
+
+/*
  * idem_claim(key text, request jsonb, scope text, ttl interval,
  *			  lease interval, wait boolean)
  *		RETURNS (status text, token bigint, recovery_point text,
@@ -278,24 +309,7 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	op->ledger = IDEM_LEDGER_KEYS;
 	op->role = GetUserId();
-	op->now = GetCurrentTimestamp();
-	expires_at = IdemExpiresAt(fcinfo, 3, op->now, idem_key_ttl,
-							   "idempotency.key_ttl");
-	if (has_lease)
-	{
-		lease_until = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-															  TimestampTzGetDatum(op->now),
-															  PG_GETARG_DATUM(4)));
-		if (lease_until <= op->now)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("lease must be a positive interval")));
-		if (lease_until > expires_at)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("lease must not be longer than the key's ttl"),
-					 errhint("Pass a longer ttl or a shorter lease.")));
-	}
+	IdemClaimClock(fcinfo, op, &expires_at, &lease_until);
 	if (PG_ARGISNULL(5))
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
@@ -345,8 +359,13 @@ idem_claim(PG_FUNCTION_ARGS)
 			if (!wait)
 				return IdemClaimResult(fcinfo, "in_progress", op, false, false,
 									   DatumGetTimestampTz(op->values[Anum_ledger_expires_at - 1]));
-			/* wait for the holder, then answer for its outcome */
+			/*
+			 * Wait for the holder, then answer for its outcome.  A claim
+			 * made after the wait counts its ttl and lease from then: its
+			 * row must never be written already expired (see IdemProbe).
+			 */
 			XactLockTableWait(op->probe.xwait, NULL, NULL, XLTW_None);
+			IdemClaimClock(fcinfo, op, &expires_at, &lease_until);
 			continue;
 		}
 
@@ -776,6 +795,9 @@ IdemImportKey(Oid role, const pg_uuid_t *digest, Datum *values, bool *nulls)
 		{
 			IdemKeyOpEnd(op, false);
 			XactLockTableWait(op->probe.xwait, NULL, NULL, XLTW_None);
+			op->now = GetCurrentTimestamp();
+			if (expires_at <= op->now)
+				return IDEM_IMPORT_EXPIRED;
 			continue;
 		}
 		if (op->probe.found == IDEM_FOUND_MINE)

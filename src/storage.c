@@ -419,7 +419,6 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 			!IdemReadBound(spec, &p.lane, &p.lower, &p.upper))
 			continue;
 		p.relid = inh->inhrelid;
-		p.ended_next_xid = InvalidTransactionId;
 
 		if (n == allocated)
 		{
@@ -558,12 +557,19 @@ IdemFirstInLane(IdemLedgerCache *cache, int16 lane)
 /*
  * IdemLivePartitionsForKey sets *out to a palloc'd array of every partition
  * a live row of the key with this digest can be in, and returns how many
- * there are: the partitions of its lane, under each layout present, whose
- * range has not ended, and those whose range has ended (not dropped yet)
- * while a transaction that may have written into them before the end is
- * still running: a row of a transaction in progress counts as live
- * whatever its expiry (see IdemProbe).  The latter have "ended" set;
- * IdemOpenLivePartitions looks closer at them.
+ * there are: the partitions of its lanes, under each layout present, those
+ * whose range has ended (not dropped yet) included: a row of a transaction
+ * in progress counts as live whatever its expiry (see IdemProbe).  The
+ * ended ones have "ended" set; IdemOpenLivePartitions asks the lock manager
+ * whether a transaction that wrote into them is still running.
+ *
+ * (Until 0.3.1 an ended partition was skipped once every transaction older
+ * than the next transaction ID seen at its end had ended.  That relied on
+ * writers never writing into a partition after its end by the clock of the
+ * backend that saw the end, which a writer whose wait outlasted its ttl, or
+ * a clock that steps backwards, broke: two callers could both claim a key.
+ * Ended partitions are few, between their end and maintenance's drop, so
+ * the lock manager is asked every time.)
  *
  * There is no upper limit: how many partitions a lane has is not for any
  * one role to decide (see IdemTargetIsFar), and a transaction left open
@@ -600,19 +606,6 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 			IdemPartition *p = &cache->partitions[i];
 			bool		ended = (p->upper <= now);
 
-			if (ended)
-			{
-				if (!TransactionIdIsValid(p->ended_next_xid))
-					p->ended_next_xid = ReadNextTransactionId();
-
-				/*
-				 * RecentXmin is older than every transaction running when
-				 * this backend took its last snapshot: if even the newest
-				 * possible writer precedes it, nobody is writing there.
-				 */
-				if (TransactionIdPrecedes(p->ended_next_xid, RecentXmin))
-					continue;
-			}
 			if (n == allocated)
 			{
 				allocated *= 2;
