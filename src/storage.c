@@ -135,6 +135,7 @@ static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
 static int	IdemOidCmp(const void *a, const void *b);
+static void *IdemCacheCopy(void *data, Size size);
 static void IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent,
 							   IdemPartition *parts, Oid *relids, int n,
 							   const int16 *layouts, int nlayouts);
@@ -268,8 +269,9 @@ IdemPartitionBounds(const IdemLayout *layout, int lane_number, TimestampTz t,
 /*
  * IdemTargetIsFar: does a new row expiring at expires_at, written at "now",
  * go to a far partition of its lane?  It does when its expiry is beyond the
- * horizon maintenance keeps made: the default ttl plus premake partitions
- * of the current layout from now.
+ * horizon maintenance keeps made (the default ttl plus premake partitions
+ * of the current layout from now) by more than one partition width: a row
+ * with the default ttl, or a little more, never does.
  *
  * Any role can ask for any ttl up to idempotency.max_ttl.  Rows with such
  * ttls go to "far" partitions, which have their own lane value (so that
@@ -290,7 +292,7 @@ IdemTargetIsFar(IdemLedger ledger, TimestampTz now, TimestampTz expires_at)
 	IdemCurrentLayout(ledger, &layout);
 	return expires_at >= now +
 		(int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC +
-		idem_premake * layout.width_us;
+		(idem_premake + 1) * layout.width_us;
 }
 
 /*
@@ -382,9 +384,20 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 		return;
 	}
 
-	/* a failure below leaks this into the cache context, nothing worse */
-	parts = MemoryContextAlloc(IdemCacheContext,
-							   allocated * sizeof(IdemPartition));
+	/*
+	 * From here on, an invalidation of the table counts (see
+	 * IdemRelcacheCallback): one that arrives while we read, from a
+	 * partition attached after our catalog snapshot, must make the result
+	 * invalid, also when this is the backend's first read.
+	 */
+	cache->parent = parent;
+
+	/*
+	 * Read into the caller's memory, copied into the cache's only at the
+	 * end: an error while reading (a cancel, a lock timeout) leaves
+	 * nothing behind for the backend's life.
+	 */
+	parts = palloc(allocated * sizeof(IdemPartition));
 
 	inhrel = table_open(InheritsRelationId, AccessShareLock);
 	ScanKeyInit(&key, Anum_pg_inherits_inhparent, BTEqualStrategyNumber,
@@ -447,7 +460,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	}
 
 	/* the OIDs, sorted, for the invalidation callback */
-	relids = MemoryContextAlloc(IdemCacheContext, Max(n, 1) * sizeof(Oid));
+	relids = palloc(Max(n, 1) * sizeof(Oid));
 	for (i = 0; i < n; i++)
 		relids[i] = parts[i].relid;
 	qsort(relids, n, sizeof(Oid), IdemOidCmp);
@@ -466,9 +479,27 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 			layouts[nlayouts++] = layout;
 	}
 
+	/* into the cache's memory: the cache now owns both copies */
+	parts = IdemCacheCopy(parts, n * sizeof(IdemPartition));
+	relids = IdemCacheCopy(relids, n * sizeof(Oid));
 	IdemSetLedgerCache(cache, parent, parts, relids, n, layouts, nlayouts);
 	cache->valid = (cache->invalidations == invalidations);
 	cache_generation++;
+}
+
+/*
+ * IdemCacheCopy returns a copy of "size" bytes at "data" in the partition
+ * cache's memory, and frees "data".  If the allocation fails, "data" is
+ * left to the caller's memory context.
+ */
+static void *
+IdemCacheCopy(void *data, Size size)
+{
+	void	   *copy = MemoryContextAlloc(IdemCacheContext, Max(size, 1));
+
+	memcpy(copy, data, size);
+	pfree(data);
+	return copy;
 }
 
 /*
