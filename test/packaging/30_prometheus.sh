@@ -55,6 +55,8 @@ set -uo pipefail
 . "$SRC/test/lib/deps.sh"
 # shellcheck source=test/lib/packaging.sh
 . "$SRC/test/lib/packaging.sh"
+# shellcheck source=test/lib/skip.sh
+. "$SRC/test/lib/skip.sh"
 
 deps_ensure prometheus-postgres-exporter curl perl || exit 1
 EXPORTER=/usr/bin/prometheus-postgres-exporter
@@ -62,9 +64,8 @@ exporter_version=$("$EXPORTER" --version 2>&1 | sed -n 's/.*version \([0-9][0-9.
 case $exporter_version in
 0.11.*) ;;
 *)
-	echo "SKIPPED: prometheus-postgres-exporter here is ${exporter_version:-unknown}; the query file is"
-	echo "written for 0.11 (Debian 12), which this test runs against (see doc/monitoring.md)"
-	exit 77
+	skip_test "prometheus-postgres-exporter here is ${exporter_version:-unknown}; the query file is" \
+		"written for 0.11 (Debian 12), which this test runs against (see doc/monitoring.md)"
 	;;
 esac
 
