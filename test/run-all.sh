@@ -25,11 +25,17 @@
 #
 # Environment: SUITES (default: every suite of test/run-suites.sh, and
 # "upgrade"), PG_VERSIONS, and the settings of test/run-suites.sh and
-# test/lib/roots.sh, which are passed on.  Needs root for the majors that
-# run in a root file system.
+# test/lib/roots.sh, which are passed on (IDEM_NO_SKIP=1, which .ci/run
+# sets, makes a test that cannot get what it needs here fail instead of
+# being skipped: Citus' sources, see test/lib/citus.sh).  Needs root for the
+# majors that run in a root file system.  The local copy of Citus' sources
+# (IDEM_VENDOR_DIR, default ../shared/vendor beside the tree), when there is
+# one, is copied into the roots too.
 #
-# Prints a summary per major, and ends with "N passed, N failed", counting
-# suites over every major.  The exit status is non-zero if anything failed.
+# Prints a summary per major, and ends with "N passed, N failed, N
+# skipped", counting suites over every major, and skipped tests of suites
+# that ran (a skipped test counts as skipped, not as passed).  The exit
+# status is non-zero if anything failed.
 
 set -uo pipefail
 
@@ -90,6 +96,7 @@ RESULTS=$(mktemp "${TMPDIR:-/tmp}/idempotency-results.XXXXXX") || exit 1
 declare -A SUMMARY=()
 PASSED=0
 FAILED=0
+SKIPPED=0
 CURRENT_ROOT=""
 
 cleanup() {
@@ -110,14 +117,15 @@ cleanup() {
 	done
 	rm -f "$RESULTS"
 	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
-	echo "$PASSED passed, $FAILED failed"
+	echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
 	exit "$rc"
 }
 trap cleanup EXIT
 trap 'echo "run-all: interrupted" >&2; exit 130' INT
 trap 'echo "run-all: terminated" >&2; exit 143' TERM
 
-# Counts the results of one major's run (lines "SUITE STATUS...") into
+# Counts the results of one major's run (lines "SUITE STATUS...", and
+# "SUITE:TEST skipped (REASON)" for the skipped tests of a suite) into
 # SUMMARY; suites of that run without a result line failed to run.
 record() {
 	local key="$1" file="$2" suites="$3" s line status
@@ -128,16 +136,22 @@ record() {
 		SUMMARY[$key]+="$(printf '%-10s %s' "$s" "$status")"$'\n'
 		case $status in
 		passed*) PASSED=$((PASSED + 1)) ;;
-		skipped*) ;;
+		skipped*) SKIPPED=$((SKIPPED + 1)) ;;
 		*) FAILED=$((FAILED + 1)) ;;
 		esac
+		while IFS= read -r line; do
+			[ -n "$line" ] || continue
+			SUMMARY[$key]+="$(printf '%-10s %s' "" "${line#"$s:"}")"$'\n'
+			# a suite skipped as a whole counted once, above
+			case $status in skipped*) ;; *) SKIPPED=$((SKIPPED + 1)) ;; esac
+		done < <(grep "^$s:" "$file" 2>/dev/null)
 	done
 	SUMMARY[$key]=${SUMMARY[$key]%$'\n'}
 }
 
 # Runs the suites of major $1 in its root file system.
 run_in_root() {
-	local v="$1" dir inner_results rc from_env=()
+	local v="$1" dir inner_results rc from_env=() vendor_env
 	dir=$(root_dir "$v")
 	if ! root_ensure "$v"; then
 		echo "run-all: no root file system for PostgreSQL $v" >&2
@@ -148,9 +162,13 @@ run_in_root() {
 	tar -C "$SRC" --exclude=./.git --exclude='./tmp_check*' --exclude='*.o' \
 		--exclude='*.so' --exclude='*.bc' -cf - . |
 		tar -C "$dir/tmp/idempotency-src" -xf - || return 1
-	# released third-party sources the examples build (Citus)
+	# the local copy of released third-party sources the examples build
+	# (Citus), if there is one; without it, the root has none either (and
+	# downloads them, or skips the test that needs them)
+	vendor_env=()
 	if [ -d "${IDEM_VENDOR_DIR:-$SRC/../shared/vendor}" ]; then
 		cp -r "${IDEM_VENDOR_DIR:-$SRC/../shared/vendor}" "$dir/tmp/idempotency-vendor" || return 1
+		vendor_env=(IDEM_VENDOR_DIR=/tmp/idempotency-vendor)
 	fi
 	inner_results=/tmp/idempotency-results
 	: >"$dir$inner_results"
@@ -159,7 +177,7 @@ run_in_root() {
 	root_mount "$dir" || return 1
 	CURRENT_ROOT=$dir
 	root_run "$dir" env SUITES="$INNER_SUITES" IDEM_RESULTS="$inner_results" \
-		IDEM_VENDOR_DIR=/tmp/idempotency-vendor "${from_env[@]}" \
+		"${vendor_env[@]}" "${from_env[@]}" \
 		PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
 		bash /tmp/idempotency-src/test/run-suites.sh
 	rc=$?

@@ -14,11 +14,17 @@
 # throwaway cluster), demo (examples/demo.sql, which checks its own result,
 # on a throwaway cluster), examples (every examples/*/test.sh: each starts
 # and stops its own clusters, run as the test user with PG_CONFIG, SRC (the
-# scratch copy) and EXAMPLES_PORT_BASE set; exit 0 = pass), packaging
-# (test/packaging/*.sh: the Debian package, the PGXN archive and the
-# Prometheus exporter, each run as root with PG_CONFIG, SRC and CLUSTER_USER
-# set; exit 0 = pass, 77 = skipped here, with the reason printed).  A
-# suite with no test files is skipped.
+# scratch copy) and EXAMPLES_PORT_BASE set), packaging (test/packaging/*.sh:
+# the Debian package, the PGXN archive and the Prometheus exporter, each run
+# as root with PG_CONFIG, SRC and CLUSTER_USER set).  A test of examples or
+# packaging passes with exit 0, and is skipped with exit 77 and its reason
+# (test/lib/skip.sh), which the summary shows.  A suite with no test files
+# is skipped, and so is one whose every test was skipped.
+#
+# Citus, for examples/citus, is built and installed here (as root) from its
+# pinned release: downloaded, or from a local copy (test/lib/citus.sh,
+# IDEM_VENDOR_DIR).  Where neither can be had, that test is skipped and says
+# why; IDEM_NO_SKIP=1 (CI) makes that a failure.
 #
 # As root (CI, fresh Debian): installs missing packages with apt, builds
 # and tests as the unprivileged user "postgres" (IDEM_TEST_USER to change it)
@@ -36,15 +42,22 @@
 #   KEEP_WORKDIR=1  keep the scratch directory (it is always kept on failure)
 #   IDEM_PROVE_TESTS  the TAP tests to run (default: every test/t/*.pl)
 #   IDEM_RESULTS    file to append one line per suite to: "SUITE STATUS SECONDS"
-#                   (STATUS: passed, failed, skipped), for test/run-all.sh
+#                   (STATUS: passed, failed, skipped), and one per skipped
+#                   test of a suite: "SUITE:TEST skipped (REASON)", for
+#                   test/run-all.sh
+#   IDEM_NO_SKIP=1  a test that cannot run here for want of something it
+#                   needs (Citus' sources) fails instead of being skipped
+#   IDEM_VENDOR_DIR, IDEM_CITUS_URL, IDEM_CITUS_CACHE: where Citus comes
+#                   from (test/lib/citus.sh)
 #   IDEM_UPGRADE_FROM  a major whose server is installed beside this one
 #                   (the 18 root has 17): the extension is built and
 #                   installed for it too, and the tap suite's pg_upgrade
 #                   test upgrades from it
 #
-# The last line of output is "N passed, N failed" (suites; a skipped suite
-# counts in neither, one that could not run or was interrupted counts as
-# failed).  The exit status is non-zero if anything failed.  Every server started here,
+# The last line of output is "N passed, N failed, N skipped": suites that
+# passed and failed (one that could not run or was interrupted counts as
+# failed), and suites and tests that were skipped (a skipped test of a suite
+# that ran counts as skipped, not as passed).  The exit status is non-zero if anything failed.  Every server started here,
 # including pg_regress and TAP ones left behind by an interrupted run, is
 # stopped on exit, INT and TERM.
 
@@ -84,6 +97,10 @@ CURRENT=""
 declare -A RESULT=()
 PASSED=0
 FAILED=0
+SKIPPED=0
+# the skipped tests of each suite, one line each: "TEST REASON"
+declare -A SKIPPED_TESTS=()
+SKIP_FILE=""
 
 # Long-running steps run in their own session (setsid) in the background, so
 # that a signal to this script interrupts "wait" at once and cleanup can end
@@ -132,6 +149,7 @@ cleanup() {
 	done
 	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
 	if [ -n "$WORK" ]; then
+		rm -rf "$WORK.skip"
 		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
 			rm -rf "$WORK" ${UPGRADE_WORK:+"$UPGRADE_WORK"}
 		else
@@ -141,13 +159,19 @@ cleanup() {
 	say "summary"
 	for s in $SUITES; do
 		printf '%-10s %s\n' "$s" "${RESULT[$s]}"
+		while read -r t reason; do
+			[ -n "$t" ] && printf '           %s skipped (%s)\n' "$t" "$reason"
+		done <<<"${SKIPPED_TESTS[$s]:-}"
 	done
 	if [ -n "${IDEM_RESULTS:-}" ]; then
 		for s in $SUITES; do
 			printf '%s %s\n' "$s" "${RESULT[$s]}"
+			while read -r t reason; do
+				[ -n "$t" ] && printf '%s:%s skipped (%s)\n' "$s" "$t" "$reason"
+			done <<<"${SKIPPED_TESTS[$s]:-}"
 		done >>"$IDEM_RESULTS"
 	fi
-	echo "$PASSED passed, $FAILED failed"
+	echo "$PASSED passed, $FAILED failed, $SKIPPED skipped"
 	exit "$rc"
 }
 trap cleanup EXIT
@@ -170,6 +194,15 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-test.XXXXXX") || exit 1
 chmod 755 "$WORK"
 idem_copy_tree "$SRC" "$WORK" || exit 1
 echo "scratch copy: $WORK"
+# where a skipped test writes its reason (test/lib/skip.sh): in a directory
+# of the test user's beside the scratch copy (which the packaging suite
+# archives), not in $TMPDIR itself, whose sticky bit could keep the test
+# user and root from writing each other's files
+SKIP_FILE="$WORK.skip/reason"
+mkdir -p "$WORK.skip" || exit 1
+if [ "$(id -u)" -eq 0 ]; then
+	chown "$CLUSTER_USER:" "$WORK.skip" || exit 1
+fi
 
 say "build"
 if ! idem_build "$WORK"; then
@@ -299,53 +332,96 @@ suite_demo() {
 	return "$rc"
 }
 
+# Suites of test scripts (examples, packaging) count their tests here:
+# test_ran SUITE TEST START RC reports one (RC 0 passed, 77 skipped, with
+# the reason the test wrote to SKIP_FILE, else failed); tests_result gives
+# the suite's status: 1 if a test failed, 77 if every test was skipped,
+# else 0.
+TESTS_PASSED=0
+TESTS_FAILED=0
+TESTS_SKIPPED=0
+
+test_ran() {
+	local suite="$1" t="$2" start="$3" rc="$4" reason
+	case $rc in
+	0)
+		echo "---- $t: passed ($((SECONDS - start))s)"
+		TESTS_PASSED=$((TESTS_PASSED + 1))
+		;;
+	77)
+		reason=$(head -n 1 "$SKIP_FILE" 2>/dev/null)
+		echo "---- $t: skipped (${reason:-it says why above})"
+		SKIPPED_TESTS[$suite]+="$t ${reason:-no reason given}"$'\n'
+		TESTS_SKIPPED=$((TESTS_SKIPPED + 1))
+		;;
+	*)
+		echo "---- $t: FAILED ($((SECONDS - start))s)"
+		TESTS_FAILED=$((TESTS_FAILED + 1))
+		;;
+	esac
+}
+
+# run before each test of such a suite
+test_start() {
+	rm -f "$SKIP_FILE"
+	echo "---- $1"
+}
+
+tests_result() {
+	if [ "$TESTS_FAILED" -gt 0 ]; then
+		return 1
+	elif [ "$TESTS_PASSED" -eq 0 ] && [ "$TESTS_SKIPPED" -gt 0 ]; then
+		return 77
+	fi
+	return 0
+}
+
 suite_examples() {
-	local t rc=0 n=0 base=54400
+	local t n=0 base=54400 start citus_reason=""
 	have_files 'examples/*/test.sh' || return 3
-	# examples/citus runs Citus, built here from its released sources (as
-	# root; a later run reuses the build); without it that test fails
-	if [ -f "$WORK/examples/citus/test.sh" ] && [ "$(id -u)" -eq 0 ]; then
+	# examples/citus runs Citus, built here (as root; a later run reuses the
+	# build); where it cannot be had, the test is told why and skipped
+	if [ -f "$WORK/examples/citus/test.sh" ]; then
 		# shellcheck source=test/lib/citus.sh
 		. "$SRC/test/lib/citus.sh"
-		IDEM_VENDOR_DIR=${IDEM_VENDOR_DIR:-$SRC/../shared/vendor} citus_ensure ||
-			echo "run-suites: could not install Citus: examples/citus will fail"
+		if [ "$(id -u)" -eq 0 ]; then
+			citus_ensure
+			case $? in
+			0) ;;
+			77) citus_reason=$CITUS_UNAVAILABLE ;;
+			*) echo "run-suites: could not install Citus: examples/citus will fail" ;;
+			esac
+		elif ! citus_installed; then
+			citus_reason="Citus is not installed for $("$PG_CONFIG" --version), and building and installing it needs root"
+		fi
 	fi
 	for t in "$WORK"/examples/*/test.sh; do
-		echo "---- ${t#"$WORK"/}"
-		if in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" \
-			EXAMPLES_PORT_BASE=$((base + n * 10)) bash "$t"; then
-			echo "---- ${t#"$WORK"/}: passed"
-		else
-			echo "---- ${t#"$WORK"/}: FAILED"
-			rc=1
-		fi
+		test_start "${t#"$WORK"/}"
+		start=$SECONDS
+		in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" IDEM_SKIP_FILE="$SKIP_FILE" \
+			IDEM_CITUS_UNAVAILABLE="$citus_reason" \
+			EXAMPLES_PORT_BASE=$((base + n * 10)) bash "$t"
+		test_ran examples "${t#"$WORK"/}" "$start" $?
 		n=$((n + 1))
 	done
-	return "$rc"
+	tests_result
 }
 
 suite_packaging() {
-	local t rc=0 start
+	local t start
 	have_files 'test/packaging/*.sh' || return 3
 	if [ "$(id -u)" -ne 0 ]; then
 		echo "the packaging tests install packages: run as root"
 		return 1
 	fi
 	for t in "$WORK"/test/packaging/*.sh; do
-		echo "---- ${t#"$WORK"/}"
+		test_start "${t#"$WORK"/}"
 		start=$SECONDS
-		run_child timeout -k 30 "$SUITE_TIMEOUT" env SRC="$WORK" \
+		run_child timeout -k 30 "$SUITE_TIMEOUT" env SRC="$WORK" IDEM_SKIP_FILE="$SKIP_FILE" \
 			PG_CONFIG="$PG_CONFIG" CLUSTER_USER="$CLUSTER_USER" bash "$t"
-		case $? in
-		0) echo "---- ${t#"$WORK"/}: passed ($((SECONDS - start))s)" ;;
-		77) echo "---- ${t#"$WORK"/}: skipped (it says why above)" ;;
-		*)
-			echo "---- ${t#"$WORK"/}: FAILED ($((SECONDS - start))s)"
-			rc=1
-			;;
-		esac
+		test_ran packaging "${t#"$WORK"/}" "$start" $?
 	done
-	return "$rc"
+	tests_result
 }
 
 # ---------------------------------------------------------------- suites
@@ -353,17 +429,31 @@ for s in $SUITES; do
 	say "suite $s"
 	CURRENT=$s
 	start=$SECONDS
+	TESTS_PASSED=0
+	TESTS_FAILED=0
+	TESTS_SKIPPED=0
 	"suite_$s"
 	rc=$?
 	took=$((SECONDS - start))
+	# the skipped tests of a suite that ran count one by one
+	[ "$rc" -eq 77 ] || SKIPPED=$((SKIPPED + TESTS_SKIPPED))
 	case $rc in
 	0)
-		RESULT[$s]="passed (${took}s)"
+		if [ "$TESTS_SKIPPED" -gt 0 ]; then
+			RESULT[$s]="passed (${took}s; $TESTS_PASSED passed, $TESTS_SKIPPED skipped)"
+		else
+			RESULT[$s]="passed (${took}s)"
+		fi
 		PASSED=$((PASSED + 1))
 		;;
 	3)
 		RESULT[$s]="skipped (no test files)"
+		SKIPPED=$((SKIPPED + 1))
 		echo "no test files: skipped"
+		;;
+	77)
+		RESULT[$s]="skipped (every test skipped)"
+		SKIPPED=$((SKIPPED + 1))
 		;;
 	124 | 137)
 		RESULT[$s]="FAILED (timed out after ${SUITE_TIMEOUT}s)"

@@ -9,9 +9,12 @@
 #   bash examples/citus/test.sh
 #
 # Run by the "examples" suite of test/run-all.sh, which builds Citus from
-# the released sources in ../shared/vendor (test/lib/citus.sh: 13.2.2 for
-# PostgreSQL 15, 14.0.1 for 17 and 18), installs it, and sets SRC,
-# PG_CONFIG and EXAMPLES_PORT_BASE.  Standalone, Citus must be installed
+# its pinned release (test/lib/citus.sh: 13.2.2 for PostgreSQL 15, 14.0.1
+# for 17 and 18; downloaded, or from a local copy), installs it, and sets
+# SRC, PG_CONFIG and EXAMPLES_PORT_BASE.  When Citus cannot be had there (no
+# network and no local copy), it says why in IDEM_CITUS_UNAVAILABLE, and
+# this test is skipped (exit 77) with that reason, or fails if
+# IDEM_NO_SKIP=1 (test/lib/skip.sh).  Standalone, Citus must be installed
 # for $PG_CONFIG already (as root: . test/lib/citus.sh; citus_ensure), and
 # the servers run as $CLUSTER_USER (default postgres) when run as root.
 #
@@ -36,6 +39,8 @@ SRC=${SRC:-$(cd "$HERE/../.." && pwd -P)}
 . "$SRC/test/lib/examples.sh"
 # shellcheck source=test/lib/citus.sh
 . "$SRC/test/lib/citus.sh"
+# shellcheck source=test/lib/skip.sh
+. "$SRC/test/lib/skip.sh"
 
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 BASE=${EXAMPLES_PORT_BASE:-54470}
@@ -52,8 +57,11 @@ fail() {
 	exit 1
 }
 
-citus_installed ||
+if ! citus_installed; then
+	[ -z "${IDEM_CITUS_UNAVAILABLE:-}" ] ||
+		skip_unavailable "needs Citus: $IDEM_CITUS_UNAVAILABLE"
 	fail "Citus is not installed for $("$PG_CONFIG" --version) (as root: . test/lib/citus.sh; citus_ensure)"
+fi
 examples_python
 NODES=(coordinator worker1 worker2)
 examples_workdir citus "${NODES[@]}"

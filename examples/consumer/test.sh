@@ -26,7 +26,10 @@
 #
 # Environment: SRC (repository, default: two levels up), PG_CONFIG,
 # EXAMPLES_PORT_BASE (default 54480; the cluster's unix socket port),
-# PYTHON.  Exit status 0 = pass.  Everything started here is stopped on exit.
+# PYTHON, CONSUMER_TEST_DEADLINE (default 600: seconds the real run may take
+# to drain the queue, and any wait for a condition; a bound for a hung
+# test, not for a slow machine).  Exit status 0 = pass.  Everything started
+# here is stopped on exit.
 
 set -uo pipefail
 
@@ -39,7 +42,7 @@ BASE=${EXAMPLES_PORT_BASE:-54480}
 if [ "$(id -u)" -eq 0 ]; then
 	export CLUSTER_USER=${CLUSTER_USER:-postgres}
 fi
-DEADLINE=${CONSUMER_TEST_DEADLINE:-45}   # seconds for the real run
+DEADLINE=${CONSUMER_TEST_DEADLINE:-600}   # seconds for the real run, and for a wait
 
 PY=""
 for p in ${PYTHON:-} python3 /usr/bin/python3; do
@@ -117,6 +120,16 @@ EOF
 done
 
 sql() { cluster_psql "$DB" -d "$1" -qAt -c "$2"; }
+# wait_sql DB SQL WANT: until SQL answers WANT, for at most DEADLINE seconds;
+# the caller checks the answer after
+wait_sql() {
+	local end=$((SECONDS + DEADLINE))
+	while [ "$SECONDS" -lt "$end" ]; do
+		[ "$(sql "$1" "$2")" = "$3" ] && return 0
+		sleep 0.05
+	done
+	return 1
+}
 # consumer.py against database "control" or "app", as queue_app.  Arrays,
 # not functions, so that "${CQ_APP[@]}" ... & gives python's own pid in $!.
 CQ_CONTROL=(env PGHOST="$DB/sock" PGPORT="$BASE" PGUSER=queue_app PGDATABASE=control
@@ -161,10 +174,7 @@ echo "# exactly once: duplicates, kill -9 mid-transaction, crashes around COMMIT
 "${CQ_APP[@]}" consume --name c-hold --batch 40 --hold 120 2>>"$LOG" &
 hold_pid=$!
 OTHER_PIDS+=("$hold_pid")
-for _ in $(seq 1 200); do
-	[ "$(sql app "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c-hold' AND state = 'idle in transaction'")" = 1 ] && break
-	sleep 0.05
-done
+wait_sql app "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c-hold' AND state = 'idle in transaction'" 1
 check "c-hold is inside its batch's transaction" \
 	"$(sql app "SELECT state FROM pg_stat_activity WHERE application_name = 'c-hold'")" \
 	"idle in transaction"
@@ -196,7 +206,8 @@ OTHER_PIDS+=("$producer_pid")
 
 # Kill c-hold once the others are busy: when one of them waits for it (a
 # duplicate of a message c-hold recorded), or has applied 200 messages.
-for _ in $(seq 1 200); do
+end=$((SECONDS + DEADLINE))
+while [ "$SECONDS" -lt "$end" ]; do
 	waiting=$(sql app "SELECT count(*) FROM pg_stat_activity WHERE application_name ~ '^c[0-9]' AND wait_event_type = 'Lock'")
 	[ "$waiting" -gt 0 ] && break
 	[ "$(sql app "SELECT count(*) FROM ledger")" -ge 200 ] && break
@@ -205,10 +216,7 @@ done
 echo "  (killing c-hold with SIGKILL; $waiting consumer(s) waiting for it)"
 kill -KILL "$hold_pid"
 wait "$hold_pid" 2>/dev/null
-for _ in $(seq 1 100); do
-	[ "$(sql app "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c-hold'")" = 0 ] && break
-	sleep 0.05
-done
+wait_sql app "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c-hold'" 0
 check "c-hold's backend is gone (its transaction rolled back)" \
 	"$(sql app "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c-hold'")" 0
 

@@ -55,10 +55,16 @@ command -v curl >/dev/null || {
 
 WORK=""
 SERVER_PIDS=()
+HOLDER_PID=""
+# how long a wait for a condition may take (a bound for a hung test, not
+# for a slow machine)
+WAIT_SECONDS=${WAIT_SECONDS:-300}
 # shellcheck disable=SC2317  # run by the EXIT trap
 cleanup() {
 	local rc=$? pid
 	trap - EXIT INT TERM
+	exec 8>&- 2>/dev/null
+	[ -n "$HOLDER_PID" ] && kill "$HOLDER_PID" 2>/dev/null
 	for pid in "${SERVER_PIDS[@]}"; do
 		kill "$pid" 2>/dev/null
 		wait "$pid" 2>/dev/null
@@ -114,13 +120,14 @@ charges_for() { sql "SELECT count(*) FROM charges WHERE idempotency_key = '$1'";
 # ---------------------------------------------------------------- service
 # start_server PORT LOG [ARG...]: start server.py and wait until it answers
 start_server() {
-	local port=$1 log=$2 pid i
+	local port=$1 log=$2 pid end
 	shift 2
 	env PGHOST="$DB/sock" PGPORT="$BASE" PGDATABASE=payments PGUSER=payments_app \
 		"$PY" "$HERE/server.py" --port "$port" --test-hooks "$@" >"$log" 2>&1 &
 	pid=$!
 	SERVER_PIDS+=("$pid")
-	for i in $(seq 1 150); do
+	end=$((SECONDS + WAIT_SECONDS))
+	while [ "$SECONDS" -lt "$end" ]; do
 		if curl -sf -o /dev/null "http://127.0.0.1:$port/docs/idempotency"; then
 			return 0
 		fi
@@ -251,17 +258,38 @@ check "failure then retry: one charge" "$(charges_for k-fail)" 1
 
 # ---------------------------------------------------------------- 409
 echo "# a retry while the first request is still running"
-post slow "$B1" -H 'Idempotency-Key: "k-slow"' -H 'Test-Delay-Ms: 3000' >"$R/slow.code" &
+# The first request is held inside its transaction, after its claim, for as
+# long as the test needs, not for a time the retry must fall within: this
+# session locks charges, so the first request's INSERT waits until the
+# session commits, once the retry has been answered.
+mkfifo "$WORK/holder.in" || exit 1
+cluster_psql "$DB" -d payments -q <"$WORK/holder.in" >"$WORK/holder.out" 2>&1 &
+HOLDER_PID=$!
+exec 8>"$WORK/holder.in"
+echo "BEGIN; LOCK TABLE charges IN EXCLUSIVE MODE;" >&8
+# wait_sql SQL WANT: until SQL answers WANT, for at most WAIT_SECONDS
+wait_sql() {
+	local end=$((SECONDS + WAIT_SECONDS))
+	while [ "$SECONDS" -lt "$end" ]; do
+		[ "$(sql "$1")" = "$2" ] && return 0
+		sleep 0.05
+	done
+	return 1
+}
+wait_sql "SELECT count(*) FROM pg_locks WHERE relation = 'charges'::regclass AND mode = 'ExclusiveLock' AND granted" 1 ||
+	not_ok "the test session could not lock charges"
+post slow "$B1" -H 'Idempotency-Key: "k-slow"' >"$R/slow.code" &
 slow_pid=$!
-# wait until the first request is inside its transaction (in pg_sleep)
-for _ in $(seq 1 100); do
-	[ "$(sql "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'payments-example' AND wait_event = 'PgSleep'")" = 1 ] && break
-	sleep 0.05
-done
+wait_sql "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'payments-example' AND wait_event_type = 'Lock'" 1 ||
+	not_ok "the first request did not reach its INSERT, after its claim"
 check "concurrent retry: status" "$(post conc "$B1" -H 'Idempotency-Key: "k-slow"')" 409
 check "409: Retry-After" "$(header conc Retry-After)" 1
 check "409: Link" "$(header conc Link | grep -c 'rel="describedby"')" 1
 check "409: title" "$(json conc 'd["title"]')" "A request is outstanding for this Idempotency-Key"
+echo "COMMIT;" >&8
+exec 8>&-
+wait "$HOLDER_PID"
+HOLDER_PID=""
 wait "$slow_pid"
 check "first request: status" "$(cat "$R/slow.code")" 201
 check "retry after it finished: replayed" \

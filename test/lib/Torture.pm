@@ -830,7 +830,9 @@ every 200 ms (directly on the node) besides the background worker,
 $opts{label} the prefix of test names.  Checks: both pgbench runs end well
 (pgbench_summary), the invariants hold (check_torture), partitions were
 dropped during the run (those present at the start are all gone, the
-worker's and the loop's counts), the storage stays small, the workload did
+worker dropped some), maintenance keeps up (every partition that ended
+before the load did is dropped, waited for: how many a run drops depends
+on the machine), the storage stays small once it has, the workload did
 exercise replays, conflicts, mismatches and duplicate messages, and the
 server log has no ERROR.  Returns the statistics row as a hash.
 
@@ -893,6 +895,7 @@ sub run_torture
 	my $mid = $q->('SELECT count(*) FROM idempotency.partitions');
 
 	my ($rc, $out, $err) = finish_pgbench($load);
+	my $load_end = $q->('SELECT now()');
 	my $txns = pgbench_summary("$label load", $rc, $out, $err);
 	if ($maint)
 	{
@@ -916,23 +919,35 @@ sub run_torture
 
 	my ($loop_calls, $loop_dropped) = split /\|/,
 	  $q->(q{SELECT count(*), coalesce(sum(dropped), 0) FROM maint_log});
+	my $end = $q->('SELECT count(*) FROM idempotency.partitions');
+	# maintenance keeps up: whatever had ended when the load did is dropped
+	# (on a busy machine it may lag behind the load for a while)
+	ok( poll_until(
+			'the partitions that ended during the load dropped',
+			sub {
+				$q->(
+					"SELECT count(*) FROM idempotency.partitions WHERE upper_bound <= '$load_end'"
+				) eq '0';
+			}),
+		"$label: every partition that ended during the load is dropped");
 	my $now = $q->('SELECT count(*) FROM idempotency.partitions');
 	note(sprintf(
 			"%s: %d seconds, %d transactions; claims %s, replays %s, conflicts %s, mismatches %s, "
 			  . "consumed %s, duplicates %s; partitions made %s, dropped %s in %s maintenance runs; "
 			  . "of them by the idem_maintain() loop: %s dropped in %s calls; "
-			  . "partitions at start / mid-run / end: %d / %s / %s",
+			  . "partitions at start / mid-run / end of the load / after: %d / %s / %s / %s",
 			$label, $secs, $txns, @st{qw(claims replays conflicts mismatches consumed duplicates created dropped runs)},
-			$loop_dropped, $loop_calls, scalar(@initial), $mid, $now));
+			$loop_dropped, $loop_calls, scalar(@initial), $mid, $end, $now));
 
 	# the statistics count the worker's and idem_maintain()'s work
 	my $dropped = $st{dropped} - $stats0;
-	ok($dropped >= $secs / 2,
-		"$label: partitions were dropped during the run ($dropped, at least one every 2 s)");
+	ok($dropped > 0, "$label: partitions were dropped during the run ($dropped)");
 	ok($dropped - $loop_dropped > 0,
 		"$label: the background worker dropped partitions (" . ($dropped - $loop_dropped) . ')')
 	  unless $o{maintain_loop};
-	ok($now <= 40, "$label: the storage stays small ($now partitions at the end)");
+	ok($now <= 40,
+		"$label: the storage stays small ($now partitions once maintenance has caught up, $end at the end of the load)"
+	);
 	is($st{error}, '', "$label: maintenance reported no error");
 	ok($st{replays} > 0 && $st{conflicts} > 0 && $st{mismatches} > 0 && $st{duplicates} > 0,
 		"$label: the workload saw replays, conflicts, mismatches and duplicate messages");

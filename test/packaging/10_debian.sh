@@ -180,8 +180,11 @@ if cluster_start "$dir" "$(pkg_port 0)" "shared_preload_libraries = 'idempotency
 	cluster_psql "$dir" -q -c 'CREATE EXTENSION idempotency' >/dev/null || pkg_fail "CREATE EXTENSION"
 	pkg_check "the installed extension is version $PKG_VERSION" test \
 		"$(cluster_psql "$dir" -At -c "SELECT extversion FROM pg_extension WHERE extname = 'idempotency'")" = "$PKG_VERSION"
+	# waited for (300 s at most: a bound for a hung worker, not for a slow
+	# machine)
 	ok=0
-	for _ in $(seq 1 300); do
+	end=$((SECONDS + 300))
+	while [ "$SECONDS" -lt "$end" ]; do
 		if [ "$(cluster_psql "$dir" -At -c "SELECT maintenance_runs > 0 AND last_maintenance_error IS NULL
 			FROM idempotency.stats WHERE datname = current_database()" 2>/dev/null)" = t ]; then
 			ok=1

@@ -33,13 +33,17 @@
 #      positive age; the exporters report no scrape or query-file error;
 #      every metric the alert rules use is exported.  A copy of the fetched
 #      metrics with one value changed is shown to fail the comparison.
-#   2. under load (pgbench in app): three fetches, each between the view's
-#      values before and after it, counters never going down.
+#   2. under load (pgbench in app, in rounds until the fetches are done):
+#      three fetches, each after the load has committed more claims, each
+#      between the view's values before and after it, counters never going
+#      down.
 #   3. after a successful idem_maintain(): the failure flag is 0 and the
 #      dropped partitions are counted.
 #
-# On exit, pass or fail: the exporter, pgbench, the lock-holding session
-# and the server are stopped.  Ports: IDEM_PACKAGING_PORT_BASE + 3 (server,
+# Every wait is for a condition, bounded by WAIT_SECONDS (default 300: the
+# bound is for a hung test, not for a slow machine).  On exit, pass or
+# fail: the exporter, pgbench, the lock-holding session and the server are
+# stopped.  Ports: IDEM_PACKAGING_PORT_BASE + 3 (server,
 # unix socket), + 4 and + 5 (the exporters, 127.0.0.1).
 
 set -uo pipefail
@@ -51,6 +55,8 @@ set -uo pipefail
 . "$SRC/test/lib/deps.sh"
 # shellcheck source=test/lib/packaging.sh
 . "$SRC/test/lib/packaging.sh"
+# shellcheck source=test/lib/skip.sh
+. "$SRC/test/lib/skip.sh"
 
 deps_ensure prometheus-postgres-exporter curl perl || exit 1
 EXPORTER=/usr/bin/prometheus-postgres-exporter
@@ -58,9 +64,8 @@ exporter_version=$("$EXPORTER" --version 2>&1 | sed -n 's/.*version \([0-9][0-9.
 case $exporter_version in
 0.11.*) ;;
 *)
-	echo "SKIPPED: prometheus-postgres-exporter here is ${exporter_version:-unknown}; the query file is"
-	echo "written for 0.11 (Debian 12), which this test runs against (see doc/monitoring.md)"
-	exit 77
+	skip_test "prometheus-postgres-exporter here is ${exporter_version:-unknown}; the query file is" \
+		"written for 0.11 (Debian 12), which this test runs against (see doc/monitoring.md)"
 	;;
 esac
 
@@ -73,6 +78,7 @@ DIR=$T/cluster
 PORT=$(pkg_port 3)
 HTTP=127.0.0.1:$(pkg_port 4)
 HTTP_MULTI=127.0.0.1:$(pkg_port 5)
+WAIT_SECONDS=${WAIT_SECONDS:-300}
 EXPORTER_PID=""
 MULTI_PID=""
 BLOCKER_PID=""
@@ -97,6 +103,7 @@ cleanup() {
 	local rc=$?
 	trap - EXIT INT TERM
 	exec 7>&- 2>/dev/null
+	touch "$T/stop"
 	stop_pid "$EXPORTER_PID"
 	stop_pid "$MULTI_PID"
 	stop_pid "$LOAD_PID"
@@ -119,14 +126,19 @@ psql_db() {
 	CLUSTER_DB=$db cluster_psql "$DIR" -X -q -At "$@"
 }
 
-# wait_until DESCRIPTION SECONDS DB SQL: poll until SQL answers t
+# wait_until DESCRIPTION DB SQL [PID]: poll until SQL answers t, for at
+# most WAIT_SECONDS; with PID, give up as soon as that process is gone
 wait_until() {
-	local desc="$1" secs="$2" db="$3" sql="$4" i
-	for i in $(seq 1 $((secs * 5))); do
+	local desc="$1" db="$2" sql="$3" pid="${4:-}" end=$((SECONDS + WAIT_SECONDS))
+	while [ "$SECONDS" -lt "$end" ]; do
 		[ "$(psql_db "$db" -c "$sql" 2>/dev/null)" = t ] && return 0
+		if [ -n "$pid" ] && ! kill -0 "$pid" 2>/dev/null; then
+			pkg_fail "waiting until $desc: process $pid has ended"
+			return 1
+		fi
 		sleep 0.2
 	done
-	pkg_fail "timed out after ${secs}s waiting until $desc"
+	pkg_fail "timed out after ${WAIT_SECONDS}s waiting until $desc"
 	return 1
 }
 
@@ -145,7 +157,7 @@ psql_db postgres -c 'CREATE ROLE prometheus LOGIN; GRANT pg_monitor TO prometheu
 # start from zero), then naps for a day
 cluster_stop "$DIR" && cluster_start "$DIR" "$PORT" || exit 1
 for db in app app2; do
-	wait_until "the worker has maintained $db" 60 "$db" \
+	wait_until "the worker has maintained $db" "$db" \
 		"SELECT maintenance_runs >= 1 AND last_maintenance_error IS NULL
 		   FROM idempotency.stats WHERE datname = current_database()" || exit 1
 done
@@ -189,10 +201,10 @@ CLUSTER_DB=app cluster_psql "$DIR" -q <"$T/blocker.in" >"$T/blocker.out" 2>&1 &
 BLOCKER_PID=$!
 exec 7>"$T/blocker.in"
 echo "BEGIN; LOCK TABLE idempotency.keys, idempotency.messages IN SHARE UPDATE EXCLUSIVE MODE;" >&7
-wait_until "the locks are held" 30 app \
+wait_until "the locks are held" app \
 	"SELECT count(*) = 2 FROM pg_locks WHERE relation IN ('idempotency.keys'::regclass,
 	   'idempotency.messages'::regclass) AND mode = 'ShareUpdateExclusiveLock' AND granted" || exit 1
-wait_until "a partition of app has expired" 60 app \
+wait_until "a partition of app has expired" app \
 	"SELECT count(*) FILTER (WHERE expired) > 0 FROM idempotency.partitions" || exit 1
 # premake = 8: the run has partitions to make, whatever the worker made
 if psql_db app -c "SET lock_timeout = '100ms'; SET idempotency.premake = 8; SELECT * FROM idem_maintain()" \
@@ -329,7 +341,7 @@ metric() {
 
 # scrape FILE [ADDRESS]
 scrape() {
-	curl -sS --fail --max-time 30 "http://${2:-$HTTP}/metrics" >"$1"
+	curl -sS --fail --max-time 120 "http://${2:-$HTTP}/metrics" >"$1"
 }
 
 # ------------------------------------------------------------ the exporters
@@ -345,9 +357,10 @@ start_exporter() {
 }
 
 # wait_for_exporter PID ADDRESS LOG: until /metrics has idempotency metrics
+# (at most WAIT_SECONDS; gives up if the exporter exits)
 wait_for_exporter() {
-	local pid="$1" address="$2" log="$3"
-	for _ in $(seq 1 150); do
+	local pid="$1" address="$2" log="$3" end=$((SECONDS + WAIT_SECONDS))
+	while [ "$SECONDS" -lt "$end" ]; do
 		if scrape "$T/first.prom" "$address" 2>/dev/null && grep -q '^idempotency_' "$T/first.prom"; then
 			return 0
 		fi
@@ -434,12 +447,21 @@ SELECT idem_consume_message('load', 'load-' || :id, '1 hour');
 COMMIT;
 SQL
 chown "$CLUSTER_USER:" "$T/load.sql"
-CLUSTER_DB=app cluster_run "$DIR" pgbench -n -c 2 -j 2 -t 3000 -f "$T/load.sql" >"$T/pgbench.log" 2>&1 &
+# rounds of pgbench until the fetches are done ($T/stop), not a fixed number
+# of transactions: how many a machine commits while the fetches run is not
+# known; a round that fails ends the load
+(
+	while [ ! -e "$T/stop" ]; do
+		CLUSTER_DB=app cluster_run "$DIR" pgbench -n -c 2 -j 2 -t 200 -f "$T/load.sql" \
+			>>"$T/pgbench.log" 2>&1 || exit 1
+	done
+) &
 LOAD_PID=$!
 prev=0
 for i in 1 2 3; do
-	wait_until "the load has committed more claims" 60 app \
-		"SELECT claims > 41 + $prev FROM idempotency.stats WHERE datname = current_database()" || break
+	wait_until "the load has committed more claims" app \
+		"SELECT claims > 41 + $prev FROM idempotency.stats WHERE datname = current_database()" \
+		"$LOAD_PID" || break
 	fetch "fetch $i under load: every metric between the views' values before and after" \
 		"$T/load$i.prom" "$HTTP" app
 	now=$(metric "$T/load$i.prom" idempotency_stats_claims_total datname=app)
@@ -448,6 +470,7 @@ for i in 1 2 3; do
 	prev=$(( ${now%.*} - 41 ))
 	pkg_check "fetch $i: no scrape error" test "$(metric "$T/load$i.prom" pg_exporter_last_scrape_error "")" = 0
 done
+touch "$T/stop"
 if wait "$LOAD_PID"; then
 	echo "ok: pgbench ran without errors"
 else
