@@ -36,7 +36,7 @@ $node->append_conf('postgresql.conf', q{
 idempotency.partition_interval = 1
 idempotency.key_ttl = 2
 idempotency.message_ttl = 2
-idempotency.premake = 30
+idempotency.premake = 40
 log_min_messages = warning
 });
 
@@ -65,14 +65,15 @@ $node->safe_psql('postgres', q{
 my $t0 = $node->safe_psql('postgres', 'SELECT extract(epoch FROM now())');
 ok($t0 > 0, 'the server runs under the moved clock');
 
-# the partition a row claimed now with a 1-second ttl goes to, and its end
+# the rows are claimed with a 60-second ttl (so that, on a busy machine
+# too, they are live for the steps below while the clock is back), in
+# partitions made ahead; how far ahead those partitions end
 my $end = $node->safe_psql('postgres', q{
 	SELECT extract(epoch FROM max(upper_bound) - clock_timestamp())
 	  FROM idempotency.partition_info()
-	 WHERE lower_bound <= clock_timestamp() + interval '1 second'
-	   AND upper_bound > clock_timestamp() + interval '1 second'});
+	 WHERE lower_bound <= clock_timestamp() + interval '70 seconds'});
 
-# 1, 2: the clock well past every partition a 1-second row can be in
+# 1, 2: the clock well past every partition such a row can be in
 my $ahead = int($end) + 5;
 set_clock("+${ahead}s");
 my $s3 = $node->background_psql('postgres', on_error_stop => 0);
@@ -84,9 +85,9 @@ $s3->query_safe(q{SELECT pg_current_xact_id()});
 set_clock('+0s');
 my $s2 = $node->background_psql('postgres', on_error_stop => 0);
 $s2->query_safe('BEGIN');
-is($s2->query_safe(q{SELECT status FROM idem_claim('k', ttl => '1 second')}), 'claimed',
+is($s2->query_safe(q{SELECT status FROM idem_claim('k', ttl => '60 seconds')}), 'claimed',
 	'with the clock stepped back, another transaction claims the key');
-is($s2->query_safe(q{SELECT idem_consume_message('c', 'm', ttl => '1 second')}), 't',
+is($s2->query_safe(q{SELECT idem_consume_message('c', 'm', ttl => '60 seconds')}), 't',
 	'and consumes the message');
 
 # forward again
@@ -95,7 +96,7 @@ is($s3->query_safe(q{SELECT status FROM idem_claim('k', lease => '1 second')}), 
 	'with the clock forward again, the first backend is told in_progress');
 $s3->query_until(qr/waiting/, q{
 	\echo waiting
-	SELECT 'answer: ' || idem_consume_message('c', 'm', ttl => '1 second');
+	SELECT 'answer: ' || idem_consume_message('c', 'm', ttl => '60 seconds');
 });
 ok($node->poll_query_until('postgres',
 		q{SELECT count(*) = 1 FROM pg_stat_activity
