@@ -212,7 +212,7 @@ SELECT is((SELECT count(*)::int FROM pg_inherits i JOIN pg_class c ON c.oid = i.
 SELECT is((SELECT count(*)::int FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
             WHERE i.inhparent = 'idempotency.keys'::regclass
               AND (c.relnamespace <> 'idempotency'::regnamespace
-                   OR c.relname !~ '^keys_n[0-9]+_[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?$')),
+                   OR c.relname !~ '^keys_n[0-9]+_f?[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?$')),
           0, 'partitions are named idempotency.keys_n<lanes>_<lane>_<yyyymmdd_hhmmss>');
 SELECT is((SELECT count(*)::int FROM idempotency.partitions WHERE table_name = 'keys'),
           (SELECT count(*)::int FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass),

@@ -168,7 +168,7 @@ SELECT is((SELECT count(*)::int FROM pg_inherits i JOIN pg_class c ON c.oid = i.
 SELECT is((SELECT count(*)::int FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
             WHERE i.inhparent = 'idempotency.messages'::regclass
               AND (c.relnamespace <> 'idempotency'::regnamespace
-                   OR c.relname !~ '^messages_n[0-9]+_[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?$')),
+                   OR c.relname !~ '^messages_n[0-9]+_f?[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?$')),
           0, 'partitions are named idempotency.messages_n<lanes>_<lane>_<yyyymmdd_hhmmss>');
 
 -- an ordinary role can neither read nor write the storage

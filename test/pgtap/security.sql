@@ -342,7 +342,7 @@ SELECT is(ARRAY(SELECT c.relnamespace::regnamespace || '.' || c.relname
                    AND c.relnamespace <> 'pg_toast'::regnamespace
                    AND c.relpersistence <> 't'
                    AND NOT (c.relnamespace = 'idempotency'::regnamespace
-                            AND c.relname ~ '^(keys|messages)_n[0-9]+_[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?(_digest_idx)?$')),
+                            AND c.relname ~ '^(keys|messages)_n[0-9]+_f?[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?(_digest_idx)?$')),
           ARRAY[]::text[],
           'the only new relations are ledger partitions, named by the extension');
 SELECT ok((SELECT count(*) > 0 FROM pg_class c
