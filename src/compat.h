@@ -102,6 +102,19 @@ IdemSimpleHeapUpdate(Relation rel, ItemPointer otid, HeapTuple tup)
 #endif
 
 /*
+ * index_insert_cleanup(): PostgreSQL 17 let an index access method keep
+ * state across the inserts of one statement in IndexInfo.ii_AmCache (BRIN
+ * keeps a pinned revmap buffer there) and release it in aminsertcleanup,
+ * which whoever inserts must call once done.  Before 17 there was nothing
+ * to release.
+ */
+#if PG_VERSION_NUM >= 170000
+#define IdemIndexInsertCleanup(index, info) index_insert_cleanup((index), (info))
+#else
+#define IdemIndexInsertCleanup(index, info) ((void) (index), (void) (info))
+#endif
+
+/*
  * index_beginscan(): PostgreSQL 18 added an
  * IndexScanInstrumentation argument, for EXPLAIN ANALYZE; none here.
  */

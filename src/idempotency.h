@@ -234,8 +234,10 @@ typedef struct IdemOpenPartition
 	Relation	index;			/* the digest index probes use */
 	int			nindexes;		/* every index, the digest one among them */
 	Relation   *indexes;
+	struct IndexInfo **infos;	/* of each index, built on first insert */
 	bool		simple;			/* every index takes plain column values */
 	Relation	inline_indexes[IDEM_INLINE_INDEXES];
+	struct IndexInfo *inline_infos[IDEM_INLINE_INDEXES];
 } IdemOpenPartition;
 
 /* What a probe found */

@@ -49,7 +49,7 @@
 
 static bool IdemIsDigestIndex(Relation index);
 static bool IdemIsSimpleIndex(Relation index);
-static IndexInfo *IdemIndexInfo(Relation index);
+static IndexInfo *IdemIndexInfo(IdemOpenPartition *op, int i);
 static void IdemInsertIndexEntriesDirect(IdemOpenPartition *op,
 										 HeapTuple tuple, bool only_summarizing);
 static void IdemInsertIndexEntriesExecutor(IdemOpenPartition *op,
@@ -72,8 +72,17 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
 	op->index = NULL;
 	op->nindexes = 0;
 	op->simple = true;
-	op->indexes = (n <= IDEM_INLINE_INDEXES) ? op->inline_indexes :
-		palloc(n * sizeof(Relation));
+	if (n <= IDEM_INLINE_INDEXES)
+	{
+		op->indexes = op->inline_indexes;
+		op->infos = op->inline_infos;
+	}
+	else
+	{
+		op->indexes = palloc(n * sizeof(Relation));
+		op->infos = palloc(n * sizeof(IndexInfo *));
+	}
+	memset(op->infos, 0, Max(n, IDEM_INLINE_INDEXES) * sizeof(IndexInfo *));
 
 	foreach(lc, indexoids)
 	{
@@ -100,17 +109,32 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
 						 quote_identifier(RelationGetRelationName(op->heap)))));
 }
 
-/* closes the indexes IdemOpenPartitionIndexes opened, keeping the locks */
+/*
+ * IdemClosePartitionIndexes closes the indexes IdemOpenPartitionIndexes
+ * opened, keeping the locks, after letting each access method release what
+ * it kept across this partition's inserts.
+ */
 void
 IdemClosePartitionIndexes(IdemOpenPartition *op)
 {
 	int			i;
 
 	for (i = 0; i < op->nindexes; i++)
+	{
+		if (op->infos[i] != NULL)
+		{
+			IdemIndexInsertCleanup(op->indexes[i], op->infos[i]);
+			pfree(op->infos[i]);
+		}
 		index_close(op->indexes[i], NoLock);
+	}
 	if (op->indexes != op->inline_indexes)
+	{
 		pfree(op->indexes);
+		pfree(op->infos);
+	}
 	op->indexes = NULL;
+	op->infos = NULL;
 	op->nindexes = 0;
 	op->index = NULL;
 }
@@ -172,25 +196,30 @@ IdemIsSimpleIndex(Relation index)
 }
 
 /*
- * IdemIndexInfo returns the IndexInfo of an index.  A digest btree's is the
- * same for every partition, so it is built once per backend; any other is
- * built for the call.
+ * IdemIndexInfo returns the IndexInfo of index "i" of the open partition.
+ * A digest btree's is the same for every partition and btree keeps no
+ * state in it, so it is built once per backend; any other is built on the
+ * partition's first insert and kept with it until IdemClosePartitionIndexes,
+ * which lets the access method release the state it keeps there.
  */
 static IndexInfo *
-IdemIndexInfo(Relation index)
+IdemIndexInfo(IdemOpenPartition *op, int i)
 {
 	static IndexInfo *digest_info = NULL;
-	MemoryContext oldcxt;
-	IndexInfo  *info;
+	Relation	index = op->indexes[i];
 
 	if (!IdemIsDigestIndex(index))
-		return BuildIndexInfo(index);
+	{
+		if (op->infos[i] == NULL)
+			op->infos[i] = BuildIndexInfo(index);
+		return op->infos[i];
+	}
 	if (digest_info == NULL)
 	{
-		oldcxt = MemoryContextSwitchTo(TopMemoryContext);
-		info = BuildIndexInfo(index);
+		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
+
+		digest_info = BuildIndexInfo(index);
 		MemoryContextSwitchTo(oldcxt);
-		digest_info = info;
 	}
 	return digest_info;
 }
@@ -222,7 +251,7 @@ IdemInsertIndexEntriesDirect(IdemOpenPartition *op, HeapTuple tuple,
 			values[k] = heap_getattr(tuple, form->indkey.values[k], tupdesc,
 									 &isnull[k]);
 		(void) index_insert(index, values, isnull, &tuple->t_self, op->heap,
-							UNIQUE_CHECK_NO, false, IdemIndexInfo(index));
+							UNIQUE_CHECK_NO, false, IdemIndexInfo(op, i));
 	}
 }
 
