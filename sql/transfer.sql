@@ -147,12 +147,44 @@ SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), n
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
         'in_progress', 1, now(), NULL, '\x00', NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_message(('regress_idem_transfer_app', NULL, now() + interval '1 hour')::idempotency.message_record);
+-- in progress without a lease: it could never be taken over
+SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
+        'in_progress', 1, now(), NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
+-- a lease that outlives the key
+SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
+        'in_progress', 1, now(), now() + interval '2 hours', NULL, NULL, NULL, NULL)::idempotency.key_record);
+-- beyond this node's idempotency.max_ttl (30 days)
+SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '31 days',
+        'completed', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+SELECT idempotency.import_message(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '31 days')::idempotency.message_record);
+-- a token that leaves no room for later claims
+SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
+        'completed', 9223372036854775807, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
 SELECT * FROM idempotency.export_keys(ARRAY['acme', NULL]);
 SELECT * FROM idempotency.export_keys(ARRAY[['acme'], ['globex']]);
 SELECT * FROM idempotency.export_messages(ARRAY[repeat('x', 100000)]);
 SELECT count(*) AS rows_changed
   FROM ((TABLE idempotency.keys EXCEPT TABLE before_bad)
         UNION ALL (TABLE before_bad EXCEPT TABLE idempotency.keys)) d;
+-- a completed key is final: a larger token in progress or released does not
+-- replace it
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, s.status, e.token + 1, e.claimed_at,
+        CASE s.status WHEN 'in_progress' THEN now() + interval '1 minute' END,
+        e.fingerprint, NULL, NULL, NULL)::idempotency.key_record) AS outcome, s.status
+  FROM idempotency.export_keys(ARRAY['acme']) e, (VALUES ('in_progress'), ('released')) s(status)
+ WHERE e.status = 'completed'
+ ORDER BY 2;
+-- the largest token a key may have: claiming it again after its lease
+-- lapsed needs a larger one, and there is none
+SET ROLE regress_idem_transfer_app;
+SELECT status FROM idem_claim('k-max', scope => 'maxed', lease => '1 hour');
+RESET ROLE;
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, 'in_progress', 4611686018427387903,
+        e.claimed_at, now() - interval '1 second', e.fingerprint, NULL, NULL, NULL)::idempotency.key_record)
+  FROM idempotency.export_keys(ARRAY['maxed']) e;
+SET ROLE regress_idem_transfer_app;
+SELECT status FROM idem_claim('k-max', scope => 'maxed', lease => '1 hour');
+RESET ROLE;
 -- a key this transaction wrote itself is not overwritten
 BEGIN;
 SET LOCAL ROLE regress_idem_transfer_app;

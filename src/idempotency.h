@@ -218,6 +218,13 @@ extern bool IdemRoleMayCreateIn(Oid roleid, Oid nspid);
 #define Anum_keys_response_code		11
 #define Anum_keys_response_body		12
 
+/*
+ * The largest fencing token a key may carry: tokens are the clock in
+ * microseconds (about 1.8e15 in 2026), and each new claim of a key takes a
+ * larger one; this leaves room for 2^62 more.
+ */
+#define IDEM_MAX_TOKEN		(PG_INT64_MAX / 2)
+
 /* Values of the key ledger's state column */
 #define KEY_IN_PROGRESS		'p'
 #define KEY_COMPLETED		'c'

@@ -255,7 +255,14 @@ IdemNextToken(TimestampTz now, int64 previous)
 {
 	int64		token = (int64) now;
 
-	return token > previous ? token : previous + 1;
+	if (token > previous)
+		return token;
+	if (previous >= IDEM_MAX_TOKEN)
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("no larger fencing token can be issued for this idempotency key"),
+				 errdetail("Its current token is " INT64_FORMAT ".", previous)));
+	return previous + 1;
 }
 
 /*
@@ -757,7 +764,8 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
  * A live local row of the key is replaced only by a newer one: a larger
  * token, or the same token in a state that follows the local one (completed
  * or released after in progress, or in progress again, with its latest
- * recovery point, for the node being moved from owns the key).  Waits for
+ * recovery point, for the node being moved from owns the key).  A local
+ * completed key is replaced only by a completed one.  Waits for
  * transactions writing the key, as a claim does.
  */
 IdemImportOutcome
@@ -811,8 +819,14 @@ IdemImportKey(Oid role, const pg_uuid_t *digest, Datum *values, bool *nulls)
 			int64		local_token = DatumGetInt64(op->values[Anum_keys_token - 1]);
 			char		local_state = IdemRowState(op);
 
+			/*
+			 * An older version, or the same claim no further on; and a
+			 * completed key is final: it is never claimed again while it
+			 * lives, so nothing but a later completion replaces it.
+			 */
 			if (token < local_token ||
-				(token == local_token && local_state != KEY_IN_PROGRESS))
+				(token == local_token && local_state != KEY_IN_PROGRESS) ||
+				(local_state == KEY_COMPLETED && state != KEY_COMPLETED))
 			{
 				IdemKeyOpEnd(op, false);
 				return IDEM_IMPORT_KEPT;

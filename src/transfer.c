@@ -102,6 +102,7 @@ static void IdemDeformRecord(FunctionCallInfo fcinfo, int natts,
 							 Datum *values, bool *nulls);
 static Oid	IdemImportRole(Datum name, bool isnull);
 static void IdemRequireField(bool isnull, const char *field);
+static void IdemCheckImportedExpiry(TimestampTz expires_at);
 static text *IdemImportOutcomeText(IdemImportOutcome outcome);
 
 /*
@@ -452,6 +453,27 @@ IdemImportRole(Datum name, bool isnull)
 	return get_role_oid(NameStr(*DatumGetName(name)), false);
 }
 
+/*
+ * IdemCheckImportedExpiry raises an error if an imported row would live
+ * longer than any call on this node may ask for (idempotency.max_ttl from
+ * now): it would be kept beyond the maintained horizon for longer than
+ * the node's own settings allow.
+ */
+static void
+IdemCheckImportedExpiry(TimestampTz expires_at)
+{
+	TimestampTz limit = GetCurrentTimestamp() + (int64) idem_max_ttl * USECS_PER_SEC;
+
+	if (expires_at > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("expires_at of an imported record is beyond %s",
+						"idempotency.max_ttl"),
+				 errdetail("This node keeps rows for at most %d seconds.", idem_max_ttl),
+				 errhint("Raise %s on this node to at least the other node's.",
+						 "idempotency.max_ttl")));
+}
+
 /* raises the error for a missing field of an imported record */
 static void
 IdemRequireField(bool isnull, const char *field)
@@ -523,10 +545,14 @@ idem_import_key(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("invalid status \"%s\" of an imported idempotency key", status),
 				 errhint("Valid statuses are \"in_progress\", \"completed\" and \"released\".")));
-	if (DatumGetInt64(rec[Anum_key_record_token - 1]) <= 0)
+	if (DatumGetInt64(rec[Anum_key_record_token - 1]) <= 0 ||
+		DatumGetInt64(rec[Anum_key_record_token - 1]) > IDEM_MAX_TOKEN)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("token of an imported idempotency key must be positive")));
+				 errmsg("token of an imported idempotency key must be between 1 and " INT64_FORMAT,
+						IDEM_MAX_TOKEN),
+				 errdetail("Tokens are issued from the clock, in microseconds; a larger one would leave no room for the tokens of later claims.")));
+	IdemCheckImportedExpiry(DatumGetTimestampTz(rec[Anum_key_record_expires_at - 1]));
 	if (state == KEY_COMPLETED)
 	{
 		int32		code;
@@ -558,6 +584,17 @@ idem_import_key(PG_FUNCTION_ARGS)
 	if (!recnulls[Anum_key_record_recovery_point - 1])
 		IdemCheckKeyLength(VARSIZE_ANY_EXHDR(DatumGetTextPP(rec[Anum_key_record_recovery_point - 1])),
 						   "recovery_point");
+	if (state == KEY_IN_PROGRESS && recnulls[Anum_key_record_lease_expires_at - 1])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an idempotency key in progress must have a lease"),
+				 errdetail("Only a two-phase claim, which has a lease, is in progress once committed; without one the key could never be taken over.")));
+	if (state == KEY_IN_PROGRESS &&
+		DatumGetTimestampTz(rec[Anum_key_record_lease_expires_at - 1]) >
+		DatumGetTimestampTz(rec[Anum_key_record_expires_at - 1]))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease of an imported idempotency key must not end after the key expires")));
 	IdemCheckWritable("idempotency.import_key()");
 	IdemRefuseLegacy(IDEM_LEDGER_KEYS, "idempotency.import_key()");
 
@@ -606,6 +643,7 @@ idem_import_message(PG_FUNCTION_ARGS)
 	digest.uuid = *DatumGetUUIDP(rec[Anum_key_record_digest - 1]);
 	memcpy(digest.legacy_head, digest.uuid.data, IDEM_DIGEST_PREFIX_LEN);
 	expires_at = DatumGetTimestampTz(rec[Anum_key_record_expires_at - 1]);
+	IdemCheckImportedExpiry(expires_at);
 	IdemCheckWritable("idempotency.import_message()");
 	IdemRefuseLegacy(IDEM_LEDGER_MESSAGES, "idempotency.import_message()");
 
