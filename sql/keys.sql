@@ -72,6 +72,17 @@ SELECT status FROM idem_claim('order-1', '{"amount": 100, "currency": "EUR"}');
 SELECT status FROM idem_claim('order-1', '[]');
 SELECT status, token = pg_temp.tok('order1') AS same_token, response_code, response_body
   FROM idem_lookup('order-1');
+-- numbers compare as jsonb compares them: their written scale does not
+-- matter (1.0 = 1 = 1.00), their value does
+BEGIN;
+SELECT status FROM idem_claim('order-scale', '{"amount": 10.50, "items": [1.0, {"q": 2}], "n": -0.0}');
+SELECT idem_complete('order-scale', 201);
+COMMIT;
+SELECT status, response_code
+  FROM idem_claim('order-scale', '{"n": 0, "items": [1, {"q": 2.000}], "amount": 10.5}');
+SELECT status FROM idem_claim('order-scale', '{"amount": 10.51, "items": [1, {"q": 2}], "n": 0}');
+SELECT status FROM idem_claim('order-scale', '{"amount": "10.5", "items": [1, {"q": 2}], "n": 0}');
+SELECT '{"amount": 10.50}'::jsonb = '{"amount": 10.5}'::jsonb AS jsonb_agrees;
 -- nested objects are canonical too; duplicate keys keep the last value, as jsonb does
 BEGIN;
 SELECT status FROM idem_claim('order-2', '{"a": {"x": 1, "y": [true, null]}, "b": "s"}');

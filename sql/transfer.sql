@@ -185,6 +185,21 @@ SELECT idempotency.import_key((e.role, e.digest, e.expires_at, 'in_progress', 46
 SET ROLE regress_idem_transfer_app;
 SELECT status FROM idem_claim('k-max', scope => 'maxed', lease => '1 hour');
 RESET ROLE;
+-- a key claimed before 0.3.1 was fingerprinted with its numbers as written:
+-- a retry with the very same request still matches it
+SET ROLE regress_idem_transfer_app;
+BEGIN;
+SELECT status FROM idem_claim('k-fp', '{"amount": 1.0}', scope => 'fp');
+SELECT idem_complete('k-fp', 200, scope => 'fp');
+COMMIT;
+RESET ROLE;
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, e.status, e.token + 1, e.claimed_at,
+        NULL, sha256(convert_to('{"amount": 1.0}', 'UTF8')), NULL, 200, NULL)::idempotency.key_record)
+  FROM idempotency.export_keys(ARRAY['fp']) e;
+SET ROLE regress_idem_transfer_app;
+SELECT status FROM idem_claim('k-fp', '{"amount": 1.0}', scope => 'fp');
+SELECT status FROM idem_claim('k-fp', '{"amount": 1.5}', scope => 'fp');
+RESET ROLE;
 -- a key this transaction wrote itself is not overwritten
 BEGIN;
 SET LOCAL ROLE regress_idem_transfer_app;

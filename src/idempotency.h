@@ -109,7 +109,7 @@ IdemLaneValueOf(int lanes, int number, bool legacy)
 extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
-extern bytea *IdemFingerprint(Datum request);
+extern bytea *IdemFingerprint(Datum request, bytea **legacy);
 
 /* ----------------------------------------------------------------
  * Argument checks shared by the SQL functions (idempotency.c)

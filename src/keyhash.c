@@ -37,12 +37,18 @@
 #include "common/sha2.h"
 #include "miscadmin.h"
 #include "port/pg_bswap.h"
+#include "utils/builtins.h"
 #include "utils/jsonb.h"
+#include "utils/numeric.h"
 #include "utils/resowner.h"
 
 #ifdef USE_OPENSSL
 #include <openssl/evp.h>
 #endif
+
+static bytea *IdemFingerprintOf(Jsonb *jb);
+static Jsonb *IdemJsonbShortestNumbers(Jsonb *jb);
+static Numeric IdemShortestNumeric(Numeric num);
 
 /*
  * SHA-256 for the life of the backend.  Every call hashes a key (twice when
@@ -301,13 +307,33 @@ IdemLegacyDigest(const IdemDigest *digest, pg_uuid_t *out)
 
 /*
  * IdemFingerprint returns the fingerprint of a request: SHA-256 of the
- * jsonb's canonical text form (jsonb already orders keys and drops
- * whitespace and duplicate keys), as a 32-byte bytea.
+ * text form of the jsonb with every number in its shortest form, as a
+ * 32-byte bytea.  Two requests have the same fingerprint exactly when they
+ * are equal jsonb values: jsonb already orders keys and drops whitespace
+ * and duplicate keys, and 1, 1.0 and 1.00 are the same number (as jsonb's
+ * "=" has it) whatever scale the client wrote.
+ *
+ * Before 0.3.1 the text kept each number's scale.  When that makes a
+ * difference for this request, *legacy is set to the fingerprint an older
+ * version computed, so that a key claimed then still matches its retry;
+ * otherwise (and for almost every request) it is set to NULL.
  */
 bytea *
-IdemFingerprint(Datum request)
+IdemFingerprint(Datum request, bytea **legacy)
 {
 	Jsonb	   *jb = DatumGetJsonbP(request);
+	Jsonb	   *canonical = IdemJsonbShortestNumbers(jb);
+
+	*legacy = NULL;
+	if (canonical != jb)
+		*legacy = IdemFingerprintOf(jb);
+	return IdemFingerprintOf(canonical);
+}
+
+/* SHA-256 of a jsonb's text form, as a bytea */
+static bytea *
+IdemFingerprintOf(Jsonb *jb)
+{
 	char	   *text = JsonbToCString(NULL, &jb->root, VARSIZE(jb));
 	bytea	   *result = palloc(VARHDRSZ + PG_SHA256_DIGEST_LENGTH);
 
@@ -315,6 +341,85 @@ IdemFingerprint(Datum request)
 	IdemSha256((const uint8 *) text, strlen(text), NULL, 0, NULL, 0,
 			   (uint8 *) VARDATA(result));
 	pfree(text);
+	return result;
+}
+
+/*
+ * IdemJsonbShortestNumbers returns "jb" itself if every number in it is
+ * written in its shortest form (no trailing zeros after the decimal
+ * point), and otherwise a copy in which every number is.
+ */
+static Jsonb *
+IdemJsonbShortestNumbers(Jsonb *jb)
+{
+	JsonbIterator *it;
+	JsonbParseState *state = NULL;
+	JsonbValue	v;
+	JsonbValue *result = NULL;
+	JsonbIteratorToken tok;
+	bool		changed = false;
+
+	/* a first pass, without copying: most requests need nothing */
+	it = JsonbIteratorInit(&jb->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		if ((tok == WJB_VALUE || tok == WJB_ELEM) && v.type == jbvNumeric &&
+			IdemShortestNumeric(v.val.numeric) != NULL)
+		{
+			changed = true;
+			break;
+		}
+	}
+	if (!changed)
+		return jb;
+
+	it = JsonbIteratorInit(&jb->root);
+	while ((tok = JsonbIteratorNext(&it, &v, false)) != WJB_DONE)
+	{
+		switch (tok)
+		{
+			case WJB_VALUE:
+			case WJB_ELEM:
+				if (v.type == jbvNumeric)
+				{
+					Numeric		shortest = IdemShortestNumeric(v.val.numeric);
+
+					if (shortest != NULL)
+						v.val.numeric = shortest;
+				}
+				result = pushJsonbValue(&state, tok, &v);
+				break;
+			case WJB_KEY:
+			case WJB_BEGIN_ARRAY:	/* keeps a top-level scalar a scalar */
+				result = pushJsonbValue(&state, tok, &v);
+				break;
+			default:
+				result = pushJsonbValue(&state, tok, NULL);
+				break;
+		}
+	}
+	return JsonbValueToJsonb(result);
+}
+
+/*
+ * IdemShortestNumeric returns the number "num" without the trailing zeros
+ * of its fraction, or NULL if it has none.
+ */
+static Numeric
+IdemShortestNumeric(Numeric num)
+{
+	char	   *shortest = numeric_normalize(num);
+	char	   *written = DatumGetCString(DirectFunctionCall1(numeric_out,
+															  NumericGetDatum(num)));
+	Numeric		result = NULL;
+
+	if (strcmp(shortest, written) != 0)
+		result = DatumGetNumeric(DirectFunctionCall3(numeric_in,
+													 CStringGetDatum(shortest),
+													 ObjectIdGetDatum(InvalidOid),
+													 Int32GetDatum(-1)));
+	pfree(shortest);
+	pfree(written);
 	return result;
 }
 

@@ -245,6 +245,14 @@ IdemRowState(IdemKeyOp *op)
 	return DatumGetChar(op->values[Anum_keys_state - 1]);
 }
 
+/* are two fingerprints the same? */
+static bool
+IdemSameFingerprint(bytea *a, bytea *b)
+{
+	return VARSIZE_ANY_EXHDR(a) == VARSIZE_ANY_EXHDR(b) &&
+		memcmp(VARDATA_ANY(a), VARDATA_ANY(b), VARSIZE_ANY_EXHDR(a)) == 0;
+}
+
 /*
  * IdemNextToken returns a fencing token larger than "previous" (0 for none):
  * the current time in microseconds, or previous + 1 if that is not larger.
@@ -307,6 +315,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	text	   *key = IdemCheckKeyArg(fcinfo, 0, "key");
 	text	   *scope = IdemCheckScopeArg(fcinfo, 2, "scope");
 	bytea	   *fingerprint = NULL;
+	bytea	   *legacy_fingerprint = NULL;
 	bool		has_lease = !PG_ARGISNULL(4);
 	TimestampTz lease_until = 0;
 	TimestampTz expires_at;
@@ -325,7 +334,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idem_claim()");
 
 	if (!PG_ARGISNULL(1))
-		fingerprint = IdemFingerprint(PG_GETARG_DATUM(1));
+		fingerprint = IdemFingerprint(PG_GETARG_DATUM(1), &legacy_fingerprint);
 	IdemKeyOpDigest(op, scope, key);
 	(void) IdemLedgerParent(op->ledger, true);
 	IdemSetKeyLockTag(&op->keytag, op->ledger, op->role, &op->digest.uuid);
@@ -414,9 +423,9 @@ idem_claim(PG_FUNCTION_ARGS)
 		{
 			bytea	   *stored = DatumGetByteaPP(op->values[Anum_keys_fingerprint - 1]);
 
-			if (VARSIZE_ANY_EXHDR(stored) != VARSIZE_ANY_EXHDR(fingerprint) ||
-				memcmp(VARDATA_ANY(stored), VARDATA_ANY(fingerprint),
-					   VARSIZE_ANY_EXHDR(fingerprint)) != 0)
+			if (!IdemSameFingerprint(stored, fingerprint) &&
+				(legacy_fingerprint == NULL ||
+				 !IdemSameFingerprint(stored, legacy_fingerprint)))
 			{
 				IdemKeyOpEnd(op, false);
 				return IdemClaimResult(fcinfo, "mismatch", op, false, false,
