@@ -23,7 +23,9 @@
 #include "access/genam.h"
 #include "access/heapam.h"
 #include "executor/executor.h"
+#include "miscadmin.h"
 #include "storage/lock.h"
+#include "storage/lockdefs.h"
 
 #if PG_VERSION_NUM < 150000
 #error "idempotency requires PostgreSQL 15 or later"
@@ -100,6 +102,27 @@ IdemSimpleHeapUpdate(Relation rel, ItemPointer otid, HeapTuple tup)
 #else
 #define IdemLockHeldByMe(tag, mode) LockHeldByMe((tag), (mode))
 #endif
+
+/*
+ * Does this backend hold a lock on relation "relid" in "mode" (or, with
+ * "orstronger", in a stronger mode)?  PostgreSQL's own
+ * CheckRelationOidLockedByMe() appeared only in later 15.x minor releases
+ * (and 16); this asks LockHeldByMe(), which every release has.
+ */
+static inline bool
+IdemRelationOidLockedByMe(Oid relid, LOCKMODE mode, bool orstronger)
+{
+	LOCKTAG		tag;
+	LOCKMODE	m;
+
+	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
+	for (m = mode; m <= (orstronger ? MaxLockMode : mode); m++)
+	{
+		if (IdemLockHeldByMe(&tag, m))
+			return true;
+	}
+	return false;
+}
 
 /*
  * index_insert_cleanup(): PostgreSQL 17 let an index access method keep

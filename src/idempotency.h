@@ -172,6 +172,8 @@ extern bool IdemLedgerDefined(IdemLedger ledger);
 extern List *IdemAllPartitions(IdemLedger ledger);
 extern Oid	IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 								int lane_number, bool far, TimestampTz at);
+extern Oid	IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
+									int16 lane, TimestampTz at);
 extern void IdemPartitionBounds(const IdemLayout *layout, int lane_number,
 								TimestampTz t, TimestampTz *lower,
 								TimestampTz *upper);

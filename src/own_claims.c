@@ -322,6 +322,26 @@ IdemOwnClaimsSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 	{
 		IdemOwnFrame *parent = NULL;
 
+		/*
+		 * The parent's list takes them over (a claim may then be in twice).
+		 * It grows first: were that to fail (out of memory), no claim has
+		 * been handed to the parent yet, and the subtransaction's own list
+		 * still undoes them all.
+		 */
+		if (nframes >= 2 && frames[nframes - 2].subid == parentSubid)
+			parent = &frames[nframes - 2];
+		if (parent != NULL && parent->n + frame->n > parent->allocated)
+		{
+			int			n = parent->allocated;
+
+			while (n < parent->n + frame->n)
+				n *= 2;
+			parent->claims = repalloc_huge(parent->claims,
+										   n * sizeof(IdemOwnClaim *));
+			parent->allocated = n;
+		}
+
+		/* nothing below can fail */
 		for (i = 0; i < frame->n; i++)
 		{
 			IdemOwnClaim *claim = frame->claims[i];
@@ -334,24 +354,10 @@ IdemOwnClaimsSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 				claim->moved_in = parentSubid;
 			claim->touched_in = parentSubid;
 		}
-
-		/* the parent's list takes them over (a claim may then be in twice) */
-		if (nframes >= 2 && frames[nframes - 2].subid == parentSubid)
-			parent = &frames[nframes - 2];
 		if (parent == NULL)
 			frame->subid = parentSubid;
 		else
 		{
-			if (parent->n + frame->n > parent->allocated)
-			{
-				int			n = parent->allocated;
-
-				while (n < parent->n + frame->n)
-					n *= 2;
-				parent->claims = repalloc_huge(parent->claims,
-											   n * sizeof(IdemOwnClaim *));
-				parent->allocated = n;
-			}
 			memcpy(parent->claims + parent->n, frame->claims,
 				   frame->n * sizeof(IdemOwnClaim *));
 			parent->n += frame->n;

@@ -97,7 +97,7 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 			locked[i] = true;
 			if (!parts[i].ended)
 				LockRelationOid(parts[i].relid, lockmode);
-			else if (CheckRelationOidLockedByMe(parts[i].relid,
+			else if (IdemRelationOidLockedByMe(parts[i].relid,
 												RowExclusiveLock, true))
 			{
 				/* this transaction wrote into it: keep it like a live one */

@@ -45,6 +45,7 @@ typedef struct IdemMisplaced
 
 static List *IdemFindMisplaced(IdemLedger ledger);
 static void IdemMoveRow(IdemLedger ledger, IdemMisplaced *m);
+static void IdemLayoutOfLane(IdemLedger ledger, int16 lane, IdemLayout *layout);
 
 /*
  * idempotency.relocate_lanes(always boolean DEFAULT true) RETURNS bigint
@@ -135,6 +136,37 @@ IdemFindMisplaced(IdemLedger ledger)
 }
 
 /*
+ * IdemLayoutOfLane sets *layout to the layout of lane value "lane": its lane
+ * count, and the width of the widest partition of that lane count and
+ * digest form (partitions are clipped to their neighbours, never widened,
+ * and those beyond the horizon are not of this kind: far lanes are of
+ * current partitions only).
+ */
+static void
+IdemLayoutOfLane(IdemLedger ledger, int16 lane, IdemLayout *layout)
+{
+	List	   *partitions = IdemAllPartitions(ledger);
+	ListCell   *lc;
+
+	layout->lanes = IdemLaneLanes(lane);
+	layout->width_us = 0;
+	foreach(lc, partitions)
+	{
+		IdemPartition *p = (IdemPartition *) lfirst(lc);
+
+		if (IdemLaneLanes(p->lane) == layout->lanes &&
+			IdemLaneIsLegacy(p->lane) == IdemLaneIsLegacy(lane) &&
+			!IdemLaneIsFar(p->lane))
+			layout->width_us = Max(layout->width_us, p->upper - p->lower);
+	}
+	list_free_deep(partitions);
+	if (layout->width_us == 0)
+		elog(ERROR, "no partition of lane %d's layout to size a new one by", (int) lane);
+	layout->width_us -= layout->width_us % layout->lanes;
+	layout->interval_us = layout->width_us / layout->lanes;
+}
+
+/*
  * IdemMoveRow deletes a misplaced row and inserts it again, with its lane
  * set right, into the partition of that lane that covers its expiry (of
  * the same layout, made if missing), under the row's key lock.
@@ -165,11 +197,8 @@ IdemMoveRow(IdemLedger ledger, IdemMisplaced *m)
 	{
 		IdemLayout	layout;
 
-		layout.lanes = IdemLaneLanes(m->lane);
-		layout.width_us = m->from.upper - m->from.lower;
-		layout.interval_us = layout.width_us / layout.lanes;
-		(void) IdemCreatePartition(ledger, &layout, IdemLaneNumber(m->lane),
-								   IdemLaneIsFar(m->lane), expires_at);
+		IdemLayoutOfLane(ledger, m->lane, &layout);
+		(void) IdemCreateLanePartition(ledger, &layout, m->lane, expires_at);
 		if (!IdemLanePartitionAt(ledger, m->lane, expires_at, &target))
 			elog(ERROR, "partition made for lane %d is not in the partition cache",
 				 (int) m->lane);

@@ -900,9 +900,24 @@ IdemPartitionDDLHeld(IdemLedger ledger)
 
 /*
  * IdemCreatePartition makes the partition of lane "lane_number" of a layout
- * (or of that lane's far partitions) that contains time "at", clipped so
- * that it does not overlap partitions the lane already has, and returns its
- * OID.  If a partition of that lane
+ * (or of that lane's far partitions) that contains time "at": see
+ * IdemCreateLanePartition.
+ */
+Oid
+IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
+					int lane_number, bool far, TimestampTz at)
+{
+	int16		lane = IdemLaneValueOf(layout->lanes, lane_number, false);
+
+	return IdemCreateLanePartition(ledger, layout, far ? IdemFarLane(lane) : lane,
+								   at);
+}
+
+/*
+ * IdemCreateLanePartition makes the partition of lane value "lane" (current,
+ * far or legacy; its lane count and number those of "layout") that contains
+ * time "at", clipped so that it does not overlap partitions the lane
+ * already has, and returns its OID.  If a partition of that lane
  * already contains "at" (another session made it while we waited for the
  * creation lock), that partition is returned instead.
  *
@@ -911,11 +926,13 @@ IdemPartitionDDLHeld(IdemLedger ledger)
  * caller's transaction; the creation lock is held until it ends.
  */
 Oid
-IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
-					int lane_number, bool far, TimestampTz at)
+IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
+						int16 lane, TimestampTz at)
 {
 	const IdemLedgerDef *def = &ledger_defs[ledger];
-	int16		lane = IdemLaneValueOf(layout->lanes, lane_number, false);
+	int			lane_number = IdemLaneNumber(lane);
+	bool		far = IdemLaneIsFar(lane);
+	bool		legacy = IdemLaneIsLegacy(lane);
 	IdemLedgerCache *cache;
 	LOCKTAG		tag;
 	TimestampTz lower,
@@ -934,8 +951,7 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 	AcceptInvalidationMessages();
 	cache = IdemGetLedgerCache(ledger);
 
-	if (far)
-		lane = IdemFarLane(lane);
+	Assert(IdemLaneLanes(lane) == layout->lanes);
 	IdemNewPartitionBounds(layout, lane_number, far, at, &lower, &upper);
 	for (i = IdemFirstInLane(cache, lane);
 		 i < cache->npartitions && cache->partitions[i].lane == lane;
@@ -963,15 +979,17 @@ IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 	/*
 	 * messages_n<lanes>_<lane>_<lower bound, UTC>, or _f<lane>_ for a far
 	 * partition; "n" tells them from the legacy partitions of the same lane
-	 * and range, messages_<lanes>_...
+	 * and range, messages_<lanes>_..., which only relocate_lanes() still
+	 * makes (for rows of a legacy lane that has lost its partition)
 	 */
 	if (timestamp2tm(lower, NULL, &tm, &fsec, NULL, NULL) != 0)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
 				 errmsg("timestamp out of range")));
 	initStringInfo(&name);
-	appendStringInfo(&name, "%s_n%d_%s%d_%04d%02d%02d_%02d%02d%02d",
-					 def->name, layout->lanes, far ? "f" : "", lane_number,
+	appendStringInfo(&name, "%s_%s%d_%s%d_%04d%02d%02d_%02d%02d%02d",
+					 def->name, legacy ? "" : "n", layout->lanes,
+					 far ? "f" : "", lane_number,
 					 tm.tm_year, tm.tm_mon, tm.tm_mday,
 					 tm.tm_hour, tm.tm_min, tm.tm_sec);
 	if (fsec != 0)

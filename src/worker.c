@@ -655,7 +655,7 @@ IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 		return false;
 	parent = IdemLedgerParent(ledger, false);
 	if (!OidIsValid(parent) ||
-		CheckRelationOidLockedByMe(parent, RowShareLock, true))
+		IdemRelationOidLockedByMe(parent, RowShareLock, true))
 		return false;
 
 	memset(&req, 0, sizeof(req));
