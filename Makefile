@@ -29,6 +29,13 @@ TEST_PORT_ISO ?= 54392
 EXTRA_CLEAN = tmp_check_regress tmp_check_iso output_iso results regression.diffs regression.out
 
 PG_CPPFLAGS = -I$(srcdir)/src -DIDEM_VERSION=\"$(EXTVERSION)\"
+
+# A syscache on pg_extension (PostgreSQL 16+, and back-patched into later
+# 15.x minor releases) lets src/library_version.c notice ALTER EXTENSION
+# UPDATE at once; without one it checks once per transaction.
+ifneq (,$(shell grep -qs EXTENSIONOID $(addprefix $(shell $(PG_CONFIG) --includedir-server)/,utils/syscache.h catalog/syscache_ids.h catalog/pg_extension.h) && echo yes))
+PG_CPPFLAGS += -DIDEM_HAVE_EXTENSION_SYSCACHE
+endif
 PG_CFLAGS = -Wno-unused-parameter
 
 PG_CONFIG ?= pg_config

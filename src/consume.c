@@ -169,6 +169,7 @@ idem_consume_message(PG_FUNCTION_ARGS)
 	Interval	ttl;
 	IdemDigest	digest;
 
+	IdemCheckLibraryVersion();
 	IdemMessageTtl(fcinfo, 2, &ttl);
 	IdemCheckWritable("idem_consume_message()");
 
@@ -212,6 +213,8 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	Oid			role = GetUserId();
 	int			i;
 	int			nnew = 0;
+
+	IdemCheckLibraryVersion();
 
 	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
 		(rsinfo->allowedModes & SFRM_Materialize) == 0)

@@ -114,6 +114,7 @@ _PG_init(void)
 
 	IdemStorageInit();
 	IdemOwnClaimsInit();
+	IdemLibraryVersionInit();
 
 	if (process_shared_preload_libraries_in_progress)
 	{

@@ -186,6 +186,14 @@ extern void IdemEnsureExtensionDependency(IdemLedger ledger);
 extern void IdemRestrictLedgerPrivileges(IdemLedger ledger);
 
 /* ----------------------------------------------------------------
+ * This library against the installed extension (library_version.c)
+ * ----------------------------------------------------------------
+ */
+extern void IdemLibraryVersionInit(void);
+extern void IdemCheckLibraryVersion(void);
+extern int	IdemCompareVersions(const char *a, const char *b);
+
+/* ----------------------------------------------------------------
  * Work done with more privilege than the caller (privilege.c)
  * ----------------------------------------------------------------
  */

@@ -323,6 +323,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	IdemKeyOp	opdata;
 	IdemKeyOp  *op = &opdata;
 
+	IdemCheckLibraryVersion();
 	op->ledger = IDEM_LEDGER_KEYS;
 	op->role = GetUserId();
 	IdemClaimClock(fcinfo, op, &expires_at, &lease_until);
@@ -634,6 +635,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	bool		keep_key_lock;
 	IdemOwnClaim *claim;
 
+	IdemCheckLibraryVersion();
 	if (action == IDEM_ACTION_COMPLETE)
 	{
 		if (PG_ARGISNULL(1))
@@ -918,6 +920,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	const char *status;
 	Snapshot	snapshot;
 
+	IdemCheckLibraryVersion();
 	InitMaterializedSRF(fcinfo, 0);
 
 	op->ledger = IDEM_LEDGER_KEYS;

@@ -105,6 +105,7 @@ idem_maintain(PG_FUNCTION_ARGS)
 	int			created;
 	int			dropped;
 
+	IdemCheckLibraryVersion();
 	if (get_call_result_type(fcinfo, NULL, &tupdesc) != TYPEFUNC_COMPOSITE)
 		elog(ERROR, "return type must be a row type");
 

@@ -35,6 +35,7 @@ idem_partition_info(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	int			ledger;
 
+	IdemCheckLibraryVersion();
 	InitMaterializedSRF(fcinfo, 0);
 
 	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)

@@ -60,6 +60,7 @@ idem_relocate_lanes(PG_FUNCTION_ARGS)
 	int64		moved = 0;
 	int			ledger;
 
+	IdemCheckLibraryVersion();
 #ifndef WORDS_BIGENDIAN
 	if (!PG_ARGISNULL(0) && !PG_GETARG_BOOL(0))
 		PG_RETURN_INT64(0);

@@ -280,6 +280,7 @@ idem_stats_info(PG_FUNCTION_ARGS)
 	IdemDbStats *entry;
 	bool		scan_done = false;
 
+	IdemCheckLibraryVersion();
 	IdemStatsRequirePreload("idempotency.stats");
 	InitMaterializedSRF(fcinfo, 0);
 
@@ -366,6 +367,7 @@ idem_stats_reset(PG_FUNCTION_ARGS)
 	IdemDbStats *entry;
 	TimestampTz now = GetCurrentTimestamp();
 
+	IdemCheckLibraryVersion();
 	IdemStatsRequirePreload("idempotency.stats_reset()");
 
 	LWLockAcquire(idem_stats->lock, LW_SHARED);

@@ -201,6 +201,7 @@ IdemExport(FunctionCallInfo fcinfo, IdemLedger ledger, const char *argname,
 	ListCell   *lc;
 	char		funcname[NAMEDATALEN + 32];
 
+	IdemCheckLibraryVersion();
 	snprintf(funcname, sizeof(funcname), "%s.export_%s()", IDEM_SCHEMA_NAME,
 			 IdemLedgerName(ledger));
 	InitMaterializedSRF(fcinfo, 0);
@@ -522,6 +523,7 @@ idem_import_key(PG_FUNCTION_ARGS)
 	char	   *status;
 	char		state;
 
+	IdemCheckLibraryVersion();
 	IdemDeformRecord(fcinfo, Natts_key_record, key_record_types, "key_record",
 					 rec, recnulls);
 	role = IdemImportRole(rec[Anum_key_record_role - 1],
@@ -634,6 +636,7 @@ idem_import_message(PG_FUNCTION_ARGS)
 	TimestampTz now = GetCurrentTimestamp();
 	TimestampTz expires_at;
 
+	IdemCheckLibraryVersion();
 	IdemDeformRecord(fcinfo, Natts_message_record, message_record_types,
 					 "message_record", rec, recnulls);
 	role = IdemImportRole(rec[Anum_key_record_role - 1],
