@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+#
+# bench/callgrind.sh -- CPU instructions per call, counted by Valgrind's
+# callgrind, for the extension's calls and the plain SQL they replace.
+#
+#   bash bench/callgrind.sh                 # every workload, a table
+#   WORKLOADS="claim_complete consume" bash bench/callgrind.sh
+#   CALLS=200 bash bench/callgrind.sh       # fewer calls (the suite's smoke run)
+#
+# Each workload runs twice in a single-user server (postgres --single) under
+# callgrind, once with CALLS statements and once with 2 x CALLS, each
+# statement (or BEGIN ... COMMIT group) its own transaction; the difference
+# of the two totals divided by CALLS is the cost of one call with its
+# commit, the server's start and stop cancelling out.  Instructions, not
+# seconds: the same binary on the same inputs gives the same count, however
+# busy the machine is, so the figures can be compared across runs and
+# against the committed ones (bench/results/callgrind.txt, checked by
+# test/t/090_instructions.pl within a stated margin).
+#
+#   workload         one call is
+#   consume          idem_consume_message() of a new id
+#   consume_raw      INSERT ... ON CONFLICT DO NOTHING of a new id, plain table
+#   claim_complete   BEGIN; idem_claim(); idem_complete(); COMMIT on a new key
+#   claim_raw        BEGIN; INSERT; UPDATE; COMMIT on a plain table
+#   replay           idem_claim() of a completed key
+#   replay_raw       SELECT of a completed key's row, plain table
+#
+# Environment: PG_CONFIG (default /usr/lib/postgresql/15/bin/pg_config),
+# CALLS (default 1000), WORKLOADS, OUT (the results file, default
+# bench/results/callgrind-latest.txt).  Needs valgrind; runs the server as
+# the current user, or as "postgres" when run as root.  The extension must
+# be installed for PG_CONFIG.
+
+set -euo pipefail
+
+BENCH_NAME=callgrind.sh
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+CALLS=${CALLS:-1000}
+WORKLOADS=${WORKLOADS:-consume consume_raw claim_complete claim_raw replay replay_raw}
+OUT=${OUT:-$REPO/bench/results/callgrind-latest.txt}
+# shellcheck source=bench/lib.sh
+. "$REPO/bench/lib.sh"
+
+command -v valgrind >/dev/null || die "valgrind is not installed (apt install valgrind)"
+BINDIR=$("$PG_CONFIG" --bindir)
+
+AS_USER=()
+[ "$(id -u)" -ne 0 ] || AS_USER=(runuser -u postgres --)
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-callgrind.XXXXXX")
+chmod 755 "$WORK"
+[ "$(id -u)" -ne 0 ] || chown postgres "$WORK"
+trap 'rm -rf "$WORK"' EXIT
+
+"${AS_USER[@]}" "$BINDIR/initdb" -D "$WORK/data" -A trust -U postgres >/dev/null ||
+	die "initdb failed"
+
+# one single-user server run of a script; prints its total instruction count
+# ($3 = a name for the output file) or nothing when not under callgrind
+single() {
+	local script="$1" tool="$2" name="$3" out
+	out="$WORK/$name.out"
+	if [ "$tool" = callgrind ]; then
+		"${AS_USER[@]}" valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg" \
+			"$BINDIR/postgres" --single -D "$WORK/data" -c fsync=off \
+			-c synchronous_commit=off postgres <"$script" >"$out" 2>&1 ||
+			{ tail -n 20 "$out" >&2; die "the single-user server failed ($name)"; }
+		grep -E '^(summary|totals):' "$WORK/$name.cg" | head -n 1 | awk '{print $2}'
+	else
+		"${AS_USER[@]}" "$BINDIR/postgres" --single -D "$WORK/data" -c fsync=off \
+			postgres <"$script" >"$out" 2>&1 ||
+			{ tail -n 20 "$out" >&2; die "the single-user server failed ($name)"; }
+	fi
+	if grep -q 'ERROR' "$out"; then
+		grep -m 3 'ERROR' "$out" >&2
+		die "a statement failed ($name)"
+	fi
+}
+
+# the statements of workload $1 for calls $2 .. $3 (new ids/keys each run)
+statements() {
+	local w="$1" from="$2" to="$3" i
+	for ((i = from; i <= to; i++)); do
+		case $w in
+		consume) echo "SELECT idem_consume_message('c', 'm$i')" ;;
+		consume_raw) echo "INSERT INTO plain_msg VALUES ('c', 'm$i', now() + interval '7 days') ON CONFLICT DO NOTHING" ;;
+		claim_complete)
+			echo "BEGIN"
+			echo "SELECT status FROM idem_claim('k$i', '{\"amount\": $i}')"
+			echo "SELECT idem_complete('k$i', 201, '{\"charge\": $i}')"
+			echo "COMMIT"
+			;;
+		claim_raw)
+			echo "BEGIN"
+			echo "INSERT INTO plain_keys (key, fingerprint, expires_at) VALUES ('k$i', sha256('{\"amount\": $i}'), now() + interval '1 day')"
+			echo "UPDATE plain_keys SET status = 'completed', code = 201, body = '{\"charge\": $i}' WHERE key = 'k$i'"
+			echo "COMMIT"
+			;;
+		replay) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
+		replay_raw) echo "SELECT status, code, body FROM plain_keys WHERE key = 'done$(((i - 1) % 500 + 1))' AND expires_at > now()" ;;
+		*) die "unknown workload $w" ;;
+		esac
+	done
+}
+
+# setup, outside callgrind: the extension, its ledgers and partitions, the
+# plain tables, and 500 completed keys for the replays
+{
+	echo "CREATE EXTENSION idempotency"
+	echo "SELECT idem_maintain()"
+	echo "CREATE TABLE plain_msg (consumer text, id text, expires_at timestamptz, PRIMARY KEY (consumer, id))"
+	echo "CREATE TABLE plain_keys (key text PRIMARY KEY, fingerprint bytea, status text DEFAULT 'in_progress', code int, body jsonb, expires_at timestamptz)"
+	for ((i = 1; i <= 500; i++)); do
+		echo "BEGIN"
+		echo "SELECT status FROM idem_claim('done$i', '{\"amount\": 1}')"
+		echo "SELECT idem_complete('done$i', 200, '{\"charge\": 1}')"
+		echo "COMMIT"
+		echo "INSERT INTO plain_keys VALUES ('done$i', sha256('{\"amount\": 1}'), 'completed', 200, '{\"charge\": 1}', now() + interval '1 day')"
+	done
+	# a first call of each kind, so that both measured runs find warm catalogs
+	statements consume 0 0
+	statements claim_complete 0 0
+} >"$WORK/setup.sql"
+single "$WORK/setup.sql" none setup
+
+: >"$OUT"
+say "# instructions per call (callgrind), $("$PG_CONFIG" --version), $CALLS calls per run"
+say "# workload  instructions_per_call"
+base=1
+for w in $WORKLOADS; do
+	statements "$w" "$base" $((base + CALLS - 1)) >"$WORK/$w-1.sql"
+	statements "$w" $((base + CALLS)) $((base + 3 * CALLS - 1)) >"$WORK/$w-2.sql"
+	base=$((base + 3 * CALLS))
+	one=$(single "$WORK/$w-1.sql" callgrind "$w-1")
+	two=$(single "$WORK/$w-2.sql" callgrind "$w-2")
+	[ -n "$one" ] && [ -n "$two" ] || die "no instruction count for $w"
+	say "$(awk -v w="$w" -v a="$one" -v b="$two" -v n="$CALLS" 'BEGIN{printf "%-15s %d", w, (b - a) / n}')"
+done
