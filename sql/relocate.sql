@@ -5,6 +5,7 @@
 -- legacy partitions (made before 0.3.0) such rows live in.
 --
 SET client_min_messages = warning;
+DROP EXTENSION IF EXISTS idempotency;
 CREATE EXTENSION idempotency;
 RESET client_min_messages;
 SELECT idem_maintain() IS NOT NULL AS made;
