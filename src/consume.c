@@ -26,6 +26,7 @@
 #include "miscadmin.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
+#include "utils/memutils.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
@@ -40,6 +41,7 @@ typedef struct IdemBatchItem
 } IdemBatchItem;
 
 static int	IdemBatchItemCmp(const void *a, const void *b);
+static IdemStep IdemRecordStep(IdemOp *op, void *arg);
 static void IdemMessageTtl(FunctionCallInfo fcinfo, int argno, Interval *ttl);
 
 /*
@@ -61,6 +63,14 @@ IdemMessageTtl(FunctionCallInfo fcinfo, int argno, Interval *ttl)
 		*ttl = *PG_GETARG_INTERVAL_P(argno);
 }
 
+/* One recording of a message id: its expiry, and whether it was recorded */
+typedef struct IdemRecord
+{
+	const Interval *ttl;		/* from the time of writing, or NULL */
+	TimestampTz expires_at;		/* with ttl NULL */
+	bool		recorded;
+} IdemRecord;
+
 /*
  * IdemRecordMessage records message "digest" of role "role" in the message
  * ledger unless a live record exists, waiting for transactions in progress
@@ -75,83 +85,43 @@ bool
 IdemRecordMessage(Oid role, const IdemDigest *digest, const Interval *ttl,
 				  TimestampTz expires_at)
 {
-	LOCKTAG		keytag;
-	IdemOpenPartition *open;
+	IdemRecord	rec;
+	IdemOp		op;
 
+	rec.ttl = ttl;
+	rec.expires_at = expires_at;
+	rec.recorded = false;
 	(void) IdemLedgerParent(IDEM_LEDGER_MESSAGES, true);
-	IdemSetKeyLockTag(&keytag, IDEM_LEDGER_MESSAGES, role, &digest->uuid);
+	IdemOpInit(&op, IDEM_LEDGER_MESSAGES, role, digest);
+	IdemOpRun(&op, false, IdemRecordStep, &rec);
+	return rec.recorded;
+}
 
-	for (;;)
-	{
-		IdemProbeResult probe;
-		int			nopen;
-		int			target;
-		Datum		values[Natts_messages];
-		bool		nulls[Natts_messages] = {false};
-		bool		keep_key_lock;
-		TimestampTz now = GetCurrentTimestamp();
+/*
+ * IdemRecordStep, the step of IdemRecordMessage: a live record means the id
+ * was consumed; none, and a record is written.
+ */
+static IdemStep
+IdemRecordStep(IdemOp *op, void *arg)
+{
+	IdemRecord *rec = (IdemRecord *) arg;
 
-		CHECK_FOR_INTERRUPTS();
-		if (ttl != NULL)
-			expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-																 TimestampTzGetDatum(now),
-																 IntervalPGetDatum(ttl)));
-		else if (expires_at <= now)
-			return false;
-		(void) LockAcquire(&keytag, ExclusiveLock, false, false);
+	if (rec->ttl != NULL)
+		op->expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+																 TimestampTzGetDatum(op->now),
+																 IntervalPGetDatum(rec->ttl)));
+	else if ((op->expires_at = rec->expires_at) <= op->now)
+		return IDEM_STEP_DONE;	/* an import that expired while it waited */
 
-		/* see every partition committed before we got the key lock */
-		AcceptInvalidationMessages();
-		nopen = IdemOpenLivePartitions(IDEM_LEDGER_MESSAGES, &digest->uuid, now,
-									   RowExclusiveLock, &open);
-		IdemProbe(open, nopen, role, digest, now, false, NULL, &probe);
-
-		if (probe.found == IDEM_FOUND_BUSY)
-		{
-			/* wait for the writer to finish, then look again */
-			IdemClosePartitions(open, nopen);
-			pfree(open);
-			LockRelease(&keytag, ExclusiveLock, false);
-			XactLockTableWait(probe.xwait, NULL, NULL, XLTW_None);
-			continue;
-		}
-		if (probe.found != IDEM_FOUND_NONE)
-		{
-			IdemClosePartitions(open, nopen);
-			pfree(open);
-			LockRelease(&keytag, ExclusiveLock, false);
-			return false;
-		}
-
-		target = IdemOpenTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, now, expires_at,
-								open, nopen);
-		if (target < 0)
-		{
-			/*
-			 * Have the partition made, and start over.  The key lock goes
-			 * first, unless we hold DDL locks on the ledger already (see
-			 * IdemMakeTarget).
-			 */
-			IdemClosePartitions(open, nopen);
-			pfree(open);
-			if (!IdemPartitionDDLHeld(IDEM_LEDGER_MESSAGES))
-				LockRelease(&keytag, ExclusiveLock, false);
-			IdemMakeTarget(IDEM_LEDGER_MESSAGES, &digest->uuid, now, expires_at);
-			continue;
-		}
-
-		values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(expires_at);
-		values[Anum_ledger_digest - 1] = UUIDPGetDatum(&digest->uuid);
-		values[Anum_ledger_role - 1] = ObjectIdGetDatum(role);
-		values[Anum_ledger_lane - 1] = Int16GetDatum(open[target].part.lane);
-		keep_key_lock = IdemInsertRow(&open[target], values, nulls, NULL);
-
-		IdemClosePartitions(open, nopen);
-		pfree(open);
-		if (!keep_key_lock)
-			LockRelease(&keytag, ExclusiveLock, false);
-		return true;
-	}
+	if (op->probe.found == IDEM_FOUND_BUSY)
+		return IDEM_STEP_WAIT;	/* answer for the writer's outcome */
+	if (op->probe.found != IDEM_FOUND_NONE)
+		return IDEM_STEP_DONE;	/* consumed already */
+	if (!IdemOpFindTarget(op))
+		return IDEM_STEP_MAKE_TARGET;
+	IdemOpInsert(op, NULL);
+	rec->recorded = true;
+	return IDEM_STEP_DONE;
 }
 
 /*
@@ -207,20 +177,14 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	int			nelems;
 	IdemBatchItem *items;
 	bool	   *is_new;
-	TupleDesc	tupdesc;
-	Tuplestorestate *tupstore;
+	MemoryContext element_cxt;
 	MemoryContext oldcontext;
 	Oid			role = GetUserId();
 	int			i;
 	int			nnew = 0;
 
 	IdemCheckLibraryVersion();
-
-	if (rsinfo == NULL || !IsA(rsinfo, ReturnSetInfo) ||
-		(rsinfo->allowedModes & SFRM_Materialize) == 0)
-		ereport(ERROR,
-				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
-				 errmsg("set-valued function called in context that cannot accept a set")));
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 
 	if (PG_ARGISNULL(1))
 		ereport(ERROR,
@@ -262,41 +226,42 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	}
 	IdemCheckWritable("idem_consume_messages()");
 
-	/* record in digest order; of equal ids, the first one in the input wins */
+	/*
+	 * Record in digest order; of equal ids, the first one in the input wins.
+	 * What recording one id allocates is freed before the next.
+	 */
 	qsort(items, nelems, sizeof(IdemBatchItem), IdemBatchItemCmp);
 	is_new = palloc0(Max(nelems, 1) * sizeof(bool));
+	element_cxt = AllocSetContextCreate(CurrentMemoryContext,
+										"idem_consume_messages element",
+										ALLOCSET_DEFAULT_SIZES);
 	for (i = 0; i < nelems; i++)
 	{
 		if (i > 0 && memcmp(&items[i].digest.uuid, &items[i - 1].digest.uuid,
 							IDEM_DIGEST_LEN) == 0)
 			continue;
+		oldcontext = MemoryContextSwitchTo(element_cxt);
 		is_new[items[i].position] =
 			IdemRecordMessage(role, &items[i].digest, &ttl, 0);
+		MemoryContextSwitchTo(oldcontext);
+		MemoryContextReset(element_cxt);
 	}
+	MemoryContextDelete(element_cxt);
 
 	/* return the new ones in input order */
-	oldcontext = MemoryContextSwitchTo(rsinfo->econtext->ecxt_per_query_memory);
-	tupdesc = CreateTemplateTupleDesc(1);
-	TupleDescInitEntry(tupdesc, (AttrNumber) 1, "message_id", TEXTOID, -1, 0);
-	tupstore = tuplestore_begin_heap(true, false, work_mem);
-	MemoryContextSwitchTo(oldcontext);
-
 	for (i = 0; i < nelems; i++)
 	{
 		bool		isnull = false;
 
 		if (is_new[i])
 		{
-			tuplestore_putvalues(tupstore, tupdesc, &elems[i], &isnull);
+			tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc,
+								 &elems[i], &isnull);
 			nnew++;
 		}
 	}
 	IdemStatsAdd(IDEM_STAT_CONSUMED, nnew);
 	IdemStatsAdd(IDEM_STAT_DUPLICATES, nelems - nnew);
-
-	rsinfo->returnMode = SFRM_Materialize;
-	rsinfo->setResult = tupstore;
-	rsinfo->setDesc = tupdesc;
 
 	pfree(items);
 	pfree(is_new);

@@ -275,6 +275,53 @@ typedef struct IdemProbeResult
 	HeapTuple	tuple;			/* copy of the row, if asked for */
 } IdemProbeResult;
 
+/*
+ * One operation on one key (or message id) of one ledger, through the
+ * protocol of probe.c: the key lock, the partitions the key's live row can
+ * be in, what the probe found there, and the row to write.
+ */
+typedef struct IdemOp
+{
+	IdemLedger	ledger;
+	Oid			role;
+	IdemDigest	digest;
+	LOCKTAG		keytag;			/* the key lock (IdemSetKeyLockTag) */
+	TimestampTz now;			/* the clock; read again after every wait */
+	TimestampTz expires_at;		/* of the row to write: set by the step */
+	bool		key_locked;		/* holds the key lock now */
+	bool		keep_key_lock;	/* ... until the transaction ends */
+	int			nopen;
+	IdemOpenPartition *open;	/* palloc'd by the probe */
+	int			target;			/* the open partition a new row goes to */
+	IdemProbeResult probe;		/* what the probe found */
+	Datum		values[Natts_keys]; /* the row found, then the row written */
+	bool		nulls[Natts_keys];
+} IdemOp;
+
+/* What a step of an operation decided (see IdemOpRun) */
+typedef enum IdemStep
+{
+	IDEM_STEP_DONE,				/* answered (and written, if it writes) */
+	IDEM_STEP_WAIT,				/* wait for the row's writer, start over */
+	IDEM_STEP_MAKE_TARGET		/* have the new row's partition made, start
+								 * over */
+} IdemStep;
+
+typedef IdemStep (*IdemStepFunc) (IdemOp *op, void *arg);
+
+extern void IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role,
+					   const IdemDigest *digest);
+extern void IdemOpRun(IdemOp *op, bool nowait, IdemStepFunc step, void *arg);
+extern bool IdemOpLock(IdemOp *op, bool nowait);
+extern void IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot);
+extern bool IdemOpFetchOwn(IdemOp *op, const IdemPartition *part,
+						   ItemPointer tid);
+extern bool IdemOpFindTarget(IdemOp *op);
+extern void IdemOpInsert(IdemOp *op, ItemPointer newtid);
+extern void IdemOpReplace(IdemOp *op, ItemPointer newtid);
+extern void IdemOpUpdate(IdemOp *op, ItemPointer newtid);
+extern void IdemOpEnd(IdemOp *op);
+
 extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 								   TimestampTz now, LOCKMODE lockmode,
 								   IdemOpenPartition **open);
@@ -285,9 +332,6 @@ extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 					  const IdemDigest *digest, TimestampTz now,
 					  bool want_tuple, Snapshot snapshot,
 					  IdemProbeResult *result);
-extern int	IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest,
-						   TimestampTz now, TimestampTz expires_at,
-						   IdemOpenPartition *open, int nopen);
 extern void IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
 						   TimestampTz now, TimestampTz expires_at);
 extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,

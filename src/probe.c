@@ -50,6 +50,7 @@
 #include "miscadmin.h"
 #include "nodes/execnodes.h"
 #include "nodes/makefuncs.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
@@ -323,32 +324,6 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 }
 
 /*
- * IdemOpenTarget returns the index, among the open partitions, of the one a
- * new row of this digest expiring at expires_at, written at "now", goes to
- * (see IdemPartitionFor).  The target is live and in one of the key's
- * lanes, so normally it is open already.  Returns -1 if the caller must
- * start over: the partition set changed, or the target does not exist, and
- * the caller must have it made with IdemMakeTarget first.
- */
-int
-IdemOpenTarget(IdemLedger ledger, const pg_uuid_t *digest, TimestampTz now,
-			   TimestampTz expires_at, IdemOpenPartition *open, int nopen)
-{
-	IdemPartition target;
-	int			i;
-
-	if (IdemPartitionFor(ledger, digest, now, expires_at, &target))
-	{
-		for (i = 0; i < nopen; i++)
-		{
-			if (open[i].part.relid == target.relid)
-				return i;
-		}
-	}
-	return -1;
-}
-
-/*
  * IdemMakeTarget makes the partition a new row of this digest expiring at
  * expires_at, written at "now", goes to, unless it exists by now: by a
  * partition maker worker, which commits it at once, or if none can be
@@ -491,4 +466,277 @@ IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 	IdemNoteWrite();
 	IdemInsertIndexEntries(op, newtuple, which);
 	return op->heap->rd_createSubid != InvalidSubTransactionId;
+}
+
+/* ----------------------------------------------------------------
+ * One operation on one key: the protocol's steps
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * IdemOpInit prepares an operation on the key (or message id) with this
+ * digest, of role "role", in a ledger: its key lock's tag and the clock.
+ * Nothing is locked or opened yet.
+ */
+void
+IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role, const IdemDigest *digest)
+{
+	op->ledger = ledger;
+	op->role = role;
+	op->digest = *digest;
+	IdemSetKeyLockTag(&op->keytag, ledger, role, &digest->uuid);
+	op->now = GetCurrentTimestamp();
+	op->expires_at = 0;
+	op->key_locked = false;
+	op->keep_key_lock = false;
+	op->nopen = 0;
+	op->open = NULL;
+	op->target = -1;
+	op->probe.found = IDEM_FOUND_NONE;
+	op->probe.tuple = NULL;
+}
+
+/*
+ * IdemOpRun runs the protocol to an answer: take the key lock (or, with
+ * nowait, try to), probe every partition the key's live row can be in,
+ * and let "step" decide what to answer or write, given what was found.
+ * When the step finds a row that another transaction is writing
+ * (IDEM_STEP_WAIT), the operation waits for that transaction to end; when
+ * the partition its new row belongs in is missing (IDEM_STEP_MAKE_TARGET),
+ * it has that partition made; either way it then starts over, with the
+ * clock read again.  The step is called with the key lock held (unless
+ * nowait was refused it, see op->key_locked) and the partitions open;
+ * they are released when it has answered, the key lock kept to the end of
+ * the transaction if the step wrote into a partition this transaction made
+ * (see IdemOpInsert).
+ */
+void
+IdemOpRun(IdemOp *op, bool nowait, IdemStepFunc step, void *arg)
+{
+	for (;;)
+	{
+		IdemStep	next;
+
+		CHECK_FOR_INTERRUPTS();
+		(void) IdemOpLock(op, nowait);
+		IdemOpProbe(op, RowExclusiveLock, NULL);
+		next = step(op, arg);
+		if (next == IDEM_STEP_DONE)
+		{
+			IdemOpEnd(op);
+			return;
+		}
+		if (next == IDEM_STEP_WAIT)
+		{
+			TransactionId xwait = op->probe.xwait;
+
+			IdemOpEnd(op);
+			XactLockTableWait(xwait, NULL, NULL, XLTW_None);
+		}
+		else
+		{
+			/*
+			 * The key lock goes before the partition is made, unless this
+			 * transaction holds DDL locks on the ledger already (see
+			 * IdemMakeTarget).
+			 */
+			op->keep_key_lock |= IdemPartitionDDLHeld(op->ledger);
+			IdemOpEnd(op);
+			IdemMakeTarget(op->ledger, &op->digest.uuid, op->now, op->expires_at);
+		}
+		op->now = GetCurrentTimestamp();
+	}
+}
+
+/*
+ * IdemOpLock takes the key lock; with nowait, returns false instead of
+ * waiting if another transaction holds it.
+ */
+bool
+IdemOpLock(IdemOp *op, bool nowait)
+{
+	op->key_locked = LockAcquire(&op->keytag, ExclusiveLock, false, nowait) !=
+		LOCKACQUIRE_NOT_AVAIL;
+	return op->key_locked;
+}
+
+/*
+ * IdemOpProbe opens, in the given lock mode, every partition the key's live
+ * row can be in, and probes them with the given MVCC snapshot or, if none,
+ * a dirty one (see IdemProbe()).  The row found, if any, is deformed into
+ * op->values/op->nulls (in the key ledger, whose callers read it).
+ * Partitions committed before the key lock was taken are seen.
+ */
+void
+IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
+{
+	AcceptInvalidationMessages();
+	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest.uuid, op->now,
+									   lockmode, &op->open);
+	op->target = -1;
+	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now,
+			  op->ledger == IDEM_LEDGER_KEYS, snapshot, &op->probe);
+	if (op->probe.tuple != NULL)
+		heap_deform_tuple(op->probe.tuple,
+						  RelationGetDescr(op->open[op->probe.which].heap),
+						  op->values, op->nulls);
+}
+
+/*
+ * IdemOpFetchOwn reads the current version of a row this transaction
+ * wrote, at "tid" in partition "part", into op as if a probe had found it
+ * (MINE), without a probe: no other transaction changes a row whose writer
+ * is still in progress.  Returns false, with nothing open, if the row is
+ * not there any more (its version was undone); the caller probes instead.
+ */
+bool
+IdemOpFetchOwn(IdemOp *op, const IdemPartition *part, ItemPointer tid)
+{
+	HeapTupleData tuple;
+	Buffer		buffer;
+	Relation	heap;
+	bool		isnull;
+
+	if (!OidIsValid(part->relid))
+		return false;
+
+	LockRelationOid(part->relid, RowExclusiveLock);
+	op->open = palloc(sizeof(IdemOpenPartition));
+	IdemOpenPartitionRels(&op->open[0], op->ledger, part, RowExclusiveLock);
+	op->nopen = 1;
+	op->target = -1;
+	heap = op->open[0].heap;
+	tuple.t_self = *tid;
+	if (!heap_fetch(heap, SnapshotSelf, &tuple, &buffer, false))
+	{
+		IdemClosePartitions(op->open, op->nopen);
+		op->nopen = 0;
+		return false;
+	}
+	op->probe.tuple = heap_copytuple(&tuple);
+	ReleaseBuffer(buffer);
+
+	if (!TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(op->probe.tuple->t_data)) ||
+		DatumGetObjectId(heap_getattr(op->probe.tuple, Anum_ledger_role,
+									  RelationGetDescr(heap), &isnull)) != op->role)
+	{
+		IdemClosePartitions(op->open, op->nopen);
+		op->nopen = 0;
+		return false;
+	}
+
+	op->probe.found = IDEM_FOUND_MINE;
+	op->probe.xwait = InvalidTransactionId;
+	op->probe.which = 0;
+	op->probe.tid = *tid;
+	heap_deform_tuple(op->probe.tuple, RelationGetDescr(heap),
+					  op->values, op->nulls);
+	return true;
+}
+
+/*
+ * IdemOpFindTarget finds, among the open partitions, the one a new row
+ * expiring at op->expires_at, written at op->now, goes to (see
+ * IdemPartitionFor), and sets op->target to it.  The target is live and in
+ * one of the key's lanes, so it is open if it exists.  Returns false if it
+ * is not there (the caller's step answers IDEM_STEP_MAKE_TARGET).
+ */
+bool
+IdemOpFindTarget(IdemOp *op)
+{
+	IdemPartition target;
+	int			i;
+
+	op->target = -1;
+	if (!IdemPartitionFor(op->ledger, &op->digest.uuid, op->now,
+						  op->expires_at, &target))
+		return false;
+	for (i = 0; i < op->nopen; i++)
+	{
+		if (op->open[i].part.relid == target.relid)
+		{
+			op->target = i;
+			return true;
+		}
+	}
+	return false;
+}
+
+/*
+ * IdemOpInsert inserts a new row into the target partition (IdemOpFindTarget):
+ * op->values/op->nulls, with its expiry (op->expires_at), digest, role and
+ * lane filled in here, and sets *newtid (if not NULL) to where it went.
+ */
+void
+IdemOpInsert(IdemOp *op, ItemPointer newtid)
+{
+	IdemOpenPartition *target = &op->open[op->target];
+
+	Assert(op->target >= 0);
+	op->values[Anum_ledger_expires_at - 1] = TimestampTzGetDatum(op->expires_at);
+	op->values[Anum_ledger_digest - 1] = UUIDPGetDatum(&op->digest.uuid);
+	op->values[Anum_ledger_role - 1] = ObjectIdGetDatum(op->role);
+	op->values[Anum_ledger_lane - 1] = Int16GetDatum(target->part.lane);
+	op->nulls[Anum_ledger_expires_at - 1] = false;
+	op->nulls[Anum_ledger_digest - 1] = false;
+	op->nulls[Anum_ledger_role - 1] = false;
+	op->nulls[Anum_ledger_lane - 1] = false;
+	if (IdemInsertRow(target, op->values, op->nulls, newtid))
+		op->keep_key_lock = true;
+}
+
+/*
+ * IdemOpReplace writes a new version of the key in place of the row the
+ * probe found: that row goes, and the new one (op->values, as for
+ * IdemOpInsert) goes to the target partition, that of its expiry.
+ * Concurrent probes see both as being written by this transaction until it
+ * ends.
+ */
+void
+IdemOpReplace(IdemOp *op, ItemPointer newtid)
+{
+	IdemOpenPartition *found = &op->open[op->probe.which];
+
+	IdemSeeOwnWrites();
+	simple_heap_delete(found->heap, &op->probe.tid);
+	if (found->heap->rd_createSubid != InvalidSubTransactionId)
+		op->keep_key_lock = true;
+	IdemOpInsert(op, newtid);
+}
+
+/*
+ * IdemOpUpdate updates the row the probe found, in place, to op->values
+ * (same digest and expiry, so same partition), and sets *newtid (if not
+ * NULL) to where the new version went.
+ */
+void
+IdemOpUpdate(IdemOp *op, ItemPointer newtid)
+{
+	IdemOpenPartition *found = &op->open[op->probe.which];
+	HeapTuple	newtuple = heap_form_tuple(RelationGetDescr(found->heap),
+										   op->values, op->nulls);
+
+	if (IdemUpdateRow(found, &op->probe.tid, newtuple))
+		op->keep_key_lock = true;
+	if (newtid != NULL)
+		*newtid = newtuple->t_self;
+	heap_freetuple(newtuple);
+}
+
+/*
+ * IdemOpEnd closes the partitions and releases the key lock, unless the
+ * operation wrote into a partition this transaction made (whose rows
+ * nobody else sees until it commits), when the lock is kept until the
+ * transaction ends.
+ */
+void
+IdemOpEnd(IdemOp *op)
+{
+	if (op->nopen > 0)
+		IdemClosePartitions(op->open, op->nopen);
+	op->nopen = 0;
+	op->open = NULL;			/* the call's memory: freed with it */
+	if (op->key_locked && !op->keep_key_lock)
+		LockRelease(&op->keytag, ExclusiveLock, false);
+	op->key_locked = false;
 }
