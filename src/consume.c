@@ -42,6 +42,8 @@ typedef struct IdemBatchItem
 
 static int	IdemBatchItemCmp(const void *a, const void *b);
 static IdemStep IdemRecordStep(IdemOp *op, void *arg);
+static IdemBatchItem *IdemBatchItems(text *consumer, Datum *elems, bool *nulls,
+									 int nelems);
 static void IdemMessageTtl(FunctionCallInfo fcinfo, int argno, Interval *ttl);
 
 /*
@@ -201,29 +203,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 					  &elems, &nulls, &nelems);
 
 	/* check everything before recording anything */
-	items = palloc(Max(nelems, 1) * sizeof(IdemBatchItem));
-	for (i = 0; i < nelems; i++)
-	{
-		text	   *id;
-		int			len;
-
-		if (nulls[i])
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("message_ids must not contain nulls"),
-					 errdetail("Element %d is null.", i + 1)));
-		id = DatumGetTextPP(elems[i]);
-		len = VARSIZE_ANY_EXHDR(id);
-		if (len == 0)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("message_id must not be empty"),
-					 errdetail("Element %d is empty.", i + 1)));
-		IdemCheckKeyLength(len, "message_id");
-		IdemComputeDigest(VARDATA_ANY(consumer), VARSIZE_ANY_EXHDR(consumer),
-						  VARDATA_ANY(id), len, &items[i].digest);
-		items[i].position = i;
-	}
+	items = IdemBatchItems(consumer, elems, nulls, nelems);
 	IdemCheckWritable("idem_consume_messages()");
 
 	/*
@@ -266,6 +246,42 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	pfree(items);
 	pfree(is_new);
 	return (Datum) 0;
+}
+
+/*
+ * IdemBatchItems checks every message id of a batch (not NULL, not empty,
+ * not too long) and returns the batch's items: each id's digest and
+ * position, in input order.
+ */
+static IdemBatchItem *
+IdemBatchItems(text *consumer, Datum *elems, bool *nulls, int nelems)
+{
+	IdemBatchItem *items = palloc(Max(nelems, 1) * sizeof(IdemBatchItem));
+	int			i;
+
+	for (i = 0; i < nelems; i++)
+	{
+		text	   *id;
+		int			len;
+
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("message_ids must not contain nulls"),
+					 errdetail("Element %d is null.", i + 1)));
+		id = DatumGetTextPP(elems[i]);
+		len = VARSIZE_ANY_EXHDR(id);
+		if (len == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("message_id must not be empty"),
+					 errdetail("Element %d is empty.", i + 1)));
+		IdemCheckKeyLength(len, "message_id");
+		IdemComputeDigest(VARDATA_ANY(consumer), VARSIZE_ANY_EXHDR(consumer),
+						  VARDATA_ANY(id), len, &items[i].digest);
+		items[i].position = i;
+	}
+	return items;
 }
 
 /* orders batch items by digest, then by input position */

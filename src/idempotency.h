@@ -35,6 +35,7 @@
  * Settings (idempotency.c).  Durations are in seconds.
  * ----------------------------------------------------------------
  */
+extern int	idem_naptime;
 extern int	idem_message_ttl;
 extern int	idem_key_ttl;
 extern int	idem_max_ttl;
@@ -112,7 +113,7 @@ extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
 extern bytea *IdemFingerprint(Datum request, bytea **legacy);
 
 /* ----------------------------------------------------------------
- * Argument checks shared by the SQL functions (idempotency.c)
+ * Argument checks shared by the SQL functions (args.c)
  * ----------------------------------------------------------------
  */
 extern text *IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno,
@@ -432,8 +433,6 @@ extern void IdemStatsRequirePreload(const char *what);
  * Background workers (worker.c); only with shared_preload_libraries
  * ----------------------------------------------------------------
  */
-extern int	idem_naptime;
-
 extern void IdemWorkerPreloadInit(void);
 extern bool IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 									int lane_number, bool far, TimestampTz at);

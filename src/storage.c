@@ -131,6 +131,7 @@ static uint64 cache_generation = 0;
 static void IdemRelcacheCallback(Datum arg, Oid relid);
 static IdemLedgerCache *IdemGetLedgerCache(IdemLedger ledger);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
+static int	IdemReadPartitions(Oid parent, IdemPartition **out);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
@@ -346,8 +347,6 @@ IdemGetLedgerCache(IdemLedger ledger)
 /*
  * IdemRebuildLedgerCache reads the ledger's partitions from the catalogs.
  *
- * Partitions whose detach is pending and partitions whose bounds are not of
- * the (lane, lane) x (lower, upper) shape this extension makes are ignored.
  * Everything is read into new memory first; the cache is changed only at
  * the end, and marked valid only if no invalidation arrived while reading.
  */
@@ -357,16 +356,11 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	uint64		invalidations = cache->invalidations;
 	Oid			nspid;
 	Oid			parent = InvalidOid;
-	Relation	inhrel;
-	SysScanDesc scan;
-	ScanKeyData key;
-	HeapTuple	tup;
-	int			allocated = 16;
-	int			n = 0;
+	int			n;
 	IdemPartition *parts;
 	Oid		   *relids;
 	int16		layouts[2 * IDEM_MAX_LANES];
-	int			nlayouts = 0;
+	int			nlayouts;
 	int			i;
 
 	if (IdemCacheContext == NULL)
@@ -397,7 +391,56 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	 * end: an error while reading (a cancel, a lock timeout) leaves
 	 * nothing behind for the backend's life.
 	 */
-	parts = palloc(allocated * sizeof(IdemPartition));
+	n = IdemReadPartitions(parent, &parts);
+
+	/* the OIDs, sorted, for the invalidation callback */
+	relids = palloc(Max(n, 1) * sizeof(Oid));
+	for (i = 0; i < n; i++)
+		relids[i] = parts[i].relid;
+	qsort(relids, n, sizeof(Oid), IdemOidCmp);
+
+	/* distinct layouts present (lane counts, current or legacy) */
+	nlayouts = 0;
+	for (i = 0; i < n; i++)
+	{
+		int16		layout = IdemLaneValueOf(IdemLaneLanes(parts[i].lane), 0,
+											 IdemLaneIsLegacy(parts[i].lane));
+		int			k;
+
+		for (k = 0; k < nlayouts; k++)
+			if (layouts[k] == layout)
+				break;
+		if (k == nlayouts && nlayouts < lengthof(layouts))
+			layouts[nlayouts++] = layout;
+	}
+
+	/* into the cache's memory: the cache now owns both copies */
+	parts = IdemCacheCopy(parts, n * sizeof(IdemPartition));
+	relids = IdemCacheCopy(relids, n * sizeof(Oid));
+	IdemSetLedgerCache(cache, parent, parts, relids, n, layouts, nlayouts);
+	cache->valid = (cache->invalidations == invalidations);
+	cache_generation++;
+}
+
+/*
+ * IdemReadPartitions sets *out to a palloc'd array of the partitions of
+ * table "parent", sorted by (lane, lower), read from pg_inherits and
+ * pg_class.relpartbound without locking the parent, and returns how many.
+ * Partitions whose detach is pending and partitions whose bounds are not
+ * of the (lane, lane) x (lower, upper) shape this extension makes are left
+ * out.
+ */
+static int
+IdemReadPartitions(Oid parent, IdemPartition **out)
+{
+	Relation	inhrel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	HeapTuple	tup;
+	int			allocated = 16;
+	int			n = 0;
+	IdemPartition *parts = palloc(allocated * sizeof(IdemPartition));
+	int			i;
 
 	inhrel = table_open(InheritsRelationId, AccessShareLock);
 	ScanKeyInit(&key, Anum_pg_inherits_inhparent, BTEqualStrategyNumber,
@@ -458,33 +501,8 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 		}
 		parts[j + 1] = p;
 	}
-
-	/* the OIDs, sorted, for the invalidation callback */
-	relids = palloc(Max(n, 1) * sizeof(Oid));
-	for (i = 0; i < n; i++)
-		relids[i] = parts[i].relid;
-	qsort(relids, n, sizeof(Oid), IdemOidCmp);
-
-	/* distinct layouts present (lane counts, current or legacy) */
-	for (i = 0; i < n; i++)
-	{
-		int16		layout = IdemLaneValueOf(IdemLaneLanes(parts[i].lane), 0,
-											 IdemLaneIsLegacy(parts[i].lane));
-		int			k;
-
-		for (k = 0; k < nlayouts; k++)
-			if (layouts[k] == layout)
-				break;
-		if (k == nlayouts && nlayouts < lengthof(layouts))
-			layouts[nlayouts++] = layout;
-	}
-
-	/* into the cache's memory: the cache now owns both copies */
-	parts = IdemCacheCopy(parts, n * sizeof(IdemPartition));
-	relids = IdemCacheCopy(relids, n * sizeof(Oid));
-	IdemSetLedgerCache(cache, parent, parts, relids, n, layouts, nlayouts);
-	cache->valid = (cache->invalidations == invalidations);
-	cache_generation++;
+	*out = parts;
+	return n;
 }
 
 /*
@@ -1078,7 +1096,7 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
 			ReThrowError(edata);
 		ereport(DEBUG1,
-				(errmsg("could not drop expired partition \"%s.%s\" now, will retry: %s",
+				(errmsg_internal("could not drop expired partition \"%s.%s\" now, will retry: %s",
 						IDEM_SCHEMA_NAME, relname, edata->message)));
 		FreeErrorData(edata);
 	}

@@ -103,6 +103,7 @@ static void IdemDeformRecord(FunctionCallInfo fcinfo, int natts,
 static Oid	IdemImportRole(Datum name, bool isnull);
 static void IdemRequireField(bool isnull, const char *field);
 static void IdemCheckImportedExpiry(TimestampTz expires_at);
+static char IdemCheckImportedKey(Datum *rec, bool *recnulls, Oid *role);
 static text *IdemImportOutcomeText(IdemImportOutcome outcome);
 
 /*
@@ -468,10 +469,10 @@ IdemCheckImportedExpiry(TimestampTz expires_at)
 	if (expires_at > limit)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("expires_at of an imported record is beyond %s",
+				 errmsg("expires_at of an imported record is beyond \"%s\"",
 						"idempotency.max_ttl"),
 				 errdetail("This node keeps rows for at most %d seconds.", idem_max_ttl),
-				 errhint("Raise %s on this node to at least the other node's.",
+				 errhint("Raise \"%s\" on this node to at least the other node's.",
 						 "idempotency.max_ttl")));
 }
 
@@ -505,31 +506,21 @@ IdemImportOutcomeText(IdemImportOutcome outcome)
 }
 
 /*
- * idempotency.import_key(k record) RETURNS text
- *
- * Stores an exported key in this node's ledger unless this node has a
- * version at least as new.  Answers inserted, replaced, kept or expired.
- * Every field is checked before anything is written.
+ * IdemCheckImportedKey raises the error for the first field of an imported
+ * key_record that is missing or cannot be (the role must exist here, the
+ * status be known, the token, expiry, response, lease and fingerprint be
+ * possible for that status); returns the key ledger's state value of its
+ * status, and sets *role to the local role it names.
  */
-Datum
-idem_import_key(PG_FUNCTION_ARGS)
+static char
+IdemCheckImportedKey(Datum *rec, bool *recnulls, Oid *role)
 {
-	Datum		rec[Natts_key_record];
-	bool		recnulls[Natts_key_record];
-	Datum		values[Natts_keys];
-	bool		nulls[Natts_keys];
-	Oid			role;
-	pg_uuid_t	digest;
 	char	   *status;
 	char		state;
 
-	IdemCheckLibraryVersion();
-	IdemDeformRecord(fcinfo, Natts_key_record, key_record_types, "key_record",
-					 rec, recnulls);
-	role = IdemImportRole(rec[Anum_key_record_role - 1],
-						  recnulls[Anum_key_record_role - 1]);
+	*role = IdemImportRole(rec[Anum_key_record_role - 1],
+						   recnulls[Anum_key_record_role - 1]);
 	IdemRequireField(recnulls[Anum_key_record_digest - 1], "digest");
-	digest = *DatumGetUUIDP(rec[Anum_key_record_digest - 1]);
 	IdemRequireField(recnulls[Anum_key_record_expires_at - 1], "expires_at");
 	IdemRequireField(recnulls[Anum_key_record_status - 1], "status");
 	IdemRequireField(recnulls[Anum_key_record_token - 1], "token");
@@ -597,6 +588,32 @@ idem_import_key(PG_FUNCTION_ARGS)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease of an imported idempotency key must not end after the key expires")));
+	return state;
+}
+
+/*
+ * idempotency.import_key(k record) RETURNS text
+ *
+ * Stores an exported key in this node's ledger unless this node has a
+ * version at least as new.  Answers inserted, replaced, kept or expired.
+ * Every field is checked before anything is written.
+ */
+Datum
+idem_import_key(PG_FUNCTION_ARGS)
+{
+	Datum		rec[Natts_key_record];
+	bool		recnulls[Natts_key_record];
+	Datum		values[Natts_keys];
+	bool		nulls[Natts_keys];
+	Oid			role;
+	pg_uuid_t	digest;
+	char		state;
+
+	IdemCheckLibraryVersion();
+	IdemDeformRecord(fcinfo, Natts_key_record, key_record_types, "key_record",
+					 rec, recnulls);
+	state = IdemCheckImportedKey(rec, recnulls, &role);
+	digest = *DatumGetUUIDP(rec[Anum_key_record_digest - 1]);
 	IdemCheckWritable("idempotency.import_key()");
 	IdemRefuseLegacy(IDEM_LEDGER_KEYS, "idempotency.import_key()");
 

@@ -120,8 +120,6 @@ typedef struct IdemDbEntry
 	NameData	datname;
 } IdemDbEntry;
 
-int			idem_naptime = 60;
-
 static IdemWorkerShared *idem_worker_shared = NULL;
 static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 

@@ -1,0 +1,150 @@
+/*-------------------------------------------------------------------------
+ *
+ * args.c
+ *	  The argument checks every SQL function of the extension shares: keys,
+ *	  scopes, consumers and message ids; ttls; where a write may happen; how
+ *	  a key appears in an error message.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/args.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "fmgr.h"
+#include "mb/pg_wchar.h"
+#include "miscadmin.h"
+#include "utils/builtins.h"
+#include "utils/timestamp.h"
+
+/*
+ * IdemKeyForMessage returns a key as error messages show it: at most
+ * IDEM_KEY_IN_MESSAGE_LEN bytes (cut at a character boundary), with "..."
+ * appended if it was cut.  Keys can be up to idempotency.max_key_length
+ * (up to 1 MB) long; messages should not be.
+ */
+char *
+IdemKeyForMessage(const char *key)
+{
+	int			len = strlen(key);
+	int			cut;
+
+	if (len <= IDEM_KEY_IN_MESSAGE_LEN)
+		return pstrdup(key);
+	cut = pg_mbcliplen(key, len, IDEM_KEY_IN_MESSAGE_LEN);
+	return psprintf("%.*s...", cut, key);
+}
+
+/*
+ * IdemCheckKeyLength raises the error for a key, message id, consumer or
+ * scope of "len" bytes if that is over idempotency.max_key_length.
+ */
+void
+IdemCheckKeyLength(int len, const char *argname)
+{
+	if (len > idem_max_key_length)
+		ereport(ERROR,
+				(errcode(ERRCODE_STRING_DATA_RIGHT_TRUNCATION),
+				 errmsg("%s is too long", argname),
+				 errdetail("The %s is %d bytes long; the limit is %d bytes.",
+						   argname, len, idem_max_key_length),
+				 errhint("Raise \"%s\", or send a shorter value such as a hash.",
+						 "idempotency.max_key_length")));
+}
+
+/*
+ * IdemCheckScopeArg returns text argument "argno", named "argname" in error
+ * messages, after checking that it is not NULL and not longer than
+ * idempotency.max_key_length.  It may be empty.
+ */
+text *
+IdemCheckScopeArg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	text	   *t;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname)));
+	t = PG_GETARG_TEXT_PP(argno);
+	IdemCheckKeyLength(VARSIZE_ANY_EXHDR(t), argname);
+	return t;
+}
+
+/*
+ * IdemCheckKeyArg returns text argument "argno" after the checks of
+ * IdemCheckScopeArg, and that it is not empty.
+ */
+text *
+IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	text	   *t = IdemCheckScopeArg(fcinfo, argno, argname);
+
+	if (VARSIZE_ANY_EXHDR(t) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be empty", argname)));
+	return t;
+}
+
+/*
+ * IdemExpiresAt computes the expiry of a row written at "now" from the ttl
+ * argument "argno" (an interval, or NULL for the default ttl setting named
+ * "default_ttl_name"), checking that it is positive and within
+ * idempotency.max_ttl.
+ */
+TimestampTz
+IdemExpiresAt(FunctionCallInfo fcinfo, int argno, TimestampTz now,
+			  int default_ttl, const char *default_ttl_name)
+{
+	TimestampTz expires_at;
+	TimestampTz limit = now + (int64) idem_max_ttl * USECS_PER_SEC;
+
+	if (PG_ARGISNULL(argno))
+	{
+		if (default_ttl > idem_max_ttl)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("\"%s\" exceeds \"%s\"", default_ttl_name, "idempotency.max_ttl"),
+					 errdetail("\"%s\" is %d seconds; \"%s\" is %d seconds.",
+							   default_ttl_name, default_ttl,
+							   "idempotency.max_ttl", idem_max_ttl)));
+		return now + (int64) default_ttl * USECS_PER_SEC;
+	}
+
+	expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+														 TimestampTzGetDatum(now),
+														 PG_GETARG_DATUM(argno)));
+	if (expires_at <= now)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl must be a positive interval")));
+	if (expires_at > limit)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("ttl exceeds \"%s\"", "idempotency.max_ttl"),
+				 errdetail("The limit is %d seconds.", idem_max_ttl),
+				 errhint("Pass a shorter ttl, or raise \"%s\".", "idempotency.max_ttl")));
+	return expires_at;
+}
+
+/*
+ * IdemCheckWritable raises the usual errors for a write attempted on a
+ * standby, in a read-only transaction or in parallel mode.
+ */
+void
+IdemCheckWritable(const char *funcname)
+{
+	if (RecoveryInProgress())
+		ereport(ERROR,
+				(errcode(ERRCODE_READ_ONLY_SQL_TRANSACTION),
+				 errmsg("cannot execute %s during recovery", funcname),
+				 errhint("Call it on the primary server.")));
+	PreventCommandIfReadOnly(funcname);
+	PreventCommandIfParallelMode(funcname);
+}
