@@ -22,11 +22,34 @@
  * and a transaction may touch any number of keys.
  *
  * The one exception: a row inserted into a partition this transaction made
- * itself (because maintenance had not made it) is invisible to everyone
- * else until commit, so its key lock is kept until the transaction ends.
+ * itself (because maintenance had not made it, and no partition maker
+ * could) is invisible to everyone else until commit, so its key lock is
+ * kept until the transaction ends (at most max_locks_per_transaction of
+ * them, see IdemCountKeptKeyLock).
  *
- * This file has the pieces both ledgers use; consume.c and keys.c run the
- * protocol with them.
+ * Every call that writes a ledger row runs the protocol through one API,
+ * an IdemOp:
+ *
+ *	IdemOpInit			the key: ledger, role, digest, lock tag, clock
+ *	IdemOpRun			lock, probe, and the caller's step, over and over:
+ *						a step answers IDEM_STEP_DONE, or IDEM_STEP_WAIT (a
+ *						row is being written: wait for its writer) or
+ *						IDEM_STEP_MAKE_TARGET (the new row's partition is
+ *						missing: have it made); the clock is read again
+ *						after each wait
+ *	IdemOpFindTarget	the partition a new row goes to
+ *	IdemOpInsert, IdemOpReplace, IdemOpUpdate
+ *						write the row, noting when the key lock must be kept
+ *	IdemOpEnd			close the partitions, release the key lock
+ *
+ * A claim (keys.c), a consume (consume.c) and an import (keys.c, for
+ * transfer.c) are steps; idem_complete() and its siblings, which never
+ * wait and never make partitions, use IdemOpLock, IdemOpFetchOwn or
+ * IdemOpProbe, IdemOpUpdate and IdemOpEnd directly; idem_lookup() probes
+ * under an MVCC snapshot without the key lock.  Below them, the pieces:
+ * opening the partitions a key's row can be in (and asking the lock
+ * manager about ended ones), the probe, and writing rows with their index
+ * entries.
  *
  * Copyright (c) 2026, the idempotency authors
  *
