@@ -162,10 +162,10 @@ extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);
 extern uint64 IdemPartitionsGeneration(void);
 extern int	IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 									 TimestampTz now, IdemPartition **out);
-extern bool IdemTargetIsFar(IdemLedger ledger, TimestampTz now,
-							TimestampTz expires_at);
+extern bool IdemTargetIsFar(IdemLedger ledger, const IdemLayout *layout,
+							TimestampTz now, TimestampTz expires_at);
 extern bool IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
-							 TimestampTz now, TimestampTz expires_at,
+							 int16 lane, bool far, TimestampTz expires_at,
 							 IdemPartition *out);
 extern bool IdemLanePartitionAt(IdemLedger ledger, int16 lane, TimestampTz t,
 								IdemPartition *out);
@@ -287,6 +287,9 @@ typedef struct IdemOp
 	Oid			role;
 	IdemDigest	digest;
 	LOCKTAG		keytag;			/* the key lock (IdemSetKeyLockTag) */
+	IdemLayout	layout;			/* of new partitions (IdemOpFindTarget) */
+	int16		lane;			/* the digest's lane under that layout */
+	bool		far;			/* a new row goes to a far partition */
 	TimestampTz now;			/* the clock; read again after every wait */
 	TimestampTz expires_at;		/* of the row to write: set by the step */
 	bool		key_locked;		/* holds the key lock now */
@@ -333,8 +336,6 @@ extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 					  const IdemDigest *digest, TimestampTz now,
 					  bool want_tuple, Snapshot snapshot,
 					  IdemProbeResult *result);
-extern void IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest,
-						   TimestampTz now, TimestampTz expires_at);
 extern bool IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 						  ItemPointer newtid);
 extern void IdemCountKeptKeyLock(void);

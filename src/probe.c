@@ -83,6 +83,7 @@
 #include "utils/snapmgr.h"
 
 static bool IdemMayHaveWriters(Oid relid);
+static void IdemOpMakeTarget(IdemOp *op);
 static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
 
 /*
@@ -347,36 +348,32 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 }
 
 /*
- * IdemMakeTarget makes the partition a new row of this digest expiring at
- * expires_at, written at "now", goes to, unless it exists by now: by a
- * partition maker worker, which commits it at once, or if none can be
- * used, in the caller's transaction.
+ * IdemOpMakeTarget makes the partition a new row of the operation's key
+ * expiring at op->expires_at goes to (as IdemOpFindTarget chose it), unless
+ * it exists by now: by a partition maker worker, which commits it at once,
+ * or if none can be used, in the caller's transaction.
  *
  * The caller must not hold its key lock here, unless this transaction holds
  * DDL locks on the ledger already (IdemPartitionDDLHeld): the worker may
  * wait for a transaction that made a partition and now waits for that key,
  * and that cycle would be invisible to the deadlock detector.  Without DDL
- * locks of its own, the caller releases the key lock, has the partition
+ * locks of its own, IdemOpRun releases the key lock, has the partition
  * made, and starts over.
  */
-void
-IdemMakeTarget(IdemLedger ledger, const pg_uuid_t *digest, TimestampTz now,
-			   TimestampTz expires_at)
+static void
+IdemOpMakeTarget(IdemOp *op)
 {
 	IdemPartition target;
-	IdemLayout	layout;
-	int			lane_number;
-	bool		far;
+	int			lane_number = IdemLaneNumber(op->lane);
 
 	AcceptInvalidationMessages();
-	if (IdemPartitionFor(ledger, digest, now, expires_at, &target))
+	if (IdemPartitionFor(op->ledger, &op->digest.uuid, op->lane, op->far,
+						 op->expires_at, &target))
 		return;
-
-	IdemCurrentLayout(ledger, &layout);
-	lane_number = IdemLaneNumber(IdemLaneValue(digest, layout.lanes, false));
-	far = IdemTargetIsFar(ledger, now, expires_at);
-	if (!IdemWorkerMakePartition(ledger, &layout, lane_number, far, expires_at))
-		(void) IdemCreatePartition(ledger, &layout, lane_number, far, expires_at);
+	if (!IdemWorkerMakePartition(op->ledger, &op->layout, lane_number, op->far,
+								 op->expires_at))
+		(void) IdemCreatePartition(op->ledger, &op->layout, lane_number,
+								   op->far, op->expires_at);
 }
 
 /* the transaction and command of this backend's last ledger write */
@@ -508,6 +505,8 @@ IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role, const IdemDigest *digest)
 	op->role = role;
 	op->digest = *digest;
 	IdemSetKeyLockTag(&op->keytag, ledger, role, &digest->uuid);
+	op->layout.lanes = 0;		/* computed when a row is to be written */
+	op->far = false;
 	op->now = GetCurrentTimestamp();
 	op->expires_at = 0;
 	op->key_locked = false;
@@ -526,7 +525,7 @@ IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role, const IdemDigest *digest)
  * When the step finds a row that another transaction is writing
  * (IDEM_STEP_WAIT), the operation waits for that transaction to end; when
  * the partition its new row belongs in is missing (IDEM_STEP_MAKE_TARGET),
- * it has that partition made; either way it then starts over, with the
+ * it has that partition made (IdemOpMakeTarget); either way it then starts over, with the
  * clock read again.  The step is called with the key lock held (unless
  * nowait was refused it, see op->key_locked) and the partitions open;
  * they are released when it has answered, the key lock kept to the end of
@@ -561,11 +560,11 @@ IdemOpRun(IdemOp *op, bool nowait, IdemStepFunc step, void *arg)
 			/*
 			 * The key lock goes before the partition is made, unless this
 			 * transaction holds DDL locks on the ledger already (see
-			 * IdemMakeTarget).
+			 * IdemOpMakeTarget).
 			 */
 			op->keep_key_lock |= IdemPartitionDDLHeld(op->ledger);
 			IdemOpEnd(op);
-			IdemMakeTarget(op->ledger, &op->digest.uuid, op->now, op->expires_at);
+			IdemOpMakeTarget(op);
 		}
 		op->now = GetCurrentTimestamp();
 	}
@@ -671,7 +670,13 @@ IdemOpFindTarget(IdemOp *op)
 	int			i;
 
 	op->target = -1;
-	if (!IdemPartitionFor(op->ledger, &op->digest.uuid, op->now,
+	if (op->layout.lanes == 0)
+	{
+		IdemCurrentLayout(op->ledger, &op->layout);
+		op->lane = IdemLaneValue(&op->digest.uuid, op->layout.lanes, false);
+	}
+	op->far = IdemTargetIsFar(op->ledger, &op->layout, op->now, op->expires_at);
+	if (!IdemPartitionFor(op->ledger, &op->digest.uuid, op->lane, op->far,
 						  op->expires_at, &target))
 		return false;
 	for (i = 0; i < op->nopen; i++)

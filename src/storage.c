@@ -269,7 +269,7 @@ IdemPartitionBounds(const IdemLayout *layout, int lane_number, TimestampTz t,
 
 /*
  * IdemTargetIsFar: does a new row expiring at expires_at, written at "now",
- * go to a far partition of its lane?  It does when its expiry is beyond the
+ * go to a far partition of its lane ("layout" is the current one)?  It does when its expiry is beyond the
  * horizon maintenance keeps made (the default ttl plus premake partitions
  * of the current layout from now) by more than one partition width: a row
  * with the default ttl, or a little more, never does.
@@ -286,14 +286,12 @@ IdemPartitionBounds(const IdemLayout *layout, int lane_number, TimestampTz t,
  * partition's width past its expiry.
  */
 bool
-IdemTargetIsFar(IdemLedger ledger, TimestampTz now, TimestampTz expires_at)
+IdemTargetIsFar(IdemLedger ledger, const IdemLayout *layout, TimestampTz now,
+				TimestampTz expires_at)
 {
-	IdemLayout	layout;
-
-	IdemCurrentLayout(ledger, &layout);
 	return expires_at >= now +
 		(int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC +
-		(idem_premake + 1) * layout.width_us;
+		(idem_premake + 1) * layout->width_us;
 }
 
 /*
@@ -670,40 +668,35 @@ IdemLivePartitionsForKey(IdemLedger ledger, const pg_uuid_t *digest,
 
 /*
  * IdemPartitionFor finds the partition a new row of this digest expiring at
- * expires_at, written at "now", goes to: one made since 0.3.0 (legacy
- * partitions take no new rows), of the lane's far partitions if the row's
- * expiry is beyond the horizon (see IdemTargetIsFar), preferring the layout
- * of the current settings.
+ * expires_at goes to: one made since 0.3.0 (legacy partitions take no new
+ * rows), of the lane's far partitions if "far" (see IdemTargetIsFar),
+ * preferring the layout of the current settings, under which the digest's
+ * lane is "lane".
  */
 bool
-IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
-				 TimestampTz now, TimestampTz expires_at, IdemPartition *out)
+IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest, int16 lane,
+				 bool far, TimestampTz expires_at, IdemPartition *out)
 {
 	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
-	IdemLayout	layout;
-	bool		far = IdemTargetIsFar(ledger, now, expires_at);
-	int			pass;
+	int			k;
 
-	IdemCurrentLayout(ledger, &layout);
-	for (pass = 0; pass < 2; pass++)
+	/* the current layout's lane, the digest's lane under it */
+	if (IdemLanePartitionAt(ledger, far ? IdemFarLane(lane) : lane,
+							expires_at, out))
+		return true;
+
+	/* any other layout made since 0.3.0 */
+	for (k = 0; k < cache->nlayouts; k++)
 	{
-		int			k;
+		int			lanes = IdemLaneLanes(cache->layouts[k]);
+		int16		other;
 
-		for (k = 0; k < cache->nlayouts; k++)
-		{
-			int			lanes = IdemLaneLanes(cache->layouts[k]);
-			int16		lane;
-
-			if (IdemLaneIsLegacy(cache->layouts[k]))
-				continue;
-			/* first pass: current layout only; second: any other */
-			if ((pass == 0) != (lanes == layout.lanes))
-				continue;
-			lane = IdemLaneValue(digest, lanes, false);
-			if (IdemLanePartitionAt(ledger, far ? IdemFarLane(lane) : lane,
-									expires_at, out))
-				return true;
-		}
+		if (IdemLaneIsLegacy(cache->layouts[k]) || lanes == IdemLaneLanes(lane))
+			continue;
+		other = IdemLaneValue(digest, lanes, false);
+		if (IdemLanePartitionAt(ledger, far ? IdemFarLane(other) : other,
+								expires_at, out))
+			return true;
 	}
 	return false;
 }
