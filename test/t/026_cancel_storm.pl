@@ -177,11 +177,12 @@ sub messages
 # in the extension's own storage DDL (a partition made inline, or dropped
 # by idem_maintain()), in the DO block's statements and expressions, in the
 # DO block itself (its statement block, entry or exit), in the compilation
-# of the DO block.  Anything else is reported.
+# of the DO block.  (PostgreSQL 18 names a PL/pgSQL expression "PL/pgSQL
+# expression", older majors "SQL expression".)  Anything else is reported.
 my $cancel_re = qr/^ERROR:  canceling statement due to (statement timeout|user request)$/;
 my $context_re = qr/^(?:SQL\ statement\ "(?:CREATE\ TABLE|DROP\ TABLE|REVOKE\ ALL\ ON\ TABLE)\ idempotency\.[^"]*"
 	               |SQL\ statement\ "SELECT\ idem_complete\('s-\d+',\ 200\)"
-	               |SQL\ expression\ "\(SELECT\ status\ FROM\ idem_claim\('s-\d+',\ jsonb_build_object\('k',\ \d+\)\)\)\ =\ 'claimed'"
+	               |(?:PL\/pgSQL|SQL)\ expression\ "\(SELECT\ status\ FROM\ idem_claim\('s-\d+',\ jsonb_build_object\('k',\ \d+\)\)\)\ =\ 'claimed'"
 	               |PL\/pgSQL\ function\ inline_code_block(?:\ line\ \d+\ at\ (?:statement\ block|IF|PERFORM)|\ during\ [a-z ]+)?
 	               |compilation\ of\ PL\/pgSQL\ function\ "inline_code_block"\ near\ line\ \d+)$/x;
 my $notice_re = qr/^NOTICE:  idem_maintain\(\) is already running in this database, skipping$/;
@@ -238,9 +239,12 @@ sub classify
 				q{ERROR:  canceling statement due to statement timeout},
 				q{CONTEXT:  PL/pgSQL function inline_code_block line 1 at statement block},
 				q{ERROR:  canceling statement due to statement timeout},
-				q{CONTEXT:  PL/pgSQL function inline_code_block during function exit}
+				q{CONTEXT:  PL/pgSQL function inline_code_block during function exit},
+				q{ERROR:  canceling statement due to statement timeout},
+				q{CONTEXT:  PL/pgSQL expression "(SELECT status FROM idem_claim('s-47', jsonb_build_object('k', 47))) = 'claimed'"},
+				q{PL/pgSQL function inline_code_block line 1 at IF}
 			)));
-	is("$u $t " . scalar(@bad), '3 5 0', 'self-test: every message a cancel can print is accepted')
+	is("$u $t " . scalar(@bad), '3 6 0', 'self-test: every message a cancel can print is accepted')
 	  or diag(join("\n----\n", @bad));
 	# ... and anything else is not
 	for my $case (
@@ -318,7 +322,7 @@ for my $m (messages($storm_err))
 {
 	next unless $m->[0] =~ $cancel_re;
 	my $at = ($m->[1] // 'no context') =~ s/^CONTEXT:  //r;
-	$at =~ s/^(SQL statement "\w+ \w+|SQL expression|PL\/pgSQL function inline_code_block|compilation).*/$1/;
+	$at =~ s/^(SQL statement "\w+ \w+|(?:PL\/pgSQL |)SQL expression|PL\/pgSQL expression|PL\/pgSQL function inline_code_block|compilation).*/$1/;
 	$where{$at}++;
 }
 note(sprintf(
