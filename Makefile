@@ -49,6 +49,9 @@ endif
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
 
+# IDEM_VERSION comes from the control file: a new version rebuilds
+$(OBJS): $(EXTENSION).control
+
 # pgTAP contract tests, against the server named by PGHOST/PGPORT
 .PHONY: pgtap
 pgtap:

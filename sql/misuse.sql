@@ -71,10 +71,11 @@ SELECT ledger_state() AS state_before \gset
 -- 1. NULL in every argument position of every function
 ----------------------------------------------------------------------------
 -- Run in a transaction that is rolled back: the positions that accept NULL
--- (request, ttl, lease, response_body, token) succeed and write.  The keys
--- of the complete/checkpoint/release rows that succeed are claimed first.
+-- (request, ttl, lease, response_body, token, response_headers,
+-- response_raw, scope of idem_recover) succeed and write.  The keys of the
+-- complete/checkpoint/release rows that succeed are claimed first.
 BEGIN;
-SELECT count(*) AS claimed FROM (VALUES ('n-body'), ('n-ctoken'), ('n-kptoken'), ('n-rtoken')) k(k),
+SELECT count(*) AS claimed FROM (VALUES ('n-body'), ('n-ctoken'), ('n-kptoken'), ('n-rtoken'), ('n-headers'), ('n-raw')) k(k),
        LATERAL idem_claim(k) c WHERE c.status = 'claimed';
 CREATE TEMP TABLE null_cases (fn text, arg text, stmt text);
 INSERT INTO null_cases VALUES
@@ -90,11 +91,14 @@ INSERT INTO null_cases VALUES
   ('idem_claim',            'ttl',            $$SELECT idem_claim('n-ttl', '{}', '', NULL, '1 minute', false)$$),
   ('idem_claim',            'lease',          $$SELECT idem_claim('n-lease', '{}', '', '1 hour', NULL, false)$$),
   ('idem_claim',            'wait',           $$SELECT idem_claim('n-wait', '{}', '', '1 hour', '1 minute', NULL)$$),
+  ('idem_claim',            'keep_request',   $$SELECT idem_claim('n-keep', '{}', '', '1 hour', '1 minute', false, NULL)$$),
   ('idem_complete',         'key',            $$SELECT idem_complete(NULL, 200, '{}', '', NULL)$$),
   ('idem_complete',         'response_code',  $$SELECT idem_complete('n-body', NULL, '{}', '', NULL)$$),
   ('idem_complete',         'response_body',  $$SELECT idem_complete('n-body', 200, NULL, '', NULL)$$),
   ('idem_complete',         'scope',          $$SELECT idem_complete('n-ctoken', 200, '{}', NULL, NULL)$$),
   ('idem_complete',         'token',          $$SELECT idem_complete('n-ctoken', 200, '{}', '', NULL)$$),
+  ('idem_complete',         'response_headers', $$SELECT idem_complete('n-headers', 200, '{}', '', NULL, NULL)$$),
+  ('idem_complete',         'response_raw',   $$SELECT idem_complete('n-raw', 200, NULL, '', NULL, NULL, NULL)$$),
   ('idem_checkpoint',       'key',            $$SELECT idem_checkpoint(NULL, 'step', '', NULL)$$),
   ('idem_checkpoint',       'recovery_point', $$SELECT idem_checkpoint('n-kptoken', NULL, '', NULL)$$),
   ('idem_checkpoint',       'scope',          $$SELECT idem_checkpoint('n-kptoken', 'step', NULL, NULL)$$),
@@ -103,7 +107,10 @@ INSERT INTO null_cases VALUES
   ('idem_release',          'scope',          $$SELECT idem_release('n-rtoken', NULL, NULL)$$),
   ('idem_release',          'token',          $$SELECT idem_release('n-rtoken', '', NULL)$$),
   ('idem_lookup',           'key',            $$SELECT * FROM idem_lookup(NULL, '')$$),
-  ('idem_lookup',           'scope',          $$SELECT * FROM idem_lookup('done', NULL)$$);
+  ('idem_lookup',           'scope',          $$SELECT * FROM idem_lookup('done', NULL)$$),
+  ('idem_recover',          'lease',          $$SELECT * FROM idem_recover(NULL)$$),
+  ('idem_recover',          'scope',          $$SELECT * FROM idem_recover('1 minute', NULL)$$),
+  ('idem_recover',          'max_keys',       $$SELECT * FROM idem_recover('1 minute', NULL, NULL)$$);
 SELECT fn, arg, try(stmt) FROM null_cases;
 -- the table covers every input argument of every idem_* function
 SELECT p.proname, a.name AS argument_not_covered
@@ -192,12 +199,20 @@ SELECT ledger_rows();
 SELECT ledger_state() AS state_before \gset
 
 ----------------------------------------------------------------------------
--- 4. huge response bodies and requests: allowed (jsonb up to its own 255 MB
---    limit), stored out of line, and returned verbatim
+-- 4. huge response bodies and requests: a response over
+--    idempotency.max_response_bytes (1MB by default) is refused and nothing
+--    is stored; under a raised bound they are stored out of line, and
+--    returned verbatim; requests (as fingerprints) have no bound
 ----------------------------------------------------------------------------
 CREATE TABLE big (body jsonb);
 INSERT INTO big SELECT jsonb_agg(md5(g::text)) FROM generate_series(1, 300000) g;
 SELECT pg_column_size(body) > 10 * 1000 * 1000 AS body_over_10mb FROM big;
+BEGIN;
+SELECT status FROM idem_claim('big', (SELECT body FROM big));
+SELECT idem_complete('big', 200, body) FROM big;
+ROLLBACK;
+SELECT * FROM idem_lookup('big');
+SET idempotency.max_response_bytes = '16MB';
 BEGIN;
 SELECT status FROM idem_claim('big', (SELECT body FROM big));
 -- the body comes straight from a table: a TOAST pointer into "big"
@@ -211,6 +226,7 @@ SELECT status, response_code, response_body = (SELECT body FROM big) AS body_ver
 SELECT status, response_body = (SELECT body FROM big) AS body_verbatim FROM idem_lookup('big');
 -- a different huge request is a mismatch
 SELECT status FROM idem_claim('big', (SELECT body || '"x"' FROM big));
+RESET idempotency.max_response_bytes;
 DROP TABLE big;
 SELECT ledger_rows();
 SELECT ledger_state() AS state_before \gset

@@ -100,12 +100,12 @@ SELECT idempotency.import_key(k) FROM moved_keys k WHERE k.status = 'released';
 -- a newer version replaces the local one: the same claim, a later checkpoint
 SELECT idempotency.import_key(k) FROM (
   SELECT (e.role, e.digest, e.expires_at, e.status, e.token, e.claimed_at,
-          e.lease_expires_at, e.fingerprint, 'shipped', NULL, NULL)::idempotency.key_record AS k
+          e.lease_expires_at, e.fingerprint, 'shipped', NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record AS k
     FROM idempotency.export_keys(ARRAY['acme']) e WHERE e.status = 'in_progress') s;
 -- ... and a larger token
 SELECT idempotency.import_key(k) FROM (
   SELECT (e.role, e.digest, e.expires_at, 'completed', e.token + 1, e.claimed_at,
-          NULL, e.fingerprint, NULL, 202, '{"by": "newer"}')::idempotency.key_record AS k
+          NULL, e.fingerprint, NULL, 202, '{"by": "newer"}', NULL, NULL, NULL, NULL, NULL)::idempotency.key_record AS k
     FROM idempotency.export_keys(ARRAY['acme']) e WHERE e.status = 'in_progress') s;
 SET ROLE regress_idem_transfer_app;
 SELECT status, response_code, response_body FROM idem_lookup('k-released', 'acme');
@@ -114,7 +114,7 @@ RESET ROLE;
 SELECT idempotency.import_key(k) FROM (
   SELECT (e.role, e.digest, now() - interval '1 second', e.status, e.token + 1,
           e.claimed_at, NULL, e.fingerprint, NULL, e.response_code,
-          e.response_body)::idempotency.key_record AS k
+          e.response_body, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record AS k
     FROM idempotency.export_keys(ARRAY['acme']) e WHERE e.status = 'completed' LIMIT 1) s;
 SELECT idempotency.import_message((m.role, m.digest, now() - interval '1 second')::idempotency.message_record)
   FROM moved_messages m LIMIT 1;
@@ -123,43 +123,43 @@ SELECT idempotency.import_message((m.role, m.digest, now() - interval '1 second'
 -- nothing is written by a call that fails
 CREATE TABLE before_bad AS SELECT * FROM idempotency.keys;
 SELECT idempotency.import_key(('regress_idem_nobody', gen_random_uuid(), now() + interval '1 hour',
-        'completed', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 1, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key((NULL, gen_random_uuid(), now() + interval '1 hour',
-        'completed', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 1, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', NULL, now() + interval '1 hour',
-        'completed', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 1, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), NULL,
-        'completed', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 1, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'done', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'done', 1, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'completed', 0, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 0, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'completed', 1, NULL, NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 1, NULL, NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'completed', 1, now(), NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
+        'completed', 1, now(), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'completed', 1, now(), NULL, NULL, NULL, 600, NULL)::idempotency.key_record);
+        'completed', 1, now(), NULL, NULL, NULL, 600, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'in_progress', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'in_progress', 1, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'released', 1, now(), now() + interval '1 minute', NULL, NULL, NULL, NULL)::idempotency.key_record);
+        'released', 1, now(), now() + interval '1 minute', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'in_progress', 1, now(), NULL, '\x00', NULL, NULL, NULL)::idempotency.key_record);
+        'in_progress', 1, now(), NULL, '\x00', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_message(('regress_idem_transfer_app', NULL, now() + interval '1 hour')::idempotency.message_record);
 -- in progress without a lease: it could never be taken over
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'in_progress', 1, now(), NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
+        'in_progress', 1, now(), NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 -- a lease that outlives the key
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'in_progress', 1, now(), now() + interval '2 hours', NULL, NULL, NULL, NULL)::idempotency.key_record);
+        'in_progress', 1, now(), now() + interval '2 hours', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 -- beyond this node's idempotency.max_ttl (30 days)
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '31 days',
-        'completed', 1, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 1, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT idempotency.import_message(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '31 days')::idempotency.message_record);
 -- a token that leaves no room for later claims
 SELECT idempotency.import_key(('regress_idem_transfer_app', gen_random_uuid(), now() + interval '1 hour',
-        'completed', 9223372036854775807, now(), NULL, NULL, NULL, 200, NULL)::idempotency.key_record);
+        'completed', 9223372036854775807, now(), NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record);
 SELECT * FROM idempotency.export_keys(ARRAY['acme', NULL]);
 SELECT * FROM idempotency.export_keys(ARRAY[['acme'], ['globex']]);
 SELECT * FROM idempotency.export_messages(ARRAY[repeat('x', 100000)]);
@@ -170,7 +170,7 @@ SELECT count(*) AS rows_changed
 -- replace it
 SELECT idempotency.import_key((e.role, e.digest, e.expires_at, s.status, e.token + 1, e.claimed_at,
         CASE s.status WHEN 'in_progress' THEN now() + interval '1 minute' END,
-        e.fingerprint, NULL, NULL, NULL)::idempotency.key_record) AS outcome, s.status
+        e.fingerprint, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record) AS outcome, s.status
   FROM idempotency.export_keys(ARRAY['acme']) e, (VALUES ('in_progress'), ('released')) s(status)
  WHERE e.status = 'completed'
  ORDER BY 2;
@@ -180,7 +180,7 @@ SET ROLE regress_idem_transfer_app;
 SELECT status FROM idem_claim('k-max', scope => 'maxed', lease => '1 hour');
 RESET ROLE;
 SELECT idempotency.import_key((e.role, e.digest, e.expires_at, 'in_progress', 4611686018427387903,
-        e.claimed_at, now() - interval '1 second', e.fingerprint, NULL, NULL, NULL)::idempotency.key_record)
+        e.claimed_at, now() - interval '1 second', e.fingerprint, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record)
   FROM idempotency.export_keys(ARRAY['maxed']) e;
 SET ROLE regress_idem_transfer_app;
 SELECT status FROM idem_claim('k-max', scope => 'maxed', lease => '1 hour');
@@ -194,7 +194,7 @@ SELECT idem_complete('k-fp', 200, scope => 'fp');
 COMMIT;
 RESET ROLE;
 SELECT idempotency.import_key((e.role, e.digest, e.expires_at, e.status, e.token + 1, e.claimed_at,
-        NULL, sha256(convert_to('{"amount": 1.0}', 'UTF8')), NULL, 200, NULL)::idempotency.key_record)
+        NULL, sha256(convert_to('{"amount": 1.0}', 'UTF8')), NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record)
   FROM idempotency.export_keys(ARRAY['fp']) e;
 SET ROLE regress_idem_transfer_app;
 SELECT status FROM idem_claim('k-fp', '{"amount": 1.0}', scope => 'fp');
@@ -206,7 +206,7 @@ SET LOCAL ROLE regress_idem_transfer_app;
 SELECT status FROM idem_claim('k-mine', scope => 'acme');
 RESET ROLE;
 SELECT idempotency.import_key((e.role, e.digest, e.expires_at, 'completed', e.token + 1,
-        e.claimed_at, NULL, NULL, NULL, 200, NULL)::idempotency.key_record)
+        e.claimed_at, NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, NULL, NULL)::idempotency.key_record)
   FROM idempotency.export_keys(ARRAY['acme']) e, idempotency.keys k
  WHERE k.digest = e.digest AND k.xmin::text = txid_current()::text;
 ROLLBACK;
@@ -214,6 +214,57 @@ ROLLBACK;
 BEGIN READ ONLY;
 SELECT idempotency.import_key(k) FROM moved_keys k LIMIT 1;
 ROLLBACK;
+
+-- ------------------------------------------------- kept requests, responses
+-- a kept request, response headers and raw bytes travel with the key
+SET ROLE regress_idem_transfer_app;
+SELECT status FROM idem_claim('k-kept', '{"amount": 7}', scope => 'v4',
+                              lease => '1 hour', keep_request => true);
+BEGIN;
+SELECT status FROM idem_claim('k-raw', scope => 'v4');
+SELECT idem_complete('k-raw', 201, scope => 'v4',
+                     response_headers => '{"Location": "/r/1", "Content-Type": "text/csv"}',
+                     response_raw => convert_to(E'a,b\n1,2\n', 'UTF8'));
+COMMIT;
+RESET ROLE;
+CREATE TABLE moved_v4 AS SELECT * FROM idempotency.export_keys(ARRAY['v4']);
+SELECT status, kept_key, kept_scope, request, response_headers, response_raw
+  FROM moved_v4 ORDER BY status;
+DELETE FROM idempotency.keys WHERE digest IN (SELECT digest FROM moved_v4);
+SELECT idempotency.import_key(k) FROM moved_v4 k ORDER BY status;
+SET ROLE regress_idem_transfer_app;
+SELECT status, request, response_headers, convert_from(response_raw, 'UTF8') AS raw
+  FROM idem_lookup('k-kept', 'v4') UNION ALL
+SELECT status, request, response_headers, convert_from(response_raw, 'UTF8')
+  FROM idem_lookup('k-raw', 'v4');
+RESET ROLE;
+-- a record of the 0.3.1 shape (11 columns) is still taken
+SELECT idempotency.import_key(ROW(e.role, e.digest, e.expires_at, e.status, e.token + 1,
+        e.claimed_at, NULL::timestamptz, NULL::bytea, NULL::text, 200, '"v1"'::jsonb))
+  FROM moved_v4 e WHERE e.status = 'completed';
+-- a kept key that is not the digest's, a request without a kept key, a
+-- response of a key not completed, and both a body and raw bytes
+\set VERBOSITY terse
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, e.status, e.token + 1,
+        e.claimed_at, e.lease_expires_at, e.fingerprint, NULL, NULL, NULL,
+        'other', e.kept_scope, e.request, NULL, NULL)::idempotency.key_record)
+  FROM moved_v4 e WHERE e.status = 'in_progress';
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, e.status, e.token + 1,
+        e.claimed_at, e.lease_expires_at, e.fingerprint, NULL, NULL, NULL,
+        NULL, NULL, e.request, NULL, NULL)::idempotency.key_record)
+  FROM moved_v4 e WHERE e.status = 'in_progress';
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, e.status, e.token + 1,
+        e.claimed_at, e.lease_expires_at, e.fingerprint, NULL, NULL, NULL,
+        e.kept_key, e.kept_scope, e.request, '{"ETag": "x"}', NULL)::idempotency.key_record)
+  FROM moved_v4 e WHERE e.status = 'in_progress';
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, e.status, e.token + 1,
+        e.claimed_at, NULL, NULL, NULL, 200, '{}', NULL, NULL, NULL, NULL, '\x00')::idempotency.key_record)
+  FROM moved_v4 e WHERE e.status = 'completed';
+SELECT idempotency.import_key((e.role, e.digest, e.expires_at, e.status, e.token + 1,
+        e.claimed_at, NULL, NULL, NULL, 200, NULL, NULL, NULL, NULL, '{"bad name": "x"}', NULL)::idempotency.key_record)
+  FROM moved_v4 e WHERE e.status = 'completed';
+\set VERBOSITY default
+DROP TABLE moved_v4;
 
 -- ---------------------------------------------------------------- legacy rows
 -- partitions made before 0.3.0 hold digests without the namespace prefix:

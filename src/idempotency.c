@@ -35,6 +35,8 @@ int			idem_partition_interval = SECS_PER_DAY;
 int			idem_premake = 1;
 int			idem_max_key_length = 255;
 int			idem_naptime = 60;
+int			idem_wait_timeout = 0;
+int			idem_max_response_bytes = 1024 * 1024;
 
 void		_PG_init(void);
 
@@ -106,11 +108,28 @@ _PG_init(void)
 							PGC_SIGHUP, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("idempotency.wait_timeout",
+							gettext_noop("Sets how long idem_claim(..., wait => true) waits for the holder of a two-phase claim."),
+							gettext_noop("The wait ends when the holder completes or releases the key or its lease lapses; 0 answers in_progress at once."),
+							&idem_wait_timeout,
+							0, 0, INT_MAX,
+							PGC_USERSET, GUC_UNIT_MS,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.max_response_bytes",
+							gettext_noop("Sets the most one idempotency key may store: response body, headers and kept request."),
+							NULL,
+							&idem_max_response_bytes,
+							1024 * 1024, 1024, MaxAllocSize / 2,
+							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
 	IdemOwnClaimsInit();
 	IdemLibraryVersionInit();
+	IdemWaitInit();
 
 	if (process_shared_preload_libraries_in_progress)
 	{
@@ -131,8 +150,9 @@ IdemShmemRequest(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(add_size(IdemStatsShmemSize(),
-									IdemWorkerShmemSize()));
+	RequestAddinShmemSpace(add_size(add_size(IdemStatsShmemSize(),
+											 IdemWorkerShmemSize()),
+									IdemWaitShmemSize()));
 	RequestNamedLWLockTranche(IDEM_LWLOCK_TRANCHE, 1);
 }
 
@@ -148,5 +168,6 @@ IdemShmemStartup(void)
 	LWLockAcquire(AddinShmemInitLock, LW_EXCLUSIVE);
 	IdemStatsShmemInit();
 	IdemWorkerShmemInit();
+	IdemWaitShmemInit();
 	LWLockRelease(AddinShmemInitLock);
 }

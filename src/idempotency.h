@@ -32,7 +32,9 @@
 #define IDEM_SCHEMA_NAME	"idempotency"
 
 /* ----------------------------------------------------------------
- * Settings (idempotency.c).  Durations are in seconds.
+ * Settings (idempotency.c).  Durations are in seconds, but
+ * idem_wait_timeout is in milliseconds and idem_max_response_bytes in
+ * bytes.
  * ----------------------------------------------------------------
  */
 extern int	idem_naptime;
@@ -42,6 +44,8 @@ extern int	idem_max_ttl;
 extern int	idem_partition_interval;
 extern int	idem_premake;
 extern int	idem_max_key_length;
+extern int	idem_wait_timeout;
+extern int	idem_max_response_bytes;
 
 /* ----------------------------------------------------------------
  * Ledger identity and hashing (keyhash.c)
@@ -156,7 +160,7 @@ typedef struct IdemLayout
 extern void IdemStorageInit(void);
 extern Oid	IdemLedgerParent(IdemLedger ledger, bool create);
 extern const char *IdemLedgerName(IdemLedger ledger);
-extern int	IdemLedgerNatts(IdemLedger ledger);
+extern bool IdemLedgerHasColumns(IdemLedger ledger, int natts);
 extern int	IdemLedgerDefaultTtl(IdemLedger ledger);
 extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);
 extern uint64 IdemPartitionsGeneration(void);
@@ -193,6 +197,7 @@ extern void IdemRestrictLedgerPrivileges(IdemLedger ledger);
 extern void IdemLibraryVersionInit(void);
 extern void IdemCheckLibraryVersion(void);
 extern int	IdemCompareVersions(const char *a, const char *b);
+extern bool IdemInstalledVersionAtLeast(const char *version);
 
 /* ----------------------------------------------------------------
  * Work done with more privilege than the caller (privilege.c)
@@ -217,7 +222,8 @@ extern bool IdemRoleMayCreateIn(Oid roleid, Oid nspid);
 
 /* Number of columns of each ledger's table */
 #define Natts_messages				4
-#define Natts_keys					12
+#define Natts_keys					18
+#define Natts_keys_v1				12	/* key ledgers made before 0.4.0 */
 
 /* Columns of the key ledger after the four every ledger has */
 #define Anum_keys_state				5
@@ -228,6 +234,19 @@ extern bool IdemRoleMayCreateIn(Oid roleid, Oid nspid);
 #define Anum_keys_recovery_point	10
 #define Anum_keys_response_code		11
 #define Anum_keys_response_body		12
+/*
+ * Since 0.4.0: a claim's key, scope and request, kept for idem_recover();
+ * recover_at is the lease's end while such a claim is in progress with a
+ * lease (NULL otherwise): only it, not lease_until, is indexed, so that
+ * completing a claim without a kept request stays a HOT update.
+ */
+#define Anum_keys_kept_key			13
+#define Anum_keys_kept_scope		14
+#define Anum_keys_kept_request		15
+#define Anum_keys_recover_at		16
+/* since 0.4.0: response headers, and a response's raw bytes */
+#define Anum_keys_response_headers	17
+#define Anum_keys_response_raw		18
 
 /*
  * The largest fencing token a key may carry: tokens are the clock in
@@ -298,6 +317,8 @@ typedef struct IdemOp
 	IdemOpenPartition *open;	/* palloc'd by the probe */
 	int			target;			/* the open partition a new row goes to */
 	IdemProbeResult probe;		/* what the probe found */
+	TimestampTz wait_until;		/* for IDEM_STEP_WAIT_HOLDER: set by the step */
+	int			poll_ms;		/* ... its polling interval without preload */
 	Datum		values[Natts_keys]; /* the row found, then the row written */
 	bool		nulls[Natts_keys];
 } IdemOp;
@@ -307,8 +328,11 @@ typedef enum IdemStep
 {
 	IDEM_STEP_DONE,				/* answered (and written, if it writes) */
 	IDEM_STEP_WAIT,				/* wait for the row's writer, start over */
-	IDEM_STEP_MAKE_TARGET		/* have the new row's partition made, start
+	IDEM_STEP_MAKE_TARGET,		/* have the new row's partition made, start
 								 * over */
+	IDEM_STEP_WAIT_HOLDER		/* wait for the holder of a committed
+								 * two-phase claim to finish, up to
+								 * op->wait_until, start over */
 } IdemStep;
 
 typedef IdemStep (*IdemStepFunc) (IdemOp *op, void *arg);
@@ -348,6 +372,7 @@ extern void IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode);
 extern void IdemClosePartitionIndexes(IdemOpenPartition *op);
 extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 								   IdemIndexUpdate which);
+extern Relation IdemRecoverIndex(IdemOpenPartition *op);
 
 /* What importing a ledger row did (keys.c, consume.c; see transfer.c) */
 typedef enum IdemImportOutcome
@@ -360,6 +385,18 @@ typedef enum IdemImportOutcome
 
 extern IdemImportOutcome IdemImportKey(Oid role, const pg_uuid_t *digest,
 									   Datum *values, bool *nulls);
+
+/* A lapsed claim taken over by idem_recover() (keys.c, recover.c) */
+typedef struct IdemRecovered
+{
+	TimestampTz lapsed_at;		/* the end of the lease that lapsed */
+	int64		token;			/* the new one */
+	Datum		recovery_point; /* text, or (Datum) 0 */
+	Datum		request;		/* jsonb, or (Datum) 0 */
+} IdemRecovered;
+
+extern bool IdemRecoverKey(Oid role, const IdemDigest *digest, Datum lease,
+						   IdemRecovered *out);
 
 /* The processed-message ledger (consume.c) */
 extern bool IdemRecordMessage(Oid role, const IdemDigest *digest,
@@ -439,5 +476,25 @@ extern bool IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 									int lane_number, bool far, TimestampTz at);
 extern Size IdemWorkerShmemSize(void);
 extern void IdemWorkerShmemInit(void);
+
+/* ----------------------------------------------------------------
+ * What one key may store (responses.c)
+ * ----------------------------------------------------------------
+ */
+extern int64 IdemJsonbTextSize(Datum jsonb);
+extern void IdemCheckStoredSize(int64 size, const char *what);
+extern void IdemCheckResponseHeaders(Datum headers);
+
+/* ----------------------------------------------------------------
+ * Waiting for the holder of a two-phase claim (wait.c)
+ * ----------------------------------------------------------------
+ */
+extern void IdemWaitInit(void);
+extern Size IdemWaitShmemSize(void);
+extern void IdemWaitShmemInit(void);
+extern uint64 IdemWaitSeen(Oid role, const pg_uuid_t *digest);
+extern void IdemWaitNoteChange(Oid role, const pg_uuid_t *digest);
+extern void IdemWaitForHolder(Oid role, const pg_uuid_t *digest, uint64 seen,
+							  TimestampTz until, int *poll_ms);
 
 #endif							/* IDEMPOTENCY_H */

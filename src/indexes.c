@@ -19,9 +19,11 @@
  *	  stays complete.
  *
  * Indexes that take their entries straight from columns are written here
- * directly; when a partition has one with an expression, a predicate, a
- * uniqueness or an exclusion constraint, the executor's own
- * ExecInsertIndexTuples() does the work for all of them.
+ * directly, and so are partial ones whose predicate is "column IS NOT
+ * NULL" (the key ledger's recovery index, keys_recover_idx, is one: most
+ * rows have no entry in it); when a partition has one with an expression,
+ * another predicate, a uniqueness or an exclusion constraint, the
+ * executor's own ExecInsertIndexTuples() does the work for all of them.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -36,6 +38,7 @@
 #include "catalog/index.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_index.h"
+#include "catalog/pg_opfamily.h"
 #include "catalog/pg_type.h"
 #include "commands/defrem.h"
 #include "executor/executor.h"
@@ -49,6 +52,7 @@
 
 static bool IdemIsDigestIndex(Relation index);
 static bool IdemIsSimpleIndex(Relation index);
+static AttrNumber IdemNotNullPredicateAttr(Relation index);
 static IndexInfo *IdemIndexInfo(IdemOpenPartition *op, int i);
 static void IdemInsertIndexEntriesDirect(IdemOpenPartition *op,
 										 HeapTuple tuple, bool only_summarizing);
@@ -183,7 +187,8 @@ IdemIsDigestIndex(Relation index)
 
 /*
  * IdemIsSimpleIndex: can this index's entries be made from the row's
- * columns alone, with no uniqueness or exclusion check?
+ * columns alone, with no uniqueness or exclusion check, and no predicate
+ * but a column's being not null?
  */
 static bool
 IdemIsSimpleIndex(Relation index)
@@ -192,7 +197,74 @@ IdemIsSimpleIndex(Relation index)
 
 	return !form->indisunique && !form->indisexclusion &&
 		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
-		heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL);
+		(heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) ||
+		 IdemNotNullPredicateAttr(index) != InvalidAttrNumber);
+}
+
+/*
+ * IdemNotNullPredicateAttr returns the column of a partial index whose
+ * predicate is "column IS NOT NULL", or InvalidAttrNumber if the index has
+ * another predicate or none.
+ */
+static AttrNumber
+IdemNotNullPredicateAttr(Relation index)
+{
+	List	   *pred;
+	NullTest   *test;
+	AttrNumber	attno = InvalidAttrNumber;
+
+	if (heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL))
+		return InvalidAttrNumber;
+
+	/*
+	 * The relcache's own copy, read once and kept with the index (implicit
+	 * AND); RelationGetIndexPredicate() fills it, and returns a copy.
+	 */
+	if (index->rd_indpred == NIL)
+		(void) RelationGetIndexPredicate(index);
+	pred = index->rd_indpred;
+	if (list_length(pred) == 1 && IsA(linitial(pred), NullTest))
+	{
+		test = (NullTest *) linitial(pred);
+		if (test->nulltesttype == IS_NOT_NULL && !test->argisrow &&
+			IsA(test->arg, Var) && ((Var *) test->arg)->varattno > 0)
+			attno = ((Var *) test->arg)->varattno;
+	}
+	return attno;
+}
+
+/*
+ * IdemRecoverIndex returns the open partition's index of lapsable claims
+ * with a kept request (keys_recover_idx on the key ledger: a btree on
+ * (role, recover_at) WHERE recover_at IS NOT NULL), or NULL if it has no
+ * valid one.
+ */
+Relation
+IdemRecoverIndex(IdemOpenPartition *op)
+{
+	static Oid	timestamptz_btree_family = InvalidOid;
+	int			i;
+
+	if (!OidIsValid(timestamptz_btree_family))
+		timestamptz_btree_family =
+			get_opclass_family(GetDefaultOpClass(TIMESTAMPTZOID, BTREE_AM_OID));
+	for (i = 0; i < op->nindexes; i++)
+	{
+		Relation	index = op->indexes[i];
+		Form_pg_index form = index->rd_index;
+
+		if (form->indisvalid && form->indisready && form->indislive &&
+			form->indnatts == 2 &&
+			form->indkey.values[0] == Anum_ledger_role &&
+			form->indkey.values[1] == Anum_keys_recover_at &&
+			index->rd_rel->relam == BTREE_AM_OID &&
+			index->rd_opfamily[0] == OID_BTREE_FAM_OID &&
+			index->rd_opfamily[1] == timestamptz_btree_family &&
+			heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
+			IdemNotNullPredicateAttr(index) == Anum_keys_recover_at)
+			return index;
+	}
+	return NULL;
 }
 
 /*
@@ -241,12 +313,17 @@ IdemInsertIndexEntriesDirect(IdemOpenPartition *op, HeapTuple tuple,
 		Form_pg_index form = index->rd_index;
 		Datum		values[INDEX_MAX_KEYS];
 		bool		isnull[INDEX_MAX_KEYS];
+		AttrNumber	notnull;
 		int			k;
 
 		if (!form->indisready)
 			continue;			/* not built yet: its build will see the row */
 		if (only_summarizing && !IdemIndexIsSummarizing(index))
 			continue;
+		notnull = IdemNotNullPredicateAttr(index);
+		if (notnull != InvalidAttrNumber &&
+			heap_attisnull(tuple, notnull, tupdesc))
+			continue;			/* not in this partial index */
 		for (k = 0; k < form->indnatts; k++)
 			values[k] = heap_getattr(tuple, form->indkey.values[k], tupdesc,
 									 &isnull[k]);

@@ -66,8 +66,11 @@ PG_FUNCTION_INFO_V1(idem_checkpoint);
 PG_FUNCTION_INFO_V1(idem_release);
 PG_FUNCTION_INFO_V1(idem_lookup);
 
-/* Columns of idem_claim()'s result */
-#define Natts_claim_result			6
+/* Columns of idem_claim()'s result (6 before 0.4.0) */
+#define Natts_claim_result			8
+
+/* Columns of idem_lookup()'s result (8 before 0.4.0) */
+#define Natts_lookup_result			11
 
 /* What idem_complete(), idem_checkpoint() and idem_release() do */
 typedef enum IdemKeyAction
@@ -86,6 +89,10 @@ typedef struct IdemClaim
 	bytea	   *legacy_fingerprint; /* see IdemFingerprint, or NULL */
 	bool		has_lease;
 	bool		wait;
+	bool		keep_request;	/* keep key, scope and request (0.4.0) */
+	text	   *scope;
+	Datum		request;		/* (Datum) 0 if NULL */
+	TimestampTz wait_deadline;	/* for a holder's end; 0: no such wait */
 	TimestampTz clock_at;		/* the op->now they were computed from */
 	TimestampTz lease_until;	/* from op->now, as op->expires_at */
 	/* the answer */
@@ -114,12 +121,18 @@ static IdemStep IdemClaimAnswer(IdemClaim *claim, const char *status,
 								bool with_token, bool with_response,
 								TimestampTz expires_at);
 static IdemStep IdemClaimWrite(IdemClaim *claim, IdemOp *op);
+static void IdemClaimArgs(IdemClaim *claim, IdemOp *op);
+static IdemStep IdemClaimHeld(IdemClaim *claim, IdemOp *op);
 static void IdemClaimRow(IdemClaim *claim, IdemOp *op);
+static void IdemClaimKeep(IdemClaim *claim, IdemOp *op, bool afresh);
 static Datum IdemClaimResult(IdemClaim *claim, IdemOp *op);
 static void IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action,
 					   int scope_argno, int token_argno);
 static void IdemKeyActCheck(IdemOp *op, const char *keystr, bool has_token,
 							int64 token);
+static int64 IdemResponseArgs(FunctionCallInfo fcinfo);
+static void IdemKeySetResponse(FunctionCallInfo fcinfo, IdemOp *op,
+							   int64 size);
 static const char *IdemActionName(IdemKeyAction action);
 static IdemStep IdemImportStep(IdemOp *op, void *arg);
 static bool IdemImportIsNewer(IdemOp *op, IdemImport *imp);
@@ -209,10 +222,14 @@ IdemClaimClock(IdemClaim *claim, IdemOp *op)
 
 /*
  * idem_claim(key text, request jsonb, scope text, ttl interval,
- *			  lease interval, wait boolean)
+ *			  lease interval, wait boolean, keep_request boolean)
  *		RETURNS (status text, token bigint, recovery_point text,
  *				 response_code int, response_body jsonb,
- *				 expires_at timestamptz)
+ *				 expires_at timestamptz, response_headers jsonb,
+ *				 response_raw bytea)
+ *
+ * Before the extension is updated to 0.4.0 it has the first six arguments
+ * and result columns only.
  */
 Datum
 idem_claim(PG_FUNCTION_ARGS)
@@ -225,15 +242,12 @@ idem_claim(PG_FUNCTION_ARGS)
 	memset(&claim, 0, sizeof(claim));
 	claim.fcinfo = fcinfo;
 	claim.key = IdemCheckKeyArg(fcinfo, 0, "key");
+	claim.scope = IdemCheckScopeArg(fcinfo, 2, "scope");
 	claim.has_lease = !PG_ARGISNULL(4);
-	IdemKeyDigest(IdemCheckScopeArg(fcinfo, 2, "scope"), claim.key, &digest);
+	IdemKeyDigest(claim.scope, claim.key, &digest);
 	IdemOpInit(&op, IDEM_LEDGER_KEYS, GetUserId(), &digest);
 	IdemClaimClock(&claim, &op);
-	if (PG_ARGISNULL(5))
-		ereport(ERROR,
-				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-				 errmsg("wait must not be null")));
-	claim.wait = PG_GETARG_BOOL(5);
+	IdemClaimArgs(&claim, &op);
 	IdemCheckWritable("idem_claim()");
 	if (!PG_ARGISNULL(1))
 		claim.fingerprint = IdemFingerprint(PG_GETARG_DATUM(1),
@@ -242,6 +256,43 @@ idem_claim(PG_FUNCTION_ARGS)
 
 	IdemOpRun(&op, !claim.wait, IdemClaimStep, &claim);
 	return IdemClaimResult(&claim, &op);
+}
+
+/*
+ * IdemClaimArgs checks the arguments wait and keep_request of idem_claim(),
+ * and the size of a request to keep; the wait for a holder ends
+ * idempotency.wait_timeout after the call began.
+ */
+static void
+IdemClaimArgs(IdemClaim *claim, IdemOp *op)
+{
+	FunctionCallInfo fcinfo = claim->fcinfo;
+
+	if (PG_ARGISNULL(5))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("wait must not be null")));
+	claim->wait = PG_GETARG_BOOL(5);
+	if (claim->wait && idem_wait_timeout > 0)
+		claim->wait_deadline = TimestampTzPlusMilliseconds(op->now,
+														   idem_wait_timeout);
+	if (!PG_ARGISNULL(1))
+		claim->request = PG_GETARG_DATUM(1);
+	if (PG_NARGS() <= 6)
+		return;
+	if (PG_ARGISNULL(6))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("keep_request must not be null")));
+	claim->keep_request = PG_GETARG_BOOL(6);
+	if (claim->keep_request && !claim->has_lease)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("keep_request requires a lease"),
+				 errdetail("Only a two-phase claim can be recovered by another caller once its lease lapses."),
+				 errhint("Pass a lease, or leave keep_request false.")));
+	if (claim->keep_request && claim->request != (Datum) 0)
+		IdemCheckStoredSize(IdemJsonbTextSize(claim->request), "idem_claim()");
 }
 
 /*
@@ -309,11 +360,32 @@ IdemClaimStep(IdemOp *op, void *arg)
 			return IdemClaimAnswer(claim, "claimed", true, false,
 								   IdemRowExpiry(op));
 		if (!lapsed)
-			return IdemClaimAnswer(claim, "in_progress", false, false,
-								   IdemRowExpiry(op));
+			return IdemClaimHeld(claim, op);
 	}
 	/* released, or its lease lapsed: claimed afresh */
 	return IdemClaimWrite(claim, op);
+}
+
+/*
+ * IdemClaimHeld answers for a key that another caller holds with a live
+ * lease, its claim committed: in_progress, or (wait => true, and
+ * idempotency.wait_timeout > 0) wait for the holder to complete or release
+ * it, or its lease to lapse, for as long as the wait's bound allows.  A
+ * transaction that made a ledger partition keeps its key locks to its end
+ * (see IdemOpInsert), which the holder would need: it does not wait.
+ */
+static IdemStep
+IdemClaimHeld(IdemClaim *claim, IdemOp *op)
+{
+	if (claim->wait_deadline > op->now && !op->keep_key_lock &&
+		!op->nulls[Anum_keys_lease_until - 1])
+	{
+		op->wait_until = Min(claim->wait_deadline,
+							 DatumGetTimestampTz(op->values[Anum_keys_lease_until - 1]));
+		return IDEM_STEP_WAIT_HOLDER;
+	}
+	return IdemClaimAnswer(claim, "in_progress", false, false,
+						   IdemRowExpiry(op));
 }
 
 /* records idem_claim()'s answer; the operation is done */
@@ -364,12 +436,13 @@ static void
 IdemClaimRow(IdemClaim *claim, IdemOp *op)
 {
 	bool		fresh = op->probe.found == IDEM_FOUND_NONE;
+	bool		afresh = fresh || IdemRowState(op) == KEY_RELEASED;
 	int64		previous_token = fresh ? 0 :
 		DatumGetInt64(op->values[Anum_keys_token - 1]);
 
 	if (fresh)
 		memset(op->nulls, true, sizeof(op->nulls));
-	if (fresh || IdemRowState(op) == KEY_RELEASED)
+	if (afresh)
 	{
 		op->values[Anum_keys_fingerprint - 1] = PointerGetDatum(claim->fingerprint);
 		op->nulls[Anum_keys_fingerprint - 1] = (claim->fingerprint == NULL);
@@ -384,6 +457,39 @@ IdemClaimRow(IdemClaim *claim, IdemOp *op)
 	op->nulls[Anum_keys_lease_until - 1] = !claim->has_lease;
 	op->nulls[Anum_keys_response_code - 1] = true;
 	op->nulls[Anum_keys_response_body - 1] = true;
+	op->nulls[Anum_keys_response_headers - 1] = true;
+	op->nulls[Anum_keys_response_raw - 1] = true;
+	IdemClaimKeep(claim, op, afresh);
+}
+
+/*
+ * IdemClaimKeep sets the kept key, scope and request of a fresh claim's
+ * row: this call's, with keep_request; a lapsed claim taken over keeps
+ * those it had (the request stays with the key until it expires); a new
+ * or released key keeps none.  A claim with a kept request and a lease can
+ * be recovered once the lease lapses (recover_at).
+ */
+static void
+IdemClaimKeep(IdemClaim *claim, IdemOp *op, bool afresh)
+{
+	if (claim->keep_request)
+	{
+		op->values[Anum_keys_kept_key - 1] = PointerGetDatum(claim->key);
+		op->values[Anum_keys_kept_scope - 1] = PointerGetDatum(claim->scope);
+		op->values[Anum_keys_kept_request - 1] = claim->request;
+		op->nulls[Anum_keys_kept_key - 1] = false;
+		op->nulls[Anum_keys_kept_scope - 1] = false;
+		op->nulls[Anum_keys_kept_request - 1] = (claim->request == (Datum) 0);
+	}
+	else if (afresh)
+	{
+		op->nulls[Anum_keys_kept_key - 1] = true;
+		op->nulls[Anum_keys_kept_scope - 1] = true;
+		op->nulls[Anum_keys_kept_request - 1] = true;
+	}
+	op->values[Anum_keys_recover_at - 1] = TimestampTzGetDatum(claim->lease_until);
+	op->nulls[Anum_keys_recover_at - 1] =
+		op->nulls[Anum_keys_kept_key - 1] || !claim->has_lease;
 }
 
 /*
@@ -399,6 +505,7 @@ IdemClaimResult(IdemClaim *claim, IdemOp *op)
 	Datum		values[Natts_claim_result];
 	bool		nulls[Natts_claim_result];
 	const char *status = claim->status;
+	HeapTuple	tuple;
 
 	/*
 	 * The result's row type, once per call site: not for the backend's
@@ -409,8 +516,10 @@ IdemClaimResult(IdemClaim *claim, IdemOp *op)
 		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
 		TupleDesc	desc;
 
-		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE)
-			elog(ERROR, "return type must be a row type");
+		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE ||
+			(desc->natts != Natts_claim_result && desc->natts != 6))
+			elog(ERROR, "return type must be a row type of 6 or %d columns",
+				 Natts_claim_result);
 		tupdesc = BlessTupleDesc(CreateTupleDescCopy(desc));
 		fcinfo->flinfo->fn_extra = tupdesc;
 		MemoryContextSwitchTo(oldcxt);
@@ -441,16 +550,25 @@ IdemClaimResult(IdemClaim *claim, IdemOp *op)
 		nulls[3] = op->nulls[Anum_keys_response_code - 1];
 		values[4] = op->values[Anum_keys_response_body - 1];
 		nulls[4] = op->nulls[Anum_keys_response_body - 1];
+		values[6] = op->values[Anum_keys_response_headers - 1];
+		nulls[6] = op->nulls[Anum_keys_response_headers - 1];
+		values[7] = op->values[Anum_keys_response_raw - 1];
+		nulls[7] = op->nulls[Anum_keys_response_raw - 1];
 	}
 	values[5] = TimestampTzGetDatum(claim->answer_expires_at);
 	nulls[5] = (claim->answer_expires_at == 0);
 
-	PG_RETURN_DATUM(HeapTupleGetDatum(heap_form_tuple(tupdesc, values, nulls)));
+	/* the result type of the installed version: 6 or 8 columns */
+	tuple = heap_form_tuple(tupdesc, values, nulls);
+	PG_RETURN_DATUM(HeapTupleGetDatum(tuple));
 }
 
 /*
  * idem_complete(key text, response_code int, response_body jsonb,
- *				 scope text, token bigint) RETURNS void
+ *				 scope text, token bigint, response_headers jsonb,
+ *				 response_raw bytea) RETURNS void
+ *
+ * (the last two since 0.4.0)
  */
 Datum
 idem_complete(PG_FUNCTION_ARGS)
@@ -510,7 +628,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	const char *keystr;
 	IdemDigest	digest;
 	IdemOp		op;
-	int32		response_code = 0;
+	int64		response_size = 0;
 	text	   *recovery_point = NULL;
 	ItemPointerData newtid;
 	IdemOwnClaim *claim;
@@ -520,18 +638,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	IdemKeyDigest(IdemCheckScopeArg(fcinfo, scope_argno, "scope"), key, &digest);
 	keystr = IdemKeyForMessage(text_to_cstring(key));
 	if (action == IDEM_ACTION_COMPLETE)
-	{
-		if (PG_ARGISNULL(1))
-			ereport(ERROR,
-					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
-					 errmsg("response_code must not be null")));
-		response_code = PG_GETARG_INT32(1);
-		if (response_code < 100 || response_code > 599)
-			ereport(ERROR,
-					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-					 errmsg("response_code %d is out of range", response_code),
-					 errdetail("An HTTP status code is between 100 and 599.")));
-	}
+		response_size = IdemResponseArgs(fcinfo);
 	else if (action == IDEM_ACTION_CHECKPOINT)
 		recovery_point = IdemCheckKeyArg(fcinfo, 1, "recovery_point");
 	IdemCheckWritable(IdemActionName(action));
@@ -563,12 +670,8 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 	switch (action)
 	{
 		case IDEM_ACTION_COMPLETE:
+			IdemKeySetResponse(fcinfo, &op, response_size);
 			op.values[Anum_keys_state - 1] = CharGetDatum(KEY_COMPLETED);
-			op.values[Anum_keys_response_code - 1] = Int32GetDatum(response_code);
-			op.nulls[Anum_keys_response_code - 1] = false;
-			op.values[Anum_keys_response_body - 1] = PG_GETARG_DATUM(2);
-			op.nulls[Anum_keys_response_body - 1] = PG_ARGISNULL(2);
-			op.nulls[Anum_keys_lease_until - 1] = true;
 			break;
 		case IDEM_ACTION_CHECKPOINT:
 			op.values[Anum_keys_recovery_point - 1] = PointerGetDatum(recovery_point);
@@ -576,8 +679,14 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 			break;
 		case IDEM_ACTION_RELEASE:
 			op.values[Anum_keys_state - 1] = CharGetDatum(KEY_RELEASED);
-			op.nulls[Anum_keys_lease_until - 1] = true;
 			break;
+	}
+	if (action != IDEM_ACTION_CHECKPOINT)
+	{
+		/* resolved: nobody can recover it, its waiters get their answer */
+		op.nulls[Anum_keys_lease_until - 1] = true;
+		op.nulls[Anum_keys_recover_at - 1] = true;
+		IdemWaitNoteChange(op.role, &op.digest.uuid);
 	}
 	IdemOpUpdate(&op, &newtid);
 
@@ -589,6 +698,67 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 			IdemOwnClaimResolved(claim);
 	}
 	IdemOpEnd(&op);
+}
+
+/*
+ * IdemResponseArgs checks the response arguments of idem_complete() and
+ * returns the size they take (see responses.c), before the key is locked.
+ */
+static int64
+IdemResponseArgs(FunctionCallInfo fcinfo)
+{
+	int32		response_code;
+	int64		size = 0;
+	bool		has_raw = PG_NARGS() > 6 && !PG_ARGISNULL(6);
+
+	if (PG_ARGISNULL(1))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("response_code must not be null")));
+	response_code = PG_GETARG_INT32(1);
+	if (response_code < 100 || response_code > 599)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response_code %d is out of range", response_code),
+				 errdetail("An HTTP status code is between 100 and 599.")));
+	if (has_raw && !PG_ARGISNULL(2))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response_body and response_raw cannot both be given"),
+				 errhint("Pass a JSON body as response_body, or the exact bytes of any body as response_raw.")));
+	if (!PG_ARGISNULL(2))
+		size += IdemJsonbTextSize(PG_GETARG_DATUM(2));
+	if (has_raw)
+		size += VARSIZE_ANY_EXHDR(PG_GETARG_BYTEA_PP(6));
+	if (PG_NARGS() > 5 && !PG_ARGISNULL(5))
+	{
+		IdemCheckResponseHeaders(PG_GETARG_DATUM(5));
+		size += IdemJsonbTextSize(PG_GETARG_DATUM(5));
+	}
+	IdemCheckStoredSize(size, "idem_complete()");
+	return size;
+}
+
+/*
+ * IdemKeySetResponse puts idem_complete()'s response into the key's row,
+ * "size" bytes together with the request the row keeps, if any.
+ */
+static void
+IdemKeySetResponse(FunctionCallInfo fcinfo, IdemOp *op, int64 size)
+{
+	if (!op->nulls[Anum_keys_kept_request - 1])
+		IdemCheckStoredSize(size + IdemJsonbTextSize(op->values[Anum_keys_kept_request - 1]),
+							"idem_complete()");
+	op->values[Anum_keys_response_code - 1] = PG_GETARG_DATUM(1);
+	op->nulls[Anum_keys_response_code - 1] = false;
+	op->values[Anum_keys_response_body - 1] = PG_GETARG_DATUM(2);
+	op->nulls[Anum_keys_response_body - 1] = PG_ARGISNULL(2);
+	op->nulls[Anum_keys_response_headers - 1] = PG_NARGS() <= 5 || PG_ARGISNULL(5);
+	if (!op->nulls[Anum_keys_response_headers - 1])
+		op->values[Anum_keys_response_headers - 1] = PG_GETARG_DATUM(5);
+	op->nulls[Anum_keys_response_raw - 1] = PG_NARGS() <= 6 || PG_ARGISNULL(6);
+	if (!op->nulls[Anum_keys_response_raw - 1])
+		op->values[Anum_keys_response_raw - 1] = PG_GETARG_DATUM(6);
 }
 
 /*
@@ -636,6 +806,59 @@ IdemKeyActCheck(IdemOp *op, const char *keystr, bool has_token, int64 token)
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("idempotency key \"%s\" was not claimed by this transaction", keystr),
 				 errhint("Pass the token idem_claim() returned.")));
+}
+
+/*
+ * IdemRecoverKey takes over, for idem_recover(), a claim kept with
+ * keep_request whose lease has lapsed: if no other transaction holds the
+ * key lock (another recoverer, or a caller claiming the key: such a key is
+ * skipped, not waited for) and the key's committed row is still such a
+ * claim, it gets a new token and a lease of "lease" (clipped to the key's
+ * expiry), stays where it is (same expiry), and becomes this transaction's
+ * claim.  Returns whether it was taken, and then the row in *out.
+ */
+bool
+IdemRecoverKey(Oid role, const IdemDigest *digest, Datum lease,
+			   IdemRecovered *out)
+{
+	IdemOp		op;
+	ItemPointerData newtid;
+	TimestampTz lease_until;
+	bool		taken;
+
+	IdemOpInit(&op, IDEM_LEDGER_KEYS, role, digest);
+	if (!IdemOpLock(&op, true))
+		return false;
+	IdemOpProbe(&op, RowExclusiveLock, NULL);
+	taken = op.probe.found == IDEM_FOUND_DONE &&
+		IdemRowState(&op) == KEY_IN_PROGRESS &&
+		!op.nulls[Anum_keys_recover_at - 1] &&
+		DatumGetTimestampTz(op.values[Anum_keys_lease_until - 1]) <= op.now;
+	if (taken)
+	{
+		out->lapsed_at = DatumGetTimestampTz(op.values[Anum_keys_lease_until - 1]);
+		lease_until = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+															  TimestampTzGetDatum(op.now),
+															  lease));
+		lease_until = Min(lease_until, IdemRowExpiry(&op));
+		op.values[Anum_keys_token - 1] =
+			Int64GetDatum(IdemNextToken(op.now,
+										DatumGetInt64(op.values[Anum_keys_token - 1])));
+		op.values[Anum_keys_claimed_at - 1] = TimestampTzGetDatum(op.now);
+		op.values[Anum_keys_lease_until - 1] = TimestampTzGetDatum(lease_until);
+		op.values[Anum_keys_recover_at - 1] = TimestampTzGetDatum(lease_until);
+		IdemOpUpdate(&op, &newtid);
+		(void) IdemOwnClaimAdd(role, &digest->uuid,
+							   TextDatumGetCString(op.values[Anum_keys_kept_key - 1]),
+							   false, &op.open[op.probe.which].part, &newtid);
+		out->token = DatumGetInt64(op.values[Anum_keys_token - 1]);
+		out->recovery_point = op.nulls[Anum_keys_recovery_point - 1] ? (Datum) 0 :
+			op.values[Anum_keys_recovery_point - 1];
+		out->request = op.nulls[Anum_keys_kept_request - 1] ? (Datum) 0 :
+			op.values[Anum_keys_kept_request - 1];
+	}
+	IdemOpEnd(&op);
+	return taken;
 }
 
 /*
@@ -753,8 +976,10 @@ IdemImportIsNewer(IdemOp *op, IdemImport *imp)
  *		RETURNS TABLE (status text, token bigint, recovery_point text,
  *					   response_code int, response_body jsonb,
  *					   claimed_at timestamptz, expires_at timestamptz,
- *					   lease_expires_at timestamptz)
+ *					   lease_expires_at timestamptz, response_headers jsonb,
+ *					   response_raw bytea, request jsonb)
  *
+ * (the last three since 0.4.0: request is the one kept with keep_request).
  * The caller's own live record of one key, for support work.  Reads only:
  * takes no key lock and works on a standby.
  */
@@ -764,8 +989,8 @@ idem_lookup(PG_FUNCTION_ARGS)
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
 	IdemDigest	digest;
 	IdemOp		op;
-	Datum		values[8];
-	bool		nulls[8];
+	Datum		values[Natts_lookup_result];
+	bool		nulls[Natts_lookup_result];
 	const char *status;
 	Snapshot	snapshot;
 
@@ -820,6 +1045,15 @@ idem_lookup(PG_FUNCTION_ARGS)
 	nulls[6] = false;
 	values[7] = op.values[Anum_keys_lease_until - 1];
 	nulls[7] = op.nulls[Anum_keys_lease_until - 1];
+	values[8] = op.values[Anum_keys_response_headers - 1];
+	nulls[8] = op.nulls[Anum_keys_response_headers - 1];
+	values[9] = op.values[Anum_keys_response_raw - 1];
+	nulls[9] = op.nulls[Anum_keys_response_raw - 1];
+	values[10] = op.values[Anum_keys_kept_request - 1];
+	nulls[10] = op.nulls[Anum_keys_kept_request - 1];
+	/* the result type of the installed version: 8 or 11 columns */
+	if (rsinfo->setDesc->natts != 8 && rsinfo->setDesc->natts != Natts_lookup_result)
+		elog(ERROR, "return type must have 8 or %d columns", Natts_lookup_result);
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 	return (Datum) 0;
 }

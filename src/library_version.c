@@ -51,6 +51,9 @@
 /* the extension's version is known not to be newer than this library's */
 static bool version_checked = false;
 
+/* that version ("" if not installed), valid while version_checked */
+static char installed_version[NAMEDATALEN];
+
 static void IdemVersionInvalidate(void);
 #ifdef IDEM_HAVE_EXTENSION_SYSCACHE
 static void IdemVersionSyscacheCallback(Datum arg, int cacheid,
@@ -193,7 +196,23 @@ IdemCheckLibraryVersion(void)
 				 errdetail("This session runs library version %s; the extension in this database is version %s.",
 						   IDEM_VERSION, installed),
 				 errhint("End this session and connect again (restart the server if idempotency is in shared_preload_libraries), so that it loads the installed library.")));
+	strlcpy(installed_version, installed != NULL ? installed : "",
+			sizeof(installed_version));
 	version_checked = true;
 	if (installed != NULL)
 		pfree(installed);
+}
+
+/*
+ * IdemInstalledVersionAtLeast: is the extension installed in this database
+ * of version "version" or later?  (Checks the library's version first, as
+ * every function of the library does.)  The library serves every version
+ * up to its own, and writes only what the installed version's objects hold.
+ */
+bool
+IdemInstalledVersionAtLeast(const char *version)
+{
+	IdemCheckLibraryVersion();
+	return installed_version[0] != '\0' &&
+		IdemCompareVersions(installed_version, version) >= 0;
 }

@@ -33,7 +33,9 @@
  *	IdemOpInit			the key: ledger, role, digest, lock tag, clock
  *	IdemOpRun			lock, probe, and the caller's step, over and over:
  *						a step answers IDEM_STEP_DONE, or IDEM_STEP_WAIT (a
- *						row is being written: wait for its writer) or
+ *						row is being written: wait for its writer),
+ *						IDEM_STEP_WAIT_HOLDER (a committed two-phase claim
+ *						is held: wait for its holder, see wait.c) or
  *						IDEM_STEP_MAKE_TARGET (the new row's partition is
  *						missing: have it made); the clock is read again
  *						after each wait
@@ -84,6 +86,7 @@
 
 static bool IdemMayHaveWriters(Oid relid);
 static void IdemOpMakeTarget(IdemOp *op);
+static void IdemOpDeform(IdemOp *op, TupleDesc tupdesc);
 static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
 
 /*
@@ -215,7 +218,7 @@ IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 {
 	op->part = *part;
 	op->heap = table_open(part->relid, NoLock);
-	if (RelationGetDescr(op->heap)->natts != IdemLedgerNatts(ledger))
+	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(op->heap)->natts))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("partition \"%s\" does not have the columns of table \"%s.%s\"",
@@ -516,6 +519,8 @@ IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role, const IdemDigest *digest)
 	op->target = -1;
 	op->probe.found = IDEM_FOUND_NONE;
 	op->probe.tuple = NULL;
+	op->wait_until = 0;
+	op->poll_ms = 0;
 }
 
 /*
@@ -554,6 +559,16 @@ IdemOpRun(IdemOp *op, bool nowait, IdemStepFunc step, void *arg)
 
 			IdemOpEnd(op);
 			XactLockTableWait(xwait, NULL, NULL, XLTW_None);
+		}
+		else if (next == IDEM_STEP_WAIT_HOLDER)
+		{
+			/* read while the holder cannot change the row (see wait.c) */
+			uint64		seen = IdemWaitSeen(op->role, &op->digest.uuid);
+
+			Assert(!op->keep_key_lock);
+			IdemOpEnd(op);
+			IdemWaitForHolder(op->role, &op->digest.uuid, seen,
+							  op->wait_until, &op->poll_ms);
 		}
 		else
 		{
@@ -599,9 +614,21 @@ IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now,
 			  op->ledger == IDEM_LEDGER_KEYS, snapshot, &op->probe);
 	if (op->probe.tuple != NULL)
-		heap_deform_tuple(op->probe.tuple,
-						  RelationGetDescr(op->open[op->probe.which].heap),
-						  op->values, op->nulls);
+		IdemOpDeform(op, RelationGetDescr(op->open[op->probe.which].heap));
+}
+
+/*
+ * IdemOpDeform deforms the row found into op->values/op->nulls; columns a
+ * key ledger made before 0.4.0 does not have are NULL.
+ */
+static void
+IdemOpDeform(IdemOp *op, TupleDesc tupdesc)
+{
+	int			i;
+
+	heap_deform_tuple(op->probe.tuple, tupdesc, op->values, op->nulls);
+	for (i = tupdesc->natts; i < Natts_keys; i++)
+		op->nulls[i] = true;
 }
 
 /*
@@ -651,8 +678,7 @@ IdemOpFetchOwn(IdemOp *op, const IdemPartition *part, ItemPointer tid)
 	op->probe.xwait = InvalidTransactionId;
 	op->probe.which = 0;
 	op->probe.tid = *tid;
-	heap_deform_tuple(op->probe.tuple, RelationGetDescr(heap),
-					  op->values, op->nulls);
+	IdemOpDeform(op, RelationGetDescr(heap));
 	return true;
 }
 

@@ -73,6 +73,8 @@ typedef struct IdemLedgerDef
 	const char *name;			/* table name in schema idempotency */
 	const char *columns;		/* column list of CREATE TABLE */
 	const char *indexes;		/* index definitions, "%s" = table name */
+	const char *columns_040;	/* columns added by 0.4.0, or NULL */
+	const char *indexes_040;	/* indexes added by 0.4.0, or NULL */
 	const char *comment;
 } IdemLedgerDef;
 
@@ -84,6 +86,8 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"role pg_catalog.regrole NOT NULL, "
 		"lane pg_catalog.int2 NOT NULL",
 		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest)",
+		NULL,
+		NULL,
 		"Processed-message ledger of idem_consume_message(); managed by the idempotency extension."
 	},
 	[IDEM_LEDGER_KEYS] = {
@@ -101,6 +105,15 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"response_code pg_catalog.int4, "
 		"response_body pg_catalog.jsonb",
 		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest)",
+		/* keep these in step with the update script from 0.3.1 */
+		", kept_key pg_catalog.text, "
+		"kept_scope pg_catalog.text, "
+		"kept_request pg_catalog.jsonb, "
+		"recover_at pg_catalog.timestamptz, "
+		"response_headers pg_catalog.jsonb, "
+		"response_raw pg_catalog.bytea",
+		"; CREATE INDEX keys_recover_idx ON idempotency.keys (role, recover_at) "
+		"WHERE recover_at IS NOT NULL",
 		"Idempotency-key ledger of idem_claim(); managed by the idempotency extension."
 	},
 };
@@ -195,11 +208,20 @@ IdemLedgerName(IdemLedger ledger)
 	return ledger_defs[ledger].name;
 }
 
-/* the number of columns of a ledger's table */
-int
-IdemLedgerNatts(IdemLedger ledger)
+/*
+ * IdemLedgerHasColumns: does a table with "natts" columns have the columns
+ * of a ledger?  The key ledger has six more since 0.4.0 (kept requests,
+ * response headers and raw responses), added by the update from 0.3.1; a
+ * table made before the update has only the first ones, and this library
+ * then writes only those (the functions able to fill the others come with
+ * the update).
+ */
+bool
+IdemLedgerHasColumns(IdemLedger ledger, int natts)
 {
-	return ledger == IDEM_LEDGER_MESSAGES ? Natts_messages : Natts_keys;
+	if (ledger == IDEM_LEDGER_MESSAGES)
+		return natts == Natts_messages;
+	return natts == Natts_keys || natts == Natts_keys_v1;
 }
 
 /*
@@ -771,6 +793,7 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 	StringInfoData sql;
 	ObjectAddress table;
 	ObjectAddress extension;
+	bool		with_040;
 
 	if (OidIsValid(cache->parent) || !create)
 		return cache->parent;
@@ -790,11 +813,19 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 		return cache->parent;
 	}
 
+	/*
+	 * The table of the installed version: this library also serves a
+	 * database whose extension is not updated yet, whose sessions may run
+	 * an older library that writes only the older columns.
+	 */
+	with_040 = def->columns_040 != NULL && IdemInstalledVersionAtLeast("0.4.0");
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
-					 "CREATE TABLE idempotency.%s (%s) PARTITION BY RANGE (lane, expires_at); ",
-					 def->name, def->columns);
+					 "CREATE TABLE idempotency.%s (%s%s) PARTITION BY RANGE (lane, expires_at); ",
+					 def->name, def->columns, with_040 ? def->columns_040 : "");
 	appendStringInfo(&sql, def->indexes, def->name, def->name);
+	if (with_040)
+		appendStringInfoString(&sql, def->indexes_040);
 	appendStringInfo(&sql, "; COMMENT ON TABLE idempotency.%s IS %s",
 					 def->name, quote_literal_cstr(def->comment));
 	IdemExecAsOwner(sql.data, 0);

@@ -65,8 +65,9 @@ PG_FUNCTION_INFO_V1(idem_export_messages);
 PG_FUNCTION_INFO_V1(idem_import_key);
 PG_FUNCTION_INFO_V1(idem_import_message);
 
-/* Columns of idempotency.key_record */
-#define Natts_key_record			11
+/* Columns of idempotency.key_record (the first 11 before 0.4.0) */
+#define Natts_key_record			16
+#define Natts_key_record_v1			11
 #define Anum_key_record_role		1
 #define Anum_key_record_digest		2
 #define Anum_key_record_expires_at	3
@@ -78,6 +79,11 @@ PG_FUNCTION_INFO_V1(idem_import_message);
 #define Anum_key_record_recovery_point 9
 #define Anum_key_record_response_code 10
 #define Anum_key_record_response_body 11
+#define Anum_key_record_kept_key	12
+#define Anum_key_record_kept_scope	13
+#define Anum_key_record_request		14
+#define Anum_key_record_response_headers 15
+#define Anum_key_record_response_raw 16
 
 /* Columns of idempotency.message_record */
 #define Natts_message_record		3
@@ -98,12 +104,13 @@ static void IdemExportRow(IdemLedger ledger, TupleTableSlot *slot,
 static Datum IdemExport(FunctionCallInfo fcinfo, IdemLedger ledger,
 						const char *argname, const char *elemname);
 static void IdemDeformRecord(FunctionCallInfo fcinfo, int natts,
-							 const Oid *types, const char *typname,
-							 Datum *values, bool *nulls);
+							 int min_natts, const Oid *types,
+							 const char *typname, Datum *values, bool *nulls);
 static Oid	IdemImportRole(Datum name, bool isnull);
 static void IdemRequireField(bool isnull, const char *field);
 static void IdemCheckImportedExpiry(TimestampTz expires_at);
 static char IdemCheckImportedKey(Datum *rec, bool *recnulls, Oid *role);
+static void IdemCheckImportedKept(Datum *rec, bool *recnulls, char state);
 static text *IdemImportOutcomeText(IdemImportOutcome outcome);
 
 /*
@@ -348,6 +355,23 @@ IdemExportRow(IdemLedger ledger, TupleTableSlot *slot, TimestampTz now,
 	nulls[Anum_key_record_response_code - 1] = slot->tts_isnull[Anum_keys_response_code - 1];
 	values[Anum_key_record_response_body - 1] = slot->tts_values[Anum_keys_response_body - 1];
 	nulls[Anum_key_record_response_body - 1] = slot->tts_isnull[Anum_keys_response_body - 1];
+
+	/* since 0.4.0; a ledger made before has no such columns: NULL */
+	memset(nulls + Natts_key_record_v1, true,
+		   (Natts_key_record - Natts_key_record_v1) * sizeof(bool));
+	if (slot->tts_tupleDescriptor->natts >= Natts_keys)
+	{
+		values[Anum_key_record_kept_key - 1] = slot->tts_values[Anum_keys_kept_key - 1];
+		nulls[Anum_key_record_kept_key - 1] = slot->tts_isnull[Anum_keys_kept_key - 1];
+		values[Anum_key_record_kept_scope - 1] = slot->tts_values[Anum_keys_kept_scope - 1];
+		nulls[Anum_key_record_kept_scope - 1] = slot->tts_isnull[Anum_keys_kept_scope - 1];
+		values[Anum_key_record_request - 1] = slot->tts_values[Anum_keys_kept_request - 1];
+		nulls[Anum_key_record_request - 1] = slot->tts_isnull[Anum_keys_kept_request - 1];
+		values[Anum_key_record_response_headers - 1] = slot->tts_values[Anum_keys_response_headers - 1];
+		nulls[Anum_key_record_response_headers - 1] = slot->tts_isnull[Anum_keys_response_headers - 1];
+		values[Anum_key_record_response_raw - 1] = slot->tts_values[Anum_keys_response_raw - 1];
+		nulls[Anum_key_record_response_raw - 1] = slot->tts_isnull[Anum_keys_response_raw - 1];
+	}
 	tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
 }
 
@@ -379,7 +403,8 @@ idem_export_messages(PG_FUNCTION_ARGS)
 /* Column types of the records import_key() and import_message() take */
 static const Oid key_record_types[Natts_key_record] = {
 	NAMEOID, UUIDOID, TIMESTAMPTZOID, TEXTOID, INT8OID, TIMESTAMPTZOID,
-	TIMESTAMPTZOID, BYTEAOID, TEXTOID, INT4OID, JSONBOID
+	TIMESTAMPTZOID, BYTEAOID, TEXTOID, INT4OID, JSONBOID,
+	TEXTOID, TEXTOID, JSONBOID, JSONBOID, BYTEAOID
 };
 static const Oid message_record_types[Natts_message_record] = {
 	NAMEOID, UUIDOID, TIMESTAMPTZOID
@@ -388,11 +413,14 @@ static const Oid message_record_types[Natts_message_record] = {
 /*
  * IdemDeformRecord reads argument 0, a record with the columns of the named
  * composite type (that type, a table made from it, any row of the same
- * column types), into values/nulls.
+ * column types), into values/nulls.  A record of an earlier version of the
+ * type, with only its first min_natts columns, is taken too: the columns
+ * it lacks are NULL.
  */
 static void
-IdemDeformRecord(FunctionCallInfo fcinfo, int natts, const Oid *types,
-				 const char *typname, Datum *values, bool *nulls)
+IdemDeformRecord(FunctionCallInfo fcinfo, int natts, int min_natts,
+				 const Oid *types, const char *typname, Datum *values,
+				 bool *nulls)
 {
 	HeapTupleHeader rec = PG_GETARG_HEAPTUPLEHEADER(0);
 	TupleDesc	tupdesc;
@@ -422,12 +450,14 @@ IdemDeformRecord(FunctionCallInfo fcinfo, int natts, const Oid *types,
 					 errdetail("It has more than %d columns.", natts)));
 		n++;
 	}
-	if (n != natts)
+	if (n != natts && n != min_natts)
 		ereport(ERROR,
 				(errcode(ERRCODE_DATATYPE_MISMATCH),
 				 errmsg("record does not have the columns of type %s.%s",
 						IDEM_SCHEMA_NAME, typname),
 				 errdetail("It has %d columns, but %d are expected.", n, natts)));
+	for (i = n; i < natts; i++)
+		nulls[i] = true;
 	tuple.t_len = HeapTupleHeaderGetDatumLength(rec);
 	ItemPointerSetInvalid(&tuple.t_self);
 	tuple.t_tableOid = InvalidOid;
@@ -559,7 +589,9 @@ IdemCheckImportedKey(Datum *rec, bool *recnulls, Oid *role)
 					 errdetail("An HTTP status code is between 100 and 599.")));
 	}
 	else if (!recnulls[Anum_key_record_response_code - 1] ||
-			 !recnulls[Anum_key_record_response_body - 1])
+			 !recnulls[Anum_key_record_response_body - 1] ||
+			 !recnulls[Anum_key_record_response_headers - 1] ||
+			 !recnulls[Anum_key_record_response_raw - 1])
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("an idempotency key that is not completed has no response")));
@@ -588,7 +620,67 @@ IdemCheckImportedKey(Datum *rec, bool *recnulls, Oid *role)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease of an imported idempotency key must not end after the key expires")));
+	IdemCheckImportedKept(rec, recnulls, state);
 	return state;
+}
+
+/*
+ * IdemCheckImportedKept checks the fields of an imported key_record that
+ * came with 0.4.0: a kept key and scope, which must be the key's (they
+ * hash to its digest), a kept request only with them, and a response as
+ * idem_complete() would have stored it.
+ */
+static void
+IdemCheckImportedKept(Datum *rec, bool *recnulls, char state)
+{
+	int64		size = 0;
+
+	if (recnulls[Anum_key_record_kept_key - 1] !=
+		recnulls[Anum_key_record_kept_scope - 1] ||
+		(recnulls[Anum_key_record_kept_key - 1] &&
+		 !recnulls[Anum_key_record_request - 1]))
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an imported idempotency key keeps its request with its key and scope, or none of them")));
+	if (!recnulls[Anum_key_record_kept_key - 1])
+	{
+		text	   *key = DatumGetTextPP(rec[Anum_key_record_kept_key - 1]);
+		text	   *scope = DatumGetTextPP(rec[Anum_key_record_kept_scope - 1]);
+		IdemDigest	digest;
+
+		IdemCheckKeyLength(VARSIZE_ANY_EXHDR(key), "kept_key");
+		IdemCheckKeyLength(VARSIZE_ANY_EXHDR(scope), "kept_scope");
+		IdemComputeDigest(VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope),
+						  VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), &digest);
+		if (memcmp(digest.uuid.data,
+				   DatumGetUUIDP(rec[Anum_key_record_digest - 1])->data,
+				   UUID_LEN) != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("kept_key and kept_scope of an imported idempotency key are not those of its digest")));
+		if (!recnulls[Anum_key_record_request - 1])
+			size += IdemJsonbTextSize(rec[Anum_key_record_request - 1]);
+	}
+	if (state != KEY_COMPLETED)
+	{
+		IdemCheckStoredSize(size, "idempotency.import_key()");
+		return;
+	}
+	if (!recnulls[Anum_key_record_response_body - 1] &&
+		!recnulls[Anum_key_record_response_raw - 1])
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("response_body and response_raw cannot both be given")));
+	if (!recnulls[Anum_key_record_response_body - 1])
+		size += IdemJsonbTextSize(rec[Anum_key_record_response_body - 1]);
+	if (!recnulls[Anum_key_record_response_raw - 1])
+		size += VARSIZE_ANY_EXHDR(DatumGetByteaPP(rec[Anum_key_record_response_raw - 1]));
+	if (!recnulls[Anum_key_record_response_headers - 1])
+	{
+		IdemCheckResponseHeaders(rec[Anum_key_record_response_headers - 1]);
+		size += IdemJsonbTextSize(rec[Anum_key_record_response_headers - 1]);
+	}
+	IdemCheckStoredSize(size, "idempotency.import_key()");
 }
 
 /*
@@ -610,7 +702,11 @@ idem_import_key(PG_FUNCTION_ARGS)
 	char		state;
 
 	IdemCheckLibraryVersion();
-	IdemDeformRecord(fcinfo, Natts_key_record, key_record_types, "key_record",
+	/* a ledger not updated to 0.4.0 yet takes only what it can hold */
+	IdemDeformRecord(fcinfo,
+					 IdemInstalledVersionAtLeast("0.4.0") ?
+					 Natts_key_record : Natts_key_record_v1,
+					 Natts_key_record_v1, key_record_types, "key_record",
 					 rec, recnulls);
 	state = IdemCheckImportedKey(rec, recnulls, &role);
 	digest = *DatumGetUUIDP(rec[Anum_key_record_digest - 1]);
@@ -632,6 +728,20 @@ idem_import_key(PG_FUNCTION_ARGS)
 	nulls[Anum_keys_response_code - 1] = recnulls[Anum_key_record_response_code - 1];
 	values[Anum_keys_response_body - 1] = rec[Anum_key_record_response_body - 1];
 	nulls[Anum_keys_response_body - 1] = recnulls[Anum_key_record_response_body - 1];
+	values[Anum_keys_kept_key - 1] = rec[Anum_key_record_kept_key - 1];
+	nulls[Anum_keys_kept_key - 1] = recnulls[Anum_key_record_kept_key - 1];
+	values[Anum_keys_kept_scope - 1] = rec[Anum_key_record_kept_scope - 1];
+	nulls[Anum_keys_kept_scope - 1] = recnulls[Anum_key_record_kept_scope - 1];
+	values[Anum_keys_kept_request - 1] = rec[Anum_key_record_request - 1];
+	nulls[Anum_keys_kept_request - 1] = recnulls[Anum_key_record_request - 1];
+	/* recoverable once its lease lapses, as idem_claim() would have it */
+	values[Anum_keys_recover_at - 1] = values[Anum_keys_lease_until - 1];
+	nulls[Anum_keys_recover_at - 1] = state != KEY_IN_PROGRESS ||
+		nulls[Anum_keys_kept_key - 1];
+	values[Anum_keys_response_headers - 1] = rec[Anum_key_record_response_headers - 1];
+	nulls[Anum_keys_response_headers - 1] = recnulls[Anum_key_record_response_headers - 1];
+	values[Anum_keys_response_raw - 1] = rec[Anum_key_record_response_raw - 1];
+	nulls[Anum_keys_response_raw - 1] = recnulls[Anum_key_record_response_raw - 1];
 
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(IdemImportKey(role, &digest,
 														 values, nulls)));
@@ -654,8 +764,8 @@ idem_import_message(PG_FUNCTION_ARGS)
 	TimestampTz expires_at;
 
 	IdemCheckLibraryVersion();
-	IdemDeformRecord(fcinfo, Natts_message_record, message_record_types,
-					 "message_record", rec, recnulls);
+	IdemDeformRecord(fcinfo, Natts_message_record, Natts_message_record,
+					 message_record_types, "message_record", rec, recnulls);
 	role = IdemImportRole(rec[Anum_key_record_role - 1],
 						  recnulls[Anum_key_record_role - 1]);
 	IdemRequireField(recnulls[Anum_key_record_digest - 1], "digest");
