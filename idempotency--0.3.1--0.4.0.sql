@@ -145,7 +145,7 @@ BEGIN
           LEFT JOIN pg_catalog.pg_proc AS o ON o.oid OPERATOR(pg_catalog.=) v.oldfn
     LOOP
         -- the built-in default on both sides: nothing to do
-        CONTINUE WHEN f.oldacl IS NULL AND f.newacl IS NULL AND f.replaces;
+        CONTINUE WHEN f.oldacl IS NULL AND f.newacl IS NULL;
         -- start from nothing but the owner's privileges
         EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC CASCADE', f.fn);
         FOR item IN

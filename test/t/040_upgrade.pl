@@ -56,9 +56,13 @@ $node->safe_psql('upgraded', q{
 	SELECT idem_checkpoint('slow', 'step-1', token => } . $token . q{);
 });
 
+# the key ledger's columns of 0.3.x (0.4.0 adds six, NULL in old rows)
 my $rows_sql = q{
 SELECT string_agg(format('%s %s', tableoid::regclass, t), E'\n' ORDER BY t::text)
-  FROM (SELECT tableoid, k::text AS t FROM idempotency.keys k
+  FROM (SELECT tableoid, (k.expires_at, k.digest, k.role, k.lane, k.state, k.token,
+                          k.claimed_at, k.lease_until, k.fingerprint, k.recovery_point,
+                          k.response_code, k.response_body)::text AS t
+          FROM idempotency.keys k
         UNION ALL
         SELECT tableoid, m::text FROM idempotency.messages m) s};
 my $rows_before = $node->safe_psql('upgraded', $rows_sql);
@@ -74,6 +78,11 @@ is($node->safe_psql('upgraded',
 
 is($node->safe_psql('upgraded', $rows_sql), $rows_before,
 	'every key and message row is unchanged, in the same partition');
+is($node->safe_psql('upgraded', q{
+	SELECT count(*) FROM idempotency.keys
+	 WHERE num_nonnulls(kept_key, kept_scope, kept_request, recover_at,
+	                    response_headers, response_raw) > 0}),
+	'0', 'the columns 0.4.0 adds are NULL in every existing row');
 is($node->safe_psql('upgraded',
 		q{SELECT string_agg(partition::text || ' ' || lower_bound || ' ' || upper_bound, E'\n' ORDER BY partition::text)
 		    FROM idempotency.partitions}),

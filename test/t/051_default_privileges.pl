@@ -170,11 +170,11 @@ is($node->safe_psql('deliberate', q{
 	SELECT format('maint: %s, mover: %s, app: %s, public: %s, reporting: %s',
 	  has_function_privilege('maint', 'idem_maintain()', 'EXECUTE'),
 	  has_function_privilege('mover', 'idempotency.export_keys(text[])', 'EXECUTE'),
-	  has_function_privilege('app', 'idem_claim(text, jsonb, text, interval, interval, boolean)', 'EXECUTE'),
-	  has_function_privilege('public', 'idem_claim(text, jsonb, text, interval, interval, boolean)', 'EXECUTE'),
+	  has_function_privilege('app', 'idem_claim(text, jsonb, text, interval, interval, boolean, boolean)', 'EXECUTE'),
+	  has_function_privilege('public', 'idem_claim(text, jsonb, text, interval, interval, boolean, boolean)', 'EXECUTE'),
 	  has_function_privilege('reporting', 'idempotency.export_keys(text[])', 'EXECUTE'))}),
 	'maint: t, mover: t, app: t, public: f, reporting: f',
-	'the update keeps what was granted or revoked on purpose, and takes back what default privileges gave');
+	'the update keeps what was granted or revoked on purpose, and takes back what default privileges gave (0.4.0 makes idem_claim() anew: it gets the privileges of the one it replaces)');
 
 # maintenance takes back any grant that came later
 $node->safe_psql('updated', q{GRANT SELECT ON ALL TABLES IN SCHEMA idempotency TO reporting});
