@@ -81,7 +81,7 @@ PGB_BG=         # the background job running it
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    if [ -n "$PGB_PID" ]; then kill -INT "$PGB_PID" 2>/dev/null; fi
+    if [ -n "$PGB_PID" ]; then kill -TERM "$PGB_PID" 2>/dev/null; fi
     if [ -n "$PGB_BG" ]; then wait "$PGB_BG" 2>/dev/null; fi
     cluster_stop_all
     if [ "$KEEP" = 1 ]; then note "temp dir kept: $WORK"; else rm -rf "$WORK"; fi
@@ -181,6 +181,11 @@ premaintain() {
 
 NFILL=$((REPEAT + 1))
 if [ "$FILL_EST" = auto ]; then
+    # into partitions made beforehand, as the fills' are: a transaction that
+    # makes the ledger itself keeps a lock per id it writes, and may hold
+    # only max_locks_per_transaction of them
+    qval drop_calib "SELECT partitions_created FROM idem_maintain()" >/dev/null \
+        || die "idem_maintain() failed in drop_calib"
     b0=$(now)
     qval drop_calib "SELECT count(*) FROM idem_consume_messages('calib', ARRAY(SELECT gen_random_uuid()::text FROM generate_series(1, 10000)))" >/dev/null \
         || die "calibration batch failed"
@@ -274,8 +279,10 @@ until [ -s "$WORK/pgbench.pid" ]; do
 done
 PGB_PID=$(cat "$WORK/pgbench.pid")
 # the load is on once every client has connected
+deadline=$(( $(date +%s) + 300 ))
 until [ "$(qval postgres "SELECT count(*) FROM pg_stat_activity WHERE datname = '$LOAD_DB' AND application_name = 'pgbench'")" -ge "$CLIENTS" ]; do
     kill -0 "$PGB_BG" 2>/dev/null || die "pgbench exited: $(cat "$WORK/pgbench.err")"
+    [ "$(date +%s)" -lt "$deadline" ] || die "pgbench's $CLIENTS clients did not all connect within 300 s"
     sleep 0.05
 done
 L0=$(now)
@@ -312,7 +319,10 @@ sleep_until "$(plus "$LV1" 3)"
 kill -0 "$PGB_BG" 2>/dev/null || note "pgbench ended early"
 # before pgbench goes: its clients disconnecting mid-transaction roll back
 ROLLBACK1=$(qval postgres "SELECT xact_rollback FROM pg_stat_database WHERE datname = '$LOAD_DB'")
-kill -INT "$PGB_PID" 2>/dev/null
+# SIGTERM, not SIGINT: a script started in the background by a shell
+# without job control has SIGINT ignored, and so has every process it
+# starts; pgbench would run its hour out
+kill -TERM "$PGB_PID" 2>/dev/null
 wait "$PGB_BG" 2>/dev/null
 PGB_BG=
 PGB_PID=

@@ -2,7 +2,8 @@
 #
 # bench/lib.sh -- output, timing and cluster helpers shared by the bench
 # scripts.  Source it after setting BENCH_NAME (the script's name, for
-# messages) and OUT (the results file); it defines functions only.
+# messages) and OUT (the results file); it defines functions, and unsets
+# PGAPPNAME (below).
 #
 #   say TEXT       print and append to $OUT
 #   raw TEXT       append to $OUT only
@@ -29,6 +30,11 @@ sleep_until() {
 
 median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
 div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || a=="ERR" || b=="ERR" || b+0==0) print "NA"; else printf "%.3f", a/b }'; }
+
+# The scripts find the backends of their load by pgbench's application
+# name, which PGAPPNAME would replace (PostgreSQL::Test::Utils sets it to
+# the test's name, for one): the load's clients would never be found.
+unset PGAPPNAME
 
 # ---------------------------------------------------------------- clusters
 # The throwaway cluster of a bench script is test/lib/cluster.sh's, which
