@@ -4,6 +4,7 @@
 #
 #   bash bench/bigtxn.sh                       # about 2 minutes
 #   BIGTXN_KEYS=100000 BIGTXN_MESSAGES=200000 bash bench/bigtxn.sh
+#   BENCH_SMOKE=1 bash bench/bigtxn.sh         # seconds: does the script still work?
 #
 # On a throwaway cluster (shared_buffers 1GB, so that the ledgers stay in
 # memory and the curve shows CPU, not I/O), three transactions, each one
@@ -23,12 +24,17 @@
 # their ratio (goal: last / first <= 1.2), the cost of a savepoint with and
 # without the 500,000 claims held (goal: <= 1.2), and the backend's memory
 # at the end of each phase (pg_backend_memory_contexts, total bytes), per
-# claim held.  Results: bench/results/bigtxn-latest.txt.
+# claim held.  Results: bigtxn-latest.txt in BENCH_RESULTS (bench/results).
 #
-# Environment: BIGTXN_KEYS, BIGTXN_MESSAGES, BIGTXN_SAVEPOINTS, BIGTXN_PORT
-# [54481], BENCH_BUILD auto|1|0 (make install first when the library
-# directory is writable), PGBIN [/usr/lib/postgresql/15/bin].
-# Exit status: 0 every goal PASS, 3 some goal FAIL, 1 the run failed.
+# Environment: BIGTXN_KEYS, BIGTXN_MESSAGES, BIGTXN_SAVEPOINTS (with
+# BENCH_SMOKE=1, the smallest run that goes through every step, for the test
+# suite: 1000, 2000 and 20, and exit status 0 whatever the figures),
+# BIGTXN_PORT [54481], BENCH_BUILD auto|1|0 (make install first when the
+# library directory is writable), PGBIN [PG_CONFIG's bin dir, else
+# /usr/lib/postgresql/15/bin], BENCH_RESULTS [bench/results, or
+# bench/results/smoke].
+# Exit status (bench/lib.sh, bench_status): 0 every goal PASS, 3 some goal
+# FAIL or SKIP, 1 the run failed.
 
 set -euo pipefail
 
@@ -36,22 +42,22 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck disable=SC2034 # BENCH_NAME and BUILD are read by bench/lib.sh
 BENCH_NAME=bigtxn.sh
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+PGBIN=$(bench_pgbin)
 export PG_CONFIG=$PGBIN/pg_config
-KEYS=${BIGTXN_KEYS:-500000}
-MESSAGES=${BIGTXN_MESSAGES:-1000000}
-SAVEPOINTS=${BIGTXN_SAVEPOINTS:-1000}
+KEYS=${BIGTXN_KEYS:-$(bench_size 500000 1000)}
+MESSAGES=${BIGTXN_MESSAGES:-$(bench_size 1000000 2000)}
+SAVEPOINTS=${BIGTXN_SAVEPOINTS:-$(bench_size 1000 20)}
 PORT=${BIGTXN_PORT:-54481}
 # shellcheck disable=SC2034
 BUILD=${BENCH_BUILD:-auto}
-RESDIR=$HERE/results
+RESDIR=$(bench_resdir)
 mkdir -p "$RESDIR"
 OUT=$RESDIR/bigtxn-latest.txt
 : >"$OUT"
-# shellcheck source=../test/lib/cluster.sh
+# shellcheck source=test/lib/cluster.sh
 . "$REPO/test/lib/cluster.sh"
-# shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
 
 T0=$(date +%s)
 bench_build "$REPO"
@@ -146,13 +152,6 @@ q postgres -At -c "SELECT count(*) FROM idempotency.keys WHERE state = 'c'" | {
     [ "$n" = "$KEYS" ] || die "expected $KEYS completed keys, found $n"
 }
 
-FAILS=0
-goal() {   # label value target
-    local ok
-    ok=$(awk -v v="$2" -v t="$3" 'BEGIN{ print (v + 0 <= t + 0) ? "PASS" : "FAIL" }')
-    [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
-    say "$(printf '%-64s %7s <= %-4s %s' "$1" "$2" "$3" "$ok")"
-}
 say ""
 say "per-call cost (µs) in each tenth of the transaction:"
 q postgres -At -F '|' -c "SELECT phase, string_agg(round((seconds / calls * 1e6)::numeric, 1)::text, ' ' ORDER BY slice)
@@ -163,16 +162,16 @@ for phase in claim complete consume; do
     r=$(q postgres -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
                                max(seconds) FILTER (WHERE slice = 0))::numeric, 3)
                     FROM slices WHERE phase = '$phase'")
-    goal "$phase: last tenth / first tenth" "$r" 1.2
+    check "$phase: last tenth / first tenth" "$r" "<=" 1.2
 done
 r=$(q postgres -At -c "SELECT round((max(seconds) FILTER (WHERE phase LIKE '%claims held') /
                            max(seconds) FILTER (WHERE phase LIKE '%no claim held'))::numeric, 3)
                 FROM slices WHERE phase LIKE 'savepoint%'")
-goal "savepoint rollback with $KEYS claims held / with none" "$r" 1.2
+check "savepoint rollback with $KEYS claims held / with none" "$r" "<=" 1.2
 r=$(q postgres -At -c "SELECT round((max(seconds) FILTER (WHERE slice = 9) /
                            max(seconds) FILTER (WHERE slice = 0))::numeric, 3)
                 FROM slices WHERE phase = 'plain insert'")
-say "$(printf '%-64s %7s (baseline, for comparison)' "plain INSERT ON CONFLICT: last tenth / first tenth" "$r")"
+info "plain INSERT ON CONFLICT: last tenth / first tenth" "$r" "baseline, for comparison"
 say ""
 say "backend memory at the end of each phase (pg_backend_memory_contexts):"
 q postgres -At -F ' ' -c "SELECT phase, pg_size_pretty(bytes),
@@ -183,4 +182,4 @@ q postgres -At -F ' ' -c "SELECT phase, pg_size_pretty(bytes),
 say ""
 say "command: BIGTXN_KEYS=$KEYS BIGTXN_MESSAGES=$MESSAGES BIGTXN_SAVEPOINTS=$SAVEPOINTS bash bench/bigtxn.sh"
 say "elapsed: $(( $(date +%s) - T0 )) s"
-[ "$FAILS" = 0 ] || exit 3
+exit "$(bench_status)"

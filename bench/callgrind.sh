@@ -5,7 +5,8 @@
 #
 #   bash bench/callgrind.sh                 # every workload, a table
 #   WORKLOADS="claim_complete consume" bash bench/callgrind.sh
-#   CALLS=200 bash bench/callgrind.sh       # fewer calls (the suite's smoke run)
+#   CALLS=200 bash bench/callgrind.sh       # fewer calls
+#   BENCH_SMOKE=1 bash bench/callgrind.sh   # 20 calls: does the script still work?
 #
 # Each workload runs twice in a single-user server (postgres --single) under
 # callgrind, once with CALLS statements and once with 2 x CALLS, each
@@ -25,22 +26,25 @@
 #   replay           idem_claim() of a completed key
 #   replay_raw       SELECT of a completed key's row, plain table
 #
-# Environment: PG_CONFIG (default /usr/lib/postgresql/15/bin/pg_config),
-# CALLS (default 1000), WORKLOADS, OUT (the results file, default
-# bench/results/callgrind-latest.txt).  Needs valgrind; runs the server as
+# Environment: PGBIN or PG_CONFIG (bench/lib.sh: PGBIN, else PG_CONFIG's
+# bin dir, else /usr/lib/postgresql/15/bin), CALLS (default 1000, or 20
+# with BENCH_SMOKE=1, the smallest run for the test suite), WORKLOADS, OUT
+# (the results file, default callgrind-latest.txt in BENCH_RESULTS,
+# bench/results or bench/results/smoke).  Needs valgrind; runs the server as
 # the current user, or as "postgres" when run as root.  The extension must
-# be installed for PG_CONFIG.
+# be installed for that server.
 
 set -euo pipefail
 
 BENCH_NAME=callgrind.sh
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
-PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
-CALLS=${CALLS:-1000}
-WORKLOADS=${WORKLOADS:-consume consume_raw claim_complete claim_raw replay replay_raw}
-OUT=${OUT:-$REPO/bench/results/callgrind-latest.txt}
 # shellcheck source=bench/lib.sh
 . "$REPO/bench/lib.sh"
+PG_CONFIG=$(bench_pgbin)/pg_config
+CALLS=${CALLS:-$(bench_size 1000 20)}
+WORKLOADS=${WORKLOADS:-consume consume_raw claim_complete claim_raw replay replay_raw}
+OUT=${OUT:-$(bench_resdir)/callgrind-latest.txt}
+mkdir -p "$(dirname "$OUT")"
 
 command -v valgrind >/dev/null || die "valgrind is not installed (apt install valgrind)"
 BINDIR=$("$PG_CONFIG" --bindir)
@@ -134,6 +138,6 @@ for w in $WORKLOADS; do
 	base=$((base + 3 * CALLS))
 	one=$(single "$WORK/$w-1.sql" callgrind "$w-1")
 	two=$(single "$WORK/$w-2.sql" callgrind "$w-2")
-	[ -n "$one" ] && [ -n "$two" ] || die "no instruction count for $w"
+	if [ -z "$one" ] || [ -z "$two" ]; then die "no instruction count for $w"; fi
 	say "$(awk -v w="$w" -v a="$one" -v b="$two" -v n="$CALLS" 'BEGIN{printf "%-15s %d", w, (b - a) / n}')"
 done

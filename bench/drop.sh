@@ -2,6 +2,7 @@
 # bench/drop.sh -- expiry by dropping a partition vs DELETE, under load (issue 4).
 #
 #   bash bench/drop.sh            # as root or as any user; about 4-5 minutes
+#   BENCH_SMOKE=1 bash bench/drop.sh   # seconds: does the script still work?
 #
 # Fills partitions of idempotency.messages with 1,000,000 ids each, lets them
 # expire one after the other, and drops each with idem_maintain() while
@@ -19,57 +20,71 @@
 # Bars (issue 4): p99 during the drop <= 2x steady, zero errors, WAL of the
 # expiry <= 5% of the DELETE's.
 #
-# Environment (defaults in brackets):
-#   DROP_ROWS          ids in each expiring partition                 [1000000]
-#   DROP_REPEAT        partitions dropped under load, one at a time   [3]
+# Environment (defaults in brackets; [full/smoke] where BENCH_SMOKE=1 changes them):
+#   BENCH_SMOKE        1 = the smallest run that goes through every step, for
+#                      the test suite; exit status 0 whatever the figures [0]
+#   DROP_ROWS          ids in each expiring partition                 [1000000/10000]
+#   DROP_REPEAT        partitions dropped under load, one at a time   [3/1]
+#   DROP_INTERVAL      seconds: partition_interval = message_ttl = key_ttl [30/3]
+#   DROP_WARMUP        seconds of load before the first steady window [5/1]
+#   DROP_STEADY        seconds of each steady window                  [10/2]
 #   DROP_FILL_SECONDS  expected seconds to fill one partition (default:
 #                      from a timed 10,000-id batch); sets how far ahead
 #                      the first partition expires                   [auto]
 #   DROP_PORT          server port (unix socket only)                 [54461]
 #   DROP_KEEP          1 = keep the temp dir (cluster stopped)        [0]
-#   PGBIN              PostgreSQL binaries      [/usr/lib/postgresql/15/bin]
+#   PGBIN              PostgreSQL binaries  [PG_CONFIG's bin dir, else /usr/lib/postgresql/15/bin]
+#   BENCH_RESULTS      directory of the results files  [bench/results, bench/results/smoke]
 #
 # Uses the installed extension (it builds nothing).  Output: a summary on
-# stdout, also written to bench/results/drop-<timestamp>.txt with the raw
-# figures and a per-second timeline of the load.  Exit status: 0 every bar
-# PASS, 3 some bar FAIL, 1 the run itself failed.
+# stdout, also written to drop-<timestamp>.txt in BENCH_RESULTS with the raw
+# figures and a per-second timeline of the load.  Exit status (bench/lib.sh,
+# bench_status): 0 every bar PASS, 3 some bar FAIL or SKIP, 1 the run itself
+# failed.
 
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+BENCH_NAME=drop.sh
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+PGBIN=$(bench_pgbin) || exit 1
 export PG_CONFIG=$PGBIN/pg_config
-# shellcheck source=../test/lib/cluster.sh
+# shellcheck source=test/lib/cluster.sh
 . "$REPO/test/lib/cluster.sh"
 
-ROWS=${DROP_ROWS:-1000000}
-REPEAT=${DROP_REPEAT:-3}
+ROWS=${DROP_ROWS:-$(bench_size 1000000 10000)}
+REPEAT=${DROP_REPEAT:-$(bench_size 3 1)}
 FILL_EST=${DROP_FILL_SECONDS:-auto}
 PORT=${DROP_PORT:-54461}
 KEEP=${DROP_KEEP:-0}
-INTERVAL=30         # partition_interval = message_ttl = key_ttl: one lane
+# partition_interval = message_ttl = key_ttl: one lane
+INTERVAL=${DROP_INTERVAL:-$(bench_size 30 3)}
 PREMAKE=20          # partitions made ahead at set-up: none is made during the run
-LOAD_TTL='5 min'    # ttl of the load's keys and messages: never in a partition we drop
-WARMUP=5            # seconds of load before the first steady window
-STEADY=10           # seconds of each steady window
+# ttl of the load's keys and messages: never in a partition we drop, and
+# within the partitions made ahead
+LOAD_TTL=$(bench_size '5 min' '20 s')
+WARMUP=${DROP_WARMUP:-$(bench_size 5 1)}    # seconds of load before the first steady window
+STEADY=${DROP_STEADY:-$(bench_size 10 2)}   # seconds of each steady window
+# seconds set aside for the checkpoint and for the quiet phase (and as
+# slack before the first partition expires)
+SLACK=$(bench_size 20 4)
 CLIENTS=4
 THREADS=2
 LOAD_DB=drop_load   # load; partitions dropped and plain table DELETEd under load
 QUIET_DB=drop_quiet # one partition dropped and the plain table DELETEd with no load
 
-case $REPEAT in ''|*[!0-9]*|0) echo "drop.sh: DROP_REPEAT must be a positive integer" >&2; exit 1 ;; esac
+for v in REPEAT INTERVAL WARMUP STEADY; do
+    case ${!v} in ''|*[!0-9]*|0) echo "drop.sh: DROP_$v must be a positive integer" >&2; exit 1 ;; esac
+done
 
-RESDIR=$HERE/results
+RESDIR=$(bench_resdir)
 mkdir -p "$RESDIR" || exit 1
 TS=$(date +%Y%m%d-%H%M%S)
 OUT=$RESDIR/drop-$TS.txt
 : >"$OUT" || exit 1
 
-BENCH_NAME=drop.sh
-# shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
-maxof() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.6f", (a > b ? a : b)}'; }
 
 WORK=$(mktemp -d /tmp/idem-drop.XXXXXX) || exit 1
 chmod 755 "$WORK"
@@ -78,10 +93,11 @@ C=$WORK/cluster
 PGB_PID=        # pid of pgbench itself
 PGB_BG=         # the background job running it
 
+# shellcheck disable=SC2317 # run by the EXIT trap (shellcheck misses it after a final exit)
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
-    if [ -n "$PGB_PID" ]; then kill -INT "$PGB_PID" 2>/dev/null; fi
+    if [ -n "$PGB_PID" ]; then kill -TERM "$PGB_PID" 2>/dev/null; fi
     if [ -n "$PGB_BG" ]; then wait "$PGB_BG" 2>/dev/null; fi
     cluster_stop_all
     if [ "$KEEP" = 1 ]; then note "temp dir kept: $WORK"; else rm -rf "$WORK"; fi
@@ -181,6 +197,11 @@ premaintain() {
 
 NFILL=$((REPEAT + 1))
 if [ "$FILL_EST" = auto ]; then
+    # into partitions made beforehand, as the fills' are: a transaction that
+    # makes the ledger itself keeps a lock per id it writes, and may hold
+    # only max_locks_per_transaction of them
+    qval drop_calib "SELECT partitions_created FROM idem_maintain()" >/dev/null \
+        || die "idem_maintain() failed in drop_calib"
     b0=$(now)
     qval drop_calib "SELECT count(*) FROM idem_consume_messages('calib', ARRAY(SELECT gen_random_uuid()::text FROM generate_series(1, 10000)))" >/dev/null \
         || die "calibration batch failed"
@@ -190,7 +211,7 @@ if [ "$FILL_EST" = auto ]; then
 fi
 qval postgres "DROP DATABASE drop_calib" >/dev/null
 # a fill takes up to about 3 times what one batch in an empty table suggests
-U0=$(boundary $((FILL_EST * 5 + 20)))
+U0=$(boundary $((FILL_EST * 5 + SLACK)))
 note "filling $NFILL partitions with $ROWS ids each (estimate ${FILL_EST}s each) ..."
 premaintain "$QUIET_DB" "$U0"
 f0=$(now)
@@ -199,10 +220,10 @@ fa=$(now)
 plain "$QUIET_DB" 0
 fb=$(now)
 # the REPEAT fills (x1.3), the same set-up in LOAD_DB (x2: three times the
-# rows to vacuum), 10 s for the checkpoint and 10 s for the quiet phase,
-# then the warm-up and the first steady window
+# rows to vacuum), SLACK for the checkpoint and the quiet phase, then the
+# warm-up and the first steady window
 U1=$(boundary "$(awk -v f="$(awk -v a="$f0" -v b="$fa" 'BEGIN{print b - a}')" -v w="$(awk -v a="$fa" -v b="$fb" 'BEGIN{print b - a}')" \
-    -v r="$REPEAT" -v s=$((WARMUP + STEADY)) 'BEGIN{ printf "%d", r * f * 1.3 + 2 * w + 20 + s }')")
+    -v r="$REPEAT" -v s=$((WARMUP + STEADY + SLACK)) 'BEGIN{ printf "%d", r * f * 1.3 + 2 * w + s }')")
 raw "U0 $(date -u -d "@$U0" +%T), U1 $(date -u -d "@$U1" +%T)"
 premaintain "$LOAD_DB" "$U1"
 for ((k = 1; k <= REPEAT; k++)); do fill "$LOAD_DB" "$k" $((U1 + (k - 1) * INTERVAL)); done
@@ -264,6 +285,7 @@ QX_LEFT=$(qval "$QUIET_DB" "SELECT count(*) FROM plain_expiry")
 qval postgres "CHECKPOINT" >/dev/null
 ROLLBACK0=$(qval postgres "SELECT xact_rollback FROM pg_stat_database WHERE datname = '$LOAD_DB'")
 note "load phase: pgbench -c $CLIENTS -j $THREADS; $REPEAT drops, then DELETE and VACUUM under load ..."
+# shellcheck disable=SC2016 # $$ and $1 are the inner shell's
 (cd "$WORK" && cluster_run "$C" sh -c 'echo $$ >"$1"; shift; exec "$@"' sh "$WORK/pgbench.pid" \
     pgbench -n -M prepared -c "$CLIENTS" -j "$THREADS" -T 3600 -l --log-prefix="$WORK/pgblog" \
     -D ttl="$LOAD_TTL" -f "$WORK/sql/drop_load.sql" "$LOAD_DB") >"$WORK/pgbench.out" 2>"$WORK/pgbench.err" &
@@ -274,8 +296,10 @@ until [ -s "$WORK/pgbench.pid" ]; do
 done
 PGB_PID=$(cat "$WORK/pgbench.pid")
 # the load is on once every client has connected
+deadline=$(( $(date +%s) + 300 ))
 until [ "$(qval postgres "SELECT count(*) FROM pg_stat_activity WHERE datname = '$LOAD_DB' AND application_name = 'pgbench'")" -ge "$CLIENTS" ]; do
     kill -0 "$PGB_BG" 2>/dev/null || die "pgbench exited: $(cat "$WORK/pgbench.err")"
+    [ "$(date +%s)" -lt "$deadline" ] || die "pgbench's $CLIENTS clients did not all connect within 300 s"
     sleep 0.05
 done
 L0=$(now)
@@ -312,7 +336,10 @@ sleep_until "$(plus "$LV1" 3)"
 kill -0 "$PGB_BG" 2>/dev/null || note "pgbench ended early"
 # before pgbench goes: its clients disconnecting mid-transaction roll back
 ROLLBACK1=$(qval postgres "SELECT xact_rollback FROM pg_stat_database WHERE datname = '$LOAD_DB'")
-kill -INT "$PGB_PID" 2>/dev/null
+# SIGTERM, not SIGINT: a script started in the background by a shell
+# without job control has SIGINT ignored, and so has every process it
+# starts; pgbench would run its hour out
+kill -TERM "$PGB_PID" 2>/dev/null
 wait "$PGB_BG" 2>/dev/null
 PGB_BG=
 PGB_PID=
@@ -334,15 +361,21 @@ RB=$((ROLLBACK1 - ROLLBACK0))
 ERRORS=$((FAILED_LOG + ABORTED + RB + (CLIENTS - LIVE_CLIENTS)))
 
 # win A B: "n tps p50 p99 max" of the transactions completed in [A, B)
+# (quantiles by nearest rank: pct in bench/lib.sh)
 win() {
-    awk -v a="$1" -v b="$2" '$1 >= a && $1 < b && $2 != "failed" { print $2 }' "$LOG" | sort -g |
-        awk -v a="$1" -v b="$2" '{ x[NR] = $1 }
-            function q(p,  i) { i = int(p * NR + 0.999999); if (i < 1) i = 1; return x[i] }
-            END { if (NR == 0) { print "0 0 NA NA NA"; exit }
-                  printf "%d %.0f %.2f %.2f %.2f\n", NR, NR / (b - a), q(0.5), q(0.99), x[NR] }'
+    local lat n
+    lat=$(awk -v a="$1" -v b="$2" '$1 >= a && $1 < b && $2 != "failed" { print $2 }' "$LOG")
+    n=$(printf '%s' "$lat" | grep -c .)
+    if [ "$n" = 0 ]; then
+        echo "0 0 NA NA NA"
+        return
+    fi
+    awk -v n="$n" -v a="$1" -v b="$2" -v p50="$(pct 0.5 <<<"$lat")" \
+        -v p99="$(pct 0.99 <<<"$lat")" -v mx="$(pct 1 <<<"$lat")" \
+        'BEGIN{ printf "%d %.0f %.2f %.2f %.2f\n", n, n / (b - a), p50, p99, mx }'
 }
 # timeline A B STEP ORIGIN: one line per STEP seconds from A to B,
-# "start-ORIGIN txns p99 max" (s, ms)
+# "start-ORIGIN txns p99 max" (s, ms; p99 by nearest rank, as pct)
 timeline() {
     awk -v a="$1" -v b="$2" -v st="$3" '$1 >= a && $1 < b && $2 != "failed" { print int(($1 - a) / st), $2 }' "$LOG" |
         sort -k1,1n -k2,2g |
@@ -354,14 +387,6 @@ timeline() {
 }
 f() { echo "$1" | awk -v k="$2" '{print $k}'; }
 ms() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.1f", (b - a) * 1000}'; }
-div() { awk -v a="$1" -v b="$2" 'BEGIN{ if (a == "NA" || b == "NA" || a == "" || b == "" || b + 0 == 0) print "NA"; else printf "%.4g", a / b }'; }
-median() { printf '%s\n' "$@" | grep -v NA | sort -g | awk '{a[NR] = $1} END { if (NR == 0) print "NA"; else if (NR % 2) print a[(NR + 1) / 2]; else printf "%.4g\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'; }
-verdict() {  # value op target
-    awk -v v="$1" -v op="$2" -v t="$3" 'BEGIN{
-        if (v == "NA" || v == "") { print "FAIL"; exit }
-        ok = (op == "<=") ? (v + 0 <= t + 0) : (op == "=") ? (v + 0 == t + 0) : (v + 0 >= t + 0)
-        print ok ? "PASS" : "FAIL" }'
-}
 mb() { awk -v b="$1" 'BEGIN{ if (b >= 1048576) printf "%.1f MB", b / 1048576; else printf "%.1f kB", b / 1024 }'; }
 
 declare -A W_STEADY W_DROP R_P99
@@ -369,14 +394,14 @@ RATIOS=()
 ALL_GONE=1
 [ "$QD_GONE" = t ] || ALL_GONE=0
 for k in "${DROPS[@]}"; do
-    W_STEADY[$k]=$(win "$(plus "${LD0[$k]}" -$STEADY)" "${LD0[$k]}")
+    W_STEADY[$k]=$(win "$(plus "${LD0[$k]}" "-$STEADY")" "${LD0[$k]}")
     W_DROP[$k]=$(win "${LD0[$k]}" "$(plus "${LD1[$k]}" 1)")
     R_P99[$k]=$(div "$(f "${W_DROP[$k]}" 4)" "$(f "${W_STEADY[$k]}" 4)")
     RATIOS+=("${R_P99[$k]}")
     [ "${LD_GONE[$k]}" = t ] || ALL_GONE=0
     raw "drop $k windows (n tps p50 p99 max): steady=${W_STEADY[$k]} drop=${W_DROP[$k]}"
 done
-W_STEADY2=$(win "$(plus "$LX0" -$STEADY)" "$LX0")
+W_STEADY2=$(win "$(plus "$LX0" "-$STEADY")" "$LX0")
 W_DEL=$(win "$LX0" "$(plus "$LX1" 1)")
 W_VAC=$(win "$LV0" "$(plus "$LV1" 1)")
 raw "delete windows (n tps p50 p99 max): steady=$W_STEADY2 delete=$W_DEL vacuum=$W_VAC"
@@ -401,7 +426,7 @@ QXV_WAL=$((${QX_WAL%.*} + ${QV_WAL%.*}))
 LX_MS=$(ms "$LX0" "$LX1"); LV_MS=$(ms "$LV0" "$LV1")
 
 R_P99_MED=$(median "${RATIOS[@]}")
-R_P99_MAX=$(printf '%s\n' "${RATIOS[@]}" | grep -v NA | sort -g | tail -n1)
+R_P99_MAX=$(printf '%s\n' "${RATIOS[@]}" | pct 1)
 R_WAL=$(div "$QD_WAL" "$QX_WAL")
 R_WALV=$(div "$QD_WAL" "$QXV_WAL")
 R_TIME=$(div "$QD_MS" "$QX_MS")
@@ -443,26 +468,19 @@ say "$(printf '%-50s %12s %14s' "VACUUM after the DELETE" "$QV_MS" "$(mb "$QV_WA
 say "$(printf '%-50s %12s %14s' "DELETE + VACUUM" "$QXV_MS" "$(mb "$QXV_WAL")")"
 say ""
 
-ALLPASS=1
-bar() {  # label value op target [info]
-    local v
-    if [ -n "${5:-}" ]; then v=info; else v=$(verdict "$2" "$3" "$4"); fi
-    [ "$v" = FAIL ] && ALLPASS=0
-    say "$(printf '%-60s %10s  %-2s %-5s %s' "$1" "$2" "$3" "$4" "$v")"
-}
-hdr=$(printf '%-60s %10s  %-8s %s' "bar" "value" "target" "result")
+hdr=$(printf '%-62s %10s  %-9s %s' "bar" "value" "target" "result")
 say "$hdr"
 say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
-bar "p99 during the drop / steady p99 (median of ${#DROPS[@]} drops)" "$R_P99_MED" "<=" 2.0
-bar "  the same, worst of the ${#DROPS[@]} drops"                     "$R_P99_MAX" "" "" info
-bar "errors under load (failed, aborted, rolled back)"            "$ERRORS" "=" 0
-bar "every partition dropped by its first idem_maintain() (1=yes)" "$ALL_GONE" "=" 1
-bar "WAL: expiry by drop / DELETE"                               "$R_WAL" "<=" 0.05
-bar "WAL: expiry by drop / (DELETE + VACUUM)"                    "$R_WALV" "" "" info
-bar "time: expiry by drop / DELETE"                              "$R_TIME" "" "" info
-bar "time: expiry by drop / (DELETE + VACUUM)"                   "$R_TIMEV" "" "" info
-bar "baseline: p99 during DELETE / steady p99"                   "$R_DELP99" "" "" info
-bar "baseline: p99 during VACUUM / steady p99"                   "$R_VACP99" "" "" info
+check "p99 during the drop / steady p99 (median of ${#DROPS[@]} drops)" "$R_P99_MED" "<=" 2.0
+info  "  the same, worst of the ${#DROPS[@]} drops"                     "$R_P99_MAX"
+check "errors under load (failed, aborted, rolled back)"            "$ERRORS" "=" 0
+check "every partition dropped by its first idem_maintain() (1=yes)" "$ALL_GONE" "=" 1
+check "WAL: expiry by drop / DELETE"                               "$R_WAL" "<=" 0.05
+info  "WAL: expiry by drop / (DELETE + VACUUM)"                    "$R_WALV"
+info  "time: expiry by drop / DELETE"                              "$R_TIME"
+info  "time: expiry by drop / (DELETE + VACUUM)"                   "$R_TIMEV"
+info  "baseline: p99 during DELETE / steady p99"                   "$R_DELP99"
+info  "baseline: p99 during VACUUM / steady p99"                   "$R_VACP99"
 say ""
-say "elapsed $((T1 - T0))s; results and timeline: bench/results/drop-$TS.txt"
-[ "$ALLPASS" = 1 ] && exit 0 || exit 3
+say "elapsed $((T1 - T0))s; results and timeline: $OUT"
+exit "$(bench_status)"

@@ -1,9 +1,12 @@
 # shellcheck shell=bash
 #
-# bench/lib.sh -- output, timing and cluster helpers shared by the bench
-# scripts.  Source it after setting BENCH_NAME (the script's name, for
-# messages) and OUT (the results file); it defines functions only.
+# bench/lib.sh -- output, statistics, verdicts and cluster helpers shared by
+# the bench scripts.  Source it first thing after setting BENCH_NAME (the
+# script's name, for messages); it defines functions, and unsets PGAPPNAME
+# (below).  OUT (the results file) must be set before anything is written
+# to it.
 #
+# ---------------------------------------------------------------- output
 #   say TEXT       print and append to $OUT
 #   raw TEXT       append to $OUT only
 #   note TEXT      print to stderr
@@ -12,13 +15,15 @@
 #   plus A B       A + B, 6 decimals
 #   sleep_until T  wait until clock time T (measurement windows and samples
 #                  are defined by time; there is no condition to poll for)
-#   median X...    the median of the numbers (NA if none)
-#   div A B        A / B, 3 decimals (NA if either is empty or ERR, or B is 0)
 
 say()  { printf '%s\n' "$*" | tee -a "$OUT"; }
 raw()  { printf '%s\n' "$*" >>"$OUT"; }
 note() { printf '%s\n' "$*" >&2; }
-die()  { note "$BENCH_NAME: $*"; raw "run failed: $*"; exit 1; }
+die()  {
+    note "$BENCH_NAME: $*"
+    [ -z "${OUT:-}" ] || raw "run failed: $*"
+    exit 1
+}
 now()  { date +%s.%N; }
 plus() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.6f", a + b}'; }
 sleep_until() {
@@ -27,8 +32,151 @@ sleep_until() {
     sleep "$d"
 }
 
-median() { printf '%s\n' "$@" | sort -g | awk '{a[NR]=$1} END{ if (NR==0) {print "NA"; exit} if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2 }'; }
-div()    { awk -v a="$1" -v b="$2" 'BEGIN{ if (a=="" || b=="" || a=="ERR" || b=="ERR" || b+0==0) print "NA"; else printf "%.3f", a/b }'; }
+# ---------------------------------------------------------------- statistics
+# A figure that could not be measured is NA (ERR where a pgbench run
+# failed, or empty); every helper here takes those as "no value" and
+# passes NA on, so that a missing figure is never read as 0.
+#
+#   median X...    the median of the numbers among X (NA if none): the
+#                  middle one as given, or the mean of the two middle ones
+#                  with 6 significant digits
+#   div A B        A / B with 4 significant digits (NA if either has no
+#                  value, or B is 0); ratios from 10^-4 (WAL of a drop vs a
+#                  DELETE) to 10^2 keep their precision
+#   pct P          the P-quantile (0 < P <= 1) of the numbers on stdin, by
+#                  nearest rank (the smallest value with at least P of them
+#                  at or below it; P = 1 is the maximum), NA if none
+
+# a number: optional sign, digits with an optional fraction, optional exponent
+_BENCH_NUM='^[-+]?([0-9]+[.]?[0-9]*|[.][0-9]+)([eE][-+]?[0-9]+)?$'
+
+median() {
+    printf '%s\n' "$@" | awk -v re="$_BENCH_NUM" '$0 ~ re' | sort -g |
+        awk '{ a[NR] = $1 }
+             END { if (NR == 0) print "NA"
+                   else if (NR % 2) print a[(NR + 1) / 2]
+                   else printf "%.6g\n", (a[NR / 2] + a[NR / 2 + 1]) / 2 }'
+}
+div() {
+    awk -v a="$1" -v b="$2" -v re="$_BENCH_NUM" 'BEGIN{
+        if (a !~ re || b !~ re || b + 0 == 0) print "NA"; else printf "%.4g\n", a / b }'
+}
+pct() {
+    awk -v re="$_BENCH_NUM" '$1 ~ re { print $1 }' | sort -g |
+        awk -v p="$1" '{ x[NR] = $1 }
+            END { if (NR == 0) { print "NA"; exit }
+                  i = int(p * NR); if (i < p * NR) i++; if (i < 1) i = 1
+                  print x[i] }'
+}
+
+# ---------------------------------------------------------------- verdicts
+# One rule for every bar, goal and bound of every bench script:
+#
+#   verdict VALUE OP TARGET
+#       PASS if VALUE is a number and "VALUE OP TARGET" holds (OP: >=, <=
+#       or =), FAIL if it is a number and it does not, SKIP if VALUE has no
+#       value (NA, ERR, empty: not measured).  A run passes only if every
+#       required verdict is PASS: SKIP does not pass, because a figure that
+#       was not measured cannot have met its goal.
+#   check LABEL VALUE OP TARGET [NOTE]
+#       a required verdict, printed as a line of the report (say) and
+#       counted for bench_status
+#   info LABEL VALUE [NOTE]
+#       a figure printed in the same layout, not judged
+#   bench_judge VERDICT
+#       count a verdict computed with "verdict" (for a script that prints
+#       its own table)
+#   bench_status
+#       the exit status of a run that got to its end: 0 if every counted
+#       verdict was PASS, else 3 (1 is left to die: the run itself failed).
+#       With BENCH_SMOKE=1 the figures come from runs of a second or two and
+#       mean nothing: 0 whatever they are.  A script ends with
+#       exit "$(bench_status)".
+
+BENCH_NOT_PASSED=0
+
+verdict() {
+    awk -v v="$1" -v op="$2" -v t="$3" -v re="$_BENCH_NUM" 'BEGIN{
+        if (v !~ re) { print "SKIP"; exit }
+        if (op == ">=")      ok = (v + 0 >= t + 0)
+        else if (op == "<=") ok = (v + 0 <= t + 0)
+        else if (op == "=")  ok = (v + 0 == t + 0)
+        else { print "verdict: unknown operator " op > "/dev/stderr"; exit 2 }
+        print (ok ? "PASS" : "FAIL") }'
+}
+bench_judge() {
+    [ "$1" = PASS ] || BENCH_NOT_PASSED=$((BENCH_NOT_PASSED + 1))
+}
+# the layout of check and info lines: label, value, operator and target, verdict, note
+_bench_line() {
+    local line
+    line=$(printf '%-62s %10s  %-2s %-6s %-4s  %s' "$1" "$2" "$3" "$4" "$5" "$6")
+    say "${line%"${line##*[! ]}"}"
+}
+check() {
+    local v
+    v=$(verdict "$2" "$3" "$4") || die "check '$1': bad operator '$3'"
+    bench_judge "$v"
+    _bench_line "$1" "$2" "$3" "$4" "$v" "${5:-}"
+}
+info() {
+    _bench_line "$1" "$2" "" "" info "${3:-}"
+}
+bench_status() {
+    if [ "$BENCH_NOT_PASSED" = 0 ]; then
+        echo 0
+    elif [ "${BENCH_SMOKE:-0}" = 1 ]; then
+        note "$BENCH_NAME: smoke run: $BENCH_NOT_PASSED goals not met (not judged in a smoke run)"
+        echo 0
+    else
+        echo 3
+    fi
+}
+
+# ---------------------------------------------------------------- settings
+# Every script takes its PostgreSQL from PGBIN, its sizes and times from its
+# own variables (see each script's header) and writes to BENCH_RESULTS:
+#
+#   bench_pgbin        PostgreSQL's bin directory: PGBIN if set, else the
+#                      bin directory of PG_CONFIG if set (the server PGXS
+#                      builds for), else Debian's PostgreSQL 15
+#   bench_size FULL SMOKE
+#                      the default of a size or time setting: FULL, or
+#                      SMOKE when BENCH_SMOKE=1 (a run of seconds that only
+#                      shows the script works; a setting given explicitly
+#                      still wins)
+#   bench_resdir       where the results go: BENCH_RESULTS if set, else
+#                      bench/results, or bench/results/smoke for a smoke run
+#                      (so that it never overwrites the committed figures)
+
+bench_pgbin() {
+    if [ -n "${PGBIN:-}" ]; then
+        printf '%s\n' "$PGBIN"
+    elif [ -n "${PG_CONFIG:-}" ]; then
+        "$PG_CONFIG" --bindir
+    else
+        printf '%s\n' /usr/lib/postgresql/15/bin
+    fi
+}
+bench_size() {
+    if [ "${BENCH_SMOKE:-0}" = 1 ]; then printf '%s\n' "$2"; else printf '%s\n' "$1"; fi
+}
+bench_resdir() {
+    local here
+    here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+    if [ -n "${BENCH_RESULTS:-}" ]; then
+        printf '%s\n' "$BENCH_RESULTS"
+    elif [ "${BENCH_SMOKE:-0}" = 1 ]; then
+        printf '%s\n' "$here/results/smoke"
+    else
+        printf '%s\n' "$here/results"
+    fi
+}
+
+# The scripts find the backends of their load by pgbench's application
+# name, which PGAPPNAME would replace (PostgreSQL::Test::Utils sets it to
+# the test's name, for one): the load's clients would never be found.
+unset PGAPPNAME
 
 # ---------------------------------------------------------------- clusters
 # The throwaway cluster of a bench script is test/lib/cluster.sh's, which
@@ -72,7 +220,7 @@ bench_cluster() {
     shift
     WORK=$(mktemp -d "/tmp/idem-${BENCH_NAME%.sh}.XXXXXX")
     chmod 755 "$WORK"
-    [ "$(id -u)" = 0 ] && chown "${CLUSTER_USER:-postgres}:" "$WORK"
+    [ "$(id -u)" != 0 ] || chown "${CLUSTER_USER:-postgres}:" "$WORK"
     C=$WORK/cluster
     trap _bench_cleanup EXIT
     trap 'exit 130' INT

@@ -3,6 +3,7 @@
 #
 #   bash bench/scale.sh                 # 1M, 10M and 50M live entries (~25 min)
 #   SCALE_SIZES="1000000 5000000" SCALE_ROUNDS=3 bash bench/scale.sh
+#   BENCH_SMOKE=1 bash bench/scale.sh   # seconds: does the script still work?
 #
 # One throwaway cluster with shared_buffers well below the data (256 MB),
 # two databases side by side: "led" (the extension's ledgers, default
@@ -32,16 +33,20 @@
 # bench/results/scale-latest.txt and a plot in bench/results/scale-latest.png
 # (gnuplot).  Ratios are medians of the per-round ratios.
 #
-# Environment (defaults in brackets):
-#   SCALE_SIZES     live entries per ledger, ascending   [1000000 10000000 50000000]
-#   SCALE_ROUNDS    interleaved rounds per workload       [5]
-#   SCALE_SECONDS   seconds per pgbench run               [6]
+# Environment (defaults in brackets; [full/smoke] where BENCH_SMOKE=1 changes them):
+#   BENCH_SMOKE     1 = the smallest run that goes through every step, for
+#                   the test suite; exit status 0 whatever the figures [0]
+#   SCALE_SIZES     live entries per ledger, ascending   [1000000 10000000 50000000/2000]
+#   SCALE_ROUNDS    interleaved rounds per workload       [5/1]
+#   SCALE_SECONDS   seconds per pgbench run               [6/1]
 #   SCALE_PORT      port (unix socket only)               [54471]
 #   SCALE_BUILD     auto|1|0: make install first          [auto]
-#   PGBIN           PostgreSQL binaries                   [/usr/lib/postgresql/15/bin]
+#   PGBIN           PostgreSQL binaries  [PG_CONFIG's bin dir, else /usr/lib/postgresql/15/bin]
+#   BENCH_RESULTS   directory of the results files        [bench/results, bench/results/smoke]
 #   SCALE_PLOT_ONLY 1: only draw the plot again from the last run's table
 #
-# Exit status: 0 all goals PASS; 3 some goal FAIL; 1 the run failed.
+# Exit status (bench/lib.sh, bench_status): 0 all goals PASS; 3 some goal
+# FAIL or SKIP; 1 the run failed.
 
 set -euo pipefail
 
@@ -49,24 +54,24 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
 # shellcheck disable=SC2034 # BENCH_NAME and BUILD are read by bench/lib.sh
 BENCH_NAME=scale.sh
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+PGBIN=$(bench_pgbin)
 export PG_CONFIG=$PGBIN/pg_config
-SIZES=${SCALE_SIZES:-1000000 10000000 50000000}
-ROUNDS=${SCALE_ROUNDS:-5}
-SECS=${SCALE_SECONDS:-6}
+SIZES=${SCALE_SIZES:-$(bench_size "1000000 10000000 50000000" 2000)}
+ROUNDS=${SCALE_ROUNDS:-$(bench_size 5 1)}
+SECS=${SCALE_SECONDS:-$(bench_size 6 1)}
 PORT=${SCALE_PORT:-54471}
 # shellcheck disable=SC2034
 BUILD=${SCALE_BUILD:-auto}
 CLIENTS=4
-RESDIR=$HERE/results
+RESDIR=$(bench_resdir)
 mkdir -p "$RESDIR"
 OUT=$RESDIR/scale-latest.txt
 DATA=$RESDIR/scale-latest.dat
 PNG=$RESDIR/scale-latest.png
-# shellcheck source=../test/lib/cluster.sh
+# shellcheck source=test/lib/cluster.sh
 . "$REPO/test/lib/cluster.sh"
-# shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
 
 # ---------------------------------------------------------------- plot
 # the table in $DATA as three panels in $PNG; its first line names the server
@@ -109,7 +114,7 @@ plot "$DATA" using 1:20 with linespoints title "message ledger", \
      "$DATA" using 1:23 with linespoints title "raw_keys table"
 unset multiplot
 EOF
-    [ -f "$PNG" ] && say "plot: bench/results/$(basename "$PNG")"
+    [ -f "$PNG" ] && say "plot: $PNG"
 }
 
 if [ "${SCALE_PLOT_ONLY:-0}" = 1 ]; then
@@ -248,8 +253,9 @@ run_one() {
     printf '%s\n' "$out" | grep -q 'number of failed transactions: 0 ' \
         || { printf '%s\n' "$out" >&2; die "pgbench had failed transactions: $tag"; }
     tps=$(printf '%s\n' "$out" | awk '/^tps = /{print $3; exit}')
-    p99=$(cat "$WORK"/pgbench_log.* | awk '{print $3}' | sort -n |
-          awk '{a[NR]=$1} END{ i = int(NR * 0.99); if (i < 1) i = 1; printf "%.3f", a[i] / 1000 }')
+    # latencies in the log are in microseconds
+    p99=$(cat "$WORK"/pgbench_log.* | awk '{print $3}' | pct 0.99 |
+          awk '{ if ($1 == "NA") print "NA"; else printf "%.3f", $1 / 1000 }')
     qval "$db" "SELECT pg_stat_force_next_flush()" >/dev/null 2>&1 || true
     after=$(qval postgres "SELECT blks_hit || ' ' || blks_read FROM pg_stat_database WHERE datname = '$db'")
     awk -v t="$tps" -v p="$p99" -v b="$before" -v a="$after" -v s="$SECS" 'BEGIN{
@@ -336,32 +342,25 @@ done
 # ---------------------------------------------------------------- goals
 first=$(echo "$SIZES" | awk '{print $1}')
 last=$(echo "$SIZES" | awk '{print $NF}')
-FAILS=0
-goal() {   # label value op target
-    local v=$2 ok
-    ok=$(awk -v v="$v" -v op="$3" -v t="$4" 'BEGIN{ print ((op == ">=") ? (v+0 >= t+0) : (v+0 <= t+0)) ? "PASS" : "FAIL" }')
-    [ "$ok" = PASS ] || FAILS=$((FAILS + 1))
-    say "$(printf '%-62s %8s %s %-6s %s' "$1" "$v" "$3" "$4" "$ok")"
-}
 say ""
 say "== goals"
-goal "consume idem/raw at $last vs at $first (ratio of ratios)" \
+check "consume idem/raw at $last vs at $first (ratio of ratios)" \
     "$(div "${RATIO[consume.$last]}" "${RATIO[consume.$first]}")" ">=" 1.00
-goal "claim+complete idem/raw at $last vs at $first (ratio of ratios)" \
+check "claim+complete idem/raw at $last vs at $first (ratio of ratios)" \
     "$(div "${RATIO[claim.$last]}" "${RATIO[claim.$first]}")" ">=" 1.00
 while read -r line; do
     case $line in \#*) continue ;; esac
     # shellcheck disable=SC2086 # split into fields on purpose
     set -- $line
-    goal "bytes per live message id vs plain UUID table at $1" "$(div "${20}" "${21}")" "<=" 0.60
+    check "bytes per live message id vs plain UUID table at $1" "$(div "${20}" "${21}")" "<=" 0.60
 done <"$DATA"
 b_first=$(awk -v s="$first" '$1 == s {print $20}' "$DATA")
 b_last=$(awk -v s="$last" '$1 == s {print $20}' "$DATA")
-goal "bytes per live message id at $last vs at $first" "$(div "$b_last" "$b_first")" "<=" 1.00
+check "bytes per live message id at $last vs at $first" "$(div "$b_last" "$b_first")" "<=" 1.00
 
 # ---------------------------------------------------------------- plot
 plot_results
 say ""
 say "command: SCALE_SIZES='$SIZES' SCALE_ROUNDS=$ROUNDS SCALE_SECONDS=$SECS bash bench/scale.sh"
 say "elapsed: $(( $(date +%s) - T0 )) s"
-[ "$FAILS" = 0 ] || exit 3
+exit "$(bench_status)"

@@ -3,6 +3,7 @@
 #
 #   bash bench/soak.sh                 # 10 minutes (SOAK_SECONDS=600)
 #   SOAK_SECONDS=60 bash bench/soak.sh # quick check
+#   BENCH_SMOKE=1 bash bench/soak.sh   # seconds: does the script still work?
 #
 # Runs a mixed pgbench load (fresh claims, replays of completed keys, single
 # and batch consumes with redeliveries, two-phase claims with a lease) at a
@@ -20,39 +21,47 @@
 # launcher, and the memory contexts of one load backend
 # (pg_log_backend_memory_contexts: grand total and CacheMemoryContext).
 #
-# Verdict "flat" for a series: the mean of the last third of the samples is
+# A series is flat (PASS) if the mean of the last third of the samples is
 # within SOAK_TOLERANCE (20%) of the mean of the middle third (the first
-# third is warm-up: caches fill, the first partitions appear).  The ledger
-# sizes, the partition counts and the load backends' private memory must be
-# flat, and pgbench must report no failed transaction.
+# third is warm-up: caches fill, the first partitions appear): the
+# verdict of bench/lib.sh on |last / middle - 1| <= SOAK_TOLERANCE.  The
+# ledger sizes, the partition counts and the load backends' private memory
+# must be flat, and pgbench must report no failed transaction.
 #
-# Environment (defaults in brackets):
-#   SOAK_SECONDS     length of the load                              [600]
-#   SOAK_SAMPLE      seconds between samples                         [10]
-#   SOAK_RATE        pgbench transactions per second (-R)            [800]
+# Environment (defaults in brackets; [full/smoke] where BENCH_SMOKE=1 changes them):
+#   BENCH_SMOKE      1 = the smallest run that goes through every step, for
+#                    the test suite; exit status 0 whatever the figures [0]
+#   SOAK_SECONDS     length of the load                              [600/10]
+#   SOAK_SAMPLE      seconds between samples                         [10/2]
+#   SOAK_RATE        pgbench transactions per second (-R)            [800/200]
 #   SOAK_TOLERANCE   allowed last-third / middle-third deviation     [0.20]
 #   SOAK_MAINT       worker | loop | auto (worker if it works)       [auto]
 #   SOAK_PORT        server port (unix socket only)                  [54462]
 #   SOAK_KEEP        1 = keep the temp dir (cluster stopped)         [0]
-#   PGBIN            PostgreSQL binaries     [/usr/lib/postgresql/15/bin]
+#   PGBIN            PostgreSQL binaries  [PG_CONFIG's bin dir, else /usr/lib/postgresql/15/bin]
+#   BENCH_RESULTS    directory of the results files  [bench/results, bench/results/smoke]
 #
 # Uses the installed extension (it builds nothing).  Output: the curve and
-# the verdicts on stdout (also bench/results/soak-<timestamp>.txt), every
-# sample in bench/results/soak-<timestamp>.csv.  Exit status: 0 all flat and
-# no errors, 3 otherwise, 1 the run itself failed.
+# the verdicts on stdout (also soak-<timestamp>.txt in BENCH_RESULTS), every
+# sample in soak-<timestamp>.csv there.  Exit status (bench/lib.sh,
+# bench_status): 0 all flat and no errors, 3 otherwise, 1 the run itself
+# failed.
 
 set -uo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/.." && pwd)
-PGBIN=${PGBIN:-/usr/lib/postgresql/15/bin}
+BENCH_NAME=soak.sh
+# shellcheck source=bench/lib.sh
+. "$HERE/lib.sh"
+PGBIN=$(bench_pgbin) || exit 1
 export PG_CONFIG=$PGBIN/pg_config
-# shellcheck source=../test/lib/cluster.sh
+# shellcheck source=test/lib/cluster.sh
 . "$REPO/test/lib/cluster.sh"
 
-SECS=${SOAK_SECONDS:-600}
-SAMPLE=${SOAK_SAMPLE:-10}
-RATE=${SOAK_RATE:-800}
+SECS=${SOAK_SECONDS:-$(bench_size 600 10)}
+SAMPLE=${SOAK_SAMPLE:-$(bench_size 10 2)}
+RATE=${SOAK_RATE:-$(bench_size 800 200)}
 TOL=${SOAK_TOLERANCE:-0.20}
 MAINT=${SOAK_MAINT:-auto}
 PORT=${SOAK_PORT:-54462}
@@ -70,16 +79,13 @@ done
 [ "$SECS" -ge $((3 * SAMPLE + 1)) ] || { echo "soak.sh: SOAK_SECONDS must be more than 3 x SOAK_SAMPLE" >&2; exit 1; }
 case $MAINT in worker|loop|auto) ;; *) echo "soak.sh: SOAK_MAINT must be worker, loop or auto" >&2; exit 1 ;; esac
 
-RESDIR=$HERE/results
+RESDIR=$(bench_resdir)
 mkdir -p "$RESDIR" || exit 1
 TS=$(date +%Y%m%d-%H%M%S)
 OUT=$RESDIR/soak-$TS.txt
 CSV=$RESDIR/soak-$TS.csv
 : >"$OUT" || exit 1
 
-BENCH_NAME=soak.sh
-# shellcheck source=bench/lib.sh
-. "$HERE/lib.sh"
 WORK=$(mktemp -d /tmp/idem-soak.XXXXXX) || exit 1
 chmod 755 "$WORK"
 [ "$(id -u)" = 0 ] && chown "${CLUSTER_USER:-postgres}:" "$WORK"
@@ -87,6 +93,7 @@ C=$WORK/cluster
 PGB_BG=         # background job running pgbench
 LOOP_BG=        # background maintenance loop
 
+# shellcheck disable=SC2317 # run by the EXIT trap (shellcheck misses it after a final exit)
 cleanup() {
     local rc=$?
     trap - EXIT INT TERM
@@ -288,32 +295,31 @@ tail -n +2 "$CSV" | awk -F, '
         $1, v($2), $3, $4, kb($5), kb($6), kb($7), v($9), v($10), v($11), kb($14), kb($15), v($13), v($18) }' | tee -a "$OUT"
 say ""
 
-# flat COLUMN: "middle-mean last-mean ratio verdict" over samples 2.. (the
-# first sample has no tps); thirds of the samples by position
-flat() {
-    tail -n +2 "$CSV" | awk -F, -v c="$1" -v tol="$TOL" '
+# thirds COLUMN: "middle-mean last-mean ratio deviation" over samples 2..
+# (the first sample has no tps), thirds of the samples by position;
+# deviation = |ratio - 1|, NA where a third has no value
+thirds() {
+    tail -n +2 "$CSV" | awk -F, -v c="$1" '
         { x[NR] = $c }
         END {
             n = NR; a = int(n / 3); b = int(2 * n / 3)
             for (i = a + 1; i <= b; i++) if (x[i] != "") { sm += x[i]; nm++ }
             for (i = b + 1; i <= n; i++) if (x[i] != "") { sl += x[i]; nl++ }
-            if (!nm || !nl) { print "NA NA NA SKIP"; exit }
+            if (!nm || !nl) { print "NA NA NA NA"; exit }
             mm = sm / nm; ml = sl / nl
             r = (mm == 0) ? (ml == 0 ? 1 : 999) : ml / mm
-            printf "%.6g %.6g %.3f %s\n", mm, ml, r, ((r >= 1 - tol && r <= 1 + tol) ? "flat" : "NOT-FLAT")
+            printf "%.6g %.6g %.3f %.3f\n", mm, ml, r, (r > 1 ? r - 1 : 1 - r)
         }'
 }
-ALLOK=1
-hdr=$(printf '%-46s %14s %14s %8s  %s' "series (last third vs middle third)" "middle mean" "last mean" "ratio" "verdict")
+hdr=$(printf '%-46s %14s %14s %8s  %s' "series (last third vs middle third)" "middle mean" "last mean" "ratio" "flat (|ratio - 1| <= $TOL)")
 say "$hdr"
 say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
 line() {  # label column required(1/0)
-    local r
-    r=$(flat "$2")
-    read -r mm ml ratio verdict <<<"$r"
-    [ "$3" = 0 ] && verdict="$verdict (info)"
-    [ "$3" = 1 ] && [ "$verdict" != flat ] && ALLOK=0
-    say "$(printf '%-46s %14s %14s %8s  %s' "$1" "$mm" "$ml" "$ratio" "$verdict")"
+    local mm ml ratio dev v
+    read -r mm ml ratio dev <<<"$(thirds "$2")"
+    v=$(verdict "$dev" "<=" "$TOL")
+    if [ "$3" = 1 ]; then bench_judge "$v"; else v="$v (info)"; fi
+    say "$(printf '%-46s %14s %14s %8s  %s' "$1" "$mm" "$ml" "$ratio" "$v")"
 }
 line "idempotency.keys bytes"                        5 1
 line "idempotency.messages bytes"                    6 1
@@ -331,9 +337,9 @@ say ""
 say "pgbench: tps ${TPS:-?} (target rate $RATE), failed transactions ${FAILED:-?}, aborted-client lines $ABORTED, exit status $PGB_RC;"
 [ -n "$MIX" ] && say "idempotency.stats: $MIX"
 say "         rolled back in the database during the load: ${ROLLBACKS:-?}; last maintenance error: ${MAINT_ERR:-none}"
-if [ "$ERRORS" = 0 ]; then say "errors: 0  PASS"; else say "errors: $ERRORS  FAIL"; ALLOK=0; fi
-say "criterion: a series is flat if mean(last third) / mean(middle third) is within 1 +/- $TOL; required: ledger bytes and"
+check "errors (failed transactions, aborted clients, pgbench status)" "$ERRORS" "=" 0
+say "criterion: a series is flat (PASS) if mean(last third) / mean(middle third) is within 1 +/- $TOL; required: ledger bytes and"
 say "           partitions, load backends' Private_Dirty and memory-context total; the rest is shown for information"
 say ""
-say "elapsed $((T1 - T0))s; samples: bench/results/soak-$TS.csv; summary and pgbench output: bench/results/soak-$TS.txt"
-[ "$ALLOK" = 1 ] && exit 0 || exit 3
+say "elapsed $((T1 - T0))s; samples: $CSV; summary and pgbench output: $OUT"
+exit "$(bench_status)"

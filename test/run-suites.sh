@@ -9,7 +9,7 @@
 #   SUITES="regress isolation" bash test/run-suites.sh
 #
 # Suites, in order: regress (sql/*.sql, pg_regress), isolation
-# (test/specs/*.spec, pg_isolation_regress), tap (test/t/*.pl, prove with
+# (specs/*.spec, pg_isolation_regress), tap (test/t/*.pl, prove with
 # PostgreSQL::Test::Cluster), pgtap (test/pgtap/*.sql, pg_prove on a
 # throwaway cluster), demo (examples/demo.sql, which checks its own result,
 # on a throwaway cluster), examples (every examples/*/test.sh: each starts
@@ -265,7 +265,7 @@ suite_regress() {
 
 suite_isolation() {
 	local rc
-	have_files 'test/specs/*.spec' || return 3
+	have_files 'specs/*.spec' || return 3
 	mk_installcheck REGRESS= TAP_TESTS=
 	rc=$?
 	[ "$rc" -eq 0 ] && return 0

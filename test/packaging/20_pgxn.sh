@@ -125,7 +125,8 @@ top=$(grep -v "^idempotency-$PKG_VERSION/" "$T/archive.list")
 pkg_check "every entry is under idempotency-$PKG_VERSION/${top:+ (not: $top)}" test -z "$top"
 for f in META.json LICENSE README.md CHANGELOG.md Makefile idempotency.control \
 	"idempotency--$PKG_VERSION.sql" src/idempotency.c src/idempotency.h \
-	doc/reference.md sql/consume.sql expected/consume.out test/idempotency.conf; do
+	doc/reference.md sql/consume.sql expected/consume.out specs/keys_claim.spec \
+	expected/keys_claim.out test/idempotency.conf; do
 	grep -qx "idempotency-$PKG_VERSION/$f" "$T/archive.list" || pkg_fail "the archive lacks $f"
 done
 junk=$(grep -E '\.(o|so|bc|zip|deb)$|/\.git/|/results/|/tmp_check|regression\.(diffs|out)$' "$T/archive.list")
