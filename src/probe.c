@@ -70,6 +70,7 @@
 #include "access/xact.h"
 #include "access/xlog.h"
 #include "catalog/index.h"
+#include "catalog/partition.h"
 #include "catalog/pg_am.h"
 #include "executor/tuptable.h"
 #include "miscadmin.h"
@@ -85,6 +86,7 @@
 #include "utils/snapmgr.h"
 
 static bool IdemMayHaveWriters(Oid relid);
+static bool IdemMustKeepKeyLock(Relation partition);
 static void IdemOpMakeTarget(IdemOp *op);
 static void IdemOpDeform(IdemOp *op, TupleDesc tupdesc);
 static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
@@ -408,6 +410,34 @@ IdemSeeOwnWrites(void)
 }
 
 /*
+ * IdemMustKeepKeyLock: must a row written into this partition keep its key
+ * lock until the transaction ends?  Yes if this transaction made the
+ * partition (nobody else sees it, or the row, before the commit), unless
+ * it made the ledger's table too: every other writer of the ledger then
+ * waits for the ledger's creation lock, which this transaction holds to
+ * its end (see IdemLedgerParent), and sees the rows once it has it.  So
+ * the first call in a new database, which makes the ledger, may write any
+ * number of keys.
+ */
+static bool
+IdemMustKeepKeyLock(Relation partition)
+{
+	Oid			parentid;
+	Relation	parent;
+	bool		parent_is_new;
+
+	if (partition->rd_createSubid == InvalidSubTransactionId)
+		return false;
+	parentid = get_partition_parent(RelationGetRelid(partition), false);
+	parent = RelationIdGetRelation(parentid);	/* locked: we made it */
+	parent_is_new = RelationIsValid(parent) &&
+		parent->rd_createSubid != InvalidSubTransactionId;
+	if (RelationIsValid(parent))
+		RelationClose(parent);
+	return !parent_is_new;
+}
+
+/*
  * IdemInsertRow inserts a row into open partition "op", which the caller
  * has checked covers its (lane, expires_at), and its entries into every
  * index of the partition, and sets *newtid (if not NULL) to where the row
@@ -419,7 +449,7 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 			  ItemPointer newtid)
 {
 	HeapTuple	tuple;
-	bool		keeps_key_lock = op->heap->rd_createSubid != InvalidSubTransactionId;
+	bool		keeps_key_lock = IdemMustKeepKeyLock(op->heap);
 
 	if (keeps_key_lock)
 		IdemCountKeptKeyLock();
@@ -488,7 +518,7 @@ IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 	which = IdemSimpleHeapUpdate(op->heap, tid, newtuple);
 	IdemNoteWrite();
 	IdemInsertIndexEntries(op, newtuple, which);
-	return op->heap->rd_createSubid != InvalidSubTransactionId;
+	return IdemMustKeepKeyLock(op->heap);
 }
 
 /* ----------------------------------------------------------------
@@ -753,7 +783,7 @@ IdemOpReplace(IdemOp *op, ItemPointer newtid)
 
 	IdemSeeOwnWrites();
 	simple_heap_delete(found->heap, &op->probe.tid);
-	if (found->heap->rd_createSubid != InvalidSubTransactionId)
+	if (IdemMustKeepKeyLock(found->heap))
 		op->keep_key_lock = true;
 	IdemOpInsert(op, newtid);
 }
