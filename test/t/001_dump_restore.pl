@@ -108,8 +108,18 @@ $node->safe_psql('src', q{SET ROLE idem_tap_app; BEGIN;
 SELECT status FROM idem_claim('paid', '{"amount": 99}');
 SELECT idem_complete('paid', 200, '{"app": true}');
 COMMIT;});
+# since 0.4.0: a response with headers and raw bytes; a two-phase claim
+# kept with its request, whose lease lapses before the dump
+$node->safe_psql('src', q{BEGIN;
+SELECT status FROM idem_claim('csv');
+SELECT idem_complete('csv', 201, response_headers => '{"Location": "/exports/1", "Content-Type": "text/csv"}',
+                     response_raw => '\x612c620a00ff');
+COMMIT;
+SELECT status FROM idem_claim('kept', '{"amount": 40}', ttl => '2 hours', lease => '1 second', keep_request => true);});
+ok($node->poll_query_until('src', q{SELECT lease_expires_at < clock_timestamp() FROM idem_lookup('kept')}),
+	'src: the kept claim\'s lease has lapsed');
 my $src_keys = $node->safe_psql('src', $keys_rows_sql);
-is($node->safe_psql('src', 'SELECT count(*) FROM idempotency.keys'), 4, 'src: four live keys');
+is($node->safe_psql('src', 'SELECT count(*) FROM idempotency.keys'), 6, 'src: six live keys');
 
 my $src_rows       = $node->safe_psql('src', $rows_sql);
 my $src_partitions = $node->safe_psql('src', $partitions_sql);
@@ -191,6 +201,14 @@ sub check_restored
 		"\ncompleted step-1", "$db: its holder's token still completes it");
 	is($node->safe_psql($db, q{SELECT status FROM idem_lookup('dropped')}),
 		'released', "$db: a released key is still released");
+	is($node->safe_psql($db, q{
+		SELECT format('%s %s %s %s', status, response_code, response_headers ->> 'Location', response_raw)
+		  FROM idem_claim('csv')}),
+		'completed 201 /exports/1 \x612c620a00ff', "$db: headers and raw bytes replay");
+	is($node->safe_psql($db, q{BEGIN;
+		SELECT format('%s %s', key, request) FROM idem_recover('1 minute');
+		ROLLBACK;}),
+		'kept {"amount": 40}', "$db: the lapsed kept claim is recovered, with its request");
 	return;
 }
 

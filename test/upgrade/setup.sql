@@ -40,6 +40,18 @@ SELECT status FROM idem_claim('released', '{"amount": 20}', scope => 'acct-1');
 SELECT idem_release('released', scope => 'acct-1');
 COMMIT;
 
+-- since 0.4.0: completed with headers and raw bytes; a two-phase claim kept
+-- with its request, whose one-second lease has lapsed by the time the
+-- cluster is moved
+BEGIN;
+SELECT status FROM idem_claim('csv', scope => 'acct-1');
+SELECT idem_complete('csv', 201, scope => 'acct-1',
+                     response_headers => '{"Location": "/exports/1", "Content-Type": "text/csv"}',
+                     response_raw => '\x612c620a00ff');
+COMMIT;
+SELECT status FROM idem_claim('kept', '{"amount": 40}', scope => 'acct-1',
+                              ttl => '2 days', lease => '1 second', keep_request => true);
+
 -- consumed messages
 SELECT idem_consume_message('billing', 'm1');
 SELECT count(*) AS consumed FROM idem_consume_messages('billing', ARRAY['m2', 'm3']);

@@ -48,6 +48,27 @@ SELECT pg_temp.check(status = 'claimed' AND token > :slow_token,
 SELECT idem_complete('released', 201, '{}', scope => 'acct-1');
 COMMIT;
 
+-- headers and raw bytes replay; the lapsed kept claim is recovered with
+-- its request (its lease lapsed one second after setup.sql)
+SELECT pg_temp.check(format('%s %s %s %s', status, response_code, response_headers, response_raw) =
+                     'completed 201 {"Location": "/exports/1", "Content-Type": "text/csv"} \x612c620a00ff',
+                     'headers and raw bytes replay byte for byte',
+                     format('%s %s %s %s', status, response_code, response_headers, response_raw))
+  FROM idem_claim('csv', scope => 'acct-1');
+DO $$
+BEGIN
+  WHILE (SELECT lease_expires_at > clock_timestamp() FROM idem_lookup('kept', 'acct-1')) LOOP
+    PERFORM pg_sleep(0.1);
+  END LOOP;
+END $$;
+BEGIN;
+SELECT pg_temp.check(count(*) = 1 AND min(key) = 'kept' AND min(request::text) = '{"amount": 40}',
+                     'the lapsed kept claim is recovered, with its request',
+                     string_agg(format('%s %s', key, request), ', '))
+  FROM idem_recover('1 minute', 'acct-1');
+SELECT idem_complete('kept', 200, '{"recovered": true}', scope => 'acct-1');
+COMMIT;
+
 -- consumed messages are still duplicates; new ones are new
 SELECT pg_temp.check(NOT idem_consume_message('billing', 'm1'),
                      'a consumed message is still a duplicate', 'true');
