@@ -266,11 +266,11 @@ SELECT label,
                    END AS as_this_major_answers
   FROM (VALUES
   ('key ttl infinity',      'infinity',  $$SELECT idem_claim('ttl', ttl => 'infinity')$$,
-                            '22023: ttl exceeds idempotency.max_ttl'),
+                            '22023: ttl exceeds "idempotency.max_ttl"'),
   ('key ttl -infinity',     '-infinity', $$SELECT idem_claim('ttl', ttl => '-infinity')$$,
                             '22023: ttl must be a positive interval'),
   ('message ttl infinity',  'infinity',  $$SELECT idem_consume_message('c', 'ttl', 'infinity')$$,
-                            '22023: ttl exceeds idempotency.max_ttl'),
+                            '22023: ttl exceeds "idempotency.max_ttl"'),
   ('lease infinity',        'infinity',  $$SELECT idem_claim('ttl', lease => 'infinity')$$,
                             '22023: lease must not be longer than the key''s ttl'),
   ('lease -infinity',       '-infinity', $$SELECT idem_claim('ttl', lease => '-infinity')$$,
