@@ -25,7 +25,15 @@
  * itself (because maintenance had not made it, and no partition maker
  * could) is invisible to everyone else until commit, so its key lock is
  * kept until the transaction ends (at most max_locks_per_transaction of
- * them, see IdemCountKeptKeyLock).
+ * them, see IdemCountKeptKeyLock), unless the transaction made the
+ * ledger's table too (see IdemMustKeepKeyLock).
+ *
+ * In detail, a call: takes the key lock (an advisory lock tag, field4
+ * 0x4944, see IdemSetKeyLockTag); accepts invalidation messages (at the
+ * start of IdemOpProbe), so that partitions committed before the lock was
+ * granted are known; opens and locks the live partitions of the key's lane,
+ * never the parent; probes them with a dirty snapshot; writes; releases the
+ * key lock.
  *
  * Every call that writes a ledger row runs the protocol through one API,
  * an IdemOp:

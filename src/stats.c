@@ -14,6 +14,12 @@
  * Counters count answers given, including those of transactions that
  * later rolled back, like pg_stat_statements does.
  *
+ * The table has room for 256 databases; the rest share one overflow row.
+ * The launcher forgets a dropped database's entry only if the entry was
+ * made before the pg_database listing it compares with (see
+ * IdemStatsForgetDatabases), so a database created meanwhile keeps its
+ * counts.
+ *
  * Copyright (c) 2026, the idempotency authors
  *
  * IDENTIFICATION

@@ -10,7 +10,16 @@
  * own lane, and a lookup touches the two or three live partitions of that
  * lane however many partitions the ledger has.  Lane boundaries are
  * staggered by one partition interval, so one lane partition becomes
- * droppable every interval (see README, "How it works").
+ * droppable every interval (doc/design.md, "Lanes"; the layout's formula
+ * is at IdemCurrentLayout and IdemPartitionBounds).
+ *
+ * Both ledgers' tables start with the same four columns, (expires_at
+ * timestamptz, digest uuid, role regrole, lane int2), and each partition
+ * has a btree on digest: probe.c relies on both.  The key ledger has more
+ * columns after them (ledger_defs; six more since 0.4.0, which a table
+ * made for an earlier installed version lacks until the update adds
+ * them).  Tables and partitions are made as the owner of schema
+ * idempotency (privilege.c), whatever the caller.
  *
  * The tables are created on first use, not by the extension script: they
  * are not extension members, which keeps pg_dump/pg_restore of them and of

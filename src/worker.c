@@ -47,10 +47,24 @@
  *
  * The launcher and its workers start only once recovery has finished
  * (BgWorkerStart_RecoveryFinished): never on a standby, at once on a
- * promoted one.  The postmaster restarts the launcher after a crash; the
- * per-database workers are never restarted, the next round starts them
+ * promoted one.  The postmaster restarts the launcher 5 s after a crash;
+ * the per-database workers are never restarted, the next round starts them
  * again.  SIGHUP makes the launcher reload the configuration; SIGTERM ends
  * the launcher and the workers at once.
+ *
+ * Bookkeeping: the launcher keeps a local hash of databases, each unknown,
+ * with the extension or without; invalid databases (an interrupted DROP
+ * DATABASE, DATCONNLIMIT_INVALID_DB) are skipped.  CREATE EXTENSION is
+ * noticed by the utility hook, and at its commit a transaction callback
+ * sets a flag in shared memory and the launcher's latch.  A worker reports
+ * back through one shared-memory slot (one worker runs at a time).  A
+ * worker's lock_timeout is pinned at 5 s, so that one database whose
+ * ledger is locked does not hold up the others; the failed round goes to
+ * the statistics.  A partition maker gets its request in bgw_extra; none is
+ * used in parallel mode, outside regular backends, or when the caller
+ * holds the ledger's creation lock or more than ACCESS SHARE on the
+ * parent (the maker would wait for the caller, which waits for the maker:
+ * a deadlock the lock manager cannot see).
  *
  * Copyright (c) 2026, the idempotency authors
  *
