@@ -118,57 +118,290 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION pg_catalog.idem_recover(interval, text, integer) IS
 'takes over the calling role''s lapsed two-phase claims made with keep_request, each by exactly one caller, oldest lapse first';
 
--- Privileges of the functions made here: each replacing function gets
--- exactly the privileges of the function it replaces (a DBA who revoked
--- EXECUTE on idem_claim() from PUBLIC and granted it to one role keeps
--- that), and idem_recover() those of a fresh install, EXECUTE to PUBLIC;
--- whatever the default privileges of the role running this script added
--- is taken back.  Names are qualified: see the install script.
+
+-- Ordered streams (new in 0.4.0)
+
+-- Ordered streams: positions and producer sequences (see src/streams.c).
+-- A few rows per consumer, members of the extension whose rows pg_dump
+-- carries (pg_extension_config_dump); reached through the functions only.
+
+CREATE TABLE idempotency.positions (
+    role        pg_catalog.regrole     NOT NULL,
+    consumer    pg_catalog.text        NOT NULL,
+    stream      pg_catalog.text        NOT NULL,
+    part        pg_catalog.int4        NOT NULL,
+    next_offset pg_catalog.int8,
+    generation  pg_catalog.int8,
+    updated_at  pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, consumer, stream, part)
+);
+
+COMMENT ON TABLE idempotency.positions IS
+'the next offset to process per (role, consumer, stream, partition), and the partition''s assignment generation; managed by idem_assign() and idem_advance()';
+
+CREATE TABLE idempotency.sequences (
+    role       pg_catalog.regrole     NOT NULL,
+    consumer   pg_catalog.text        NOT NULL,
+    producer   pg_catalog.text        NOT NULL,
+    epoch      pg_catalog.int8        NOT NULL,
+    seq        pg_catalog.int8        NOT NULL,
+    updated_at pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, consumer, producer)
+);
+
+COMMENT ON TABLE idempotency.sequences IS
+'the last sequence number seen per (role, consumer, producer) and its epoch; managed by idem_sequence()';
+
+REVOKE ALL ON idempotency.positions, idempotency.sequences FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idempotency.positions', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.sequences', '');
+
+CREATE FUNCTION pg_catalog.idem_assign(consumer text,
+                                       stream text,
+                                       parts integer[],
+                                       generation bigint)
+RETURNS TABLE (part integer, next_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_assign'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_assign(text, text, integer[], bigint) IS
+'records the assignment of stream partitions to a consumer with its generation, and returns where to seek each';
+
+CREATE FUNCTION pg_catalog.idem_advance(consumer text,
+                                        stream text,
+                                        part integer,
+                                        first_offset bigint,
+                                        last_offset bigint,
+                                        generation bigint DEFAULT NULL)
+RETURNS TABLE (first_offset bigint, last_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_advance'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION pg_catalog.idem_advance(text, text, integer, bigint, bigint, bigint) IS
+'moves a stream partition''s position past a batch in the caller''s transaction, and returns the part of the batch not processed yet';
+
+CREATE FUNCTION pg_catalog.idem_positions(consumer text, stream text)
+RETURNS TABLE (part integer, next_offset bigint, generation bigint,
+               updated_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_positions'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_positions(text, text) IS
+'the calling role''s positions of one consumer on one stream';
+
+CREATE FUNCTION pg_catalog.idem_sequence(consumer text,
+                                         producer text,
+                                         epoch bigint,
+                                         seq bigint,
+                                         strict boolean DEFAULT false)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_sequence'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_sequence(text, text, bigint, bigint, boolean) IS
+'checks a producer''s sequence number in the caller''s transaction: new, duplicate, gap or fenced';
+
+CREATE TYPE idempotency.position_record AS (
+    role        name,
+    consumer    text,
+    stream      text,
+    part        integer,
+    next_offset bigint,
+    generation  bigint,
+    updated_at  timestamptz
+);
+
+COMMENT ON TYPE idempotency.position_record IS
+'one stream position as idempotency.export_positions() gives it and idempotency.import_position() takes it';
+
+CREATE TYPE idempotency.sequence_record AS (
+    role       name,
+    consumer   text,
+    producer   text,
+    epoch      bigint,
+    seq        bigint,
+    updated_at timestamptz
+);
+
+COMMENT ON TYPE idempotency.sequence_record IS
+'one producer sequence as idempotency.export_sequences() gives it and idempotency.import_sequence() takes it';
+
+CREATE FUNCTION idempotency.export_positions(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.position_record
+AS 'MODULE_PATHNAME', 'idem_export_positions'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_positions(text[]) IS
+'the stream positions of the given consumers (all if NULL), of every role, for idempotency.import_position() on another node';
+
+CREATE FUNCTION idempotency.import_position(p record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_position'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_position(record) IS
+'stores an exported stream position unless this node has one at least as far: inserted, replaced or kept';
+
+CREATE FUNCTION idempotency.export_sequences(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.sequence_record
+AS 'MODULE_PATHNAME', 'idem_export_sequences'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_sequences(text[]) IS
+'the producer sequences of the given consumers (all if NULL), of every role, for idempotency.import_sequence() on another node';
+
+CREATE FUNCTION idempotency.import_sequence(s record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_sequence'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_sequence(record) IS
+'stores an exported producer sequence unless this node has one at least as far: inserted, replaced or kept';
+
+REVOKE ALL ON FUNCTION idempotency.export_positions(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_position(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_sequences(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_sequence(record) FROM PUBLIC;
+
+-- The statistics gain the counters of 0.4.0: the view and its function are
+-- made anew (renamed first, their privileges carried over below).
+ALTER VIEW idempotency.stats RENAME TO stats_before_0_4_0;
+ALTER FUNCTION idempotency.stats_info() RENAME TO stats_info_before_0_4_0;
+
+CREATE FUNCTION idempotency.stats_info(OUT dboid oid,
+                                       OUT claims bigint,
+                                       OUT replays bigint,
+                                       OUT conflicts bigint,
+                                       OUT mismatches bigint,
+                                       OUT consumed bigint,
+                                       OUT duplicates bigint,
+                                       OUT partitions_created bigint,
+                                       OUT partitions_dropped bigint,
+                                       OUT holder_waits bigint,
+                                       OUT recoveries bigint,
+                                       OUT positions_advanced bigint,
+                                       OUT stale_generations bigint,
+                                       OUT sequence_duplicates bigint,
+                                       OUT sequence_gaps bigint,
+                                       OUT sequences_fenced bigint,
+                                       OUT streams_removed bigint,
+                                       OUT maintenance_runs bigint,
+                                       OUT last_maintenance timestamptz,
+                                       OUT last_maintenance_error text,
+                                       OUT last_error_at timestamptz,
+                                       OUT stats_reset timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats_info'
+LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+
+REVOKE ALL ON FUNCTION idempotency.stats_info() FROM PUBLIC;
+
+CREATE VIEW idempotency.stats AS
+SELECT d.datname,
+       s.claims, s.replays, s.conflicts, s.mismatches,
+       s.consumed, s.duplicates,
+       s.partitions_created, s.partitions_dropped,
+       s.holder_waits, s.recoveries,
+       s.positions_advanced, s.stale_generations,
+       s.sequence_duplicates, s.sequence_gaps, s.sequences_fenced,
+       s.streams_removed,
+       s.maintenance_runs, s.last_maintenance,
+       s.last_maintenance_error, s.last_error_at,
+       s.stats_reset
+  FROM idempotency.stats_info() AS s
+  LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.dboid;
+
+COMMENT ON VIEW idempotency.stats IS
+'per-database counters since server start or idempotency.stats_reset() (needs shared_preload_libraries)';
+
+GRANT SELECT ON idempotency.stats TO pg_monitor;
+
+-- Privileges of the objects made here: each object that replaces one gets
+-- exactly the privileges of the one it replaces (a DBA who revoked EXECUTE
+-- on idem_claim() from PUBLIC and granted it to one role keeps that; a
+-- role granted SELECT on idempotency.stats keeps it), and each new object
+-- those of a fresh install; whatever the default privileges of the role
+-- running this script added is taken back.  Names are qualified: see the
+-- install script.
 DO $privileges$
 DECLARE
-    f record;
+    o record;
     item record;
 BEGIN
-    FOR f IN
-        SELECT n.oid::pg_catalog.regprocedure AS fn, n.proowner, n.proacl AS newacl,
-               o.proacl AS oldacl, o.oid IS NOT NULL AS replaces
-          FROM (VALUES
-                ('pg_catalog.idem_claim(text,jsonb,text,interval,interval,boolean,boolean)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_claim_before_0_4_0(text,jsonb,text,interval,interval,boolean)'::pg_catalog.regprocedure),
-                ('pg_catalog.idem_complete(text,integer,jsonb,text,bigint,jsonb,bytea)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_complete_before_0_4_0(text,integer,jsonb,text,bigint)'::pg_catalog.regprocedure),
-                ('pg_catalog.idem_lookup(text,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_lookup_before_0_4_0(text,text)'::pg_catalog.regprocedure),
-                ('pg_catalog.idem_recover(interval,text,integer)'::pg_catalog.regprocedure,
-                 NULL)) AS v (newfn, oldfn)
-          JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) v.newfn
-          LEFT JOIN pg_catalog.pg_proc AS o ON o.oid OPERATOR(pg_catalog.=) v.oldfn
+    FOR o IN
+        WITH objects (kind, newobj, oldobj, public_default) AS (VALUES
+            ('FUNCTION', 'pg_catalog.idem_claim(text,jsonb,text,interval,interval,boolean,boolean)'::pg_catalog.regprocedure::pg_catalog.oid,
+                         'pg_catalog.idem_claim_before_0_4_0(text,jsonb,text,interval,interval,boolean)'::pg_catalog.regprocedure::pg_catalog.oid, true),
+            ('FUNCTION', 'pg_catalog.idem_complete(text,integer,jsonb,text,bigint,jsonb,bytea)'::pg_catalog.regprocedure,
+                         'pg_catalog.idem_complete_before_0_4_0(text,integer,jsonb,text,bigint)'::pg_catalog.regprocedure, true),
+            ('FUNCTION', 'pg_catalog.idem_lookup(text,text)'::pg_catalog.regprocedure,
+                         'pg_catalog.idem_lookup_before_0_4_0(text,text)'::pg_catalog.regprocedure, true),
+            ('FUNCTION', 'idempotency.stats_info()'::pg_catalog.regprocedure,
+                         'idempotency.stats_info_before_0_4_0()'::pg_catalog.regprocedure, false),
+            ('TABLE', 'idempotency.stats'::pg_catalog.regclass,
+                      'idempotency.stats_before_0_4_0'::pg_catalog.regclass, false),
+            ('FUNCTION', 'pg_catalog.idem_recover(interval,text,integer)'::pg_catalog.regprocedure, NULL, true),
+            ('FUNCTION', 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure, NULL, true),
+            ('FUNCTION', 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure, NULL, true),
+            ('FUNCTION', 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure, NULL, true),
+            ('FUNCTION', 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure, NULL, true),
+            ('FUNCTION', 'idempotency.export_positions(text[])'::pg_catalog.regprocedure, NULL, false),
+            ('FUNCTION', 'idempotency.import_position(record)'::pg_catalog.regprocedure, NULL, false),
+            ('FUNCTION', 'idempotency.export_sequences(text[])'::pg_catalog.regprocedure, NULL, false),
+            ('FUNCTION', 'idempotency.import_sequence(record)'::pg_catalog.regprocedure, NULL, false),
+            ('TABLE', 'idempotency.positions'::pg_catalog.regclass, NULL, false),
+            ('TABLE', 'idempotency.sequences'::pg_catalog.regclass, NULL, false),
+            ('TYPE', 'idempotency.position_record'::pg_catalog.regtype, NULL, true),
+            ('TYPE', 'idempotency.sequence_record'::pg_catalog.regtype, NULL, true))
+        SELECT x.kind, x.oldobj IS NOT NULL AS replaces, x.public_default,
+               CASE x.kind WHEN 'FUNCTION' THEN x.newobj::pg_catalog.regprocedure::pg_catalog.text
+                           WHEN 'TYPE' THEN x.newobj::pg_catalog.regtype::pg_catalog.text
+                           ELSE x.newobj::pg_catalog.regclass::pg_catalog.text END AS name,
+               CASE x.kind WHEN 'FUNCTION' THEN 'EXECUTE' ELSE 'USAGE' END AS default_privilege,
+               coalesce(p.proacl, c.relacl, t.typacl) AS newacl,
+               coalesce(p.proowner, c.relowner, t.typowner) AS owner,
+               coalesce(op.proacl, oc.relacl) AS oldacl
+          FROM objects AS x
+          LEFT JOIN pg_catalog.pg_type AS t
+            ON x.kind OPERATOR(pg_catalog.=) 'TYPE' AND t.oid OPERATOR(pg_catalog.=) x.newobj
+          LEFT JOIN pg_catalog.pg_proc AS p
+            ON x.kind OPERATOR(pg_catalog.=) 'FUNCTION' AND p.oid OPERATOR(pg_catalog.=) x.newobj
+          LEFT JOIN pg_catalog.pg_class AS c
+            ON x.kind OPERATOR(pg_catalog.=) 'TABLE' AND c.oid OPERATOR(pg_catalog.=) x.newobj
+          LEFT JOIN pg_catalog.pg_proc AS op
+            ON x.kind OPERATOR(pg_catalog.=) 'FUNCTION' AND op.oid OPERATOR(pg_catalog.=) x.oldobj
+          LEFT JOIN pg_catalog.pg_class AS oc
+            ON x.kind OPERATOR(pg_catalog.=) 'TABLE' AND oc.oid OPERATOR(pg_catalog.=) x.oldobj
     LOOP
         -- the built-in default on both sides: nothing to do
-        CONTINUE WHEN f.oldacl IS NULL AND f.newacl IS NULL;
+        CONTINUE WHEN o.newacl IS NULL AND o.oldacl IS NULL
+                  AND (o.replaces OR o.public_default);
         -- start from nothing but the owner's privileges
-        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC CASCADE', f.fn);
+        EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM PUBLIC CASCADE', o.kind, o.name);
         FOR item IN
             SELECT DISTINCT a.grantee
-              FROM pg_catalog.aclexplode(f.newacl) AS a
-             WHERE a.grantee OPERATOR(pg_catalog.<>) f.proowner
+              FROM pg_catalog.aclexplode(o.newacl) AS a
+             WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
                AND a.grantee OPERATOR(pg_catalog.<>) 0
         LOOP
-            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', f.fn,
+            EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM %I CASCADE', o.kind, o.name,
                                       pg_catalog.pg_get_userbyid(item.grantee));
         END LOOP;
-        -- then what the function it replaces had (NULL: the built-in
-        -- default, EXECUTE to PUBLIC), or what a fresh install gives
-        IF f.oldacl IS NULL THEN
-            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', f.fn);
+        -- then what the object it replaces had (NULL: the built-in
+        -- default), or what a fresh install gives
+        IF o.oldacl IS NULL THEN
+            IF o.kind OPERATOR(pg_catalog.<>) 'TABLE' AND (o.replaces OR o.public_default) THEN
+                EXECUTE pg_catalog.format('GRANT %s ON %s %s TO PUBLIC',
+                                          o.default_privilege, o.kind, o.name);
+            END IF;
         ELSE
             FOR item IN
                 SELECT a.grantee, a.privilege_type, a.is_grantable
-                  FROM pg_catalog.aclexplode(f.oldacl) AS a
-                 WHERE a.grantee OPERATOR(pg_catalog.<>) f.proowner
+                  FROM pg_catalog.aclexplode(o.oldacl) AS a
+                 WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
             LOOP
-                EXECUTE pg_catalog.format('GRANT %s ON FUNCTION %s TO %s%s',
-                                          item.privilege_type, f.fn,
+                EXECUTE pg_catalog.format('GRANT %s ON %s %s TO %s%s',
+                                          item.privilege_type, o.kind, o.name,
                                           CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
                                                ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END,
                                           CASE WHEN item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
@@ -178,6 +411,8 @@ BEGIN
 END
 $privileges$;
 
+DROP VIEW idempotency.stats_before_0_4_0;
+DROP FUNCTION idempotency.stats_info_before_0_4_0();
 DROP FUNCTION pg_catalog.idem_claim_before_0_4_0(text, jsonb, text, interval, interval, boolean);
 DROP FUNCTION pg_catalog.idem_complete_before_0_4_0(text, integer, jsonb, text, bigint);
 DROP FUNCTION pg_catalog.idem_lookup_before_0_4_0(text, text);

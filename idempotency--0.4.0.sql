@@ -195,6 +195,14 @@ CREATE FUNCTION idempotency.stats_info(OUT dboid oid,
                                        OUT duplicates bigint,
                                        OUT partitions_created bigint,
                                        OUT partitions_dropped bigint,
+                                       OUT holder_waits bigint,
+                                       OUT recoveries bigint,
+                                       OUT positions_advanced bigint,
+                                       OUT stale_generations bigint,
+                                       OUT sequence_duplicates bigint,
+                                       OUT sequence_gaps bigint,
+                                       OUT sequences_fenced bigint,
+                                       OUT streams_removed bigint,
                                        OUT maintenance_runs bigint,
                                        OUT last_maintenance timestamptz,
                                        OUT last_maintenance_error text,
@@ -211,6 +219,10 @@ SELECT d.datname,
        s.claims, s.replays, s.conflicts, s.mismatches,
        s.consumed, s.duplicates,
        s.partitions_created, s.partitions_dropped,
+       s.holder_waits, s.recoveries,
+       s.positions_advanced, s.stale_generations,
+       s.sequence_duplicates, s.sequence_gaps, s.sequences_fenced,
+       s.streams_removed,
        s.maintenance_runs, s.last_maintenance,
        s.last_maintenance_error, s.last_error_at,
        s.stats_reset
@@ -244,6 +256,86 @@ COMMENT ON FUNCTION idempotency.relocate_lanes(boolean) IS
 'moves ledger rows written by 0.2.0 on a big-endian machine to the lanes 0.3.0 looks them up in';
 
 REVOKE ALL ON FUNCTION idempotency.relocate_lanes(boolean) FROM PUBLIC;
+
+-- Ordered streams: positions and producer sequences (see src/streams.c).
+-- A few rows per consumer, members of the extension whose rows pg_dump
+-- carries (pg_extension_config_dump); reached through the functions only.
+
+CREATE TABLE idempotency.positions (
+    role        pg_catalog.regrole     NOT NULL,
+    consumer    pg_catalog.text        NOT NULL,
+    stream      pg_catalog.text        NOT NULL,
+    part        pg_catalog.int4        NOT NULL,
+    next_offset pg_catalog.int8,
+    generation  pg_catalog.int8,
+    updated_at  pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, consumer, stream, part)
+);
+
+COMMENT ON TABLE idempotency.positions IS
+'the next offset to process per (role, consumer, stream, partition), and the partition''s assignment generation; managed by idem_assign() and idem_advance()';
+
+CREATE TABLE idempotency.sequences (
+    role       pg_catalog.regrole     NOT NULL,
+    consumer   pg_catalog.text        NOT NULL,
+    producer   pg_catalog.text        NOT NULL,
+    epoch      pg_catalog.int8        NOT NULL,
+    seq        pg_catalog.int8        NOT NULL,
+    updated_at pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, consumer, producer)
+);
+
+COMMENT ON TABLE idempotency.sequences IS
+'the last sequence number seen per (role, consumer, producer) and its epoch; managed by idem_sequence()';
+
+REVOKE ALL ON idempotency.positions, idempotency.sequences FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idempotency.positions', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.sequences', '');
+
+CREATE FUNCTION pg_catalog.idem_assign(consumer text,
+                                       stream text,
+                                       parts integer[],
+                                       generation bigint)
+RETURNS TABLE (part integer, next_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_assign'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_assign(text, text, integer[], bigint) IS
+'records the assignment of stream partitions to a consumer with its generation, and returns where to seek each';
+
+CREATE FUNCTION pg_catalog.idem_advance(consumer text,
+                                        stream text,
+                                        part integer,
+                                        first_offset bigint,
+                                        last_offset bigint,
+                                        generation bigint DEFAULT NULL)
+RETURNS TABLE (first_offset bigint, last_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_advance'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION pg_catalog.idem_advance(text, text, integer, bigint, bigint, bigint) IS
+'moves a stream partition''s position past a batch in the caller''s transaction, and returns the part of the batch not processed yet';
+
+CREATE FUNCTION pg_catalog.idem_positions(consumer text, stream text)
+RETURNS TABLE (part integer, next_offset bigint, generation bigint,
+               updated_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_positions'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_positions(text, text) IS
+'the calling role''s positions of one consumer on one stream';
+
+CREATE FUNCTION pg_catalog.idem_sequence(consumer text,
+                                         producer text,
+                                         epoch bigint,
+                                         seq bigint,
+                                         strict boolean DEFAULT false)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_sequence'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_sequence(text, text, bigint, bigint, boolean) IS
+'checks a producer''s sequence number in the caller''s transaction: new, duplicate, gap or fenced';
 
 -- Moving tenants between nodes (see src/transfer.c)
 
@@ -315,6 +407,68 @@ REVOKE ALL ON FUNCTION idempotency.import_key(record) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.export_messages(text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.import_message(record) FROM PUBLIC;
 
+CREATE TYPE idempotency.position_record AS (
+    role        name,
+    consumer    text,
+    stream      text,
+    part        integer,
+    next_offset bigint,
+    generation  bigint,
+    updated_at  timestamptz
+);
+
+COMMENT ON TYPE idempotency.position_record IS
+'one stream position as idempotency.export_positions() gives it and idempotency.import_position() takes it';
+
+CREATE TYPE idempotency.sequence_record AS (
+    role       name,
+    consumer   text,
+    producer   text,
+    epoch      bigint,
+    seq        bigint,
+    updated_at timestamptz
+);
+
+COMMENT ON TYPE idempotency.sequence_record IS
+'one producer sequence as idempotency.export_sequences() gives it and idempotency.import_sequence() takes it';
+
+CREATE FUNCTION idempotency.export_positions(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.position_record
+AS 'MODULE_PATHNAME', 'idem_export_positions'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_positions(text[]) IS
+'the stream positions of the given consumers (all if NULL), of every role, for idempotency.import_position() on another node';
+
+CREATE FUNCTION idempotency.import_position(p record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_position'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_position(record) IS
+'stores an exported stream position unless this node has one at least as far: inserted, replaced or kept';
+
+CREATE FUNCTION idempotency.export_sequences(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.sequence_record
+AS 'MODULE_PATHNAME', 'idem_export_sequences'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_sequences(text[]) IS
+'the producer sequences of the given consumers (all if NULL), of every role, for idempotency.import_sequence() on another node';
+
+CREATE FUNCTION idempotency.import_sequence(s record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_sequence'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_sequence(record) IS
+'stores an exported producer sequence unless this node has one at least as far: inserted, replaced or kept';
+
+REVOKE ALL ON FUNCTION idempotency.export_positions(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_position(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_sequences(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_sequence(record) FROM PUBLIC;
+
 -- Privileges.  PostgreSQL applies the default privileges of the role that
 -- runs this script (ALTER DEFAULT PRIVILEGES FOR ROLE ... GRANT ...) to
 -- every object it makes: take back each privilege on a member of the
@@ -372,6 +526,10 @@ BEGIN
             ('f', 'pg_catalog.idem_release(text,text,bigint)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
             ('f', 'pg_catalog.idem_lookup(text,text)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
             ('f', 'pg_catalog.idem_recover(interval,text,integer)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
             ('f', 'idempotency.partition_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
             ('f', 'idempotency.stats_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
             ('r', 'idempotency.partitions'::pg_catalog.regclass, 'pg_monitor', 'SELECT'),
@@ -379,6 +537,8 @@ BEGIN
             ('T', 'idempotency.claim_result'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
             ('T', 'idempotency.key_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
             ('T', 'idempotency.message_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
+            ('T', 'idempotency.position_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
+            ('T', 'idempotency.sequence_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
             ('n', 'idempotency'::pg_catalog.regnamespace, 'pg_monitor', 'USAGE'))
         SELECT m.name, a.privilege_type,
                CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'

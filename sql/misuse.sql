@@ -110,7 +110,24 @@ INSERT INTO null_cases VALUES
   ('idem_lookup',           'scope',          $$SELECT * FROM idem_lookup('done', NULL)$$),
   ('idem_recover',          'lease',          $$SELECT * FROM idem_recover(NULL)$$),
   ('idem_recover',          'scope',          $$SELECT * FROM idem_recover('1 minute', NULL)$$),
-  ('idem_recover',          'max_keys',       $$SELECT * FROM idem_recover('1 minute', NULL, NULL)$$);
+  ('idem_recover',          'max_keys',       $$SELECT * FROM idem_recover('1 minute', NULL, NULL)$$),
+  ('idem_assign',           'consumer',       $$SELECT * FROM idem_assign(NULL, 's', ARRAY[0], 1)$$),
+  ('idem_assign',           'stream',         $$SELECT * FROM idem_assign('c', NULL, ARRAY[0], 1)$$),
+  ('idem_assign',           'parts',          $$SELECT * FROM idem_assign('c', 's', NULL, 1)$$),
+  ('idem_assign',           'generation',     $$SELECT * FROM idem_assign('c', 's', ARRAY[0], NULL)$$),
+  ('idem_advance',          'consumer',       $$SELECT * FROM idem_advance(NULL, 's', 0, 0, 1)$$),
+  ('idem_advance',          'stream',         $$SELECT * FROM idem_advance('c', NULL, 0, 0, 1)$$),
+  ('idem_advance',          'part',           $$SELECT * FROM idem_advance('c', 's', NULL, 0, 1)$$),
+  ('idem_advance',          'first_offset',   $$SELECT * FROM idem_advance('c', 's', 0, NULL, 1)$$),
+  ('idem_advance',          'last_offset',    $$SELECT * FROM idem_advance('c', 's', 0, 0, NULL)$$),
+  ('idem_advance',          'generation',     $$SELECT * FROM idem_advance('c', 's', 0, 0, 1, NULL)$$),
+  ('idem_positions',        'consumer',       $$SELECT * FROM idem_positions(NULL, 's')$$),
+  ('idem_positions',        'stream',         $$SELECT * FROM idem_positions('c', NULL)$$),
+  ('idem_sequence',         'consumer',       $$SELECT idem_sequence(NULL, 'p', 0, 0)$$),
+  ('idem_sequence',         'producer',       $$SELECT idem_sequence('c', NULL, 0, 0)$$),
+  ('idem_sequence',         'epoch',          $$SELECT idem_sequence('c', 'p', NULL, 0)$$),
+  ('idem_sequence',         'seq',            $$SELECT idem_sequence('c', 'p', 0, NULL)$$),
+  ('idem_sequence',         'strict',         $$SELECT idem_sequence('c', 'p', 0, 0, NULL)$$);
 SELECT fn, arg, try(stmt) FROM null_cases;
 -- the table covers every input argument of every idem_* function
 SELECT p.proname, a.name AS argument_not_covered

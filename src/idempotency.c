@@ -37,6 +37,7 @@ int			idem_max_key_length = 255;
 int			idem_naptime = 60;
 int			idem_wait_timeout = 0;
 int			idem_max_response_bytes = 1024 * 1024;
+int			idem_position_ttl = 30 * SECS_PER_DAY;
 
 void		_PG_init(void);
 
@@ -122,6 +123,14 @@ _PG_init(void)
 							&idem_max_response_bytes,
 							1024 * 1024, 1024, MaxAllocSize / 2,
 							PGC_SUSET, GUC_UNIT_BYTE,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.position_ttl",
+							gettext_noop("Sets how long a stream position or producer sequence is kept once unused."),
+							gettext_noop("Maintenance deletes those not read or moved for this long."),
+							&idem_position_ttl,
+							30 * SECS_PER_DAY, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
 	MarkGUCPrefixReserved("idempotency");

@@ -46,6 +46,7 @@ extern int	idem_premake;
 extern int	idem_max_key_length;
 extern int	idem_wait_timeout;
 extern int	idem_max_response_bytes;
+extern int	idem_position_ttl;
 
 /* ----------------------------------------------------------------
  * Ledger identity and hashing (keyhash.c)
@@ -80,6 +81,8 @@ typedef struct IdemDigest
 #define IDEM_LOCK_KEY		0x4944	/* one key of one role: probe + insert */
 #define IDEM_LOCK_CREATE	0x4945	/* creating storage of one ledger */
 #define IDEM_LOCK_MAINTAIN	0x4946	/* one idem_maintain() run per database */
+#define IDEM_LOCK_POSITION	0x4947	/* one stream partition's position */
+#define IDEM_LOCK_SEQUENCE	0x4948	/* one producer's sequence */
 
 extern void IdemComputeDigest(const char *ns, int nslen,
 							  const char *key, int keylen,
@@ -203,8 +206,17 @@ extern bool IdemInstalledVersionAtLeast(const char *version);
  * Work done with more privilege than the caller (privilege.c)
  * ----------------------------------------------------------------
  */
+typedef struct IdemSavedUser
+{
+	Oid			userid;
+	int			sec_context;
+} IdemSavedUser;
+
 extern void IdemPinWorkerSettings(void);
-extern void IdemExecAsOwner(const char *sql, int lock_timeout_ms);
+extern uint64 IdemExecAsOwner(const char *sql, int lock_timeout_ms);
+extern Oid	IdemStorageOwner(void);
+extern void IdemBecomeStorageOwner(IdemSavedUser *save);
+extern void IdemRestoreUser(const IdemSavedUser *save);
 extern void IdemRestrictTableAcl(Oid relid);
 extern bool IdemRoleMayCreateIn(Oid roleid, Oid nspid);
 
@@ -386,6 +398,14 @@ typedef enum IdemImportOutcome
 extern IdemImportOutcome IdemImportKey(Oid role, const pg_uuid_t *digest,
 									   Datum *values, bool *nulls);
 
+/* Reading imported records (transfer.c), for streams.c too */
+extern void IdemDeformRecord(FunctionCallInfo fcinfo, int natts, int min_natts,
+							 const Oid *types, const char *typname,
+							 Datum *values, bool *nulls);
+extern Oid	IdemImportRole(Datum name, bool isnull);
+extern void IdemRequireField(bool isnull, const char *field);
+extern text *IdemImportOutcomeText(IdemImportOutcome outcome);
+
 /* A lapsed claim taken over by idem_recover() (keys.c, recover.c) */
 typedef struct IdemRecovered
 {
@@ -456,8 +476,20 @@ typedef enum IdemStat
 	IDEM_STAT_DUPLICATES,		/* message ids already consumed */
 	IDEM_STAT_PARTITIONS_CREATED,
 	IDEM_STAT_PARTITIONS_DROPPED,
+	/* since 0.4.0 */
+	IDEM_STAT_HOLDER_WAITS,		/* claims that waited for a two-phase holder */
+	IDEM_STAT_RECOVERIES,		/* keys taken over by idem_recover() */
+	IDEM_STAT_POSITIONS_ADVANCED,	/* idem_advance() calls that moved one */
+	IDEM_STAT_STALE_GENERATIONS,	/* calls refused for a stale generation */
+	IDEM_STAT_SEQUENCE_DUPLICATES,
+	IDEM_STAT_SEQUENCE_GAPS,
+	IDEM_STAT_SEQUENCES_FENCED,
+	IDEM_STAT_STREAMS_REMOVED,	/* unused positions and sequences deleted */
 	IDEM_NUM_STATS
 } IdemStat;
+
+/* the counters of idempotency.stats before 0.4.0 */
+#define IDEM_NUM_STATS_V1	(IDEM_STAT_PARTITIONS_DROPPED + 1)
 
 extern Size IdemStatsShmemSize(void);
 extern void IdemStatsShmemInit(void);
@@ -484,6 +516,12 @@ extern void IdemWorkerShmemInit(void);
 extern int64 IdemJsonbTextSize(Datum jsonb);
 extern void IdemCheckStoredSize(int64 size, const char *what);
 extern void IdemCheckResponseHeaders(Datum headers);
+
+/* ----------------------------------------------------------------
+ * Ordered streams: positions and producer sequences (streams.c)
+ * ----------------------------------------------------------------
+ */
+extern uint64 IdemStreamsMaintain(TimestampTz before);
 
 /* ----------------------------------------------------------------
  * Waiting for the holder of a two-phase claim (wait.c)

@@ -93,6 +93,7 @@ typedef struct IdemClaim
 	text	   *scope;
 	Datum		request;		/* (Datum) 0 if NULL */
 	TimestampTz wait_deadline;	/* for a holder's end; 0: no such wait */
+	bool		waited;			/* waited for a holder already */
 	TimestampTz clock_at;		/* the op->now they were computed from */
 	TimestampTz lease_until;	/* from op->now, as op->expires_at */
 	/* the answer */
@@ -382,6 +383,9 @@ IdemClaimHeld(IdemClaim *claim, IdemOp *op)
 	{
 		op->wait_until = Min(claim->wait_deadline,
 							 DatumGetTimestampTz(op->values[Anum_keys_lease_until - 1]));
+		if (!claim->waited)
+			IdemStatsAdd(IDEM_STAT_HOLDER_WAITS, 1);
+		claim->waited = true;
 		return IDEM_STEP_WAIT_HOLDER;
 	}
 	return IdemClaimAnswer(claim, "in_progress", false, false,

@@ -76,6 +76,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 			*created += IdemMakePartitionsAhead(ledger, now);
 			*dropped += IdemDropExpiredPartitions(ledger, now);
 		}
+		(void) IdemStreamsMaintain(now - (int64) idem_position_ttl * USECS_PER_SEC);
 	}
 	PG_CATCH();
 	{

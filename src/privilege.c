@@ -5,7 +5,7 @@
  *	  it runs as the owner of its storage, the settings its background
  *	  workers run with, and the privileges of the ledger tables.
  *
- * Three things run with more privilege than whoever caused them:
+ * Four things run with more privilege than whoever caused them:
  *
  *	- partition and table DDL, which any role's call may need, runs as the
  *	  owner of schema idempotency (IdemExecAsOwner);
@@ -15,7 +15,10 @@
  *	  need not be trusted) to every connection (IdemPinWorkerSettings);
  *	- the ledger tables are made by the storage owner, so that owner's
  *	  default privileges (ALTER DEFAULT PRIVILEGES) would be applied to them
- *	  (IdemRestrictTableAcl).
+ *	  (IdemRestrictTableAcl);
+ *	- the stream tables (idempotency.positions and .sequences, streams.c)
+ *	  are read and written by prepared statements run as the storage owner
+ *	  (IdemBecomeStorageOwner), as any role's call needs.
  *
  * The rule for all three: nothing the caller, the database's owner or a
  * default privilege can set changes what they do.  SQL runs with the
@@ -24,7 +27,11 @@
  * PGC_S_OVERRIDE, above anything a database or role setting gives; and a
  * ledger table is granted to nobody but its owner.  No SQL run here names
  * an operator or a function: there is nothing for a look-alike to
- * intercept even if the path were not pinned.
+ * intercept even if the path were not pinned.  The stream statements name
+ * every table and operator with its schema (OPERATOR(pg_catalog.=)), take
+ * only typed parameters, and are planned once with those names, so no
+ * search_path, setting or object a caller makes changes what they do; they
+ * run in a restricted security context like the DDL.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -164,26 +171,18 @@ IdemPinWorkerSettings(void)
  * restricted security context, with the settings of pinned_settings and, if
  * lock_timeout_ms > 0, that lock timeout: none of the caller's settings can
  * redirect the DDL.  The previous user, security context and settings are
- * restored on return; on error, transaction abort restores them.
+ * restored on return; on error, transaction abort restores them.  Returns
+ * the number of rows the last statement processed.
  */
-void
+uint64
 IdemExecAsOwner(const char *sql, int lock_timeout_ms)
 {
-	HeapTuple	tup;
-	Oid			owner;
+	Oid			owner = IdemStorageOwner();
 	Oid			save_userid;
 	int			save_sec_context;
 	int			save_nestlevel;
 	int			rc;
-
-	tup = SearchSysCache1(NAMESPACENAME, CStringGetDatum(IDEM_SCHEMA_NAME));
-	if (!HeapTupleIsValid(tup))
-		ereport(ERROR,
-				(errcode(ERRCODE_UNDEFINED_SCHEMA),
-				 errmsg("schema \"%s\" does not exist", IDEM_SCHEMA_NAME),
-				 errhint("Run CREATE EXTENSION idempotency.")));
-	owner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
-	ReleaseSysCache(tup);
+	uint64		processed;
 
 	GetUserIdAndSecContext(&save_userid, &save_sec_context);
 	SetUserIdAndSecContext(owner, save_sec_context |
@@ -207,10 +206,56 @@ IdemExecAsOwner(const char *sql, int lock_timeout_ms)
 	rc = SPI_execute(sql, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute failed: %s", SPI_result_code_string(rc));
+	processed = SPI_processed;
 	SPI_finish();
 
 	AtEOXact_GUC(true, save_nestlevel);
 	SetUserIdAndSecContext(save_userid, save_sec_context);
+	return processed;
+}
+
+/*
+ * IdemStorageOwner returns the owner of schema idempotency, who owns the
+ * extension's tables.
+ */
+Oid
+IdemStorageOwner(void)
+{
+	HeapTuple	tup;
+	Oid			owner;
+
+	tup = SearchSysCache1(NAMESPACENAME, CStringGetDatum(IDEM_SCHEMA_NAME));
+	if (!HeapTupleIsValid(tup))
+		ereport(ERROR,
+				(errcode(ERRCODE_UNDEFINED_SCHEMA),
+				 errmsg("schema \"%s\" does not exist", IDEM_SCHEMA_NAME),
+				 errhint("Run CREATE EXTENSION idempotency.")));
+	owner = ((Form_pg_namespace) GETSTRUCT(tup))->nspowner;
+	ReleaseSysCache(tup);
+	return owner;
+}
+
+/*
+ * IdemBecomeStorageOwner makes the storage owner the current user, in a
+ * restricted security context, saving the caller's into *save;
+ * IdemRestoreUser gives them back (transaction or subtransaction abort
+ * does it on error).
+ */
+void
+IdemBecomeStorageOwner(IdemSavedUser *save)
+{
+	Oid			owner = IdemStorageOwner();
+
+	GetUserIdAndSecContext(&save->userid, &save->sec_context);
+	SetUserIdAndSecContext(owner, save->sec_context |
+						   SECURITY_LOCAL_USERID_CHANGE |
+						   SECURITY_RESTRICTED_OPERATION);
+}
+
+void
+IdemRestoreUser(const IdemSavedUser *save)
+{
+	SetUserIdAndSecContext(save->userid, save->sec_context);
 }
 
 /*

@@ -140,6 +140,7 @@ idem_recover(PG_FUNCTION_ARGS)
 		if (!IdemRecoverKey(role, &digest, PG_GETARG_DATUM(0), &rec))
 			continue;
 		taken++;
+		IdemStatsAdd(IDEM_STAT_RECOVERIES, 1);
 		memset(nulls, false, sizeof(nulls));
 		values[0] = PointerGetDatum(c->key);
 		values[1] = PointerGetDatum(c->scope);

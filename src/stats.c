@@ -325,7 +325,9 @@ idem_stats_info(PG_FUNCTION_ARGS)
 			uint64		v = pg_atomic_read_u64(&entry->counters[i]);
 
 			total += v;
-			values[col++] = Int64GetDatum((int64) v);
+			/* the view of an extension not updated to 0.4.0 has fewer */
+			if (i < IDEM_NUM_STATS_V1 || rsinfo->setDesc->natts > IDEM_NUM_STATS_V1 + 6)
+				values[col++] = Int64GetDatum((int64) v);
 		}
 
 		/* copy under the spinlock, build the datums (which allocate) after */

@@ -103,15 +103,11 @@ static void IdemExportRow(IdemLedger ledger, TupleTableSlot *slot,
 						  TimestampTz now, ReturnSetInfo *rsinfo);
 static Datum IdemExport(FunctionCallInfo fcinfo, IdemLedger ledger,
 						const char *argname, const char *elemname);
-static void IdemDeformRecord(FunctionCallInfo fcinfo, int natts,
-							 int min_natts, const Oid *types,
-							 const char *typname, Datum *values, bool *nulls);
-static Oid	IdemImportRole(Datum name, bool isnull);
-static void IdemRequireField(bool isnull, const char *field);
+
 static void IdemCheckImportedExpiry(TimestampTz expires_at);
 static char IdemCheckImportedKey(Datum *rec, bool *recnulls, Oid *role);
 static void IdemCheckImportedKept(Datum *rec, bool *recnulls, char state);
-static text *IdemImportOutcomeText(IdemImportOutcome outcome);
+
 
 /*
  * IdemRefuseLegacy raises an error if the ledger has a live partition made
@@ -417,7 +413,7 @@ static const Oid message_record_types[Natts_message_record] = {
  * type, with only its first min_natts columns, is taken too: the columns
  * it lacks are NULL.
  */
-static void
+void
 IdemDeformRecord(FunctionCallInfo fcinfo, int natts, int min_natts,
 				 const Oid *types, const char *typname, Datum *values,
 				 bool *nulls)
@@ -478,7 +474,7 @@ IdemDeformRecord(FunctionCallInfo fcinfo, int natts, int min_natts,
 }
 
 /* the local role of an imported row, which must exist */
-static Oid
+Oid
 IdemImportRole(Datum name, bool isnull)
 {
 	IdemRequireField(isnull, "role");
@@ -507,7 +503,7 @@ IdemCheckImportedExpiry(TimestampTz expires_at)
 }
 
 /* raises the error for a missing field of an imported record */
-static void
+void
 IdemRequireField(bool isnull, const char *field)
 {
 	if (isnull)
@@ -518,7 +514,7 @@ IdemRequireField(bool isnull, const char *field)
 }
 
 /* import_key()'s and import_message()'s answer */
-static text *
+text *
 IdemImportOutcomeText(IdemImportOutcome outcome)
 {
 	switch (outcome)

@@ -1,0 +1,165 @@
+--
+-- Ordered streams (0.4.0): positions (idem_assign, idem_advance,
+-- idem_positions) and producer sequences (idem_sequence)
+--
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS idempotency;
+RESET client_min_messages;
+
+CREATE FUNCTION pg_temp.try(stmt text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+  EXECUTE stmt;
+  RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+  RETURN SQLSTATE || ': ' || SQLERRM;
+END $$;
+
+CREATE ROLE regress_idem_stream_a;
+CREATE ROLE regress_idem_stream_b;
+SET ROLE regress_idem_stream_a;
+
+-- ------------------------------------------------------------ positions
+-- assignment: where to seek (NULL: never seen), in partition order
+SELECT * FROM idem_assign('billing', 'orders', ARRAY[2, 0, 1, 0], 1);
+-- a batch: the whole batch is new; the position moves past it
+SELECT * FROM idem_advance('billing', 'orders', 0, 0, 99, 1);
+-- a redelivery overlapping it: only the part past the position
+SELECT * FROM idem_advance('billing', 'orders', 0, 50, 149, 1);
+-- all of it processed already: no row, position unchanged
+SELECT * FROM idem_advance('billing', 'orders', 0, 10, 20, 1);
+-- a gap (compacted topic): never an error
+SELECT * FROM idem_advance('billing', 'orders', 0, 400, 499, 1);
+SELECT part, next_offset, generation FROM idem_positions('billing', 'orders');
+-- a rolled-back batch leaves the position where it was: delivered again
+BEGIN;
+SELECT * FROM idem_advance('billing', 'orders', 1, 0, 9, 1);
+ROLLBACK;
+SELECT * FROM idem_advance('billing', 'orders', 1, 0, 9, 1);
+-- within one transaction a second call sees the first
+BEGIN;
+SELECT * FROM idem_advance('billing', 'orders', 2, 0, 9, 1);
+SELECT * FROM idem_advance('billing', 'orders', 2, 5, 14, 1);
+COMMIT;
+
+-- generations: a reassignment with a higher one; the old owner (a zombie)
+-- is refused with ID001 and changes nothing
+SELECT * FROM idem_assign('billing', 'orders', ARRAY[0, 1], 2);
+SELECT pg_temp.try($$SELECT * FROM idem_advance('billing', 'orders', 0, 500, 599, 1)$$);
+SELECT pg_temp.try($$SELECT * FROM idem_assign('billing', 'orders', ARRAY[0, 2], 1)$$);
+-- nothing changed: partition 2 kept generation 1 (the refused assignment
+-- named it too)
+SELECT part, next_offset, generation FROM idem_positions('billing', 'orders');
+-- the new owner advances; a higher generation is stored even when the
+-- whole range was processed already
+SELECT * FROM idem_advance('billing', 'orders', 0, 500, 599, 2);
+SELECT * FROM idem_advance('billing', 'orders', 1, 0, 5, 3);
+SELECT part, next_offset, generation FROM idem_positions('billing', 'orders') WHERE part = 1;
+-- unfenced (generation NULL): no check, the stored generation stays
+SELECT * FROM idem_advance('billing', 'orders', 1, 10, 19);
+SELECT part, next_offset, generation FROM idem_positions('billing', 'orders') WHERE part = 1;
+-- an unfenced stream never stores a generation
+SELECT * FROM idem_advance('billing', 'clicks', 7, 100, 199);
+SELECT part, next_offset, generation FROM idem_positions('billing', 'clicks');
+
+-- consumers, streams and roles are apart
+SELECT count(*) FROM idem_positions('shipping', 'orders');
+SET ROLE regress_idem_stream_b;
+SELECT count(*) FROM idem_positions('billing', 'orders');
+SELECT * FROM idem_advance('billing', 'orders', 0, 0, 9, 1);
+SET ROLE regress_idem_stream_a;
+
+-- ------------------------------------------------------------ sequences
+SELECT label, idem_sequence('ingest', 'producer-1', epoch, seq) FROM (VALUES
+  ('first seen',          1, 0),
+  ('again',               1, 0),
+  ('next',                1, 1),
+  ('older',               1, 0),
+  ('gap: 2 to 4 missing', 1, 5),
+  ('after the gap',       1, 6),
+  ('zombie, old epoch',   0, 99),
+  ('new epoch restarts',  2, 0),
+  ('next in the epoch',   2, 1)
+) AS t(label, epoch, seq);
+-- strict: a gap is an error (ID002) and changes nothing
+SELECT pg_temp.try($$SELECT idem_sequence('ingest', 'producer-1', 2, 9, strict => true)$$);
+SELECT idem_sequence('ingest', 'producer-1', 2, 2, strict => true);
+-- a rolled-back call changes nothing
+BEGIN;
+SELECT idem_sequence('ingest', 'producer-1', 2, 3);
+ROLLBACK;
+SELECT idem_sequence('ingest', 'producer-1', 2, 3);
+SET ROLE regress_idem_stream_b;
+SELECT idem_sequence('ingest', 'producer-1', 2, 3);
+SET ROLE regress_idem_stream_a;
+
+-- ------------------------------------------------------------ bad input
+SELECT label, pg_temp.try(stmt) FROM (VALUES
+  ('assign: null consumer',    $$SELECT * FROM idem_assign(NULL, 's', ARRAY[0], 1)$$),
+  ('assign: empty stream',     $$SELECT * FROM idem_assign('c', '', ARRAY[0], 1)$$),
+  ('assign: null parts',       $$SELECT * FROM idem_assign('c', 's', NULL, 1)$$),
+  ('assign: null element',     $$SELECT * FROM idem_assign('c', 's', ARRAY[0, NULL], 1)$$),
+  ('assign: negative part',    $$SELECT * FROM idem_assign('c', 's', ARRAY[-1], 1)$$),
+  ('assign: 2-D parts',        $$SELECT * FROM idem_assign('c', 's', ARRAY[[0]], 1)$$),
+  ('assign: null generation',  $$SELECT * FROM idem_assign('c', 's', ARRAY[0], NULL)$$),
+  ('assign: no parts',         $$SELECT * FROM idem_assign('c', 's', ARRAY[]::int[], 1)$$),
+  ('advance: null part',       $$SELECT * FROM idem_advance('c', 's', NULL, 0, 1)$$),
+  ('advance: null first',      $$SELECT * FROM idem_advance('c', 's', 0, NULL, 1)$$),
+  ('advance: negative last',   $$SELECT * FROM idem_advance('c', 's', 0, 0, -1)$$),
+  ('advance: first past last', $$SELECT * FROM idem_advance('c', 's', 0, 5, 4)$$),
+  ('advance: last at max',     $$SELECT * FROM idem_advance('c', 's', 0, 0, 9223372036854775807)$$),
+  ('advance: negative gen',    $$SELECT * FROM idem_advance('c', 's', 0, 0, 1, -1)$$),
+  ('advance: long consumer',   format('SELECT * FROM idem_advance(%L, %L, 0, 0, 1)', repeat('c', 256), 's')),
+  ('positions: null stream',   $$SELECT * FROM idem_positions('c', NULL)$$),
+  ('sequence: null epoch',     $$SELECT idem_sequence('c', 'p', NULL, 0)$$),
+  ('sequence: negative seq',   $$SELECT idem_sequence('c', 'p', 0, -1)$$),
+  ('sequence: null strict',    $$SELECT idem_sequence('c', 'p', 0, 0, NULL)$$),
+  ('sequence: empty producer', $$SELECT idem_sequence('c', '', 0, 0)$$)
+) AS t(label, stmt);
+SELECT count(*) AS positions_of_c FROM idem_positions('c', 's');
+BEGIN READ ONLY;
+SELECT pg_temp.try($$SELECT * FROM idem_advance('c', 's', 0, 0, 1)$$);
+SELECT count(*) FROM idem_positions('billing', 'orders');
+ROLLBACK;
+
+-- the tables are the extension's, readable and writable by its functions
+-- only
+SELECT pg_temp.try($$SELECT count(*) FROM idempotency.positions$$);
+SELECT pg_temp.try($$UPDATE idempotency.sequences SET seq = 0$$);
+RESET ROLE;
+
+-- ------------------------------------------------------------ moving
+CREATE TABLE moved_positions AS SELECT * FROM idempotency.export_positions(ARRAY['billing']);
+CREATE TABLE moved_sequences AS SELECT * FROM idempotency.export_sequences();
+SELECT role, consumer, stream, part, next_offset, generation FROM moved_positions;
+SELECT role, consumer, producer, epoch, seq FROM moved_sequences;
+-- importing them again: kept; behind: replaced; gone: inserted
+SELECT idempotency.import_position(p) FROM moved_positions p ORDER BY stream, part;
+DELETE FROM idempotency.positions WHERE part = 7;
+UPDATE idempotency.positions SET next_offset = 1 WHERE part = 2;
+SELECT idempotency.import_position(p) FROM moved_positions p ORDER BY stream, part;
+SELECT idempotency.import_sequence(s) FROM moved_sequences s ORDER BY role;
+SELECT idempotency.import_sequence((s.role, s.consumer, s.producer, s.epoch + 1, 0, now())::idempotency.sequence_record)
+  FROM moved_sequences s WHERE s.role = 'regress_idem_stream_a';
+SELECT role, epoch, seq FROM idempotency.sequences ORDER BY role::text;
+SELECT pg_temp.try($$SELECT idempotency.import_position(('nobody_here', 'c', 's', 0, 1, 1, now())::idempotency.position_record)$$);
+SELECT pg_temp.try($$SELECT idempotency.import_position(('regress_idem_stream_a', 'c', 's', -1, 1, 1, now())::idempotency.position_record)$$);
+SELECT pg_temp.try($$SELECT idempotency.import_sequence(('regress_idem_stream_a', 'c', 'p', NULL, 1, now())::idempotency.sequence_record)$$);
+DROP TABLE moved_positions, moved_sequences;
+
+-- ------------------------------------------------------------ maintenance
+-- positions and sequences unused for idempotency.position_ttl are deleted
+UPDATE idempotency.positions SET updated_at = now() - interval '31 days' WHERE stream = 'clicks';
+UPDATE idempotency.sequences SET updated_at = now() - interval '31 days' WHERE role = 'regress_idem_stream_b'::regrole;
+SHOW idempotency.position_ttl;
+SELECT idem_maintain() IS NOT NULL AS maintained;
+SELECT stream, count(*) FROM idempotency.positions GROUP BY 1 ORDER BY 1;
+SELECT role FROM idempotency.sequences;
+-- reading a position counts as using it
+UPDATE idempotency.positions SET updated_at = now() - interval '20 days' WHERE part = 0;
+SET ROLE regress_idem_stream_a;
+SELECT count(*) FROM idem_positions('billing', 'orders');
+RESET ROLE;
+SELECT count(*) AS touched FROM idempotency.positions WHERE part = 0 AND updated_at > now() - interval '1 day';
+
+DROP EXTENSION idempotency;
+DROP ROLE regress_idem_stream_a, regress_idem_stream_b;

@@ -1,0 +1,972 @@
+/*-------------------------------------------------------------------------
+ *
+ * streams.c
+ *	  Ordered streams: positions (idem_assign, idem_advance,
+ *	  idem_positions) and producer sequences (idem_sequence).
+ *
+ * For a partitioned log whose offsets only grow within a partition (Kafka,
+ * Kinesis, Redis Streams), one row per partition replaces one row per
+ * message: idempotency.positions holds, per (role, consumer, stream,
+ * partition), the next offset to process and the partition's assignment
+ * generation.  idempotency.sequences holds, per (role, consumer, producer),
+ * the last sequence number seen and its epoch.  Both are small tables,
+ * members of the extension whose rows pg_dump carries; rows unused for
+ * idempotency.position_ttl are deleted by maintenance (IdemStreamsRemove).
+ *
+ * Every call takes a heavyweight lock on its row's identity (a hash of
+ * role, consumer, stream and partition, or of role, consumer and producer)
+ * and keeps it until its transaction ends: concurrent calls on one
+ * partition wait for each other, a waiter then sees the committed outcome,
+ * and a rolled-back batch left the position where it was, so its records
+ * are delivered and processed again.  Locks are taken in partition order,
+ * so two assignments of overlapping partitions cannot deadlock.  Under the
+ * lock, the row is read under a fresh snapshot (as committed, plus this
+ * transaction's changes), and inserted or updated.
+ *
+ * The tables belong to the storage owner and are granted to nobody: the
+ * statements run as that owner (privilege.c), are prepared once per
+ * backend, and name every table and operator with its schema.
+ *
+ * A lower generation than the stored one (a consumer still working on a
+ * partition that was assigned to another since: a zombie) is refused with
+ * SQLSTATE ID001 and changes nothing; a strict sequence gap is refused with
+ * ID002.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/streams.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "storage/lmgr.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+
+PG_FUNCTION_INFO_V1(idem_assign);
+PG_FUNCTION_INFO_V1(idem_advance);
+PG_FUNCTION_INFO_V1(idem_positions);
+PG_FUNCTION_INFO_V1(idem_sequence);
+PG_FUNCTION_INFO_V1(idem_export_positions);
+PG_FUNCTION_INFO_V1(idem_export_sequences);
+PG_FUNCTION_INFO_V1(idem_import_position);
+PG_FUNCTION_INFO_V1(idem_import_sequence);
+
+/* SQLSTATEs of this file */
+#define ERRCODE_IDEM_STALE_GENERATION	MAKE_SQLSTATE('I','D','0','0','1')
+#define ERRCODE_IDEM_SEQUENCE_GAP		MAKE_SQLSTATE('I','D','0','0','2')
+
+/* The statements on the stream tables */
+typedef enum IdemStreamStmt
+{
+	STMT_GET_POSITION,
+	STMT_INSERT_POSITION,
+	STMT_UPDATE_POSITION,
+	STMT_LIST_POSITIONS,
+	STMT_TOUCH_POSITIONS,
+	STMT_GET_SEQUENCE,
+	STMT_INSERT_SEQUENCE,
+	STMT_UPDATE_SEQUENCE,
+	STMT_EXPORT_POSITIONS,
+	STMT_EXPORT_SEQUENCES,
+	IDEM_NUM_STREAM_STMTS
+} IdemStreamStmt;
+
+typedef struct IdemStreamStmtDef
+{
+	const char *sql;
+	int			nargs;
+	Oid			argtypes[7];
+} IdemStreamStmtDef;
+
+#define POSITION_WHERE \
+	" WHERE role OPERATOR(pg_catalog.=) $1 AND consumer OPERATOR(pg_catalog.=) $2" \
+	" AND stream OPERATOR(pg_catalog.=) $3"
+#define SEQUENCE_WHERE \
+	" WHERE role OPERATOR(pg_catalog.=) $1 AND consumer OPERATOR(pg_catalog.=) $2" \
+	" AND producer OPERATOR(pg_catalog.=) $3"
+
+static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
+	[STMT_GET_POSITION] = {
+		"SELECT next_offset, generation, updated_at FROM idempotency.positions"
+		POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4",
+		4, {OIDOID, TEXTOID, TEXTOID, INT4OID}
+	},
+	[STMT_INSERT_POSITION] = {
+		"INSERT INTO idempotency.positions"
+		" (role, consumer, stream, part, next_offset, generation, updated_at)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7)",
+		7, {OIDOID, TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+	},
+	[STMT_UPDATE_POSITION] = {
+		"UPDATE idempotency.positions SET next_offset = $5, generation = $6,"
+		" updated_at = $7" POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4",
+		7, {OIDOID, TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, TIMESTAMPTZOID}
+	},
+	[STMT_LIST_POSITIONS] = {
+		"SELECT part, next_offset, generation, updated_at FROM idempotency.positions"
+		POSITION_WHERE " ORDER BY part",
+		3, {OIDOID, TEXTOID, TEXTOID}
+	},
+	[STMT_TOUCH_POSITIONS] = {
+		"UPDATE idempotency.positions SET updated_at = $4" POSITION_WHERE
+		" AND updated_at OPERATOR(pg_catalog.<) $5",
+		5, {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+	},
+	[STMT_GET_SEQUENCE] = {
+		"SELECT epoch, seq FROM idempotency.sequences" SEQUENCE_WHERE,
+		3, {OIDOID, TEXTOID, TEXTOID}
+	},
+	[STMT_INSERT_SEQUENCE] = {
+		"INSERT INTO idempotency.sequences"
+		" (role, consumer, producer, epoch, seq, updated_at)"
+		" VALUES ($1, $2, $3, $4, $5, $6)",
+		6, {OIDOID, TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID}
+	},
+	[STMT_UPDATE_SEQUENCE] = {
+		"UPDATE idempotency.sequences SET epoch = $4, seq = $5, updated_at = $6"
+		SEQUENCE_WHERE,
+		6, {OIDOID, TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID}
+	},
+	/* of roles that exist; consumers NULL: all */
+	[STMT_EXPORT_POSITIONS] = {
+		"SELECT r.rolname, p.consumer, p.stream, p.part, p.next_offset,"
+		" p.generation, p.updated_at"
+		" FROM idempotency.positions AS p JOIN pg_catalog.pg_roles AS r"
+		" ON r.oid OPERATOR(pg_catalog.=) p.role"
+		" WHERE $1 IS NULL OR p.consumer OPERATOR(pg_catalog.=) ANY ($1)"
+		" ORDER BY 1, 2, 3, 4",
+		1, {TEXTARRAYOID}
+	},
+	[STMT_EXPORT_SEQUENCES] = {
+		"SELECT r.rolname, s.consumer, s.producer, s.epoch, s.seq, s.updated_at"
+		" FROM idempotency.sequences AS s JOIN pg_catalog.pg_roles AS r"
+		" ON r.oid OPERATOR(pg_catalog.=) s.role"
+		" WHERE $1 IS NULL OR s.consumer OPERATOR(pg_catalog.=) ANY ($1)"
+		" ORDER BY 1, 2, 3",
+		1, {TEXTARRAYOID}
+	},
+};
+
+/* prepared once per backend (SPI_keepplan) */
+static SPIPlanPtr stmt_plans[IDEM_NUM_STREAM_STMTS];
+
+/* One position as read */
+typedef struct IdemPosition
+{
+	bool		found;
+	bool		has_next;
+	int64		next_offset;
+	bool		has_generation;
+	int64		generation;
+} IdemPosition;
+
+static void IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part);
+static int	IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull);
+static void IdemStreamBegin(IdemSavedUser *save);
+static void IdemStreamEnd(const IdemSavedUser *save);
+static void IdemGetPosition(Oid role, text *consumer, text *stream, int32 part,
+							IdemPosition *pos);
+static void IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
+							const IdemPosition *old, bool has_next,
+							int64 next_offset, bool has_generation,
+							int64 generation, TimestampTz now);
+static void IdemCheckGeneration(const IdemPosition *pos, int64 generation,
+								text *stream, int32 part);
+static int64 IdemNonNegativeArg(FunctionCallInfo fcinfo, int argno,
+								const char *argname);
+static int32 *IdemPartsArg(FunctionCallInfo fcinfo, int argno, int *nparts);
+static int	IdemCompareInt32(const void *a, const void *b);
+
+/*
+ * IdemStreamLock takes, until the transaction ends, the lock on one
+ * position (kind IDEM_LOCK_POSITION: consumer a, stream b, partition) or
+ * one producer's sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b).
+ * Distinct identities may share a lock (64 bits of hash): they then only
+ * wait for each other.
+ */
+static void
+IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part)
+{
+	uint64		h;
+	LOCKTAG		tag;
+
+	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(a),
+							VARSIZE_ANY_EXHDR(a), role);
+	h = hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(b),
+											  VARSIZE_ANY_EXHDR(b), part));
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
+						 kind);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+}
+
+/* connects to SPI as the storage owner */
+static void
+IdemStreamBegin(IdemSavedUser *save)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemBecomeStorageOwner(save);
+}
+
+static void
+IdemStreamEnd(const IdemSavedUser *save)
+{
+	IdemRestoreUser(save);
+	SPI_finish();
+}
+
+/*
+ * IdemStreamExec runs one of the statements under a fresh snapshot (what
+ * is committed now, and this transaction's own changes), between
+ * IdemStreamBegin and IdemStreamEnd.  Returns SPI_processed.
+ */
+static int
+IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
+{
+	const IdemStreamStmtDef *def = &stmt_defs[which];
+	char		nulls[7];
+	int			rc;
+	int			i;
+
+	if (stmt_plans[which] == NULL)
+	{
+		SPIPlanPtr	plan = SPI_prepare(def->sql, def->nargs,
+									   (Oid *) def->argtypes);
+
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s", def->sql,
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(plan) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		stmt_plans[which] = plan;
+	}
+	for (i = 0; i < def->nargs; i++)
+		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
+	rc = SPI_execute_snapshot(stmt_plans[which], values, nulls,
+							  GetLatestSnapshot(), InvalidSnapshot,
+							  false, false, 0);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+	return (int) SPI_processed;
+}
+
+/* reads one position (locked by the caller) */
+static void
+IdemGetPosition(Oid role, text *consumer, text *stream, int32 part,
+				IdemPosition *pos)
+{
+	Datum		args[4];
+	bool		isnull;
+
+	args[0] = ObjectIdGetDatum(role);
+	args[1] = PointerGetDatum(consumer);
+	args[2] = PointerGetDatum(stream);
+	args[3] = Int32GetDatum(part);
+	memset(pos, 0, sizeof(*pos));
+	if (IdemStreamExec(STMT_GET_POSITION, args, NULL) == 0)
+		return;
+	pos->found = true;
+	pos->next_offset = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												   SPI_tuptable->tupdesc, 1,
+												   &isnull));
+	pos->has_next = !isnull;
+	pos->generation = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												  SPI_tuptable->tupdesc, 2,
+												  &isnull));
+	pos->has_generation = !isnull;
+}
+
+/* writes one position (locked by the caller): insert or update */
+static void
+IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
+				const IdemPosition *old, bool has_next, int64 next_offset,
+				bool has_generation, int64 generation, TimestampTz now)
+{
+	Datum		args[7];
+	bool		isnull[7] = {false};
+
+	args[0] = ObjectIdGetDatum(role);
+	args[1] = PointerGetDatum(consumer);
+	args[2] = PointerGetDatum(stream);
+	args[3] = Int32GetDatum(part);
+	args[4] = Int64GetDatum(next_offset);
+	isnull[4] = !has_next;
+	args[5] = Int64GetDatum(generation);
+	isnull[5] = !has_generation;
+	args[6] = TimestampTzGetDatum(now);
+	(void) IdemStreamExec(old->found ? STMT_UPDATE_POSITION : STMT_INSERT_POSITION,
+						  args, isnull);
+}
+
+/*
+ * IdemCheckGeneration refuses a generation lower than the stored one: the
+ * caller lost the partition to another assignment.
+ */
+static void
+IdemCheckGeneration(const IdemPosition *pos, int64 generation, text *stream,
+					int32 part)
+{
+	if (!pos->has_generation || generation >= pos->generation)
+		return;
+	IdemStatsAdd(IDEM_STAT_STALE_GENERATIONS, 1);
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_STALE_GENERATION),
+			 errmsg("generation " INT64_FORMAT " of partition %d of stream \"%s\" is stale",
+					generation, part,
+					IdemKeyForMessage(text_to_cstring(stream))),
+			 errdetail("The partition was assigned with generation " INT64_FORMAT " since.",
+					   pos->generation),
+			 errhint("Stop consuming this partition: another consumer owns it now.  Nothing was changed.")));
+}
+
+/* a bigint argument that must not be NULL nor negative */
+static int64
+IdemNonNegativeArg(FunctionCallInfo fcinfo, int argno, const char *argname)
+{
+	int64		v;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null", argname)));
+	v = PG_GETARG_INT64(argno);
+	if (v < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("%s must not be negative", argname)));
+	return v;
+}
+
+static int
+IdemCompareInt32(const void *a, const void *b)
+{
+	int32		x = *(const int32 *) a;
+	int32		y = *(const int32 *) b;
+
+	return (x > y) - (x < y);
+}
+
+/*
+ * IdemPartsArg returns the partitions of an int[] argument, sorted and
+ * without duplicates: not NULL, one dimension, no NULL or negative element.
+ */
+static int32 *
+IdemPartsArg(FunctionCallInfo fcinfo, int argno, int *nparts)
+{
+	ArrayType  *arr;
+	Datum	   *elems;
+	bool	   *nulls;
+	int			n;
+	int			i;
+	int			out = 0;
+	int32	   *parts;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("parts must not be null")));
+	arr = PG_GETARG_ARRAYTYPE_P(argno);
+	if (ARR_NDIM(arr) > 1)
+		ereport(ERROR,
+				(errcode(ERRCODE_ARRAY_SUBSCRIPT_ERROR),
+				 errmsg("parts must be a one-dimensional array")));
+	deconstruct_array(arr, INT4OID, sizeof(int32), true, TYPALIGN_INT,
+					  &elems, &nulls, &n);
+	parts = palloc(Max(n, 1) * sizeof(int32));
+	for (i = 0; i < n; i++)
+	{
+		if (nulls[i])
+			ereport(ERROR,
+					(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+					 errmsg("parts must not contain null"),
+					 errdetail("Element %d is null.", i + 1)));
+		parts[i] = DatumGetInt32(elems[i]);
+		if (parts[i] < 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("partition %d is negative", parts[i])));
+	}
+	qsort(parts, n, sizeof(int32), IdemCompareInt32);
+	for (i = 0; i < n; i++)
+		if (out == 0 || parts[out - 1] != parts[i])
+			parts[out++] = parts[i];
+	*nparts = out;
+	return parts;
+}
+
+/* a partition argument: not NULL, not negative */
+static int32
+IdemPartArg(FunctionCallInfo fcinfo, int argno)
+{
+	int32		part;
+
+	if (PG_ARGISNULL(argno))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("part must not be null")));
+	part = PG_GETARG_INT32(argno);
+	if (part < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("partition %d is negative", part)));
+	return part;
+}
+
+/*
+ * idem_assign(consumer text, stream text, parts int[], generation bigint)
+ *		RETURNS TABLE (part int, next_offset bigint)
+ *
+ * Records that the caller was assigned the partitions with this
+ * generation, and returns where to seek each (NULL: never seen).  Refused,
+ * with nothing changed, if any of them has a higher generation stored.
+ */
+Datum
+idem_assign(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			role = GetUserId();
+	text	   *consumer;
+	text	   *stream;
+	int32	   *parts;
+	int			nparts;
+	int64		generation;
+	IdemPosition *pos;
+	TimestampTz now = GetCurrentTimestamp();
+	IdemSavedUser save;
+	int			i;
+
+	IdemCheckLibraryVersion();
+	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
+	stream = IdemCheckKeyArg(fcinfo, 1, "stream");
+	parts = IdemPartsArg(fcinfo, 2, &nparts);
+	generation = IdemNonNegativeArg(fcinfo, 3, "generation");
+	IdemCheckWritable("idem_assign()");
+	InitMaterializedSRF(fcinfo, 0);
+
+	pos = palloc(Max(nparts, 1) * sizeof(IdemPosition));
+	for (i = 0; i < nparts; i++)
+		IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, parts[i]);
+	IdemStreamBegin(&save);
+	for (i = 0; i < nparts; i++)
+	{
+		IdemGetPosition(role, consumer, stream, parts[i], &pos[i]);
+		IdemCheckGeneration(&pos[i], generation, stream, parts[i]);
+	}
+	for (i = 0; i < nparts; i++)
+		IdemPutPosition(role, consumer, stream, parts[i], &pos[i],
+						pos[i].has_next, pos[i].next_offset, true, generation,
+						now);
+	IdemStreamEnd(&save);
+
+	for (i = 0; i < nparts; i++)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = Int32GetDatum(parts[i]);
+		values[1] = Int64GetDatum(pos[i].next_offset);
+		nulls[1] = !pos[i].has_next;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	return (Datum) 0;
+}
+
+/*
+ * idem_advance(consumer text, stream text, part int, first_offset bigint,
+ *				last_offset bigint, generation bigint DEFAULT NULL)
+ *		RETURNS TABLE (first_offset bigint, last_offset bigint)
+ *
+ * Moves the partition's position past last_offset, in the caller's
+ * transaction, and returns the part of [first_offset, last_offset] at or
+ * past the position, which the caller processes (no row: all of it was
+ * processed already).  Offsets may skip; a gap is never an error.
+ */
+Datum
+idem_advance(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			role = GetUserId();
+	text	   *consumer;
+	text	   *stream;
+	int32		part;
+	int64		first;
+	int64		last;
+	bool		fenced = !PG_ARGISNULL(5);
+	int64		generation = 0;
+	IdemPosition pos;
+	bool		fresh;
+	bool		has_generation;
+	TimestampTz now = GetCurrentTimestamp();
+	IdemSavedUser save;
+
+	IdemCheckLibraryVersion();
+	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
+	stream = IdemCheckKeyArg(fcinfo, 1, "stream");
+	part = IdemPartArg(fcinfo, 2);
+	first = IdemNonNegativeArg(fcinfo, 3, "first_offset");
+	last = IdemNonNegativeArg(fcinfo, 4, "last_offset");
+	if (first > last)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("first_offset " INT64_FORMAT " is past last_offset " INT64_FORMAT,
+						first, last)));
+	if (last == PG_INT64_MAX)
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("last_offset must be less than " INT64_FORMAT, PG_INT64_MAX),
+				 errdetail("The position after it would not fit in a bigint.")));
+	if (fenced)
+		generation = IdemNonNegativeArg(fcinfo, 5, "generation");
+	IdemCheckWritable("idem_advance()");
+	InitMaterializedSRF(fcinfo, 0);
+
+	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
+	IdemStreamBegin(&save);
+	IdemGetPosition(role, consumer, stream, part, &pos);
+	if (fenced)
+		IdemCheckGeneration(&pos, generation, stream, part);
+	fresh = !pos.has_next || last >= pos.next_offset;
+	has_generation = fenced || pos.has_generation;
+	if (fenced && pos.has_generation)
+		generation = Max(generation, pos.generation);
+	else if (!fenced)
+		generation = pos.generation;
+	IdemPutPosition(role, consumer, stream, part, &pos, true,
+					fresh ? last + 1 : pos.next_offset,
+					has_generation, generation, now);
+	IdemStreamEnd(&save);
+
+	if (fresh)
+	{
+		Datum		values[2];
+		bool		nulls[2] = {false, false};
+
+		values[0] = Int64GetDatum(pos.has_next ? Max(first, pos.next_offset) : first);
+		values[1] = Int64GetDatum(last);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		IdemStatsAdd(IDEM_STAT_POSITIONS_ADVANCED, 1);
+	}
+	return (Datum) 0;
+}
+
+/*
+ * idem_positions(consumer text, stream text)
+ *		RETURNS TABLE (part int, next_offset bigint, generation bigint,
+ *					   updated_at timestamptz)
+ *
+ * The caller's positions of one consumer on one stream, as committed (and
+ * as this transaction changed them).  Reading them counts as using them:
+ * outside a read-only transaction, rows not used for a tenth of
+ * idempotency.position_ttl get the current time as updated_at, so that
+ * maintenance keeps positions a consumer reads but has not moved.
+ */
+Datum
+idem_positions(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	Oid			role = GetUserId();
+	text	   *consumer;
+	text	   *stream;
+	TimestampTz now = GetCurrentTimestamp();
+	IdemSavedUser save;
+	Datum		args[5];
+	uint64		i;
+
+	IdemCheckLibraryVersion();
+	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
+	stream = IdemCheckKeyArg(fcinfo, 1, "stream");
+	InitMaterializedSRF(fcinfo, 0);
+
+	args[0] = ObjectIdGetDatum(role);
+	args[1] = PointerGetDatum(consumer);
+	args[2] = PointerGetDatum(stream);
+	IdemStreamBegin(&save);
+	if (!RecoveryInProgress() && !XactReadOnly)
+	{
+		args[3] = TimestampTzGetDatum(now);
+		args[4] = TimestampTzGetDatum(now - (int64) idem_position_ttl * (USECS_PER_SEC / 10));
+		(void) IdemStreamExec(STMT_TOUCH_POSITIONS, args, NULL);
+	}
+	(void) IdemStreamExec(STMT_LIST_POSITIONS, args, NULL);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		values[4];
+		bool		nulls[4];
+		int			c;
+
+		for (c = 0; c < 4; c++)
+			values[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+									  c + 1, &nulls[c]);
+		/* by-value columns: nothing to copy out of SPI's memory */
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	IdemStreamEnd(&save);
+	return (Datum) 0;
+}
+
+/*
+ * idem_sequence(consumer text, producer text, epoch bigint, seq bigint,
+ *				 strict boolean DEFAULT false) RETURNS text
+ *
+ * new, duplicate, gap or fenced: see the SPEC's "Ordered streams".
+ */
+Datum
+idem_sequence(PG_FUNCTION_ARGS)
+{
+	Oid			role = GetUserId();
+	text	   *consumer;
+	text	   *producer;
+	int64		epoch;
+	int64		seq;
+	bool		strict;
+	TimestampTz now = GetCurrentTimestamp();
+	IdemSavedUser save;
+	Datum		args[6];
+	const char *answer;
+	bool		write = true;
+
+	IdemCheckLibraryVersion();
+	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
+	producer = IdemCheckKeyArg(fcinfo, 1, "producer");
+	epoch = IdemNonNegativeArg(fcinfo, 2, "epoch");
+	seq = IdemNonNegativeArg(fcinfo, 3, "seq");
+	if (PG_ARGISNULL(4))
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("strict must not be null")));
+	strict = PG_GETARG_BOOL(4);
+	IdemCheckWritable("idem_sequence()");
+
+	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
+	IdemStreamBegin(&save);
+	args[0] = ObjectIdGetDatum(role);
+	args[1] = PointerGetDatum(consumer);
+	args[2] = PointerGetDatum(producer);
+	args[3] = Int64GetDatum(epoch);
+	args[4] = Int64GetDatum(seq);
+	args[5] = TimestampTzGetDatum(now);
+	if (IdemStreamExec(STMT_GET_SEQUENCE, args, NULL) == 0)
+	{
+		answer = "new";
+		(void) IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL);
+		write = false;
+	}
+	else
+	{
+		bool		isnull;
+		int64		stored_epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+															   SPI_tuptable->tupdesc, 1, &isnull));
+		int64		stored_seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+															 SPI_tuptable->tupdesc, 2, &isnull));
+
+		if (epoch < stored_epoch)
+		{
+			answer = "fenced";
+			write = false;
+			IdemStatsAdd(IDEM_STAT_SEQUENCES_FENCED, 1);
+		}
+		else if (epoch > stored_epoch || seq == stored_seq + 1)
+			answer = "new";
+		else if (seq <= stored_seq)
+		{
+			answer = "duplicate";
+			args[4] = Int64GetDatum(stored_seq);	/* only used now */
+			IdemStatsAdd(IDEM_STAT_SEQUENCE_DUPLICATES, 1);
+		}
+		else
+		{
+			IdemStatsAdd(IDEM_STAT_SEQUENCE_GAPS, 1);
+			if (strict)
+				ereport(ERROR,
+						(errcode(ERRCODE_IDEM_SEQUENCE_GAP),
+						 errmsg("sequence " INT64_FORMAT " of producer \"%s\" skips " INT64_FORMAT " to " INT64_FORMAT,
+								seq, IdemKeyForMessage(text_to_cstring(producer)),
+								stored_seq + 1, seq - 1),
+						 errdetail("The last sequence seen in epoch " INT64_FORMAT " is " INT64_FORMAT "; nothing was changed.",
+								   stored_epoch, stored_seq),
+						 errhint("Pass strict => false to process it and count the gap.")));
+			answer = "gap";
+		}
+		if (write)
+			(void) IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL);
+	}
+	IdemStreamEnd(&save);
+	PG_RETURN_TEXT_P(cstring_to_text(answer));
+}
+
+/*
+ * IdemStreamsMaintain is maintenance's work on the stream tables, if this
+ * database's extension has them (0.4.0 on): it takes back any privilege on
+ * them granted since (they hold every role's consumers, streams and
+ * producers, like the ledgers), and deletes the positions and sequences
+ * not used since "before" (idempotency.position_ttl ago).  Returns how many
+ * rows went.
+ */
+uint64
+IdemStreamsMaintain(TimestampTz before)
+{
+	Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+	Oid			positions = OidIsValid(nsp) ? get_relname_relid("positions", nsp) : InvalidOid;
+	Oid			sequences = OidIsValid(nsp) ? get_relname_relid("sequences", nsp) : InvalidOid;
+	StringInfoData sql;
+	uint64		removed = 0;
+
+	if (!OidIsValid(positions) || !OidIsValid(sequences))
+		return 0;
+	IdemRestrictTableAcl(positions);
+	IdemRestrictTableAcl(sequences);
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "DELETE FROM idempotency.positions"
+					 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz",
+					 quote_literal_cstr(timestamptz_to_str(before)));
+	removed += IdemExecAsOwner(sql.data, 0);
+	resetStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "DELETE FROM idempotency.sequences"
+					 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz",
+					 quote_literal_cstr(timestamptz_to_str(before)));
+	removed += IdemExecAsOwner(sql.data, 0);
+	pfree(sql.data);
+	IdemStatsAdd(IDEM_STAT_STREAMS_REMOVED, removed);
+	return removed;
+}
+
+/* ----------------------------------------------------------------
+ * Moving tenants: export and import (see transfer.c for keys and
+ * message ids)
+ * ----------------------------------------------------------------
+ */
+
+/* Columns of idempotency.position_record and sequence_record */
+#define Natts_position_record	7
+#define Natts_sequence_record	6
+
+static const Oid position_record_types[Natts_position_record] = {
+	NAMEOID, TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, TIMESTAMPTZOID
+};
+static const Oid sequence_record_types[Natts_sequence_record] = {
+	NAMEOID, TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID
+};
+
+static Datum IdemExportStream(FunctionCallInfo fcinfo, IdemStreamStmt which);
+static text *IdemImportedText(Datum *rec, bool *nulls, int i,
+							  const char *field);
+static int64 IdemImportedNonNegative(Datum *rec, bool *nulls, int i,
+									 const char *field, bool nullable);
+
+/*
+ * IdemExportStream is the body of the export functions: every row of the
+ * positions or sequences of the given consumers (all if NULL), of every
+ * role that exists, as the record type of the function.
+ */
+static Datum
+IdemExportStream(FunctionCallInfo fcinfo, IdemStreamStmt which)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	IdemSavedUser save;
+	Datum		arg;
+	bool		argnull = PG_ARGISNULL(0);
+	uint64		i;
+
+	IdemCheckLibraryVersion();
+	InitMaterializedSRF(fcinfo, 0);
+	arg = argnull ? (Datum) 0 : PG_GETARG_DATUM(0);
+	IdemStreamBegin(&save);
+	(void) IdemStreamExec(which, &arg, &argnull);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		values[Natts_position_record];
+		bool		nulls[Natts_position_record];
+		int			c;
+
+		for (c = 0; c < rsinfo->setDesc->natts; c++)
+			values[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+									  c + 1, &nulls[c]);
+		/* the tuplestore copies the values out of SPI's memory */
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	IdemStreamEnd(&save);
+	return (Datum) 0;
+}
+
+/*
+ * idempotency.export_positions(consumers text[] DEFAULT NULL)
+ *		RETURNS SETOF idempotency.position_record
+ */
+Datum
+idem_export_positions(PG_FUNCTION_ARGS)
+{
+	return IdemExportStream(fcinfo, STMT_EXPORT_POSITIONS);
+}
+
+/*
+ * idempotency.export_sequences(consumers text[] DEFAULT NULL)
+ *		RETURNS SETOF idempotency.sequence_record
+ */
+Datum
+idem_export_sequences(PG_FUNCTION_ARGS)
+{
+	return IdemExportStream(fcinfo, STMT_EXPORT_SEQUENCES);
+}
+
+/* a text field of an imported record: not NULL, not empty, not too long */
+static text *
+IdemImportedText(Datum *rec, bool *nulls, int i, const char *field)
+{
+	text	   *t;
+
+	IdemRequireField(nulls[i], field);
+	t = DatumGetTextPP(rec[i]);
+	if (VARSIZE_ANY_EXHDR(t) == 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("field \"%s\" of the imported record must not be empty", field)));
+	IdemCheckKeyLength(VARSIZE_ANY_EXHDR(t), field);
+	return t;
+}
+
+/* a bigint field of an imported record: not negative (NULL if nullable) */
+static int64
+IdemImportedNonNegative(Datum *rec, bool *nulls, int i, const char *field,
+						bool nullable)
+{
+	if (nulls[i])
+	{
+		if (!nullable)
+			IdemRequireField(true, field);
+		return -1;
+	}
+	if (DatumGetInt64(rec[i]) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("field \"%s\" of the imported record must not be negative", field)));
+	return DatumGetInt64(rec[i]);
+}
+
+/*
+ * idempotency.import_position(p record) RETURNS text
+ *
+ * Stores an exported position unless this node's is at least as far: a
+ * higher generation wins, and within one generation the further position
+ * (NULL, never advanced, is behind every offset).  Answers inserted,
+ * replaced or kept.  Every field is checked before anything is written.
+ */
+Datum
+idem_import_position(PG_FUNCTION_ARGS)
+{
+	Datum		rec[Natts_position_record];
+	bool		nulls[Natts_position_record];
+	Oid			role;
+	text	   *consumer;
+	text	   *stream;
+	int32		part;
+	int64		next_offset;
+	int64		generation;
+	IdemPosition pos;
+	IdemSavedUser save;
+	IdemImportOutcome outcome;
+
+	IdemCheckLibraryVersion();
+	IdemDeformRecord(fcinfo, Natts_position_record, Natts_position_record,
+					 position_record_types, "position_record", rec, nulls);
+	role = IdemImportRole(rec[0], nulls[0]);
+	consumer = IdemImportedText(rec, nulls, 1, "consumer");
+	stream = IdemImportedText(rec, nulls, 2, "stream");
+	IdemRequireField(nulls[3], "part");
+	part = DatumGetInt32(rec[3]);
+	if (part < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("partition %d is negative", part)));
+	next_offset = IdemImportedNonNegative(rec, nulls, 4, "next_offset", true);
+	generation = IdemImportedNonNegative(rec, nulls, 5, "generation", true);
+	IdemRequireField(nulls[6], "updated_at");
+	IdemCheckWritable("idempotency.import_position()");
+
+	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
+	IdemStreamBegin(&save);
+	IdemGetPosition(role, consumer, stream, part, &pos);
+	if (!pos.found)
+		outcome = IDEM_IMPORT_INSERTED;
+	else if (generation > (pos.has_generation ? pos.generation : -1) ||
+			 (generation == (pos.has_generation ? pos.generation : -1) &&
+			  next_offset > (pos.has_next ? pos.next_offset : -1)))
+		outcome = IDEM_IMPORT_REPLACED;
+	else
+		outcome = IDEM_IMPORT_KEPT;
+	if (outcome != IDEM_IMPORT_KEPT)
+		IdemPutPosition(role, consumer, stream, part, &pos,
+						!nulls[4], next_offset, !nulls[5], generation,
+						DatumGetTimestampTz(rec[6]));
+	IdemStreamEnd(&save);
+	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));
+}
+
+/*
+ * idempotency.import_sequence(s record) RETURNS text
+ *
+ * Stores an exported producer sequence unless this node's is at least as
+ * far (a higher epoch, or the same epoch and a higher seq, wins).
+ */
+Datum
+idem_import_sequence(PG_FUNCTION_ARGS)
+{
+	Datum		rec[Natts_sequence_record];
+	bool		nulls[Natts_sequence_record];
+	Datum		args[6];
+	Oid			role;
+	IdemSavedUser save;
+	IdemImportOutcome outcome;
+
+	IdemCheckLibraryVersion();
+	IdemDeformRecord(fcinfo, Natts_sequence_record, Natts_sequence_record,
+					 sequence_record_types, "sequence_record", rec, nulls);
+	role = IdemImportRole(rec[0], nulls[0]);
+	args[0] = ObjectIdGetDatum(role);
+	args[1] = PointerGetDatum(IdemImportedText(rec, nulls, 1, "consumer"));
+	args[2] = PointerGetDatum(IdemImportedText(rec, nulls, 2, "producer"));
+	args[3] = Int64GetDatum(IdemImportedNonNegative(rec, nulls, 3, "epoch", false));
+	args[4] = Int64GetDatum(IdemImportedNonNegative(rec, nulls, 4, "seq", false));
+	IdemRequireField(nulls[5], "updated_at");
+	args[5] = rec[5];
+	IdemCheckWritable("idempotency.import_sequence()");
+
+	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, DatumGetTextPP(args[1]),
+				   DatumGetTextPP(args[2]), 0);
+	IdemStreamBegin(&save);
+	if (IdemStreamExec(STMT_GET_SEQUENCE, args, NULL) == 0)
+		outcome = IDEM_IMPORT_INSERTED;
+	else
+	{
+		bool		isnull;
+		int64		epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+														SPI_tuptable->tupdesc, 1, &isnull));
+		int64		seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+													  SPI_tuptable->tupdesc, 2, &isnull));
+
+		outcome = (DatumGetInt64(args[3]) > epoch ||
+				   (DatumGetInt64(args[3]) == epoch && DatumGetInt64(args[4]) > seq)) ?
+			IDEM_IMPORT_REPLACED : IDEM_IMPORT_KEPT;
+	}
+	if (outcome == IDEM_IMPORT_INSERTED)
+		(void) IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL);
+	else if (outcome == IDEM_IMPORT_REPLACED)
+		(void) IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL);
+	IdemStreamEnd(&save);
+	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));
+}
