@@ -161,5 +161,33 @@ SELECT count(*) FROM idem_positions('billing', 'orders');
 RESET ROLE;
 SELECT count(*) AS touched FROM idempotency.positions WHERE part = 0 AND updated_at > now() - interval '1 day';
 
+-- ------------------------------------------------------------ look-alikes
+-- The stream statements run as the storage owner.  A role that puts
+-- look-alike operators and tables first on its path (and in pg_temp), in a
+-- new session where the statements are prepared for the first time, does
+-- not change what they do: no look-alike runs, the right rows move.
+CREATE SCHEMA regress_idem_evil AUTHORIZATION regress_idem_stream_a;
+\c -
+SET ROLE regress_idem_stream_a;
+CREATE FUNCTION regress_idem_evil.eq(text, text) RETURNS boolean LANGUAGE plpgsql AS
+  $$BEGIN RAISE NOTICE 'look-alike text = ran'; RETURN true; END$$;
+CREATE OPERATOR regress_idem_evil.= (leftarg = text, rightarg = text, function = regress_idem_evil.eq);
+CREATE FUNCTION regress_idem_evil.oideq(oid, oid) RETURNS boolean LANGUAGE plpgsql AS
+  $$BEGIN RAISE NOTICE 'look-alike oid = ran'; RETURN true; END$$;
+CREATE OPERATOR regress_idem_evil.= (leftarg = oid, rightarg = oid, function = regress_idem_evil.oideq);
+CREATE TABLE regress_idem_evil.positions (role regrole, consumer text, stream text, part int,
+  next_offset bigint, generation bigint, updated_at timestamptz);
+CREATE TEMP TABLE positions (LIKE regress_idem_evil.positions);
+SET search_path = regress_idem_evil, pg_catalog;
+SELECT * FROM idem_advance('billing', 'orders', 0, 600, 609, 2);
+SELECT part, next_offset FROM idem_positions('billing', 'orders');
+SELECT idem_sequence('ingest', 'producer-1', 3, 1);
+SELECT (SELECT count(*) FROM regress_idem_evil.positions) AS evil_rows,
+       (SELECT count(*) FROM pg_temp.positions) AS temp_rows;
+RESET search_path;
+DROP TABLE pg_temp.positions;
+RESET ROLE;
+DROP SCHEMA regress_idem_evil CASCADE;
+
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_stream_a, regress_idem_stream_b;
