@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 #
 # examples/http/test.sh -- end-to-end test of the example payments API
-# (examples/http/server.py): starts a throwaway cluster,
+# (examples/http/server.py and recoverer.py): starts a throwaway cluster,
 # loads the extension and schema.sql, starts four instances of the service
 # on 127.0.0.1 and drives them with curl.
 #
@@ -18,15 +18,16 @@
 # duplicate of a slow charge waits for its result, 20 parallel requests
 # with one key make one charge and all get it; with --wait-timeout 0 the
 # duplicates get 409 at once, and with a short one 409 after the wait.  A
-# charge whose completion failed is finished exactly once by a retry after
-# the lease, and the next retry replays it.  Every wait is for a condition
+# charge whose completion failed, or whose server was SIGKILLed during the
+# card network call, is finished exactly once by a retry after the lease or
+# by recoverer.py, and the retry replays it.  Every wait is for a condition
 # (bounded by WAIT_SECONDS), never for a time a step must fall within.
 #
 # Environment: SRC (repository, default: two levels up), PG_CONFIG,
 # EXAMPLES_PORT_BASE (default 54470; uses BASE for the cluster's socket,
 # BASE+1 .. BASE+4 on 127.0.0.1 for the service instances), PYTHON,
-# WAIT_SECONDS (300).  Exit status 0 = pass.  The cluster and the services
-# are stopped on exit.
+# WAIT_SECONDS (300).  Exit status 0 = pass.  The cluster, the services and
+# the recoverer are stopped on exit.
 
 set -uo pipefail
 
@@ -39,7 +40,7 @@ BASE=${EXAMPLES_PORT_BASE:-54470}
 URL="http://127.0.0.1:$((BASE + 1))"          # duplicates wait (60 s)
 URL_STRICT="http://127.0.0.1:$((BASE + 2))"   # --wait-timeout 0: 409 at once
 URL_SHORT="http://127.0.0.1:$((BASE + 3))"    # --wait-timeout 1s
-URL_CRASH="http://127.0.0.1:$((BASE + 4))"    # --lease 2s
+URL_CRASH="http://127.0.0.1:$((BASE + 4))"    # --lease 2s, killed by the test
 if [ "$(id -u)" -eq 0 ]; then
 	export CLUSTER_USER=${CLUSTER_USER:-postgres}
 fi
@@ -63,6 +64,7 @@ command -v curl >/dev/null || {
 WORK=""
 SERVER_PIDS=()
 HOLDER_PID=""
+RECOVERER_PID=""
 # how long a wait for a condition may take (a bound for a hung test, not
 # for a slow machine)
 WAIT_SECONDS=${WAIT_SECONDS:-300}
@@ -72,6 +74,7 @@ cleanup() {
 	trap - EXIT INT TERM
 	exec 8>&- 2>/dev/null
 	[ -n "$HOLDER_PID" ] && kill "$HOLDER_PID" 2>/dev/null
+	[ -n "$RECOVERER_PID" ] && kill "$RECOVERER_PID" 2>/dev/null
 	for pid in "${SERVER_PIDS[@]}"; do
 		kill "$pid" 2>/dev/null
 		wait "$pid" 2>/dev/null
@@ -148,6 +151,7 @@ lapsed() {
 }
 
 # ---------------------------------------------------------------- service
+LAST_PID=""
 # start_server PORT LOG [ARG...]: start server.py and wait until it answers
 start_server() {
 	local port=$1 log=$2 pid end
@@ -156,6 +160,7 @@ start_server() {
 		"$PY" "$HERE/server.py" --port "$port" --test-hooks "$@" >"$log" 2>&1 &
 	pid=$!
 	SERVER_PIDS+=("$pid")
+	LAST_PID=$pid
 	end=$((SECONDS + WAIT_SECONDS))
 	while [ "$SECONDS" -lt "$end" ]; do
 		if curl -sf -o /dev/null "http://127.0.0.1:$port/docs/idempotency"; then
@@ -171,6 +176,21 @@ start_server() {
 	echo "http test: server.py did not answer on port $port" >&2
 	return 1
 }
+# recoverer LOG [ARG...]: run recoverer.py as the service's role; with
+# RECOVERER_BG=1 in the background, its pid in RECOVERER_PID
+recoverer() {
+	local log=$1
+	shift
+	if [ "${RECOVERER_BG:-}" = 1 ]; then
+		env PGHOST="$DB/sock" PGPORT="$BASE" PGDATABASE=payments PGUSER=payments_app \
+			"$PY" "$HERE/recoverer.py" "$@" >"$log" 2>&1 &
+		RECOVERER_PID=$!
+	else
+		env PGHOST="$DB/sock" PGPORT="$BASE" PGDATABASE=payments PGUSER=payments_app \
+			"$PY" "$HERE/recoverer.py" "$@" >"$log" 2>&1
+	fi
+}
+
 # long leases, so that no charge of these lapses while the test holds it
 start_server $((BASE + 1)) "$WORK/server.log" --key-ttl 2h --pool-size 4 \
 	--lease 2m --wait-timeout 60s || exit 1
@@ -180,6 +200,7 @@ start_server $((BASE + 3)) "$WORK/server-short.log" --pool-size 4 \
 	--lease 2m --wait-timeout 1s || exit 1
 start_server $((BASE + 4)) "$WORK/server-crash.log" --pool-size 4 \
 	--lease 2s --wait-timeout 60s || exit 1
+CRASH_PID=$LAST_PID
 
 # post NAME BODY [CURL_ARG...]: POST /charges, save headers and body as
 # $R/NAME.hdr / $R/NAME.body, print the status code
@@ -477,6 +498,82 @@ check "retry after the lease: takes over and makes the charge" \
 check "exactly once: one charge, one card network charge" "$(charges_for k-take)/$(provider_for k-take)" 1/1
 check "another retry replays it" \
 	"$(TARGET=$URL_CRASH post take3 "$B1" -H 'Idempotency-Key: "k-take"')/$(replayed take3)/$(same_reply take2 take3)" 201/true/same
+
+echo "# ... or finished by recoverer.py --once"
+check "failure after the INSERT: status" \
+	"$(TARGET=$URL_CRASH post fail "$B1" -H 'Idempotency-Key: "k-fail"' -H 'Test-Fail: after-insert')" 500
+check "failure: no charge, one card network charge, key in progress" \
+	"$(charges_for k-fail)/$(provider_for k-fail)/$(lookup k-fail status)" 0/1/in_progress
+wait_sql "$(lapsed k-fail)" t || not_ok "k-fail: the lease did not lapse"
+recoverer "$WORK/recoverer-once.log" --once
+check "recoverer --once: exit status" "$?" 0
+check "recoverer --once: completed k-fail, nothing else" \
+	"$(grep -c "completed key 'k-fail' of 'acct_default POST /charges' with 201" "$WORK/recoverer-once.log")/$(grep -c 'stopped: 1 completed, 0 failed' "$WORK/recoverer-once.log")" 1/1
+check "exactly once: one charge, one card network charge" "$(charges_for k-fail)/$(provider_for k-fail)" 1/1
+check "a retry replays the recovered charge" \
+	"$(post fail2 "$B1" -H 'Idempotency-Key: "k-fail"')/$(replayed fail2)/$(header fail2 Location)" \
+	"201/true//charges/$(sql "SELECT id FROM charges WHERE idempotency_key = 'k-fail'")"
+
+echo "# a charge slower than its lease is taken over: its own completion is refused as stale"
+# The first request is held at its INSERT past its lease; the recoverer
+# takes the key over and is held at its INSERT too; then both go on.
+hold_charges
+TARGET=$URL_CRASH post stale "$B1" -H 'Idempotency-Key: "k-stale"' >"$R/stale.code" &
+stale_pid=$!
+wait_sql "$BLOCKED_SQL" 1 || not_ok "k-stale: the first request did not reach its INSERT"
+wait_sql "$(lapsed k-stale)" t || not_ok "k-stale: the lease did not lapse"
+RECOVERER_BG=1 recoverer "$WORK/recoverer-stale.log" --once
+wait_sql "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'payments-recoverer' AND wait_event_type = 'Lock'" 1 ||
+	not_ok "k-stale: the recoverer did not reach its INSERT"
+release_charges
+wait "$RECOVERER_PID"
+check "recoverer --once: completed k-stale" \
+	"$?/$(grep -c "completed key 'k-stale' of 'acct_default POST /charges' with 201" "$WORK/recoverer-stale.log")" 0/1
+RECOVERER_PID=""
+wait "$stale_pid"
+check "the first request: its completion refused, it answers with the recoverer's result" \
+	"$(cat "$R/stale.code")/$(replayed stale)/$(grep -c "key 'k-stale' was taken over" "$WORK/server-crash.log")" 201/true/1
+check "exactly once: one charge, one card network charge" "$(charges_for k-stale)/$(provider_for k-stale)" 1/1
+check "the answer is the stored one" "$(body_hex stale)" "$(lookup k-stale "encode(response_raw, 'hex')")"
+
+echo "# the server is SIGKILLed during the card network call; the recoverer finishes the charge"
+TARGET=$URL_CRASH post kill "$B1" -H 'Idempotency-Key: "k-kill"' -H 'Test-Delay-Ms: 600000' \
+	>"$R/kill.code" 2>/dev/null &
+kill_pid=$!
+# the card network has charged and the server waits for its answer
+wait_sql "SELECT count(*) FROM provider_charges WHERE metadata->>'idempotency_key' = 'k-kill'" 1 ||
+	not_ok "k-kill: the card network was not called"
+check "k-kill: in progress during the call" "$(lookup k-kill status)" in_progress
+kill -KILL "$CRASH_PID"
+{ wait "$CRASH_PID"; } 2>/dev/null   # no "Killed" job notice
+wait "$kill_pid"
+check "the client got no answer" "$(cat "$R/kill.code")" 000
+check "killed mid-call: no charge, key in progress with its request" \
+	"$(charges_for k-kill)/$(lookup k-kill "status || ' ' || (request->>'amount')")" "0/in_progress 1999"
+token_before=$(lookup k-kill token)
+RECOVERER_BG=1 recoverer "$WORK/recoverer.log" --interval 0.1
+wait_sql "SET ROLE payments_app; SELECT status FROM idem_lookup('k-kill', 'acct_default POST /charges')" completed ||
+	not_ok "k-kill: the recoverer did not complete the key"
+kill -TERM "$RECOVERER_PID"
+wait "$RECOVERER_PID"
+check "recoverer: exits 0 on SIGTERM" "$?" 0
+RECOVERER_PID=""
+check "recoverer: said it stopped" "$(grep -c 'stopped: 1 completed, 0 failed' "$WORK/recoverer.log")" 1
+check "exactly once: one charge, one card network charge, linked" \
+	"$(charges_for k-kill)/$(provider_for k-kill)/$(sql "SELECT count(*) FROM charges c JOIN provider_charges p ON p.id = c.provider_charge_id WHERE c.idempotency_key = 'k-kill' AND p.metadata->>'idempotency_key' = 'k-kill'")" 1/1/1
+check "completed by the recoverer, with a newer token" \
+	"$(lookup k-kill "response_code || ' ' || (token > $token_before)")" "201 true"
+kill_id=$(sql "SELECT id FROM charges WHERE idempotency_key = 'k-kill'")
+check "the client's retry (to another instance) replays 201" \
+	"$(post kill2 "$B1" -H 'Idempotency-Key: "k-kill"')/$(replayed kill2)" 201/true
+check "replay: Location and Content-Type" "$(header kill2 Location) $(header kill2 Content-Type)" \
+	"/charges/$kill_id application/json"
+check "replay: the stored body bytes" "$(body_hex kill2)" "$(lookup k-kill "encode(response_raw, 'hex')")"
+check "replay: the charge" "$(json kill2 'd["id"] + " " + str(d["amount"])')" "ch_$kill_id 1999"
+check "another retry: the same reply" \
+	"$(post kill3 "$B1" -H 'Idempotency-Key: "k-kill"')/$(same_reply kill2 kill3)" 201/same
+check "nothing is left for a recoverer" \
+	"$(sql "SET ROLE payments_app; BEGIN; SELECT count(*) FROM idem_recover('1 second', NULL, 10); ROLLBACK")" 0
 
 echo
 if [ "$FAILS" -ne 0 ]; then
