@@ -13,53 +13,67 @@
 #                            status codes), HTML or, with
 #                            "Accept: application/json", JSON
 #
-# Each POST /charges runs one transaction on one pooled connection:
+# A charge calls the card network, a remote API outside our transactions,
+# so each POST /charges is two phases around that call:
 #
-#   BEGIN;
+#   BEGIN;                                                   -- phase 1
+#   SET LOCAL idempotency.wait_timeout = <--wait-timeout>;
 #   SELECT ... FROM idem_claim(key, request => body, scope => account,
-#                              ttl => retention, wait => false);
-#   -- 'claimed':     INSERT INTO charges ...;
-#   --                SELECT idem_complete(key, 201, response, scope => ...);
+#                              ttl => retention, lease => <--lease>,
+#                              wait => true, keep_request => true);
+#   -- 'claimed':     SELECT idem_checkpoint(key, <card network key>, ...);
 #   -- 'completed':   nothing; send the stored response again
-#   -- 'in_progress': nothing; 409 Conflict
+#   -- 'in_progress': nothing; 409 Conflict (the wait ran out)
 #   -- 'mismatch':    nothing; 422 Unprocessable Content
 #   COMMIT;
+#   -- the card network call, idempotent by the card network key
+#   BEGIN;                                                   -- phase 2
+#   INSERT INTO charges ...;
+#   SELECT idem_complete(key, 201, scope => ..., token => token,
+#                        response_headers => ..., response_raw => ...);
+#   COMMIT;
 #
-# so the charge and the stored response commit or roll back together: a
-# crash before COMMIT leaves the key unused and the retry makes the charge.
-# Connection settings come from --dsn and the usual libpq environment
-# (PGHOST, PGPORT, PGDATABASE, PGUSER).  See examples/http/README.md.
+# A duplicate that arrives meanwhile waits (up to --wait-timeout) for the
+# first request's result.  If this process dies between the phases, the
+# lease lapses and recoverer.py (or the client's retry) finishes the charge
+# from the request the key kept.  Phase 2 and the card network are in
+# payments.py, shared with recoverer.py.  Connection settings come from
+# --dsn and the usual libpq environment (PGHOST, PGPORT, PGDATABASE,
+# PGUSER).  See examples/http/README.md.
 #
 # Standard library + psycopg 3 only (Debian: python3-psycopg).
 
 import argparse
-import contextlib
+import collections
 import html
 import http.server
-import json
-import queue
 import re
 import sys
-import threading
 
-import psycopg
 from psycopg import errors as pgerrors
 from psycopg.types.json import Jsonb
+
+import payments
+from payments import Response, dump_json, json_response
 
 # Longest key we accept, in bytes after unquoting.  The extension's own limit
 # is idempotency.max_key_length (255 by default); a longer key would be an
 # error there, and must be a 400 here.
 MAX_KEY_LENGTH = 255
 MAX_ACCOUNT_LENGTH = 64
+# The key keeps the request for the recoverer; with the request's text it
+# must fit idempotency.max_response_bytes (1 MB by default).
 MAX_BODY_BYTES = 64 * 1024
-MAX_DESCRIPTION_LENGTH = 500
 
 # What a bare (unquoted) key may contain; see parse_idempotency_key().
 BARE_KEY_RE = re.compile(r"[A-Za-z0-9._~:-]+")
-CURRENCY_RE = re.compile(r"[a-z]{3}")
 CHARGE_PATH_RE = re.compile(r"/charges/([0-9]{1,18})")
 
 DOC_PATH = "/docs/idempotency"
+
+# What phase 1 gives phase 2: the status, and for 'claimed' the token and
+# the card network key, for 'completed' the stored Response.
+Claim = collections.namedtuple("Claim", "status token provider_key response")
 
 
 class BadKey(Exception):
@@ -69,14 +83,6 @@ class BadKey(Exception):
         super().__init__(detail)
         self.title = title
         self.detail = detail
-
-
-class BadRequest(Exception):
-    """The request body is not a valid charge (400, key left unused)."""
-
-
-class InjectedFailure(Exception):
-    """Raised by the --test-hooks fault injection, after the INSERT."""
 
 
 def parse_idempotency_key(values):
@@ -144,89 +150,22 @@ def _parse_sf_string(raw):
     return None                 # no closing quote
 
 
-def parse_charge(body_bytes):
-    """
-    Validate a POST /charges body; return (request_json, charge_fields).
-    request_json is the whole parsed body: it is what the key's fingerprint
-    is taken from, so a retry must send the same JSON (key order and
-    whitespace do not matter: the extension fingerprints canonical jsonb).
-    """
-    try:
-        req = json.loads(body_bytes.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
-        raise BadRequest("The body is not valid JSON: %s." % e) from None
-    if not isinstance(req, dict):
-        raise BadRequest("The body must be a JSON object.")
-    amount = req.get("amount")
-    currency = req.get("currency")
-    description = req.get("description")
-    if not isinstance(amount, int) or isinstance(amount, bool) or \
-            not 0 < amount < 2 ** 53:
-        raise BadRequest("\"amount\" must be a positive integer (minor units).")
-    if not isinstance(currency, str) or not CURRENCY_RE.fullmatch(currency):
-        raise BadRequest("\"currency\" must be a lower-case ISO 4217 code "
-                         "such as \"eur\".")
-    if description is not None and (not isinstance(description, str) or
-                                    len(description) > MAX_DESCRIPTION_LENGTH):
-        raise BadRequest("\"description\" must be a string of at most %d "
-                         "characters." % MAX_DESCRIPTION_LENGTH)
-    return req, {"amount": amount, "currency": currency,
-                 "description": description}
-
-
-def dump_json(obj):
-    """
-    The one serialization used for first responses and replays alike, so a
-    replay is byte-for-byte the original (jsonb reorders keys; we sort).
-    """
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"),
-                      ensure_ascii=False).encode("utf-8")
-
-
-class Pool:
-    """
-    A small connection pool: at most SIZE connections, reused LIFO.  A
-    connection that comes back broken or inside a transaction is closed
-    instead of reused.
-    """
-
-    def __init__(self, conninfo, size):
-        self._conninfo = conninfo
-        self._idle = queue.LifoQueue()
-        self._slots = threading.BoundedSemaphore(size)
-
-    @contextlib.contextmanager
-    def connection(self):
-        self._slots.acquire()
-        conn = None
-        try:
-            try:
-                conn = self._idle.get_nowait()
-            except queue.Empty:
-                # autocommit: every transaction is an explicit
-                # conn.transaction() block, BEGIN ... COMMIT
-                conn = psycopg.connect(self._conninfo, autocommit=True,
-                                       application_name="payments-example")
-            yield conn
-        finally:
-            if conn is not None:
-                if conn.closed or conn.info.transaction_status != \
-                        psycopg.pq.TransactionStatus.IDLE:
-                    conn.close()
-                else:
-                    self._idle.put(conn)
-            self._slots.release()
-
-
 class PaymentsServer(http.server.ThreadingHTTPServer):
     daemon_threads = True
     # the default backlog of 5 drops connections under a burst of retries
     request_queue_size = 128
 
-    def __init__(self, address, opts, pool):
+    def __init__(self, address, opts):
         super().__init__(address, PaymentsHandler)
         self.opts = opts
-        self.pool = pool
+        # Two pools, so that duplicates waiting in idem_claim (each holds a
+        # connection of claim_pool for up to --wait-timeout) never take the
+        # connections the requests they wait for need to finish.
+        self.claim_pool = payments.Pool(opts.dsn, opts.pool_size,
+                                        "payments-claims")
+        self.work_pool = payments.Pool(opts.dsn, opts.pool_size,
+                                       "payments-work")
+        self.network = payments.CardNetwork(opts.dsn, opts.pool_size)
         self.ttl_seconds = opts.key_ttl
         host, port = self.server_address[:2]
         self.public_url = (opts.public_url or
@@ -236,7 +175,7 @@ class PaymentsServer(http.server.ThreadingHTTPServer):
 
 class PaymentsHandler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    server_version = "payments-example/0.1"
+    server_version = "payments-example/0.2"
 
     # ------------------------------------------------------------ plumbing
 
@@ -244,13 +183,12 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
         if not self.server.opts.quiet:
             sys.stderr.write("%s - %s\n" % (self.address_string(), fmt % args))
 
-    def send(self, code, body, content_type="application/json",
-             headers=()):
+    def send(self, response, extra_headers=()):
+        code, headers, body = response
         self.send_response(code)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(body)))
-        for name, value in headers:
+        for name, value in list(headers) + list(extra_headers):
             self.send_header(name, value)
+        self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
@@ -264,8 +202,15 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
                    "status": code, "detail": detail}
         link = '<%s>; rel="describedby"; type="text/html"' % \
             self.server.doc_url
-        self.send(code, dump_json(problem), "application/problem+json",
-                  [("Content-Language", "en"), ("Link", link)] + list(headers))
+        self.send(Response(code, [("Content-Type", "application/problem+json"),
+                                  ("Content-Language", "en"),
+                                  ("Link", link)] + list(headers),
+                           dump_json(problem)))
+
+    def send_error_json(self, code, error, message, headers=()):
+        self.send(json_response(code, {"error": {"code": error,
+                                                 "message": message}},
+                                headers))
 
     def account(self):
         """
@@ -297,31 +242,31 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
         m = CHARGE_PATH_RE.fullmatch(path)
         if m:
             return self.get_charge(int(m.group(1)))
-        self.send(404, dump_json({"error": "not found"}))
+        self.send(json_response(404, {"error": "not found"}))
 
     do_HEAD = do_GET
 
     def do_POST(self):
         if self.path.split("?", 1)[0] != "/charges":
             self.read_body()            # keep the connection in sync
-            self.send(404, dump_json({"error": "not found"}))
+            self.send(json_response(404, {"error": "not found"}))
             return
         try:
             self.post_charge()
         except OSError:
             raise                       # the client went away
         except Exception as e:          # noqa: BLE001 -- answer, then log
-            # Whatever failed rolled its transaction back: the key is
-            # unused and a retry with it starts afresh.
+            # Failed in phase 1 (nothing was charged) or in an unexpected
+            # place; either way a retry with the same key is safe.
             self.log_error("POST /charges failed: %r", e)
-            self.send(500, dump_json({"error": {
-                "code": "internal_error",
-                "message": "The request failed and changed nothing; retry "
-                           "it with the same Idempotency-Key."}}))
+            self.send_error_json(500, "internal_error",
+                                 "The request failed; retry it with the "
+                                 "same Idempotency-Key.")
 
     def get_docs(self):
         s = self.server
         ttl = s.ttl_seconds
+        wait = s.opts.wait_timeout
         policy = {
             "header": "Idempotency-Key",
             "required_for": ["POST /charges"],
@@ -338,23 +283,34 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
             "key_retention_seconds": ttl,
             "key_retention": "a key is kept for %s after its first use; "
                              "after that the same key starts a new "
-                             "operation" % human_interval(ttl),
+                             "operation" % payments.human_interval(ttl),
+            "concurrent_wait_seconds": int(wait) if wait == int(wait)
+                                       else wait,
             "responses": {
                 "first use": "the operation's own response",
-                "retry after completion": "the stored response (status "
-                                          "and body), with header "
+                "retry after completion": "the stored response (status, "
+                                          "Content-Type, Location and "
+                                          "body), with header "
                                           "Idempotent-Replayed: true",
                 "retry while the first request is in progress":
-                    ("409 Conflict; retry later" if not s.opts.wait else
-                     "waits for the first request, then as above"),
+                    ("waits up to %s for the first request, then as "
+                     "above; 409 Conflict with Retry-After if it is still "
+                     "running" % payments.human_interval(wait) if wait else
+                     "409 Conflict with Retry-After; retry later"),
                 "key reused with a different body": "422 Unprocessable "
                                                     "Content",
                 "no, empty, malformed, too long, or repeated key":
                     "400 Bad Request",
+                "503 Service Unavailable": "nothing was charged; retry "
+                                           "with the same key",
+                "500 Internal Server Error": "the charge may have been "
+                                             "made and will be completed; "
+                                             "retry with the same key to "
+                                             "get its result",
             },
         }
         if "application/json" in self.headers.get("Accept", ""):
-            return self.send(200, dump_json(policy))
+            return self.send(json_response(200, policy))
         rows = "".join("<tr><td>%s</td><td>%s</td></tr>\n" %
                        (html.escape(k), html.escape(v))
                        for k, v in policy["responses"].items())
@@ -373,32 +329,32 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
                html.escape(policy["key_scope"]),
                html.escape(policy["fingerprint"]),
                html.escape(policy["key_retention"]), ttl, rows))
-        self.send(200, page.encode("utf-8"), "text/html; charset=utf-8")
+        self.send(Response(200, [("Content-Type", "text/html; charset=utf-8")],
+                           page.encode("utf-8")))
 
     def get_charge(self, charge_id):
         account = self.account()
         if account is None:
-            return self.send(400, dump_json({"error": "bad Account-Id"}))
-        with self.server.pool.connection() as conn:
-            with conn.transaction():
-                row = conn.execute(
-                    "SELECT id, account_id, amount, currency, description, "
-                    "       created_at "
-                    "  FROM charges WHERE id = %s AND account_id = %s",
-                    (charge_id, account)).fetchone()
+            return self.send(json_response(400, {"error": "bad Account-Id"}))
+        with self.server.work_pool.connection() as conn:
+            row = conn.execute(
+                "SELECT id, account_id, amount, currency, description, "
+                "       created_at "
+                "  FROM charges WHERE id = %s AND account_id = %s",
+                (charge_id, account)).fetchone()
         if row is None:
-            return self.send(404, dump_json({"error": "not found"}))
-        self.send(200, dump_json(charge_json(row)))
+            return self.send(json_response(404, {"error": "not found"}))
+        self.send(json_response(200, payments.charge_json(row)))
 
     def post_charge(self):
         opts = self.server.opts
         body = self.read_body()
         if body is None:
-            return self.send(413 if self.headers.get("Content-Length", "")
-                             .isdigit() else 411,
-                             dump_json({"error": "the body must have a "
-                                        "Content-Length of at most %d bytes"
-                                        % MAX_BODY_BYTES}))
+            return self.send(json_response(
+                413 if self.headers.get("Content-Length", "").isdigit()
+                else 411,
+                {"error": "the body must have a Content-Length of at most "
+                          "%d bytes" % MAX_BODY_BYTES}))
         try:
             key = parse_idempotency_key(self.headers.get_all("Idempotency-Key"))
         except BadKey as e:
@@ -409,12 +365,11 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
                                      "Account-Id must be 1-%d characters of "
                                      "[A-Za-z0-9._~:-]." % MAX_ACCOUNT_LENGTH)
         try:
-            request, charge = parse_charge(body)
-        except BadRequest as e:
+            request = payments.parse_body(body)
+        except payments.BadRequest as e:
             # Nothing claimed: the client fixes the body and retries with
             # the same key.
-            return self.send(400, dump_json({"error": {
-                "code": "invalid_request", "message": str(e)}}))
+            return self.send_error_json(400, "invalid_request", str(e))
 
         hooks = opts.test_hooks
         delay_ms = int(self.headers.get("Test-Delay-Ms", "0") or 0) \
@@ -424,131 +379,131 @@ class PaymentsHandler(http.server.BaseHTTPRequestHandler):
         # The key's identity is (database role, scope, key); the draft's
         # security section asks for the client's key combined with what the
         # server knows about the client.
-        scope = "%s POST /charges" % account
+        scope = payments.scope_of(account)
 
-        for attempt in range(1, 4):
+        for _ in range(3):
             try:
-                outcome = self.charge_transaction(key, scope, account,
-                                                  request, charge,
-                                                  delay_ms, fail)
-                break
-            except (pgerrors.SerializationFailure,
-                    pgerrors.DeadlockDetected):
-                if attempt == 3:
-                    raise
-            except InjectedFailure:
-                return self.send(500, dump_json({"error": {
-                    "code": "internal_error",
-                    "message": "injected failure after the INSERT; the "
-                               "transaction rolled back"}}))
-            except pgerrors.LockNotAvailable:
-                # --wait: the first request held the key past lock_timeout
-                outcome = ("in_progress", None, None)
-                break
+                claim = self.claim(key, scope, request)
+            except pgerrors.ProgramLimitExceeded:
+                # 54000: the request, kept with the key for the recoverer,
+                # is over idempotency.max_response_bytes; nothing claimed
+                return self.send_error_json(
+                    413, "request_too_large",
+                    "The request is too large to be kept with its "
+                    "Idempotency-Key.")
+            if claim.status != "claimed":
+                return self.answer(claim)
+            try:
+                return self.send(self.charge(claim, key, scope, request,
+                                             delay_ms / 1000.0, fail))
+            except payments.TakenOver:
+                # Our lease lapsed and a retry or the recoverer holds the
+                # key now (our INSERT rolled back): wait for its result
+                # like any duplicate.
+                self.log_error("key %r was taken over; waiting for its "
+                               "new holder", key)
+        return self.answer(Claim("in_progress", None, None, None))
 
-        status, code, response = outcome
-        if status == "claimed":
-            return self.send(code, dump_json(response),
-                             headers=location_header(code, response))
-        if status == "completed":
-            return self.send(code, dump_json(response),
-                             headers=[("Idempotent-Replayed", "true")] +
-                             location_header(code, response))
-        if status == "in_progress":
+    # ------------------------------------------------------------ phases
+
+    def claim(self, key, scope, request):
+        """
+        Phase 1, one transaction: claim the key (waiting up to
+        --wait-timeout for a request that holds it) with a lease, keeping
+        the request for the recoverer; a new claim records the card network
+        key it will use as its recovery point.  Returns a Claim.
+        """
+        s = self.server
+        opts = s.opts
+        try:
+            with s.claim_pool.connection() as conn, conn.transaction():
+                conn.execute(
+                    "SELECT set_config('idempotency.wait_timeout', %s, true), "
+                    "       set_config('lock_timeout', %s, true)",
+                    ("%d" % round(opts.wait_timeout * 1000),
+                     "%dms" % round(opts.lock_timeout * 1000)))
+                status, token, recovery_point, code, headers, raw, body = \
+                    conn.execute(
+                        "SELECT status, token, recovery_point, "
+                        "       response_code, response_headers, "
+                        "       response_raw, response_body "
+                        "  FROM idem_claim(%s, request => %s, scope => %s, "
+                        "        ttl => make_interval(secs => %s), "
+                        "        lease => make_interval(secs => %s), "
+                        "        wait => true, keep_request => true)",
+                        (key, Jsonb(request), scope, s.ttl_seconds,
+                         opts.lease)).fetchone()
+                if status == "completed":
+                    return Claim(status, None, None, payments.stored_response(
+                        code, headers, raw, body))
+                if status != "claimed":
+                    return Claim(status, None, None, None)
+                # A key taken over (its holder died) has the card network
+                # key its first holder used: the same charge, not a new one.
+                provider_key = payments.provider_key_of(recovery_point) or \
+                    payments.new_provider_key(conn, key, scope)
+                return Claim(status, token, provider_key, None)
+        except pgerrors.LockNotAvailable:
+            # another request's claim or completion transaction stayed
+            # open past --lock-timeout
+            return Claim("in_progress", None, None, None)
+
+    def charge(self, claim, key, scope, request, delay, fail):
+        """
+        Phase 2 (payments.make_charge), and what a failure in it means for
+        the key: released if nothing was charged, else left in progress
+        for the recoverer.  Returns the Response to send.
+        """
+        s = self.server
+        try:
+            return payments.make_charge(s.work_pool, s.network, key, scope,
+                                        claim.token, claim.provider_key,
+                                        request, delay, fail)
+        except payments.CardNetworkUnavailable:
+            # Certain that nothing was charged: give the key up, so that
+            # the retry starts afresh (with the same card network key).
+            payments.release(s.work_pool, key, scope, claim.token)
+            return json_response(503, {"error": {
+                "code": "card_network_unavailable",
+                "message": "The card network is unavailable; nothing was "
+                           "charged.  Retry with the same Idempotency-Key."}},
+                [("Retry-After", "1")])
+        except payments.TakenOver:
+            raise
+        except Exception as e:          # noqa: BLE001 -- answer, then log
+            # The card network may have charged: the key stays in progress
+            # and its lease lapses; then the recoverer (or the client's
+            # retry) finishes the charge with the same card network key.
+            self.log_error("charge %r left for the recoverer: %r", key, e)
+            return json_response(500, {"error": {
+                "code": "charge_pending",
+                "message": "The charge may have been made; it will be "
+                           "completed.  Retry with the same "
+                           "Idempotency-Key to get its result."}})
+
+    def answer(self, claim):
+        """The response for a claim that is not ours to work on."""
+        if claim.status == "completed":
+            return self.send(claim.response, [("Idempotent-Replayed", "true")])
+        if claim.status == "in_progress":
             return self.send_problem(
                 409, "A request is outstanding for this Idempotency-Key",
                 "A request with the same Idempotency-Key for the same "
                 "operation is being processed.  Retry it later.",
                 headers=[("Retry-After", "1")])
-        if status == "mismatch":
+        if claim.status == "mismatch":
             return self.send_problem(
                 422, "Idempotency-Key is already used",
                 "This Idempotency-Key was used with a different request "
                 "body.  A key must not be reused for a different request.")
-        raise RuntimeError("unexpected idem_claim status %r" % status)
-
-    def charge_transaction(self, key, scope, account, request, charge,
-                           delay_ms, fail):
-        """
-        One transaction: claim the key; if it is ours, make the charge and
-        store the response.  Returns (status, response_code, response_body).
-        """
-        opts = self.server.opts
-        with self.server.pool.connection() as conn:
-            with conn.transaction():
-                if opts.wait:
-                    conn.execute("SET LOCAL lock_timeout = %s" %
-                                 int(opts.lock_timeout * 1000))
-                status, code, response = conn.execute(
-                    "SELECT status, response_code, response_body "
-                    "  FROM idem_claim(%s, request => %s, scope => %s, "
-                    "                  ttl => make_interval(secs => %s), "
-                    "                  wait => %s)",
-                    (key, Jsonb(request), scope, self.server.ttl_seconds,
-                     opts.wait)).fetchone()
-                if status != "claimed":
-                    # the claim wrote nothing; the COMMIT is empty
-                    return status, code, response
-
-                if delay_ms > 0:
-                    # stands for the time a card network takes
-                    conn.execute("SELECT pg_sleep(%s)", (delay_ms / 1000.0,))
-                if charge["amount"] > opts.decline_above:
-                    # a business error is a response too: stored, replayed
-                    code = 402
-                    response = {"error": {
-                        "code": "card_declined",
-                        "message": "The card was declined.",
-                        "amount": charge["amount"]}}
-                else:
-                    row = conn.execute(
-                        "INSERT INTO charges (account_id, amount, currency, "
-                        "                     description, idempotency_key) "
-                        "VALUES (%s, %s, %s, %s, %s) "
-                        "RETURNING id, account_id, amount, currency, "
-                        "          description, created_at",
-                        (account, charge["amount"], charge["currency"],
-                         charge["description"], key)).fetchone()
-                    code = 201
-                    response = charge_json(row)
-                if fail == "after-insert":
-                    raise InjectedFailure()
-                conn.execute(
-                    "SELECT idem_complete(%s, %s, %s, scope => %s)",
-                    (key, code, Jsonb(response), scope))
-                return status, code, response
+        raise RuntimeError("unexpected idem_claim status %r" % claim.status)
 
 
-def charge_json(row):
-    charge_id, account, amount, currency, description, created = row
-    return {"id": "ch_%d" % charge_id, "object": "charge",
-            "account": account, "amount": amount, "currency": currency,
-            "description": description,
-            "created": created.isoformat(timespec="microseconds")}
-
-
-def location_header(code, response):
-    if code == 201 and isinstance(response, dict) and \
-            str(response.get("id", "")).startswith("ch_"):
-        return [("Location", "/charges/%s" % response["id"][3:])]
-    return []
-
-
-def human_interval(seconds):
-    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
-        if seconds % size == 0 and seconds >= size:
-            n = seconds // size
-            return "%d %s%s" % (n, unit, "" if n == 1 else "s")
-    return "%d second%s" % (seconds, "" if seconds == 1 else "s")
-
-
-def parse_duration(text):
-    """'86400', '90s', '30m', '24h' or '7d' -> seconds."""
-    m = re.fullmatch(r"\s*([0-9]+)\s*([smhd]?)\s*", text)
-    if not m or int(m.group(1)) == 0:
-        raise argparse.ArgumentTypeError("not a positive duration: %r" % text)
-    return int(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600,
-                              "d": 86400}[m.group(2)]
+def key_ttl(text):
+    seconds = payments.positive_duration(text)
+    if seconds != int(seconds):
+        raise argparse.ArgumentTypeError("whole seconds only: %r" % text)
+    return int(seconds)
 
 
 def main():
@@ -558,33 +513,46 @@ def main():
     ap.add_argument("--port", type=int, default=8080)
     ap.add_argument("--dsn", default="",
                     help="libpq connection string (default: PG* environment)")
-    ap.add_argument("--pool-size", type=int, default=8)
-    ap.add_argument("--key-ttl", type=parse_duration, default=86400,
+    ap.add_argument("--pool-size", type=int, default=8,
+                    help="connections for claims, and as many for the "
+                         "charges themselves (default 8 each)")
+    ap.add_argument("--key-ttl", type=key_ttl, default=86400,
                     help="how long a key is kept (e.g. 24h; default 24h); "
                          "published at " + DOC_PATH)
-    ap.add_argument("--wait", action="store_true",
-                    help="make a concurrent retry wait for the first request "
-                         "and replay its response, instead of the draft's "
-                         "409 Conflict")
-    ap.add_argument("--lock-timeout", type=float, default=5.0,
-                    help="with --wait: seconds to wait before answering 409")
-    ap.add_argument("--decline-above", type=int, default=1000000,
-                    help="charges above this amount are declined (402)")
+    ap.add_argument("--lease", type=payments.positive_duration, default=30.0,
+                    help="how long a charge may take before the recoverer "
+                         "or a retry may take it over (default 30s)")
+    ap.add_argument("--wait-timeout", type=payments.parse_duration,
+                    default=10.0,
+                    help="how long a request waits for a concurrent one "
+                         "with its key before answering 409 (default 10s; "
+                         "0: 409 at once, as the IETF draft asks)")
+    ap.add_argument("--lock-timeout", type=payments.positive_duration,
+                    default=5.0,
+                    help="bound on waiting for another request's open "
+                         "claim or completion transaction (default 5s)")
     ap.add_argument("--public-url", default="",
                     help="base URL used in problem types and Link headers")
     ap.add_argument("--test-hooks", action="store_true",
-                    help="honour the Test-Delay-Ms and Test-Fail: after-insert "
-                         "request headers (tests only)")
+                    help="honour the Test-Delay-Ms and Test-Fail "
+                         "(after-insert, card-network-down) request "
+                         "headers (tests only)")
     ap.add_argument("--quiet", action="store_true", help="no access log")
     opts = ap.parse_args()
+    if opts.lease > opts.key_ttl:
+        ap.error("--lease must not be longer than --key-ttl")
 
-    pool = Pool(opts.dsn, opts.pool_size)
-    # fail early, before listening, if the database is unusable
-    with pool.connection() as conn:
-        conn.execute("SELECT 'idem_claim'::regproc, 'charges'::regclass")
-    server = PaymentsServer((opts.host, opts.port), opts, pool)
-    sys.stderr.write("payments example listening on %s (keys kept %s)\n"
-                     % (server.public_url, human_interval(opts.key_ttl)))
+    server = PaymentsServer((opts.host, opts.port), opts)
+    # fail early, before serving, if the database is unusable
+    with server.work_pool.connection() as conn:
+        conn.execute("SELECT 'idem_claim'::regproc, 'charges'::regclass, "
+                     "       'provider_charges'::regclass")
+    sys.stderr.write("payments example listening on %s (keys kept %s, "
+                     "lease %s, duplicates wait %s)\n"
+                     % (server.public_url,
+                        payments.human_interval(opts.key_ttl),
+                        payments.human_interval(opts.lease),
+                        payments.human_interval(opts.wait_timeout)))
     sys.stderr.flush()
     try:
         server.serve_forever()
