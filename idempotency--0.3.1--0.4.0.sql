@@ -319,45 +319,45 @@ GRANT SELECT ON idempotency.stats TO pg_monitor;
 -- Privileges of the objects made here: each object that replaces one gets
 -- exactly the privileges of the one it replaces (a DBA who revoked EXECUTE
 -- on idem_claim() from PUBLIC and granted it to one role keeps that; a
--- role granted SELECT on idempotency.stats keeps it), and each new object
--- those of a fresh install; whatever the default privileges of the role
--- running this script added is taken back.  Names are qualified: see the
--- install script.
+-- role granted SELECT on idempotency.stats keeps it; the grantor of a
+-- carried privilege becomes the role running this script), and each new
+-- object those of a fresh install under the same default privileges: what
+-- they gave to roles is taken back.  Names are qualified: see the install
+-- script.
 DO $privileges$
 DECLARE
     o record;
     item record;
 BEGIN
     FOR o IN
-        WITH objects (kind, newobj, oldobj, public_default) AS (VALUES
+        WITH objects (kind, newobj, oldobj) AS (VALUES
             ('FUNCTION', 'pg_catalog.idem_claim(text,jsonb,text,interval,interval,boolean,boolean)'::pg_catalog.regprocedure::pg_catalog.oid,
-                         'pg_catalog.idem_claim_before_0_4_0(text,jsonb,text,interval,interval,boolean)'::pg_catalog.regprocedure::pg_catalog.oid, true),
+                         'pg_catalog.idem_claim_before_0_4_0(text,jsonb,text,interval,interval,boolean)'::pg_catalog.regprocedure::pg_catalog.oid),
             ('FUNCTION', 'pg_catalog.idem_complete(text,integer,jsonb,text,bigint,jsonb,bytea)'::pg_catalog.regprocedure,
-                         'pg_catalog.idem_complete_before_0_4_0(text,integer,jsonb,text,bigint)'::pg_catalog.regprocedure, true),
+                         'pg_catalog.idem_complete_before_0_4_0(text,integer,jsonb,text,bigint)'::pg_catalog.regprocedure),
             ('FUNCTION', 'pg_catalog.idem_lookup(text,text)'::pg_catalog.regprocedure,
-                         'pg_catalog.idem_lookup_before_0_4_0(text,text)'::pg_catalog.regprocedure, true),
+                         'pg_catalog.idem_lookup_before_0_4_0(text,text)'::pg_catalog.regprocedure),
             ('FUNCTION', 'idempotency.stats_info()'::pg_catalog.regprocedure,
-                         'idempotency.stats_info_before_0_4_0()'::pg_catalog.regprocedure, false),
+                         'idempotency.stats_info_before_0_4_0()'::pg_catalog.regprocedure),
             ('TABLE', 'idempotency.stats'::pg_catalog.regclass,
-                      'idempotency.stats_before_0_4_0'::pg_catalog.regclass, false),
-            ('FUNCTION', 'pg_catalog.idem_recover(interval,text,integer)'::pg_catalog.regprocedure, NULL, true),
-            ('FUNCTION', 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure, NULL, true),
-            ('FUNCTION', 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure, NULL, true),
-            ('FUNCTION', 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure, NULL, true),
-            ('FUNCTION', 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure, NULL, true),
-            ('FUNCTION', 'idempotency.export_positions(text[])'::pg_catalog.regprocedure, NULL, false),
-            ('FUNCTION', 'idempotency.import_position(record)'::pg_catalog.regprocedure, NULL, false),
-            ('FUNCTION', 'idempotency.export_sequences(text[])'::pg_catalog.regprocedure, NULL, false),
-            ('FUNCTION', 'idempotency.import_sequence(record)'::pg_catalog.regprocedure, NULL, false),
-            ('TABLE', 'idempotency.positions'::pg_catalog.regclass, NULL, false),
-            ('TABLE', 'idempotency.sequences'::pg_catalog.regclass, NULL, false),
-            ('TYPE', 'idempotency.position_record'::pg_catalog.regtype, NULL, true),
-            ('TYPE', 'idempotency.sequence_record'::pg_catalog.regtype, NULL, true))
-        SELECT x.kind, x.oldobj IS NOT NULL AS replaces, x.public_default,
+                      'idempotency.stats_before_0_4_0'::pg_catalog.regclass),
+            ('FUNCTION', 'pg_catalog.idem_recover(interval,text,integer)'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'idempotency.export_positions(text[])'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'idempotency.import_position(record)'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'idempotency.export_sequences(text[])'::pg_catalog.regprocedure, NULL),
+            ('FUNCTION', 'idempotency.import_sequence(record)'::pg_catalog.regprocedure, NULL),
+            ('TABLE', 'idempotency.positions'::pg_catalog.regclass, NULL),
+            ('TABLE', 'idempotency.sequences'::pg_catalog.regclass, NULL),
+            ('TYPE', 'idempotency.position_record'::pg_catalog.regtype, NULL),
+            ('TYPE', 'idempotency.sequence_record'::pg_catalog.regtype, NULL))
+        SELECT x.kind, x.oldobj IS NOT NULL AS replaces,
                CASE x.kind WHEN 'FUNCTION' THEN x.newobj::pg_catalog.regprocedure::pg_catalog.text
                            WHEN 'TYPE' THEN x.newobj::pg_catalog.regtype::pg_catalog.text
                            ELSE x.newobj::pg_catalog.regclass::pg_catalog.text END AS name,
-               CASE x.kind WHEN 'FUNCTION' THEN 'EXECUTE' ELSE 'USAGE' END AS default_privilege,
                coalesce(p.proacl, c.relacl, t.typacl) AS newacl,
                coalesce(p.proowner, c.relowner, t.typowner) AS owner,
                coalesce(op.proacl, oc.relacl) AS oldacl
@@ -373,10 +373,25 @@ BEGIN
           LEFT JOIN pg_catalog.pg_class AS oc
             ON x.kind OPERATOR(pg_catalog.=) 'TABLE' AND oc.oid OPERATOR(pg_catalog.=) x.oldobj
     LOOP
-        -- the built-in default on both sides: nothing to do
-        CONTINUE WHEN o.newacl IS NULL AND o.oldacl IS NULL
-                  AND (o.replaces OR o.public_default);
-        -- start from nothing but the owner's privileges
+        IF NOT o.replaces THEN
+            -- a new object: take back what the default privileges of the
+            -- role running this script gave to roles; PUBLIC keeps what a
+            -- fresh install under the same default privileges has (this
+            -- script revokes it where the install script does)
+            FOR item IN
+                SELECT DISTINCT a.grantee
+                  FROM pg_catalog.aclexplode(o.newacl) AS a
+                 WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+                   AND a.grantee OPERATOR(pg_catalog.<>) 0
+            LOOP
+                EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM %I CASCADE', o.kind, o.name,
+                                          pg_catalog.pg_get_userbyid(item.grantee));
+            END LOOP;
+            CONTINUE;
+        END IF;
+        -- a replacing object: exactly the privileges of the one it
+        -- replaces; nothing to do when both have the built-in default
+        CONTINUE WHEN o.newacl IS NULL AND o.oldacl IS NULL;
         EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM PUBLIC CASCADE', o.kind, o.name);
         FOR item IN
             SELECT DISTINCT a.grantee
@@ -387,12 +402,10 @@ BEGIN
             EXECUTE pg_catalog.format('REVOKE ALL ON %s %s FROM %I CASCADE', o.kind, o.name,
                                       pg_catalog.pg_get_userbyid(item.grantee));
         END LOOP;
-        -- then what the object it replaces had (NULL: the built-in
-        -- default), or what a fresh install gives
         IF o.oldacl IS NULL THEN
-            IF o.kind OPERATOR(pg_catalog.<>) 'TABLE' AND (o.replaces OR o.public_default) THEN
-                EXECUTE pg_catalog.format('GRANT %s ON %s %s TO PUBLIC',
-                                          o.default_privilege, o.kind, o.name);
+            -- the built-in default: EXECUTE to PUBLIC for a function
+            IF o.kind OPERATOR(pg_catalog.=) 'FUNCTION' THEN
+                EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', o.name);
             END IF;
         ELSE
             FOR item IN

@@ -21,6 +21,8 @@
 #   workload         one call is
 #   consume          idem_consume_message() of a new id
 #   consume_raw      INSERT ... ON CONFLICT DO NOTHING of a new id, plain table
+#   batch            one new id of an idem_consume_messages() batch of 100
+#                    (CALLS a multiple of 100)
 #   claim_complete   BEGIN; idem_claim(); idem_complete(); COMMIT on a new key
 #   claim_raw        BEGIN; INSERT; UPDATE; COMMIT on a plain table
 #   replay           idem_claim() of a completed key
@@ -89,6 +91,12 @@ statements() {
 		case $w in
 		consume) echo "SELECT idem_consume_message('c', 'm$i')" ;;
 		consume_raw) echo "INSERT INTO plain_msg VALUES ('c', 'm$i', now() + interval '7 days') ON CONFLICT DO NOTHING" ;;
+		batch)
+			# one id of a batch of 100: a statement per 100 calls
+			if (((i - from) % 100 == 0)); then
+				echo "SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'b' || g FROM generate_series($i, $((i + 99))) g))"
+			fi
+			;;
 		claim_complete)
 			echo "BEGIN"
 			echo "SELECT status FROM idem_claim('k$i', '{\"amount\": $i}')"

@@ -112,6 +112,15 @@ SELECT status, request FROM idem_lookup('charge-5', 'pay');
 SELECT pg_temp.lapse('charge-5', 'pay');
 SELECT count(*) FROM idem_recover('1 hour', 'pay');
 
+-- a takeover by a claim with keep_request keeps the request stored (here
+-- the taker passes none)
+SELECT status FROM idem_claim('charge-7', '{"amount": 7}', 'pay', lease => '100 ms', keep_request => true);
+SELECT pg_temp.lapse('charge-7', 'pay');
+SELECT status FROM idem_claim('charge-7', NULL, 'pay', lease => '100 ms', keep_request => true);
+SELECT request FROM idem_lookup('charge-7', 'pay');
+SELECT pg_temp.lapse('charge-7', 'pay');
+SELECT key, request FROM idem_recover('1 hour', 'pay');
+
 -- the recovered lease is clipped to the key's expiry
 SELECT token AS t6 FROM idem_claim('charge-6', NULL, 'pay', ttl => '1 minute', lease => '100 ms', keep_request => true) \gset
 SELECT pg_temp.lapse('charge-6', 'pay');

@@ -58,6 +58,8 @@ SELECT label, pg_temp.try(format('SELECT idem_complete(%L, 200, NULL, %L, respon
     ('a name with a colon',  '{"Location:": "x"}'),
     ('a line break',         '{"Location": "/x\r\nSet-Cookie: a=b"}'),
     ('a line feed in array', '{"Link": ["a", "b\nc"]}'),
+    ('an escape character',  '{"X-Note": "a\u001bb"}'),
+    ('a DEL character',      '{"X-Note": "a\u007fb"}'),
     ('same name, two cases', '{"ETag": "a", "etag": "b"}')
   ) AS t(label, h);
 SELECT label, pg_temp.try(stmt) FROM (VALUES

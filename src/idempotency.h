@@ -275,16 +275,26 @@ extern bool IdemRoleMayCreateIn(Oid roleid, Oid nspid);
 /* Indexes of an open partition kept in IdemOpenPartition itself */
 #define IDEM_INLINE_INDEXES			2
 
-/* An open partition: its heap and every index it has (indexes.c) */
+/*
+ * An open partition: its heap and its indexes (indexes.c).  The digest
+ * index is opened with the partition; the others only when a write needs
+ * their entries (IdemOpenAllIndexes), in the order of index_oids.
+ */
 typedef struct IdemOpenPartition
 {
 	IdemPartition part;			/* part.ended: locked only while open */
 	Relation	heap;
 	Relation	index;			/* the digest index probes use */
 	int			nindexes;		/* every index, the digest one among them */
+	int			nopened;		/* indexes[0 .. nopened) are open */
+	bool		all_open;		/* ... all of them, and simple is known */
+	LOCKMODE	index_lockmode;
+	Oid		   *index_oids;		/* of every index, in OID order */
 	Relation   *indexes;
 	struct IndexInfo **infos;	/* of each index, built on first insert */
-	bool		simple;			/* every index takes plain column values */
+	bool		simple;			/* every index takes plain column values
+								 * (known once all are open) */
+	Oid			inline_oids[IDEM_INLINE_INDEXES];
 	Relation	inline_indexes[IDEM_INLINE_INDEXES];
 	struct IndexInfo *inline_infos[IDEM_INLINE_INDEXES];
 } IdemOpenPartition;
@@ -385,6 +395,7 @@ extern void IdemClosePartitionIndexes(IdemOpenPartition *op);
 extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 								   IdemIndexUpdate which);
 extern Relation IdemRecoverIndex(IdemOpenPartition *op);
+extern void IdemOpenAllIndexes(IdemOpenPartition *op);
 
 /* What importing a ledger row did (keys.c, consume.c; see transfer.c) */
 typedef enum IdemImportOutcome

@@ -61,10 +61,15 @@ static void IdemInsertIndexEntriesExecutor(IdemOpenPartition *op,
 										   bool only_summarizing);
 
 /*
- * IdemOpenPartitionIndexes opens every index of the open partition in the
- * given lock mode (the partition itself must be locked already, so that no
- * index can be dropped meanwhile), and picks the digest index probes use:
- * the first, in OID order, that is provably one.
+ * IdemOpenPartitionIndexes lists the indexes of the open partition and
+ * opens, in the given lock mode (the partition itself must be locked
+ * already, so that no index can be dropped meanwhile), those it needs to
+ * find the digest index probes use: the first, in OID order, that is
+ * provably one.  That is usually the first index (the extension makes it
+ * with the partition); the others (the key ledger's recovery index, a
+ * DBA's) are opened by IdemOpenAllIndexes when a write needs their
+ * entries, so that a probe of a partition it does not write to pays for
+ * one index only.
  */
 void
 IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
@@ -74,31 +79,37 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
 	int			n = list_length(indexoids);
 
 	op->index = NULL;
-	op->nindexes = 0;
+	op->nindexes = n;
+	op->nopened = 0;
+	op->all_open = false;
+	op->index_lockmode = lockmode;
 	op->simple = true;
 	if (n <= IDEM_INLINE_INDEXES)
 	{
+		op->index_oids = op->inline_oids;
 		op->indexes = op->inline_indexes;
 		op->infos = op->inline_infos;
 	}
 	else
 	{
+		op->index_oids = palloc(n * sizeof(Oid));
 		op->indexes = palloc(n * sizeof(Relation));
 		op->infos = palloc(n * sizeof(IndexInfo *));
 	}
 	memset(op->infos, 0, Max(n, IDEM_INLINE_INDEXES) * sizeof(IndexInfo *));
-
+	n = 0;
 	foreach(lc, indexoids)
-	{
-		Relation	index = index_open(lfirst_oid(lc), lockmode);
-
-		op->indexes[op->nindexes++] = index;
-		if (op->index == NULL && IdemIsDigestIndex(index))
-			op->index = index;
-		if (!IdemIsSimpleIndex(index))
-			op->simple = false;
-	}
+		op->index_oids[n++] = lfirst_oid(lc);
 	list_free(indexoids);
+
+	while (op->index == NULL && op->nopened < op->nindexes)
+	{
+		Relation	index = index_open(op->index_oids[op->nopened], lockmode);
+
+		op->indexes[op->nopened++] = index;
+		if (IdemIsDigestIndex(index))
+			op->index = index;
+	}
 
 	if (op->index == NULL)
 		ereport(ERROR,
@@ -114,6 +125,32 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
 }
 
 /*
+ * IdemOpenAllIndexes opens the indexes of the open partition that
+ * IdemOpenPartitionIndexes left closed, in the same lock mode, and notes
+ * whether every index takes plain column values.  The list is the one
+ * read under the partition's lock: no index of it can have been dropped.
+ */
+void
+IdemOpenAllIndexes(IdemOpenPartition *op)
+{
+	int			i;
+
+	if (op->all_open)
+		return;
+	while (op->nopened < op->nindexes)
+	{
+		op->indexes[op->nopened] = index_open(op->index_oids[op->nopened],
+											  op->index_lockmode);
+		op->nopened++;
+	}
+	op->simple = true;
+	for (i = 0; i < op->nindexes; i++)
+		if (!IdemIsSimpleIndex(op->indexes[i]))
+			op->simple = false;
+	op->all_open = true;
+}
+
+/*
  * IdemClosePartitionIndexes closes the indexes IdemOpenPartitionIndexes
  * opened, keeping the locks, after letting each access method release what
  * it kept across this partition's inserts.
@@ -123,7 +160,7 @@ IdemClosePartitionIndexes(IdemOpenPartition *op)
 {
 	int			i;
 
-	for (i = 0; i < op->nindexes; i++)
+	for (i = 0; i < op->nopened; i++)
 	{
 		if (op->infos[i] != NULL)
 		{
@@ -134,12 +171,16 @@ IdemClosePartitionIndexes(IdemOpenPartition *op)
 	}
 	if (op->indexes != op->inline_indexes)
 	{
+		pfree(op->index_oids);
 		pfree(op->indexes);
 		pfree(op->infos);
 	}
+	op->index_oids = NULL;
 	op->indexes = NULL;
 	op->infos = NULL;
 	op->nindexes = 0;
+	op->nopened = 0;
+	op->all_open = false;
 	op->index = NULL;
 }
 
@@ -154,6 +195,7 @@ IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 {
 	if (which == IDEM_INDEX_UPDATE_NONE)
 		return;
+	IdemOpenAllIndexes(op);
 	if (op->simple)
 		IdemInsertIndexEntriesDirect(op, tuple,
 									 which == IDEM_INDEX_UPDATE_SUMMARIZING);
@@ -248,6 +290,7 @@ IdemRecoverIndex(IdemOpenPartition *op)
 	if (!OidIsValid(timestamptz_btree_family))
 		timestamptz_btree_family =
 			get_opclass_family(GetDefaultOpClass(TIMESTAMPTZOID, BTREE_AM_OID));
+	IdemOpenAllIndexes(op);
 	for (i = 0; i < op->nindexes; i++)
 	{
 		Relation	index = op->indexes[i];

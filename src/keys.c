@@ -468,15 +468,17 @@ IdemClaimRow(IdemClaim *claim, IdemOp *op)
 
 /*
  * IdemClaimKeep sets the kept key, scope and request of a fresh claim's
- * row: this call's, with keep_request; a lapsed claim taken over keeps
- * those it had (the request stays with the key until it expires); a new
- * or released key keeps none.  A claim with a kept request and a lease can
+ * row: a lapsed claim taken over keeps those it had (the request stays
+ * with the key until it expires); otherwise this call's, with
+ * keep_request; a new or released key claimed without it keeps none.  A claim with a kept request and a lease can
  * be recovered once the lease lapses (recover_at).
  */
 static void
 IdemClaimKeep(IdemClaim *claim, IdemOp *op, bool afresh)
 {
-	if (claim->keep_request)
+	bool		kept = !afresh && !op->nulls[Anum_keys_kept_key - 1];
+
+	if (claim->keep_request && !kept)
 	{
 		op->values[Anum_keys_kept_key - 1] = PointerGetDatum(claim->key);
 		op->values[Anum_keys_kept_scope - 1] = PointerGetDatum(claim->scope);
@@ -485,7 +487,7 @@ IdemClaimKeep(IdemClaim *claim, IdemOp *op, bool afresh)
 		op->nulls[Anum_keys_kept_scope - 1] = false;
 		op->nulls[Anum_keys_kept_request - 1] = (claim->request == (Datum) 0);
 	}
-	else if (afresh)
+	else if (afresh && !claim->keep_request)
 	{
 		op->nulls[Anum_keys_kept_key - 1] = true;
 		op->nulls[Anum_keys_kept_scope - 1] = true;
@@ -926,6 +928,8 @@ IdemImportStep(IdemOp *op, void *arg)
 	{
 		imp->outcome = IDEM_IMPORT_REPLACED;
 		IdemOpReplace(op, NULL);
+		/* a waiter for the key's holder answers for the imported state */
+		IdemWaitNoteChange(op->role, &op->digest.uuid);
 	}
 	else
 	{

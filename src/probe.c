@@ -228,7 +228,10 @@ IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 {
 	op->part = *part;
 	op->heap = table_open(part->relid, NoLock);
-	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(op->heap)->natts))
+	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(op->heap)->natts) ||
+		(ledger == IDEM_LEDGER_KEYS && lockmode == RowExclusiveLock &&
+		 RelationGetDescr(op->heap)->natts < Natts_keys &&
+		 IdemInstalledVersionAtLeast("0.4.0")))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("partition \"%s\" does not have the columns of table \"%s.%s\"",

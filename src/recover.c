@@ -12,8 +12,8 @@
  * (completing or releasing one sets recover_at to NULL).  Finding lapsed
  * claims is an index range scan per live partition, role = caller and
  * recover_at <= now: its cost grows with the claims that have lapsed, not
- * with the ledger.  (A partition whose index was dropped is scanned
- * whole.)
+ * with the ledger: each partition gives at most about twice max_keys of
+ * its oldest.  (A partition whose index was dropped is scanned whole.)
  *
  * The candidates are taken oldest lapse first.  Each is taken over by
  * IdemRecoverKey (keys.c) under its key lock, tried without waiting: a key
@@ -68,12 +68,12 @@ typedef struct IdemLapsedList
 	int			size;
 } IdemLapsedList;
 
-static void IdemFindLapsed(Oid role, text *scope, TimestampTz now,
+static void IdemFindLapsed(Oid role, text *scope, TimestampTz now, int limit,
 						   IdemLapsedList *list);
 static void IdemFindLapsedIn(const IdemPartition *part, Oid role,
 							 text *scope, TimestampTz now, Snapshot snapshot,
-							 IdemLapsedList *list);
-static void IdemAddLapsed(TupleTableSlot *slot, Oid role, text *scope,
+							 int limit, IdemLapsedList *list);
+static bool IdemAddLapsed(TupleTableSlot *slot, Oid role, text *scope,
 						  TimestampTz now, IdemLapsedList *list);
 static int	IdemCompareLapsed(const void *a, const void *b);
 
@@ -124,7 +124,15 @@ idem_recover(PG_FUNCTION_ARGS)
 	if (!OidIsValid(IdemLedgerParent(IDEM_LEDGER_KEYS, false)))
 		return (Datum) 0;
 
-	IdemFindLapsed(role, scope, now, &list);
+	/*
+	 * Candidates: per partition, the oldest lapses, twice as many as asked
+	 * for and a few more, so that keys other recoverers hold meanwhile can
+	 * be skipped; a caller gets fewer than max_keys only when more were
+	 * taken by others, and the next call finds the rest.
+	 */
+	IdemFindLapsed(role, scope, now,
+				   max_keys > (INT_MAX - 16) / 2 ? INT_MAX : max_keys * 2 + 16,
+				   &list);
 	for (i = 0; i < list.n && taken < max_keys; i++)
 	{
 		IdemLapsed *c = &list.items[i];
@@ -161,7 +169,8 @@ idem_recover(PG_FUNCTION_ARGS)
  * lapse first.
  */
 static void
-IdemFindLapsed(Oid role, text *scope, TimestampTz now, IdemLapsedList *list)
+IdemFindLapsed(Oid role, text *scope, TimestampTz now, int limit,
+			   IdemLapsedList *list)
 {
 	Snapshot	snapshot;
 	List	   *parts;
@@ -175,7 +184,7 @@ IdemFindLapsed(Oid role, text *scope, TimestampTz now, IdemLapsedList *list)
 		IdemPartition *p = (IdemPartition *) lfirst(lc);
 
 		if (p->upper > now)
-			IdemFindLapsedIn(p, role, scope, now, snapshot, list);
+			IdemFindLapsedIn(p, role, scope, now, snapshot, limit, list);
 	}
 	list_free_deep(parts);
 	UnregisterSnapshot(snapshot);
@@ -184,14 +193,18 @@ IdemFindLapsed(Oid role, text *scope, TimestampTz now, IdemLapsedList *list)
 }
 
 /*
- * IdemFindLapsedIn adds the lapsed claims of one partition: a range scan
- * of its recovery index, or, without one, of the whole partition.  A
- * partition dropped meanwhile is skipped.
+ * IdemFindLapsedIn adds the lapsed claims of one partition, at most
+ * "limit" of them, oldest lapse first: a range scan of its recovery index,
+ * or, without one, of the whole partition.  A partition dropped meanwhile
+ * is skipped.
  */
 static void
 IdemFindLapsedIn(const IdemPartition *part, Oid role, text *scope,
-				 TimestampTz now, Snapshot snapshot, IdemLapsedList *list)
+				 TimestampTz now, Snapshot snapshot, int limit,
+				 IdemLapsedList *list)
 {
+	int			added = 0;
+
 	IdemOpenPartition op;
 	TupleTableSlot *slot;
 	Relation	index;
@@ -218,8 +231,9 @@ IdemFindLapsedIn(const IdemPartition *part, Oid role, text *scope,
 						F_TIMESTAMP_LE, TimestampTzGetDatum(now));
 			scan = IdemIndexBeginScan(op.heap, index, snapshot, 2);
 			index_rescan(scan, skeys, 2, NULL, 0);
-			while (index_getnext_slot(scan, ForwardScanDirection, slot))
-				IdemAddLapsed(slot, role, scope, now, list);
+			while (added < limit &&
+				   index_getnext_slot(scan, ForwardScanDirection, slot))
+				added += IdemAddLapsed(slot, role, scope, now, list);
 			index_endscan(scan);
 		}
 		else
@@ -227,7 +241,7 @@ IdemFindLapsedIn(const IdemPartition *part, Oid role, text *scope,
 			TableScanDesc scan = table_beginscan(op.heap, snapshot, 0, NULL);
 
 			while (table_scan_getnextslot(scan, ForwardScanDirection, slot))
-				IdemAddLapsed(slot, role, scope, now, list);
+				(void) IdemAddLapsed(slot, role, scope, now, list);
 			table_endscan(scan);
 		}
 		ExecDropSingleTupleTableSlot(slot);
@@ -237,7 +251,7 @@ IdemFindLapsedIn(const IdemPartition *part, Oid role, text *scope,
 }
 
 /* adds the row in slot to the list if it is a lapsed claim of ours */
-static void
+static bool
 IdemAddLapsed(TupleTableSlot *slot, Oid role, text *scope, TimestampTz now,
 			  IdemLapsedList *list)
 {
@@ -251,13 +265,13 @@ IdemAddLapsed(TupleTableSlot *slot, Oid role, text *scope, TimestampTz now,
 		DatumGetObjectId(slot->tts_values[Anum_ledger_role - 1]) != role ||
 		DatumGetChar(slot->tts_values[Anum_keys_state - 1]) != KEY_IN_PROGRESS ||
 		slot->tts_isnull[Anum_keys_kept_key - 1])
-		return;
+		return false;
 	kept_scope = DatumGetTextPP(slot->tts_values[Anum_keys_kept_scope - 1]);
 	if (scope != NULL &&
 		(VARSIZE_ANY_EXHDR(scope) != VARSIZE_ANY_EXHDR(kept_scope) ||
 		 memcmp(VARDATA_ANY(scope), VARDATA_ANY(kept_scope),
 				VARSIZE_ANY_EXHDR(scope)) != 0))
-		return;
+		return false;
 
 	if (list->n == list->size)
 	{
@@ -270,6 +284,7 @@ IdemAddLapsed(TupleTableSlot *slot, Oid role, text *scope, TimestampTz now,
 	c->recover_at = DatumGetTimestampTz(slot->tts_values[Anum_keys_recover_at - 1]);
 	c->key = DatumGetTextPCopy(slot->tts_values[Anum_keys_kept_key - 1]);
 	c->scope = DatumGetTextPCopy(PointerGetDatum(kept_scope));
+	return true;
 }
 
 /* oldest lapse first */

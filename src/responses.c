@@ -9,8 +9,10 @@
  * stored must be replayable as is: a JSON object whose names are HTTP
  * field names (RFC 9110 tokens), given once whatever their case, and whose
  * values are a string or a non-empty array of strings (a field sent more
- * than once), none holding a line break, which would split the replayed
- * response.  Which headers to keep is the application's choice (Location,
+ * than once), none holding a control character (a line break would split
+ * the replayed response).  jsonb keeps one value of a name given twice
+ * with the same spelling (the last); names that differ only in case are
+ * an error here.  Which headers to keep is the application's choice (Location,
  * Content-Type, ETag; not Set-Cookie, which belongs to one client).
  *
  * Sizes are those the SPEC names: a jsonb value counts as its text form,
@@ -93,15 +95,24 @@ IdemIsFieldName(const char *name, int len)
 static void
 IdemCheckFieldValue(const char *name, const JsonbValue *v)
 {
+	int			i;
+
 	if (v->type != jbvString)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("response header \"%s\" must be a string or an array of strings", name)));
-	if (memchr(v->val.string.val, '\r', v->val.string.len) != NULL ||
-		memchr(v->val.string.val, '\n', v->val.string.len) != NULL)
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("response header \"%s\" must not contain a line break", name)));
+	for (i = 0; i < v->val.string.len; i++)
+	{
+		unsigned char c = (unsigned char) v->val.string.val[i];
+
+		/* RFC 9110: field values are visible characters, spaces and tabs */
+		if ((c < 0x20 && c != '\t') || c == 0x7f)
+			ereport(ERROR,
+					(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+					 errmsg("response header \"%s\" must not contain control characters", name),
+					 errdetail("Character 0x%02x at byte %d; a field value holds visible characters, spaces and tabs (RFC 9110), and a line break would split the replayed response.",
+							   c, i + 1)));
+	}
 }
 
 static int

@@ -138,6 +138,7 @@ typedef struct IdemLedgerCache
 	bool		valid;
 	uint64		invalidations;	/* bumped by every invalidation of it */
 	Oid			parent;			/* InvalidOid if the table does not exist */
+	int			parent_natts;	/* its columns */
 	int			npartitions;
 	IdemPartition *partitions;	/* sorted by (lane, lower) */
 	Oid		   *relids;			/* the partitions' OIDs, sorted */
@@ -154,6 +155,8 @@ static void IdemRelcacheCallback(Datum arg, Oid relid);
 static IdemLedgerCache *IdemGetLedgerCache(IdemLedger ledger);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static int	IdemReadPartitions(Oid parent, IdemPartition **out);
+static void IdemUpgradeLedgerColumns(IdemLedger ledger);
+static int	IdemRelNatts(Oid relid);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
@@ -414,6 +417,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	 * invalid, also when this is the backend's first read.
 	 */
 	cache->parent = parent;
+	cache->parent_natts = IdemRelNatts(parent);
 
 	/*
 	 * Read into the caller's memory, copied into the cache's only at the
@@ -804,6 +808,9 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 	ObjectAddress extension;
 	bool		with_040;
 
+	if (OidIsValid(cache->parent) && create && def->columns_040 != NULL &&
+		cache->parent_natts < Natts_keys)
+		IdemUpgradeLedgerColumns(ledger);
 	if (OidIsValid(cache->parent) || !create)
 		return cache->parent;
 
@@ -856,6 +863,65 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 	CommandCounterIncrement();
 
 	return cache->parent;
+}
+
+/* the number of columns of a table (dropped ones included), 0 if gone */
+static int
+IdemRelNatts(Oid relid)
+{
+	HeapTuple	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	int			natts = 0;
+
+	if (HeapTupleIsValid(tup))
+	{
+		natts = ((Form_pg_class) GETSTRUCT(tup))->relnatts;
+		ReleaseSysCache(tup);
+	}
+	return natts;
+}
+
+/*
+ * IdemUpgradeLedgerColumns gives the key ledger the columns of 0.4.0 when
+ * the installed extension is 0.4.0 or later but the table has only those of
+ * 0.3: the update from 0.3.1 adds them, but a table restored from a 0.3.1
+ * dump into a 0.4.0 install, or made by a transaction that committed after
+ * the update looked for it, lacks them, and a write would drop what goes
+ * into them.  Run by the first claim or maintenance that finds it so, as
+ * the storage owner under the ledger's creation lock (a concurrent caller
+ * waits, then finds it done).  The statements are the update script's;
+ * keep them in step with ledger_defs.
+ */
+static void
+IdemUpgradeLedgerColumns(IdemLedger ledger)
+{
+	IdemLedgerCache *cache;
+	LOCKTAG		tag;
+
+	if (!IdemInstalledVersionAtLeast("0.4.0"))
+		return;
+	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	AcceptInvalidationMessages();
+	cache = IdemGetLedgerCache(ledger);
+	if (OidIsValid(cache->parent) && cache->parent_natts < Natts_keys)
+	{
+		ereport(NOTICE,
+				(errmsg("adding the columns of version 0.4.0 to table \"%s.%s\"",
+						IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+				 errdetail("The table was made for an earlier version of the extension (restored from its dump, or made while the extension was updated).")));
+		(void) IdemExecAsOwner("ALTER TABLE idempotency.keys"
+							   " ADD COLUMN IF NOT EXISTS kept_key pg_catalog.text,"
+							   " ADD COLUMN IF NOT EXISTS kept_scope pg_catalog.text,"
+							   " ADD COLUMN IF NOT EXISTS kept_request pg_catalog.jsonb,"
+							   " ADD COLUMN IF NOT EXISTS recover_at pg_catalog.timestamptz,"
+							   " ADD COLUMN IF NOT EXISTS response_headers pg_catalog.jsonb,"
+							   " ADD COLUMN IF NOT EXISTS response_raw pg_catalog.bytea;"
+							   " CREATE INDEX IF NOT EXISTS keys_recover_idx"
+							   " ON idempotency.keys (role, recover_at)"
+							   " WHERE recover_at IS NOT NULL", 0);
+		CommandCounterIncrement();
+		cache->valid = false;
+	}
 }
 
 /*

@@ -699,6 +699,7 @@ idem_import_key(PG_FUNCTION_ARGS)
 
 	IdemCheckLibraryVersion();
 	/* a ledger not updated to 0.4.0 yet takes only what it can hold */
+	memset(recnulls, true, sizeof(recnulls));
 	IdemDeformRecord(fcinfo,
 					 IdemInstalledVersionAtLeast("0.4.0") ?
 					 Natts_key_record : Natts_key_record_v1,

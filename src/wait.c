@@ -196,7 +196,8 @@ IdemWaitForHolder(Oid role, const pg_uuid_t *digest, uint64 seen,
 
 	if (idem_wake_slots == NULL)
 	{
-		ms = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until) + 1;
+		ms = Min(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until),
+				 INT_MAX - 1) + 1;
 		if (*poll_ms < IDEM_POLL_FIRST_MS)
 			*poll_ms = IDEM_POLL_FIRST_MS;
 		(void) WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
@@ -216,7 +217,7 @@ IdemWaitForHolder(Oid role, const pg_uuid_t *digest, uint64 seen,
 		if (now >= until)
 			break;
 		/* rounded up: woken at "until" or just after, never before */
-		ms = TimestampDifferenceMilliseconds(now, until) + 1;
+		ms = Min(TimestampDifferenceMilliseconds(now, until), INT_MAX - 1) + 1;
 		(void) ConditionVariableTimedSleep(&slot->cv, ms, PG_WAIT_EXTENSION);
 	}
 	ConditionVariableCancelSleep();

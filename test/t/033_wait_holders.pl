@@ -182,6 +182,25 @@ like($out, qr/answer completed 202/, 'and replays the completion');
 is($node->safe_psql('postgres', q{SHOW idempotency.wait_timeout}), '0',
 	'the setting stays with that transaction (default 0)');
 
+# ---------------------------------------------------------------- 5
+# the longest wait_timeout and a lease of 29 days: the sleep is cut to what
+# a condition variable takes, and the waiter still wakes at the commit
+$node->safe_psql('postgres',
+	q{SELECT status FROM idem_claim('pay-6', '{"amount": 10}', ttl => '30 days', lease => '29 days')});
+$waiter->{stdout} = '';
+$waiter->query_safe(q{SET idempotency.wait_timeout = 2147483647});
+$waiter->query_until(qr/started/, q{
+	\echo started
+	SELECT 'answer ' || status FROM idem_claim('pay-6', '{"amount": 10}', lease => '1 hour', wait => true);
+	\echo answered
+});
+ok($node->poll_query_until('postgres', $waiter_state, 'Extension:Extension'),
+	'a waiter with the longest wait_timeout sleeps');
+$token = token_of('pay-6');
+$holder->query_safe(qq{SELECT idem_complete('pay-6', 200, NULL, token => $token)});
+pump_until($waiter->{run}, $waiter->{timeout}, \$waiter->{stdout}, qr/answered/);
+like($waiter->{stdout}, qr/answer completed/, 'and is woken by the completion');
+
 $waiter->quit;
 $second->quit;
 $holder->quit;

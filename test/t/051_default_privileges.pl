@@ -176,6 +176,24 @@ is($node->safe_psql('deliberate', q{
 	'maint: t, mover: t, app: t, public: f, reporting: f',
 	'the update keeps what was granted or revoked on purpose, and takes back what default privileges gave (0.4.0 makes idem_claim() anew: it gets the privileges of the one it replaces)');
 
+# default privileges that take EXECUTE from PUBLIC: the functions 0.4.0
+# adds get, on an update, what a fresh install under them gets
+$node->safe_psql('postgres', q{CREATE DATABASE closed_fresh; CREATE DATABASE closed_updated;});
+for my $db ('closed_fresh', 'closed_updated')
+{
+	$node->safe_psql($db,
+		qq{ALTER DEFAULT PRIVILEGES FOR ROLE "$superuser" REVOKE EXECUTE ON FUNCTIONS FROM PUBLIC});
+}
+$node->safe_psql('closed_fresh', 'CREATE EXTENSION idempotency');
+$node->safe_psql('closed_updated', q{CREATE EXTENSION idempotency VERSION '0.3.1'});
+$node->safe_psql('closed_updated', 'ALTER EXTENSION idempotency UPDATE');
+my $new_acls = q{
+	SELECT string_agg(p.oid::regprocedure::text || ' ' || coalesce(p.proacl::text, 'default'), E'\n' ORDER BY p.proname)
+	  FROM pg_proc p
+	 WHERE p.proname IN ('idem_recover', 'idem_assign', 'idem_advance', 'idem_positions', 'idem_sequence')};
+is($node->safe_psql('closed_updated', $new_acls), $node->safe_psql('closed_fresh', $new_acls),
+	'under default privileges that take EXECUTE from PUBLIC, the update gives the new functions what a fresh install does');
+
 # maintenance takes back any grant that came later
 $node->safe_psql('updated', q{GRANT SELECT ON ALL TABLES IN SCHEMA idempotency TO reporting});
 $node->safe_psql('updated', 'SELECT idem_maintain()');
