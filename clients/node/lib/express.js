@@ -151,4 +151,5 @@ function idempotency(options = {}) {
   return pgIdempotency;
 }
 
-module.exports = { idempotency, HttpIdempotency };
+exports.idempotency = idempotency;
+exports.HttpIdempotency = HttpIdempotency;

@@ -99,4 +99,5 @@ function fastifyIdempotency(fastify, options, done) {
 fastifyIdempotency[Symbol.for('skip-override')] = true;
 fastifyIdempotency[Symbol.for('fastify.display-name')] = 'pg-idempotency';
 
-module.exports = { fastifyIdempotency, default: fastifyIdempotency, HttpIdempotency };
+exports.fastifyIdempotency = fastifyIdempotency;
+exports.HttpIdempotency = HttpIdempotency;

@@ -10,32 +10,32 @@ const core = require('./core');
 const errors = require('./errors');
 const http = require('./http');
 
-module.exports = {
-  // one SQL call each
-  claim: sql.claim,
-  complete: sql.complete,
-  checkpoint: sql.checkpoint,
-  release: sql.release,
-  lookup: sql.lookup,
-  recover: sql.recover,
-  consumeMessage: sql.consumeMessage,
-  consumeMessages: sql.consumeMessages,
-  // helpers
-  transaction: core.transaction,
-  run: core.run,
-  twoPhase: core.twoPhase,
-  recoverLapsed: core.recoverLapsed,
-  consume: core.consume,
-  // HTTP pieces shared by the adapters, for other frameworks
-  parseIdempotencyKey: http.parseIdempotencyKey,
-  HttpIdempotency: http.HttpIdempotency,
-  // errors
-  IdempotencyError: errors.IdempotencyError,
-  ProgrammingError: errors.ProgrammingError,
-  StaleTokenError: errors.StaleTokenError,
-  KeyBusyError: errors.KeyBusyError,
-  ResponseTooLargeError: errors.ResponseTooLargeError,
-  TransientError: errors.TransientError,
-  StoreUnavailableError: errors.StoreUnavailableError,
-  BadIdempotencyKeyError: http.BadIdempotencyKeyError,
-};
+// (assignments one by one, so that Node's ES module loader finds every
+// name: import { run } from 'pg-idempotency')
+// one SQL call each
+exports.claim = sql.claim;
+exports.complete = sql.complete;
+exports.checkpoint = sql.checkpoint;
+exports.release = sql.release;
+exports.lookup = sql.lookup;
+exports.recover = sql.recover;
+exports.consumeMessage = sql.consumeMessage;
+exports.consumeMessages = sql.consumeMessages;
+// helpers
+exports.transaction = core.transaction;
+exports.run = core.run;
+exports.twoPhase = core.twoPhase;
+exports.recoverLapsed = core.recoverLapsed;
+exports.consume = core.consume;
+// HTTP pieces shared by the adapters, for other frameworks
+exports.parseIdempotencyKey = http.parseIdempotencyKey;
+exports.HttpIdempotency = http.HttpIdempotency;
+// errors
+exports.IdempotencyError = errors.IdempotencyError;
+exports.ProgrammingError = errors.ProgrammingError;
+exports.StaleTokenError = errors.StaleTokenError;
+exports.KeyBusyError = errors.KeyBusyError;
+exports.ResponseTooLargeError = errors.ResponseTooLargeError;
+exports.TransientError = errors.TransientError;
+exports.StoreUnavailableError = errors.StoreUnavailableError;
+exports.BadIdempotencyKeyError = http.BadIdempotencyKeyError;
