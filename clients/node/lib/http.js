@@ -261,7 +261,7 @@ class HttpIdempotency {
       key_syntax: 'an RFC 8941 String ("..."), or a bare token of letters, digits and ._~:-',
       max_key_length: this.maxKeyLength,
       key_retention_seconds: Math.round(this.ttlMs / 1000),
-      key_scope: 'the authenticated caller, the method and the path',
+      key_scope: this.scope ? 'set by the application' : 'the authenticated caller, the method and the path',
       concurrent_requests: this.wait
         ? `wait up to ${this.wait} ms for the first request, then ${this.timeoutStatus}`
         : '409 with Retry-After',
