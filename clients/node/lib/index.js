@@ -1,0 +1,41 @@
+'use strict';
+
+// pg-idempotency: the idempotency extension's calls for node-postgres, and
+// the helpers that put the dedup record in the caller's own transaction.
+// HTTP middleware: require('pg-idempotency/express') and
+// require('pg-idempotency/fastify').
+
+const sql = require('./sql');
+const core = require('./core');
+const errors = require('./errors');
+const http = require('./http');
+
+// (assignments one by one, so that Node's ES module loader finds every
+// name: import { run } from 'pg-idempotency')
+// one SQL call each
+exports.claim = sql.claim;
+exports.complete = sql.complete;
+exports.checkpoint = sql.checkpoint;
+exports.release = sql.release;
+exports.lookup = sql.lookup;
+exports.recover = sql.recover;
+exports.consumeMessage = sql.consumeMessage;
+exports.consumeMessages = sql.consumeMessages;
+// helpers
+exports.transaction = core.transaction;
+exports.run = core.run;
+exports.twoPhase = core.twoPhase;
+exports.recoverLapsed = core.recoverLapsed;
+exports.consume = core.consume;
+// HTTP pieces shared by the adapters, for other frameworks
+exports.parseIdempotencyKey = http.parseIdempotencyKey;
+exports.HttpIdempotency = http.HttpIdempotency;
+// errors
+exports.IdempotencyError = errors.IdempotencyError;
+exports.ProgrammingError = errors.ProgrammingError;
+exports.StaleTokenError = errors.StaleTokenError;
+exports.KeyBusyError = errors.KeyBusyError;
+exports.ResponseTooLargeError = errors.ResponseTooLargeError;
+exports.TransientError = errors.TransientError;
+exports.StoreUnavailableError = errors.StoreUnavailableError;
+exports.BadIdempotencyKeyError = http.BadIdempotencyKeyError;

@@ -1,0 +1,12 @@
+// The same package imported from an ES module (type-checked only).
+import { run, HttpIdempotency, parseIdempotencyKey } from 'pg-idempotency';
+import { idempotency } from 'pg-idempotency/express';
+import { fastifyIdempotency } from 'pg-idempotency/fastify';
+import pg from 'pg';
+
+const pool = new pg.Pool();
+const engine = new HttpIdempotency({ pool });
+const key: string = parseIdempotencyKey(['"abc"']);
+void run({ pool, key }, async () => undefined);
+void idempotency(engine);
+void fastifyIdempotency;

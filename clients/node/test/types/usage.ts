@@ -1,0 +1,79 @@
+// Type-checked (tsc -p test/types), never run: the declarations of
+// pg-idempotency against the uses the README shows, through the package's
+// own "exports" (a self-reference, as an installed package resolves).
+
+import express from 'express';
+import Fastify from 'fastify';
+import { Pool } from 'pg';
+import {
+  run, twoPhase, recoverLapsed, consume, claim, complete, lookup, transaction,
+  StaleTokenError, ResponseTooLargeError, Outcome,
+} from 'pg-idempotency';
+import { idempotency } from 'pg-idempotency/express';
+import { fastifyIdempotency } from 'pg-idempotency/fastify';
+
+const pool = new Pool();
+
+async function core(): Promise<void> {
+  const out: Outcome = await run({ pool, key: 'k', scope: 'acct-1', request: { amount: 1 } }, async (tx, ctx) => {
+    await tx.query('INSERT INTO charges (amount) VALUES ($1)', [1]);
+    await ctx.checkpoint('inserted');
+    return { status: 201, body: { ok: true } };
+  });
+  if (out.replayed && out.response) console.log(out.response.status, out.response.body);
+
+  const client = await pool.connect();
+  await client.query('BEGIN');
+  await run({ client, key: 'k2' }, async () => ({ status: 200 }));
+  await client.query('COMMIT');
+  client.release();
+
+  await twoPhase({
+    pool, key: 'order-7', lease: '30 seconds', request: { amount: 5 },
+    beforeComplete: async (tx, response) => tx.query('UPDATE orders SET status = $1', [response.status]),
+  }, async (ctx) => {
+    await ctx.checkpoint('charged', (tx) => tx.query('SELECT 1'));
+    return { status: 201, raw: Buffer.from('ok'), headers: { 'content-type': 'text/plain' } };
+  });
+
+  const results = await recoverLapsed({ pool, lease: 30000, maxKeys: 5 }, async (ctx) => ({ status: 200, body: ctx.request }));
+  for (const r of results) if (r.error) console.error(r.key, r.error);
+
+  const batch = await consume({ pool, consumer: 'billing' }, [{ id: 'm1', amount: 3 }], async (tx, fresh) => {
+    for (const m of fresh) await tx.query('INSERT INTO invoices (amount) VALUES ($1)', [m.amount]);
+    return fresh.length;
+  });
+  const n: number | undefined = batch.result;
+  console.log(n);
+
+  const c = await claim(pool, 'k3', { lease: 1000, keepRequest: true, request: null });
+  try {
+    await complete(pool, 'k3', { status: 200 }, { token: c.token });
+  } catch (err) {
+    if (err instanceof StaleTokenError || err instanceof ResponseTooLargeError) console.error(err.code);
+  }
+  const l = await lookup(pool, 'k3');
+  if (l) console.log(l.expiresAt.getTime() - l.claimedAt.getTime());
+  await transaction(pool, async (tx) => tx.query('SELECT 1'), { isolationLevel: 'serializable', retries: 5 });
+}
+
+const app = express();
+const mw = idempotency({ pool, ttl: '24 hours', wait: 5000, timeoutStatus: 503, replayHeaders: ['x-request-id'] });
+app.get('/docs/idempotency', mw.docs);
+app.post('/orders', express.json(), mw, async (req, res) => {
+  const tx = req.idempotency?.tx;
+  if (!tx) throw new Error('no transaction');
+  const { rows } = await tx.query<{ id: string }>('INSERT INTO orders (item) VALUES ($1) RETURNING id', [req.body.item]);
+  res.status(201).json({ id: rows[0].id });
+});
+
+const fastify = Fastify();
+fastify.register(fastifyIdempotency, { pool, docsRoute: '/docs/idempotency', lease: null });
+fastify.post('/orders', { config: { idempotency: { wait: 1000 } } }, async (request, reply) => {
+  const ctx = request.idempotency;
+  if (!ctx || !ctx.tx) throw new Error('no transaction');
+  await ctx.tx.query('SELECT 1');
+  return reply.code(201).send({ key: ctx.key });
+});
+
+void core;

@@ -1,0 +1,303 @@
+// Type declarations of pg-idempotency (hand-written: the package is plain
+// CommonJS JavaScript that runs as published, with no build step; the test
+// suite type-checks these against real uses with tsc).  TypeScript users
+// need @types/pg, as anyone using node-postgres from TypeScript has.
+
+import type { Pool, PoolClient, ClientBase } from 'pg';
+
+/** A number of milliseconds, or a PostgreSQL interval ('30 seconds', '24 hours'). */
+export type Duration = number | string;
+
+/** Anything that runs one statement: a Pool, a Client, a PoolClient. */
+export type Queryable = Pool | ClientBase;
+
+export type IsolationLevel = 'read committed' | 'repeatable read' | 'serializable';
+
+export type HeaderMap = Record<string, string | string[]>;
+
+// ------------------------------------------------------------ SQL calls
+
+export interface ClaimOptions {
+  /** JSON value fingerprinted by the extension; null/undefined: no check. */
+  request?: unknown;
+  scope?: string;
+  ttl?: Duration;
+  /** Two-phase mode: the claim may be committed and finished later with its token. */
+  lease?: Duration | null;
+  wait?: boolean;
+  /** Keep the request so idem_recover() can finish the claim (needs a lease). */
+  keepRequest?: boolean;
+}
+
+export type ClaimStatus = 'claimed' | 'completed' | 'in_progress' | 'mismatch';
+
+export interface ClaimResult {
+  status: ClaimStatus;
+  /** Fencing token, as a decimal string (bigint in SQL); pass it back as it is. */
+  token: string | null;
+  recoveryPoint: string | null;
+  responseCode: number | null;
+  responseBody: unknown;
+  responseHeaders: HeaderMap | null;
+  responseRaw: Buffer | null;
+  expiresAt: Date | null;
+}
+
+/** A response to store: status (default 200), and a JSON body or raw bytes, with headers. */
+export interface StoredResponse {
+  status?: number;
+  body?: unknown;
+  headers?: HeaderMap | null;
+  raw?: Buffer | Uint8Array | string | null;
+}
+
+export interface HolderOptions {
+  scope?: string;
+  /** The claim's token (two-phase); without it, the claim of this transaction. */
+  token?: string | bigint | number | null;
+}
+
+export interface LookupResult {
+  status: 'in_progress' | 'completed' | 'released';
+  token: string;
+  recoveryPoint: string | null;
+  responseCode: number | null;
+  responseBody: unknown;
+  responseHeaders: HeaderMap | null;
+  responseRaw: Buffer | null;
+  claimedAt: Date;
+  expiresAt: Date;
+  leaseExpiresAt: Date | null;
+  request: unknown;
+}
+
+export interface RecoveredClaim {
+  key: string;
+  scope: string;
+  token: string;
+  recoveryPoint: string | null;
+  request: unknown;
+  lapsedAt: Date;
+}
+
+export function claim(db: Queryable, key: string, options?: ClaimOptions): Promise<ClaimResult>;
+export function complete(db: Queryable, key: string, response?: StoredResponse, options?: HolderOptions): Promise<void>;
+export function checkpoint(db: Queryable, key: string, recoveryPoint: string, options?: HolderOptions): Promise<void>;
+export function release(db: Queryable, key: string, options?: HolderOptions): Promise<void>;
+export function lookup(db: Queryable, key: string, options?: { scope?: string }): Promise<LookupResult | null>;
+export function recover(db: Queryable, options: { lease: Duration; scope?: string | null; maxKeys?: number }): Promise<RecoveredClaim[]>;
+export function consumeMessage(db: Queryable, consumer: string, messageId: string | number,
+  options?: { ttl?: Duration }): Promise<boolean>;
+export function consumeMessages(db: Queryable, consumer: string, messageIds: ReadonlyArray<string | number>,
+  options?: { ttl?: Duration }): Promise<string[]>;
+
+// ------------------------------------------------------------ helpers
+
+export interface TransactionOptions {
+  isolationLevel?: IsolationLevel;
+  /** How many times 40P01/40001 run the transaction again (default 3). */
+  retries?: number;
+}
+
+export function transaction<T>(pool: Pool, fn: (tx: PoolClient, info: { attempt: number }) => Promise<T>,
+  options?: TransactionOptions): Promise<T>;
+
+export interface Outcome {
+  status: ClaimStatus;
+  /** True for a stored response given back (status 'completed'). */
+  replayed: boolean;
+  /** Whether the response is stored under the key now. */
+  stored: boolean;
+  /** The stored response (completed), or the one the function returned (claimed). */
+  response?: StoredResponse & { status: number };
+  token?: string;
+  expiresAt?: Date | null;
+}
+
+export interface RunContext {
+  key: string;
+  scope: string;
+  /** The last recovery point, when the key was released or taken over before. */
+  recoveryPoint: string | null;
+  checkpoint(point: string): Promise<void>;
+}
+
+interface RunOptionsBase extends TransactionOptions {
+  key: string;
+  scope?: string;
+  request?: unknown;
+  ttl?: Duration;
+  wait?: boolean;
+  /** With wait: the bound of idempotency.wait_timeout, set for this transaction. */
+  waitTimeout?: Duration;
+  /** Keep 5xx responses out of the store (default true): the work rolls back. */
+  releaseServerErrors?: boolean;
+}
+
+export type RunOptions = RunOptionsBase & ({ pool: Pool; client?: undefined } | { client: ClientBase; pool?: undefined });
+
+export type Work = (tx: ClientBase, ctx: RunContext) => Promise<StoredResponse | undefined | void>;
+
+export function run(options: RunOptions, fn: Work): Promise<Outcome>;
+
+export interface HolderContext {
+  key: string;
+  scope: string;
+  token: string;
+  recoveryPoint: string | null;
+  request: unknown;
+  /** Records how far the work got, in a transaction of its own, with write's statements. */
+  checkpoint(point: string, write?: (tx: PoolClient) => Promise<unknown>): Promise<void>;
+}
+
+export interface TwoPhaseOptions extends TransactionOptions {
+  pool: Pool;
+  key: string;
+  lease: Duration;
+  scope?: string;
+  request?: unknown;
+  ttl?: Duration;
+  /** Default true: the request is kept so that recoverLapsed can finish the work. */
+  keepRequest?: boolean;
+  wait?: boolean;
+  waitTimeout?: Duration;
+  /** Default true: a thrown error releases the claim. */
+  releaseOnError?: boolean;
+  releaseServerErrors?: boolean;
+  /** Writes made in the transaction that completes the key. */
+  beforeComplete?: (tx: PoolClient, response: StoredResponse & { status: number }, ctx: HolderContext) => Promise<unknown>;
+}
+
+export function twoPhase(options: TwoPhaseOptions,
+  fn: (ctx: HolderContext) => Promise<StoredResponse | undefined | void>): Promise<Outcome>;
+
+export interface RecoverOptions extends TransactionOptions {
+  pool: Pool;
+  lease: Duration;
+  scope?: string | null;
+  maxKeys?: number;
+  releaseOnError?: boolean;
+  releaseServerErrors?: boolean;
+  beforeComplete?: TwoPhaseOptions['beforeComplete'];
+}
+
+export type RecoverResult =
+  | { key: string; scope: string; outcome: Outcome; error?: undefined }
+  | { key: string; scope: string; error: unknown; outcome?: undefined };
+
+export function recoverLapsed(options: RecoverOptions,
+  fn: (ctx: HolderContext) => Promise<StoredResponse | undefined | void>): Promise<RecoverResult[]>;
+
+export type ConsumeOptions<M> = TransactionOptions & {
+  consumer: string;
+  ttl?: Duration;
+  /** The message's id (default: m.id for objects, else m itself). */
+  id?: (message: M) => string | number;
+} & ({ pool: Pool; client?: undefined } | { client: ClientBase; pool?: undefined });
+
+export interface ConsumeResult<M, R> {
+  fresh: M[];
+  duplicates: M[];
+  result: R | undefined;
+}
+
+export function consume<M, R = unknown>(options: ConsumeOptions<M>, messages: ReadonlyArray<M>,
+  fn?: (tx: ClientBase, fresh: M[], info: { duplicates: M[] }) => Promise<R>): Promise<ConsumeResult<M, R>>;
+
+// ------------------------------------------------------------ HTTP
+
+/** What a handler finds in req.idempotency (Express) or request.idempotency (Fastify). */
+export interface IdempotencyContext {
+  /** The key, or null on a route with required: false and no key sent. */
+  key: string | null;
+  scope: string;
+  /** The open transaction (same-transaction mode); null in two-phase mode (lease). */
+  tx: PoolClient | null;
+  /** The fencing token in two-phase mode, else null. */
+  token: string | null;
+  recoveryPoint: string | null;
+  replayed: false;
+  checkpoint(point: string, write?: (tx: PoolClient) => Promise<unknown>): Promise<void>;
+}
+
+export interface HttpOptions {
+  pool: Pool;
+  /** Retention of a key, passed as ttl to every claim and advertised (default '24 hours'). */
+  ttl?: Duration;
+  /** Default true: a request without Idempotency-Key is 400; false: it runs without dedup. */
+  required?: boolean;
+  /** Methods that take a key (default ['POST', 'PATCH']; null: every method). */
+  methods?: string[] | null;
+  /** The authenticated caller (default: req.user.id / .sub / .username, or req.user as a string). */
+  caller?: (req: any) => string | number | null | undefined;
+  /** The whole scope (default: 'METHOD /path caller'). */
+  scope?: (req: any, parts: { caller: string; method: string; path: string }) => string;
+  /** The JSON value fingerprinted (default: the parsed body). */
+  fingerprint?: (req: any) => unknown;
+  /** Wait this long for a request in flight with the same key instead of answering 409 at once. */
+  wait?: Duration | false;
+  /** Two-phase mode: commit the claim before the handler runs, with this lease. */
+  lease?: Duration | null;
+  keepRequest?: boolean;
+  /** Response headers stored and replayed besides the defaults (Set-Cookie never is). */
+  replayHeaders?: string[];
+  /** Default false: 5xx answers are not stored, the work rolls back, a retry runs again. */
+  storeServerErrors?: boolean;
+  /** Answer to 55P03/57014 and to a wait past its bound (default 409). */
+  timeoutStatus?: 409 | 503;
+  /** Answer to a response over idempotency.max_response_bytes, 54000 (default 500). */
+  tooLargeStatus?: 500 | 413;
+  /** Retry-After seconds on 409 and 503 (default 1; null: none). */
+  retryAfter?: number | null;
+  /** Where the policy is published: problem types and Link headers point there (default '/docs/idempotency'). */
+  docsUrl?: string | null;
+  /** Longest key, in bytes (the extension's idempotency.max_key_length, default 255). */
+  maxKeyLength?: number;
+  isolationLevel?: IsolationLevel;
+  retries?: number;
+  /** Called with unexpected errors (default: console.error). */
+  onError?: (err: unknown) => void;
+}
+
+export interface HttpResponse {
+  status: number;
+  headers: Record<string, string | string[] | number>;
+  body: Buffer;
+}
+
+export interface HttpSession {
+  readonly view: IdempotencyContext;
+}
+
+/** The framework-free engine the adapters use, for other frameworks. */
+export class HttpIdempotency {
+  constructor(options: HttpOptions);
+  applies(method: string): boolean;
+  begin(input: { req: unknown; method: string; path: string; keyValues: string[] | string | undefined }):
+    Promise<{ reply: HttpResponse; session?: undefined } | { session: HttpSession; reply?: undefined }>;
+  finish(session: HttpSession, captured: HttpResponse): Promise<HttpResponse>;
+  abandon(session: HttpSession): Promise<void>;
+  problem(status: number, slug: string, title: string, detail: string, extraHeaders?: Record<string, string>): HttpResponse;
+  /** The published policy (retention, key syntax, statuses), as served at docsUrl. */
+  docs(): Record<string, unknown>;
+}
+
+export function parseIdempotencyKey(values: string[] | string | undefined, options?: { maxKeyLength?: number }): string;
+
+// ------------------------------------------------------------ errors
+
+export class IdempotencyError extends Error {
+  /** The SQLSTATE, when the error came from the database. */
+  code?: string;
+}
+export class ProgrammingError extends IdempotencyError {}
+export class StaleTokenError extends IdempotencyError {}
+export class KeyBusyError extends IdempotencyError {}
+export class ResponseTooLargeError extends IdempotencyError {}
+export class TransientError extends IdempotencyError {}
+export class StoreUnavailableError extends IdempotencyError {}
+export class BadIdempotencyKeyError extends Error {
+  slug: string;
+  title: string;
+  detail: string;
+}
