@@ -67,10 +67,15 @@ def caller_from_scope(scope: Scope) -> str:
     """The default caller: an authenticated scope["user"] (Starlette's
     AuthenticationMiddleware) by its identity, else "" (anonymous)."""
     user = scope.get("user")
-    if user is not None and getattr(user, "is_authenticated", False):
-        ident = getattr(user, "identity", None) or \
-            getattr(user, "display_name", None)
-        return str(ident) if ident else ""
+    if user is None or not getattr(user, "is_authenticated", False):
+        return ""
+    for attr in ("identity", "display_name"):
+        try:
+            ident = getattr(user, attr, None)
+        except NotImplementedError:     # Starlette's BaseUser.identity
+            ident = None
+        if ident:
+            return str(ident)
     return ""
 
 

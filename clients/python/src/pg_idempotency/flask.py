@@ -39,6 +39,15 @@ def connection() -> Any:
     return conn
 
 
+def current_key() -> str:
+    """The Idempotency-Key of this request, unquoted."""
+    from flask import g
+    key = getattr(g, _G_KEY + "_key", None)
+    if key is None:
+        raise LookupError("this request runs without an Idempotency-Key")
+    return str(key)
+
+
 def caller_from_request(request: Any) -> str:
     auth = getattr(request, "authorization", None)
     return str(auth.username) if auth is not None and auth.username else ""
@@ -112,6 +121,7 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                 with _open(connect, conninfo) as conn:
                     def call() -> Response:
                         setattr(g, _G_KEY, conn)
+                        setattr(g, _G_KEY + "_key", key)
                         try:
                             rv = make_response(fn(*args, **kwargs))
                         finally:

@@ -4,6 +4,9 @@ import asyncio
 import os
 
 import uvicorn
+from starlette.authentication import (AuthCredentials, AuthenticationBackend,
+                                      SimpleUser)
+from starlette.middleware.authentication import AuthenticationMiddleware
 from psycopg_pool import AsyncConnectionPool
 
 import common
@@ -85,6 +88,20 @@ else:
                     on_startup=[open_pool])
 
 app.add_middleware(IdempotencyMiddleware, pool=pool, **common.options())
+
+
+class BasicAuth(AuthenticationBackend):
+    """The test's authentication: the user name of HTTP Basic."""
+
+    async def authenticate(self, conn):
+        user = common.basic_user(conn.headers.get("authorization"))
+        if user:
+            return AuthCredentials(["authenticated"]), SimpleUser(user)
+        return None
+
+
+# added last: runs first, so scope["user"] is set for the idempotency one
+app.add_middleware(AuthenticationMiddleware, backend=BasicAuth())
 
 
 def main():

@@ -88,3 +88,14 @@ def after(headers, charge_id, execute):
 
 def blob(body):
     return 200, [("Content-Type", "application/octet-stream")], body[::-1]
+
+
+def basic_user(authorization):
+    """The user name of an HTTP Basic Authorization value, or None."""
+    import base64
+    if not authorization or not authorization.lower().startswith("basic "):
+        return None
+    try:
+        return base64.b64decode(authorization[6:]).decode().split(":", 1)[0]
+    except ValueError:
+        return None

@@ -15,7 +15,8 @@ settings.configure(
     SECRET_KEY="test",
     ALLOWED_HOSTS=["*"],
     ROOT_URLCONF=__name__,
-    MIDDLEWARE=["pg_idempotency.django.IdempotencyMiddleware"],
+    MIDDLEWARE=[__name__ + ".BasicAuthMiddleware",
+                "pg_idempotency.django.IdempotencyMiddleware"],
     INSTALLED_APPS=[],
     DATABASES={"default": {
         "ENGINE": "django.db.backends.postgresql",
@@ -40,6 +41,26 @@ from django.views.decorators.csrf import csrf_exempt  # noqa: E402
 def _execute(sql, params):
     with connection.cursor() as cur:
         cur.execute(sql, params)
+
+
+class _User:
+    is_authenticated = True
+
+    def __init__(self, name):
+        self.pk = name
+
+
+class BasicAuthMiddleware:
+    """The test's authentication: request.user from HTTP Basic."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        name = common.basic_user(request.META.get("HTTP_AUTHORIZATION"))
+        if name:
+            request.user = _User(name)
+        return self.get_response(request)
 
 
 @csrf_exempt

@@ -5,7 +5,7 @@ from psycopg_pool import ConnectionPool
 from werkzeug.serving import make_server
 
 import common
-from pg_idempotency.flask import connection, idempotent
+from pg_idempotency.flask import connection, current_key, idempotent
 
 pool = ConnectionPool(common.conninfo(), min_size=1, max_size=22)
 app = Flask(__name__)
@@ -17,7 +17,7 @@ OPTS = common.options()
 def charges():
     conn = connection()
     headers = {k.lower(): v for k, v in request.headers.items()}
-    key = request.headers.get("Idempotency-Key")
+    key = current_key()
     sql, params = common.before(headers, key, request.get_data(), "flask")
     charge_id = conn.execute(sql, params).fetchone()[0]
     status, hdrs, out = common.after(headers, charge_id, conn.execute)
