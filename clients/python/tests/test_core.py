@@ -232,3 +232,13 @@ def test_consume(anyconn):
         assert pi.consume_messages(anyconn, consumer,
                                    ["m2", "m1", "m3", "m2"]) == ["m2", "m3"]
         assert pi.consume_messages(anyconn, consumer, []) == []
+
+
+def test_runner_for_each_driver(anyconn):
+    r = pi.runner_for(anyconn)
+    want = pi.PsycopgRunner if isinstance(anyconn, psycopg.Connection) \
+        else pi.DbapiRunner
+    assert type(r) is want
+    assert pi.runner_for(r) is r
+    with pytest.raises(TypeError):
+        pi.runner_for(object())

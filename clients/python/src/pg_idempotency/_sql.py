@@ -217,7 +217,7 @@ def runner_for(obj: Any) -> Runner:
         if type(obj).__name__ in ("Cursor", "ClientCursor", "ServerCursor",
                                   "Transaction", "RawCursor") and conn is not None:
             obj = conn
-        if getattr(obj, "_pgconn", None) is not None and \
+        if getattr(obj, "pgconn", None) is not None and \
                 hasattr(obj, "transaction"):
             if type(obj).__name__.startswith("Async"):
                 raise TypeError("an AsyncConnection needs the async API "

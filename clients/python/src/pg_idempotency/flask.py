@@ -75,7 +75,7 @@ def _open(connect: Optional[Callable[[], Any]],
         return
     got = connect()
     if type(got).__module__.startswith("psycopg") and \
-            hasattr(got, "_pgconn"):
+            hasattr(got, "pgconn"):
         try:
             yield got
         finally:
