@@ -9,16 +9,17 @@
 #   2. starts a throwaway PostgreSQL cluster (test/lib/cluster.sh) as an
 #      unprivileged user on a private unix socket, and creates the
 #      extension in database "clients";
-#   3. runs the pytest suite (clients/python/tests) from the source tree:
-#      the core, the two-phase helper and recoverer, the consumer helper,
-#      and the ASGI (FastAPI, Starlette), Django and Flask adapters behind
-#      real HTTP servers with real concurrent clients;
-#   4. builds the wheel offline with Debian's tools (python3 -m build
-#      --no-isolation, else pip wheel --no-build-isolation), installs it
-#      into a "python3 -m venv --system-site-packages" and runs the
-#      README's quickstarts from the installed wheel (the pytest module
-#      test_wheel.py, which the first run leaves out);
-#   5. stops the cluster, pass or fail.
+#   3. runs the pytest suite (clients/python/tests) with Debian's python3:
+#      the core on psycopg 3 and psycopg2, the two-phase helper and the
+#      recoverer, the consumer helper, the asyncio core, the ASGI
+#      (FastAPI, Starlette), Django and Flask adapters behind real HTTP
+#      servers with real concurrent clients (from the source tree), and
+#      test_wheel.py: the wheel built offline with Debian's tools (python3
+#      -m build --no-isolation, else pip wheel --no-build-isolation) in a
+#      copy of this directory, installed into a "python3 -m venv
+#      --system-site-packages", and the README's quickstarts run as
+#      written from it;
+#   4. stops the cluster, pass or fail.
 #
 # Environment: SRC (the repository, default two levels up), PG_CONFIG
 # (default /usr/lib/postgresql/15/bin/pg_config), CLIENTS_PORT_BASE
@@ -103,12 +104,11 @@ export PGHOST="$WORK/cluster/sock" PGPORT="$BASE" PGDATABASE=clients
 export IDEM_TEST_SUPERUSER="$DBUSER" IDEM_TEST_APP_USER=app
 export IDEM_TEST_WORK="$WORK" IDEM_TEST_CLIENT_DIR="$HERE"
 export PYTHONDONTWRITEBYTECODE=1
-# the scratch directory must be writable by whoever runs pytest
 start=$SECONDS
 say "tests (source tree)"
 # shellcheck disable=SC2086  # PYTEST_ARGS is a list of words
 (cd "$HERE" && PYTHONPATH="$HERE/src" "$PY" -m pytest -p no:cacheprovider \
-	-q -rs ${PYTEST_ARGS:-} tests)
+	--basetemp="$WORK/pytest" -q -rs ${PYTEST_ARGS:-} tests)
 rc=$?
 echo "python client: pytest exited $rc after $((SECONDS - start)) s"
 exit "$rc"
