@@ -53,7 +53,7 @@ def test_claim_key_commits_write_and_key_together(anyconn):
 def test_exception_rolls_back_write_and_claim(anyconn):
     key = new_key()
     with pytest.raises(RuntimeError):
-        with pi.claim_key(anyconn, key, {"n": 1}) as c:
+        with pi.claim_key(anyconn, key, {"n": 1}):
             insert(anyconn, key)
             raise RuntimeError("boom")
     assert charges_for(key) == 0
@@ -64,14 +64,13 @@ def test_exception_rolls_back_write_and_claim(anyconn):
 def test_unresolved_claim_is_a_programming_error(anyconn):
     key = new_key()
     with pytest.raises(pi.ClaimNotResolved):
-        with pi.claim_key(anyconn, key) as c:
+        with pi.claim_key(anyconn, key):
             insert(anyconn, key)
     assert charges_for(key) == 0
 
 
 def test_2d000_at_commit_is_mapped(anyconn):
     key = new_key()
-    runner = pi.runner_for(anyconn)
     with pytest.raises(pi.ClaimNotResolved) as e:
         def body():
             pi.claim(anyconn, key)

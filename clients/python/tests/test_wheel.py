@@ -9,7 +9,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import uuid
 
 import pytest

@@ -49,7 +49,7 @@ def context(request_or_scope: Any) -> Optional[RequestContext]:
     ctx = scope.get(_STATE_KEY)
     if ctx is None:
         ctx = (scope.get("state") or {}).get(_STATE_KEY)
-    return ctx
+    return ctx if isinstance(ctx, RequestContext) else None
 
 
 def connection(request_or_scope: Any) -> Any:

@@ -16,7 +16,7 @@ M = TypeVar("M")
 
 def consume_batch(conn: Any, consumer: str, messages: Iterable[M],
                   handler: Callable[[Any, M], Any], *,
-                  message_id: Callable[[M], Hashable] = str,  # type: ignore[assignment]
+                  message_id: Callable[[M], Hashable] = str,
                   ttl: Optional[Interval] = None,
                   attempts: int = 3) -> List[M]:
     """

@@ -44,7 +44,7 @@ def _route(request: Any) -> str:
         except Resolver404:
             match = None
     route = getattr(match, "route", None) if match is not None else None
-    return "/" + route.lstrip("^") if route else request.path
+    return "/" + str(route).lstrip("^") if route else str(request.path)
 
 
 def _to_django(resp: Response) -> Any:
@@ -90,14 +90,16 @@ class _Handler:
             return view()
         raw = request.META.get("HTTP_" + o.header.upper().replace("-", "_"))
         try:
-            key = policy.key_of([raw] if raw is not None else [])
-            if key is None:
-                return view()
             length = request.META.get("CONTENT_LENGTH") or ""
             policy.check_length(int(length) if length.isdigit() else None)
+            # read before any answer: a server that closes a connection
+            # with an unread body may reset it and lose the answer
             body = request.body
             if len(body) > o.max_body_bytes:
                 raise policy.too_large_body()
+            key = policy.key_of([raw] if raw is not None else [])
+            if key is None:
+                return view()
         except IdempotencyError as e:
             return _to_django(policy.error_response(e))
         info = RequestInfo(

@@ -99,13 +99,16 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
             if not policy.applies(request.method, request.path):
                 return fn(*args, **kwargs)
             try:
-                key = policy.key_of(request.headers.getlist(o.header))
-                if key is None:
-                    return fn(*args, **kwargs)
                 policy.check_length(request.content_length)
+                # read before any answer: a server that closes a
+                # connection with an unread body may reset it and lose
+                # the answer
                 body = request.get_data(cache=True)
                 if len(body) > o.max_body_bytes:
                     raise policy.too_large_body()
+                key = policy.key_of(request.headers.getlist(o.header))
+                if key is None:
+                    return fn(*args, **kwargs)
             except IdempotencyError as e:
                 return _to_flask(policy.error_response(e))
             rule = request.url_rule

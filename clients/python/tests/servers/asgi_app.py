@@ -1,6 +1,5 @@
 """FastAPI (IDEM_FRAMEWORK=fastapi) or Starlette (starlette) test server."""
 
-import asyncio
 import os
 
 import uvicorn
