@@ -45,7 +45,7 @@ say() { printf '\n== python client: %s\n' "$*"; }
 
 PACKAGES=(python3 python3-psycopg python3-psycopg-pool python3-psycopg2
 	python3-django python3-flask python3-fastapi python3-starlette
-	python3-uvicorn python3-httpx python3-pytest python3-venv
+	python3-uvicorn python3-pytest python3-venv
 	python3-setuptools python3-wheel python3-pip python3-build)
 say "Debian packages"
 deps_ensure "${PACKAGES[@]}" || exit 1

@@ -1,5 +1,7 @@
 """FastAPI (IDEM_FRAMEWORK=fastapi) or Starlette (starlette) test server."""
 
+import asyncio
+import contextlib
 import os
 
 import uvicorn
@@ -12,12 +14,33 @@ import common
 from pg_idempotency.asgi import IdempotencyMiddleware, connection, context
 
 FRAMEWORK = os.environ.get("IDEM_FRAMEWORK", "fastapi")
-pool = AsyncConnectionPool(common.conninfo(), min_size=1, max_size=22,
-                           open=False)
 
 
-async def open_pool():
-    await pool.open()
+class LazyPool:
+    """psycopg_pool's AsyncConnectionPool, opened on first use (no startup
+    hook: their spelling differs between the Starlette and FastAPI
+    versions of Debian 12 and later)."""
+
+    def __init__(self):
+        self.pool = AsyncConnectionPool(common.conninfo(), min_size=1,
+                                        max_size=22, open=False)
+        self.opened = False
+        self.lock = None
+
+    @contextlib.asynccontextmanager
+    async def connection(self):
+        if not self.opened:
+            if self.lock is None:
+                self.lock = asyncio.Lock()
+            async with self.lock:
+                if not self.opened:
+                    await self.pool.open()
+                    self.opened = True
+        async with self.pool.connection() as conn:
+            yield conn
+
+
+pool = LazyPool()
 
 
 async def charge_logic(headers, body):
@@ -39,7 +62,7 @@ if FRAMEWORK == "fastapi":
     from fastapi import FastAPI, Request
     from fastapi.responses import Response as FResponse
 
-    app = FastAPI(on_startup=[open_pool])
+    app = FastAPI()
 
     @app.post("/charges")
     async def charges(request: Request):
@@ -83,8 +106,7 @@ else:
         return SResponse(out, status_code=status, media_type=hdrs[0][1])
 
     app = Starlette(routes=[Route("/charges", charges, methods=["POST"]),
-                            Route("/blobs", blobs, methods=["POST"])],
-                    on_startup=[open_pool])
+                            Route("/blobs", blobs, methods=["POST"])])
 
 app.add_middleware(IdempotencyMiddleware, pool=pool, **common.options())
 
