@@ -241,3 +241,25 @@ def test_runner_for_each_driver(anyconn):
     assert pi.runner_for(r) is r
     with pytest.raises(TypeError):
         pi.runner_for(object())
+
+
+def test_psycopg2_autocommit_and_savepoints():
+    """DbapiRunner: BEGIN/COMMIT on an autocommit connection, a savepoint
+    for a nested block (rolled back alone)."""
+    c = psycopg2.connect("user=%s" % APP_USER)
+    c.autocommit = True
+    try:
+        key, inner = new_key(), new_key()
+        r = pi.runner_for(c)
+        with r.transaction():
+            insert(c, key)
+            with pytest.raises(ValueError):
+                with r.transaction():
+                    insert(c, inner)
+                    raise ValueError("inner")
+            with pi.claim_key(c, key) as cl:
+                cl.complete(200)
+        assert charges_for(key) == 1 and charges_for(inner) == 0
+        assert pi.lookup(c, key).status == "completed"
+    finally:
+        c.close()

@@ -238,6 +238,31 @@ def test_duplicate_in_flight_is_409_then_replayed(svc):
     assert charges_for(key) == 1
 
 
+def test_wait_that_runs_out_is_busy(svc):
+    """wait=0.3 and busy_status=503: a duplicate waits for the request in
+    flight, its lock_timeout expires (55P03): 503 with Retry-After."""
+    name, env = FRAMEWORKS[svc.framework]
+    busy = Server(name, dict(env, IDEM_WAIT="0.3", IDEM_BUSY_STATUS="503"))
+    try:
+        key = new_key()
+        results = {}
+        with Blocker():
+            t = threading.Thread(target=lambda: results.setdefault(
+                "first", charge(busy.port, key)))
+            t.start()
+            wait_until(lambda: waiting_requests() >= 1,
+                       "the first request waits at its INSERT")
+            dup = charge(busy.port, key)
+            doc = problem(dup, 503)
+            assert doc["type"].endswith("#busy")
+            assert dup.header("Retry-After") == "1"
+        t.join(DEADLINE)
+        assert results["first"].status == 201
+        assert charges_for(key) == 1
+    finally:
+        busy.stop()
+
+
 def test_crash_before_commit_then_retry_makes_one(svc):
     key = new_key()
     try:

@@ -95,3 +95,14 @@ def test_problem_document():
                    "status": 409, "detail": "D", "key_retention_seconds": 7200}
     assert ("Content-Type", "application/problem+json") in r.headers
     assert ("Link", '<https://d/idem>; rel="describedby"') in r.headers
+
+
+def test_optional_key_and_applies():
+    p = Policy(Options(required=False, methods={"post"},
+                       applies=lambda m, path: path.startswith("/api/")))
+    assert p.key_of([]) is None
+    assert p.applies("POST", "/api/x") and not p.applies("POST", "/other")
+    assert not p.applies("GET", "/api/x")
+    with pytest.raises(BadKey) as e:
+        Policy(Options()).key_of([])
+    assert e.value.problem == "missing-key"

@@ -44,6 +44,8 @@ def options():
         opts["wait"] = float(os.environ["IDEM_WAIT"])
     if os.environ.get("IDEM_TOO_LARGE_STATUS"):
         opts["too_large_status"] = int(os.environ["IDEM_TOO_LARGE_STATUS"])
+    if os.environ.get("IDEM_BUSY_STATUS"):
+        opts["busy_status"] = int(os.environ["IDEM_BUSY_STATUS"])
     if os.environ.get("IDEM_SERVER_ERRORS"):
         opts["server_errors"] = os.environ["IDEM_SERVER_ERRORS"]
     if os.environ.get("IDEM_MAX_BODY"):
