@@ -335,3 +335,15 @@ def test_retention_is_advertised_and_real(svc):
         secs = c.execute("SELECT extract(epoch FROM expires_at - claimed_at)::int "
                          "FROM idem_lookup(%s, %s)", (key, "POST /charges")).fetchone()
     assert secs == (7200,)
+
+
+def test_store_unreachable_is_503_never_run_anyway(servers):
+    """Django with its database unreachable: 503 with Retry-After, and the
+    handler does not run without its key."""
+    s = servers("django_app", PGHOST="/nonexistent-socket-dir")
+    key = new_key()
+    ans = charge(s.port, key)
+    doc = problem(ans, 503)
+    assert doc["type"].endswith("#unavailable")
+    assert ans.header("Retry-After") == "1"
+    assert charges_for(key) == 0
