@@ -1,0 +1,157 @@
+"""
+Django: a middleware and a view decorator.  Both run the claim, the view
+and the stored response in one ``transaction.atomic`` on Django's own
+connection (psycopg2 on Django 3.2), so the view's ORM writes and the key
+commit together, and the response goes out after COMMIT.
+
+    MIDDLEWARE = [..., "django.contrib.auth.middleware.AuthenticationMiddleware",
+                  "pg_idempotency.django.IdempotencyMiddleware"]
+    PG_IDEMPOTENCY = {"ttl": 86400, "wait": None}     # Options fields
+
+or, per view:
+
+    @idempotent(ttl=3600)
+    def create_order(request): ...
+
+Option ``using`` names the database alias (default "default").  The
+caller defaults to request.user's primary key when authenticated.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from ._sql import DjangoRunner
+from .errors import IdempotencyError
+from .http import Options, Policy, RequestInfo, Response
+
+
+def caller_from_request(request: Any) -> str:
+    """The default caller: the authenticated user's primary key, else ""."""
+    user = getattr(request, "user", None)
+    if user is not None and getattr(user, "is_authenticated", False):
+        return str(user.pk)
+    return ""
+
+
+def _route(request: Any) -> str:
+    match = getattr(request, "resolver_match", None)
+    if match is None:
+        from django.urls import Resolver404, resolve
+        try:
+            match = resolve(request.path_info)
+        except Resolver404:
+            match = None
+    route = getattr(match, "route", None) if match is not None else None
+    return "/" + str(route).lstrip("^") if route else str(request.path)
+
+
+def _to_django(resp: Response) -> Any:
+    from django.http import HttpResponse
+    out = HttpResponse(resp.body, status=resp.status)
+    if "Content-Type" in out:
+        del out["Content-Type"]
+    seen: Dict[str, List[str]] = {}
+    for name, value in resp.headers:
+        seen.setdefault(name, []).append(value)
+    for name, values in seen.items():
+        # Django keeps one value per header name
+        out[name] = ", ".join(values)
+    return out
+
+
+def _from_django(resp: Any) -> Response:
+    if getattr(resp, "streaming", False):
+        from django.http import HttpResponse
+        body = b"".join(resp.streaming_content)
+        plain = HttpResponse(body, status=resp.status_code)
+        for name, value in resp.items():
+            plain[name] = value
+        plain.cookies = resp.cookies
+        resp = plain
+    headers: List[Tuple[str, str]] = [(k, v) for k, v in resp.items()]
+    return Response(resp.status_code, headers, bytes(resp.content),
+                    native=resp)
+
+
+class _Handler:
+    def __init__(self, policy: Policy, using: Optional[str]) -> None:
+        self.policy = policy
+        self.runner = DjangoRunner(using)
+
+    def __call__(self, request: Any, view: Callable[[], Any]) -> Any:
+        policy = self.policy
+        o = policy.options
+        if o.policy_path and request.path == o.policy_path and \
+                request.method in ("GET", "HEAD"):
+            return _to_django(policy.policy_response())
+        if not policy.applies(request.method, request.path):
+            return view()
+        raw = request.META.get("HTTP_" + o.header.upper().replace("-", "_"))
+        try:
+            length = request.META.get("CONTENT_LENGTH") or ""
+            policy.check_length(int(length) if length.isdigit() else None)
+            # read before any answer: a server that closes a connection
+            # with an unread body may reset it and lose the answer
+            body = request.body
+            if len(body) > o.max_body_bytes:
+                raise policy.too_large_body()
+            key = policy.key_of([raw] if raw is not None else [])
+            if key is None:
+                return view()
+        except IdempotencyError as e:
+            return _to_django(policy.error_response(e))
+        info = RequestInfo(
+            method=request.method, path=request.path, route=_route(request),
+            query=request.META.get("QUERY_STRING", ""),
+            caller=(o.caller(request) if o.caller
+                    else caller_from_request(request)),
+            content_type=request.META.get("CONTENT_TYPE", ""), body=body,
+            native=request)
+        request.idempotency_key = key
+
+        def call() -> Response:
+            return _from_django(view())
+        try:
+            resp = policy.handle(self.runner, info, key, call)
+        except IdempotencyError as e:
+            resp = policy.error_response(e)
+        return resp.native if resp.native is not None else _to_django(resp)
+
+
+def _options(kw: Dict[str, Any]) -> Tuple[Policy, Optional[str]]:
+    kw = dict(kw)
+    using = kw.pop("using", None)
+    return Policy(Options(**kw)), using
+
+
+class IdempotencyMiddleware:
+    """Django middleware; options from settings.PG_IDEMPOTENCY (a dict of
+    Options fields, plus ``using``)."""
+
+    def __init__(self, get_response: Callable[[Any], Any]) -> None:
+        from django.conf import settings
+        self.get_response = get_response
+        policy, using = _options(getattr(settings, "PG_IDEMPOTENCY", {}))
+        self.handler = _Handler(policy, using)
+
+    def __call__(self, request: Any) -> Any:
+        return self.handler(request, lambda: self.get_response(request))
+
+
+def idempotent(view: Optional[Callable[..., Any]] = None,
+               **options: Any) -> Any:
+    """View decorator; OPTIONS are Options fields, plus ``using``.  It
+    applies to the methods of ``methods`` (POST and PATCH by default)."""
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        policy, using = _options(options)
+        handler = _Handler(policy, using)
+
+        @functools.wraps(fn)
+        def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+            return handler(request, lambda: fn(request, *args, **kwargs))
+        return wrapper
+    if view is not None:
+        return deco(view)
+    return deco

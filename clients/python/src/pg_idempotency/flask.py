@@ -1,0 +1,146 @@
+"""
+Flask: a view decorator.  The claim, the view and the stored response run
+in one transaction on a psycopg 3 connection that the view gets with
+connection(); the response goes out after COMMIT.
+
+    @app.post("/orders")
+    @idempotent(connect=pool.connection)      # or conninfo="dbname=shop"
+    def create_order():
+        connection().execute("INSERT INTO orders ...")
+        return {"ok": True}, 201
+
+CONNECT is a callable returning a psycopg Connection (closed after the
+request) or a context manager yielding one (psycopg_pool's
+``pool.connection``).  Other keyword arguments are Options fields.  The
+caller defaults to the HTTP Basic user name (request.authorization), else
+"" (anonymous): pass caller=lambda request: ... for your authentication.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any, Callable, Iterator, Optional
+
+from ._sql import PsycopgRunner
+from .errors import IdempotencyError, classify
+from .http import Options, Policy, RequestInfo, Response
+
+_G_KEY = "pg_idempotency_connection"
+
+
+def connection() -> Any:
+    """The psycopg Connection whose transaction holds this request's claim."""
+    from flask import g
+    conn = getattr(g, _G_KEY, None)
+    if conn is None:
+        raise LookupError("this request runs without an Idempotency-Key "
+                          "(no transaction of pg_idempotency)")
+    return conn
+
+
+def current_key() -> str:
+    """The Idempotency-Key of this request, unquoted."""
+    from flask import g
+    key = getattr(g, _G_KEY + "_key", None)
+    if key is None:
+        raise LookupError("this request runs without an Idempotency-Key")
+    return str(key)
+
+
+def caller_from_request(request: Any) -> str:
+    auth = getattr(request, "authorization", None)
+    return str(auth.username) if auth is not None and auth.username else ""
+
+
+def _to_flask(resp: Response) -> Any:
+    from flask import Response as FlaskResponse
+    out = FlaskResponse(resp.body, status=resp.status)
+    out.headers.clear()
+    for name, value in resp.headers:
+        out.headers.add(name, value)
+    return out
+
+
+@contextlib.contextmanager
+def _open(connect: Optional[Callable[[], Any]],
+          conninfo: Optional[str]) -> Iterator[Any]:
+    if connect is None:
+        import psycopg
+        conn = psycopg.connect(conninfo or "")
+        try:
+            yield conn
+        finally:
+            conn.close()
+        return
+    got = connect()
+    if type(got).__module__.startswith("psycopg") and \
+            hasattr(got, "pgconn"):
+        try:
+            yield got
+        finally:
+            got.close()
+        return
+    with got as conn:
+        yield conn
+
+
+def idempotent(view: Optional[Callable[..., Any]] = None, *,
+               connect: Optional[Callable[[], Any]] = None,
+               conninfo: Optional[str] = None, **options: Any) -> Any:
+    """Flask view decorator; see the module's documentation."""
+    policy = Policy(Options(**options))
+
+    def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            from flask import g, make_response, request
+            o = policy.options
+            if not policy.applies(request.method, request.path):
+                return fn(*args, **kwargs)
+            try:
+                policy.check_length(request.content_length)
+                # read before any answer: a server that closes a
+                # connection with an unread body may reset it and lose
+                # the answer
+                body = request.get_data(cache=True)
+                if len(body) > o.max_body_bytes:
+                    raise policy.too_large_body()
+                key = policy.key_of(request.headers.getlist(o.header))
+                if key is None:
+                    return fn(*args, **kwargs)
+            except IdempotencyError as e:
+                return _to_flask(policy.error_response(e))
+            rule = request.url_rule
+            info = RequestInfo(
+                method=request.method, path=request.path,
+                route=rule.rule if rule is not None else request.path,
+                query=request.query_string.decode("latin-1"),
+                caller=(o.caller(request) if o.caller
+                        else caller_from_request(request)),
+                content_type=request.content_type or "", body=body,
+                native=request)
+            try:
+                with _open(connect, conninfo) as conn:
+                    def call() -> Response:
+                        setattr(g, _G_KEY, conn)
+                        setattr(g, _G_KEY + "_key", key)
+                        try:
+                            rv = make_response(fn(*args, **kwargs))
+                        finally:
+                            setattr(g, _G_KEY, None)
+                        rv.make_sequence()
+                        return Response(rv.status_code,
+                                        list(rv.headers.items()),
+                                        rv.get_data(), native=rv)
+                    resp = policy.handle(PsycopgRunner(conn), info, key, call)
+            except Exception as e:  # noqa: BLE001 -- answered or re-raised
+                mapped = classify(e)
+                if mapped is None or not mapped.http_status:
+                    raise
+                resp = policy.error_response(mapped)
+            return resp.native if resp.native is not None else _to_flask(resp)
+        return wrapper
+    if view is not None:
+        return deco(view)
+    return deco
