@@ -47,7 +47,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # shellcheck source=test/lib/roots.sh
 . "$SRC/test/lib/roots.sh"
 
-VERSION_SUITES="regress isolation tap pgtap demo examples packaging"
+VERSION_SUITES="regress isolation tap pgtap demo examples clients packaging"
 CROSS_SUITES="upgrade"
 PG_VERSIONS=${PG_VERSIONS:-15 17 18}
 SUITES=${SUITES:-$VERSION_SUITES $CROSS_SUITES}

@@ -14,7 +14,9 @@
 # throwaway cluster), demo (examples/demo.sql, which checks its own result,
 # on a throwaway cluster), examples (every examples/*/test.sh: each starts
 # and stops its own clusters, run as the test user with PG_CONFIG, SRC (the
-# scratch copy) and EXAMPLES_PORT_BASE set), packaging (test/packaging/*.sh:
+# scratch copy) and EXAMPLES_PORT_BASE set), clients (every
+# clients/*/test.sh, the Node.js and Python libraries, likewise with
+# CLIENTS_PORT_BASE), packaging (test/packaging/*.sh:
 # the Debian package, the PGXN archive and the Prometheus exporter, each run
 # as root with PG_CONFIG, SRC and CLUSTER_USER set).  A test of examples or
 # packaging passes with exit 0, and is skipped with exit 77 and its reason
@@ -34,7 +36,7 @@
 # "make install" through sudo if you cannot write PostgreSQL's directories.
 #
 # Environment:
-#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples packaging")
+#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples clients packaging")
 #   PG_CONFIG       default /usr/lib/postgresql/15/bin/pg_config
 #   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
 #   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
@@ -71,7 +73,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # shellcheck source=test/lib/build.sh
 . "$SRC/test/lib/build.sh"
 
-ALL_SUITES="regress isolation tap pgtap demo examples packaging"
+ALL_SUITES="regress isolation tap pgtap demo examples clients packaging"
 SUITES=${SUITES:-$ALL_SUITES}
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PGTAP_PORT=${PGTAP_PORT:-54393}
@@ -402,6 +404,21 @@ suite_examples() {
 			IDEM_CITUS_UNAVAILABLE="$citus_reason" \
 			EXAMPLES_PORT_BASE=$((base + n * 10)) bash "$t"
 		test_ran examples "${t#"$WORK"/}" "$start" $?
+		n=$((n + 1))
+	done
+	tests_result
+}
+
+# the client libraries (clients/*/test.sh): each starts its own cluster
+suite_clients() {
+	local t n=0 base=54600 start
+	have_files 'clients/*/test.sh' || return 3
+	for t in "$WORK"/clients/*/test.sh; do
+		test_start "${t#"$WORK"/}"
+		start=$SECONDS
+		in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" IDEM_SKIP_FILE="$SKIP_FILE" \
+			CLIENTS_PORT_BASE=$((base + n * 10)) bash "$t"
+		test_ran clients "${t#"$WORK"/}" "$start" $?
 		n=$((n + 1))
 	done
 	tests_result

@@ -50,6 +50,8 @@ DECLARE
     tgt_conn text;
     scopes   text[];
     consumers text[];
+    key_cols text;
+    msg_cols text;
 BEGIN
     SELECT n.nodename, n.nodeport INTO src
       FROM pg_dist_placement p JOIN pg_dist_node n ON n.groupid = p.groupid
@@ -81,26 +83,36 @@ BEGIN
     SELECT coalesce(array_agg('events:' || s), '{}') INTO consumers
       FROM unnest(scopes) AS s;
 
-    -- 3. the target pulls their ledger rows from the source, and commits
+    -- 3. the target pulls their ledger rows from the source, and commits;
+    --    the column lists are those of the installed version's record types
+    --    (0.4.0 added columns to idempotency.key_record), so this function
+    --    outlives an ALTER EXTENSION UPDATE
+    SELECT string_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod),
+                      ', ' ORDER BY a.attnum) INTO key_cols
+      FROM pg_attribute a
+     WHERE a.attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'idempotency.key_record'::regtype)
+       AND a.attnum > 0 AND NOT a.attisdropped;
+    SELECT string_agg(quote_ident(a.attname) || ' ' || format_type(a.atttypid, a.atttypmod),
+                      ', ' ORDER BY a.attnum) INTO msg_cols
+      FROM pg_attribute a
+     WHERE a.attrelid = (SELECT typrelid FROM pg_type WHERE oid = 'idempotency.message_record'::regtype)
+       AND a.attnum > 0 AND NOT a.attisdropped;
     SELECT count(*) INTO keys_imported
       FROM dblink(tgt_conn, format(
              $q$SELECT idempotency.import_key(k)
-                  FROM dblink(%L, %L) AS k(role name, digest uuid,
-                       expires_at timestamptz, status text, token bigint,
-                       claimed_at timestamptz, lease_expires_at timestamptz,
-                       fingerprint bytea, recovery_point text,
-                       response_code integer, response_body jsonb)$q$,
+                  FROM dblink(%L, %L) AS k(%s)$q$,
              src_conn,
-             format('SELECT * FROM idempotency.export_keys(%L)', scopes)))
+             format('SELECT * FROM idempotency.export_keys(%L)', scopes),
+             key_cols))
            AS r(outcome text)
      WHERE r.outcome IN ('inserted', 'replaced');
     SELECT count(*) INTO messages_imported
       FROM dblink(tgt_conn, format(
              $q$SELECT idempotency.import_message(m)
-                  FROM dblink(%L, %L) AS m(role name, digest uuid,
-                       expires_at timestamptz)$q$,
+                  FROM dblink(%L, %L) AS m(%s)$q$,
              src_conn,
-             format('SELECT * FROM idempotency.export_messages(%L)', consumers)))
+             format('SELECT * FROM idempotency.export_messages(%L)', consumers),
+             msg_cols))
            AS r(outcome text)
      WHERE r.outcome = 'inserted';
     -- 4. the caller's COMMIT switches the placement

@@ -17,7 +17,9 @@
 # Everything the tests of PostgreSQL major MAJOR need, as Debian packages:
 # "make", "make installcheck" (pg_regress, pg_isolation_regress, prove with
 # PostgreSQL::Test::Cluster), "make pgtap" (pg_prove), the examples' tests
-# (python3-psycopg, curl, pgbouncer, plproxy, the Citus build), the DBA
+# (python3-psycopg, curl, pgbouncer, plproxy, the Citus build), the client
+# libraries' tests (FastAPI, Starlette, Django, Flask, pytest, the wheel
+# build; Node.js 20 and npm where Debian has them), the DBA
 # operations tests (pg_repack), the clock tests (faketime), the smoke run
 # of bench/callgrind.sh (valgrind) and the packaging tests (pg_buildext and
 # dpkg-buildpackage, whose implicit build dependency is build-essential;
@@ -34,7 +36,29 @@ deps_packages() {
 		python3 python3-psycopg curl make gcc libc6-dev faketime valgrind \
 		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev libkrb5-dev \
 		build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all \
-		pgxnclient prometheus-postgres-exporter
+		pgxnclient prometheus-postgres-exporter \
+		python3-psycopg-pool python3-psycopg2 python3-django python3-flask \
+		python3-fastapi python3-starlette python3-uvicorn python3-pytest \
+		python3-venv python3-setuptools python3-wheel python3-pip python3-build
+	# the Node.js client needs Node 20 or later with npm: Debian 13 and
+	# later ship it; on Debian 12 it comes from elsewhere (NodeSource), and
+	# Debian's nodejs 18 is not asked for
+	if ! _deps_node_ok && [ "$(_deps_codename)" != bookworm ]; then
+		printf '%s\n' nodejs npm
+	fi
+}
+
+# Is there a Node.js 20 or later, with npm?
+_deps_node_ok() {
+	local major
+	command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1 || return 1
+	major=$(node -p 'process.versions.node.split(".")[0]' 2>/dev/null) || return 1
+	[ "${major:-0}" -ge 20 ]
+}
+
+# The Debian release this runs on (bookworm, trixie, ...), or nothing.
+_deps_codename() {
+	sed -n 's/^VERSION_CODENAME=//p' /etc/os-release 2>/dev/null
 }
 
 # The major of $PG_CONFIG.

@@ -9,7 +9,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(85);
+SELECT plan(93);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_keys_plain;
@@ -20,20 +20,22 @@ CREATE ROLE idem_pgtap_keys_bob;
 -- API functions
 ----------------------------------------------------------------------------
 
--- idem_claim(key text, request jsonb, scope text, ttl interval, lease interval, wait boolean)
---   RETURNS (status, token, recovery_point, response_code, response_body, expires_at)
+-- idem_claim(key text, request jsonb, scope text, ttl interval, lease interval, wait boolean,
+--            keep_request boolean)
+--   RETURNS (status, token, recovery_point, response_code, response_body, expires_at,
+--            response_headers, response_raw)
 SELECT has_function('pg_catalog', 'idem_claim',
-                    ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean'],
-                    'idem_claim(text, jsonb, text, interval, interval, boolean) is in pg_catalog');
+                    ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean', 'boolean'],
+                    'idem_claim(text, jsonb, text, interval, interval, boolean, boolean) is in pg_catalog');
 SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_claim'), 1,
           'idem_claim has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean)'::regprocedure),
+SELECT is(pg_get_function_arguments('pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean, boolean)'::regprocedure),
           'key text, request jsonb DEFAULT NULL::jsonb, scope text DEFAULT ''''::text, '
           'ttl interval DEFAULT NULL::interval, lease interval DEFAULT NULL::interval, '
-          'wait boolean DEFAULT false',
+          'wait boolean DEFAULT false, keep_request boolean DEFAULT false',
           'idem_claim argument names and defaults');
 SELECT function_returns('pg_catalog', 'idem_claim',
-                        ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean'],
+                        ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean', 'boolean'],
                         'idempotency.claim_result',
                         'idem_claim returns one idempotency.claim_result');
 SELECT is(ARRAY(SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
@@ -41,22 +43,25 @@ SELECT is(ARRAY(SELECT a.attname || ' ' || format_type(a.atttypid, a.atttypmod)
                  WHERE a.attrelid = 'idempotency.claim_result'::regclass AND a.attnum > 0
                  ORDER BY a.attnum),
           ARRAY['status text', 'token bigint', 'recovery_point text', 'response_code integer',
-                'response_body jsonb', 'expires_at timestamp with time zone'],
-          'idem_claim answers status, token, recovery_point, response_code, response_body, expires_at');
+                'response_body jsonb', 'expires_at timestamp with time zone',
+                'response_headers jsonb', 'response_raw bytea'],
+          'idem_claim answers status, token, recovery_point, response_code, response_body, expires_at, response_headers, response_raw');
 SELECT is((SELECT proretset FROM pg_proc
-            WHERE oid = 'pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean)'::regprocedure),
+            WHERE oid = 'pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean, boolean)'::regprocedure),
           false, 'idem_claim returns a single row, not a set');
 
--- idem_complete(key text, response_code int, response_body jsonb, scope text, token bigint) RETURNS void
-SELECT has_function('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint'],
-                    'idem_complete(text, integer, jsonb, text, bigint) is in pg_catalog');
+-- idem_complete(key text, response_code int, response_body jsonb, scope text, token bigint,
+--               response_headers jsonb, response_raw bytea) RETURNS void
+SELECT has_function('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint', 'jsonb', 'bytea'],
+                    'idem_complete(text, integer, jsonb, text, bigint, jsonb, bytea) is in pg_catalog');
 SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_complete'), 1,
           'idem_complete has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_complete(text, integer, jsonb, text, bigint)'::regprocedure),
+SELECT is(pg_get_function_arguments('pg_catalog.idem_complete(text, integer, jsonb, text, bigint, jsonb, bytea)'::regprocedure),
           'key text, response_code integer, response_body jsonb DEFAULT NULL::jsonb, '
-          'scope text DEFAULT ''''::text, token bigint DEFAULT NULL::bigint',
+          'scope text DEFAULT ''''::text, token bigint DEFAULT NULL::bigint, '
+          'response_headers jsonb DEFAULT NULL::jsonb, response_raw bytea DEFAULT NULL::bytea',
           'idem_complete argument names and defaults');
-SELECT function_returns('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint'],
+SELECT function_returns('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint', 'jsonb', 'bytea'],
                         'void', 'idem_complete returns void');
 
 -- idem_checkpoint(key text, recovery_point text, scope text, token bigint) RETURNS void
@@ -92,25 +97,42 @@ SELECT is(pg_get_function_arguments('pg_catalog.idem_lookup(text, text)'::regpro
 SELECT is(pg_get_function_result('pg_catalog.idem_lookup(text, text)'::regprocedure),
           'TABLE(status text, token bigint, recovery_point text, response_code integer, '
           'response_body jsonb, claimed_at timestamp with time zone, '
-          'expires_at timestamp with time zone, lease_expires_at timestamp with time zone)',
+          'expires_at timestamp with time zone, lease_expires_at timestamp with time zone, '
+          'response_headers jsonb, response_raw bytea, request jsonb)',
           'idem_lookup returns a table of its columns');
 SELECT function_returns('pg_catalog', 'idem_lookup', ARRAY['text', 'text'], 'setof record',
                         'idem_lookup returns SETOF record');
 
--- properties shared by all five: VOLATILE, PARALLEL UNSAFE, not SECURITY
+-- idem_recover(lease interval, scope text, max_keys int) RETURNS TABLE (...)
+SELECT has_function('pg_catalog', 'idem_recover', ARRAY['interval', 'text', 'integer'],
+                    'idem_recover(interval, text, integer) is in pg_catalog');
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_recover'), 1,
+          'idem_recover has no other overload in any schema');
+SELECT is(pg_get_function_arguments('pg_catalog.idem_recover(interval, text, integer)'::regprocedure),
+          'lease interval, scope text DEFAULT NULL::text, max_keys integer DEFAULT 10',
+          'idem_recover argument names and defaults');
+SELECT is(pg_get_function_result('pg_catalog.idem_recover(interval, text, integer)'::regprocedure),
+          'TABLE(key text, scope text, token bigint, recovery_point text, request jsonb, '
+          'lapsed_at timestamp with time zone)',
+          'idem_recover returns a table of its columns');
+SELECT function_returns('pg_catalog', 'idem_recover', ARRAY['interval', 'text', 'integer'], 'setof record',
+                        'idem_recover returns SETOF record');
+
+-- properties shared by all six: VOLATILE, PARALLEL UNSAFE, not SECURITY
 -- DEFINER, not STRICT, no SET clause, C language, members of the extension,
 -- executable by an ordinary role
 CREATE TEMP TABLE key_functions (fn regprocedure PRIMARY KEY);
 INSERT INTO key_functions VALUES
-  ('pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean)'),
-  ('pg_catalog.idem_complete(text, integer, jsonb, text, bigint)'),
+  ('pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean, boolean)'),
+  ('pg_catalog.idem_complete(text, integer, jsonb, text, bigint, jsonb, bytea)'),
   ('pg_catalog.idem_checkpoint(text, text, text, bigint)'),
   ('pg_catalog.idem_release(text, text, bigint)'),
-  ('pg_catalog.idem_lookup(text, text)');
+  ('pg_catalog.idem_lookup(text, text)'),
+  ('pg_catalog.idem_recover(interval, text, integer)');
 
-SELECT volatility_is('pg_catalog', 'idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean'],
+SELECT volatility_is('pg_catalog', 'idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean', 'boolean'],
                      'volatile', 'idem_claim is VOLATILE');
-SELECT volatility_is('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint'],
+SELECT volatility_is('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint', 'jsonb', 'bytea'],
                      'volatile', 'idem_complete is VOLATILE');
 SELECT volatility_is('pg_catalog', 'idem_checkpoint', ARRAY['text', 'text', 'text', 'bigint'],
                      'volatile', 'idem_checkpoint is VOLATILE');
@@ -118,9 +140,11 @@ SELECT volatility_is('pg_catalog', 'idem_release', ARRAY['text', 'text', 'bigint
                      'volatile', 'idem_release is VOLATILE');
 SELECT volatility_is('pg_catalog', 'idem_lookup', ARRAY['text', 'text'],
                      'volatile', 'idem_lookup is VOLATILE');
-SELECT isnt_definer('pg_catalog', 'idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean'],
+SELECT volatility_is('pg_catalog', 'idem_recover', ARRAY['interval', 'text', 'integer'],
+                     'volatile', 'idem_recover is VOLATILE');
+SELECT isnt_definer('pg_catalog', 'idem_claim', ARRAY['text', 'jsonb', 'text', 'interval', 'interval', 'boolean', 'boolean'],
                     'idem_claim is not SECURITY DEFINER');
-SELECT isnt_definer('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint'],
+SELECT isnt_definer('pg_catalog', 'idem_complete', ARRAY['text', 'integer', 'jsonb', 'text', 'bigint', 'jsonb', 'bytea'],
                     'idem_complete is not SECURITY DEFINER');
 SELECT isnt_definer('pg_catalog', 'idem_checkpoint', ARRAY['text', 'text', 'text', 'bigint'],
                     'idem_checkpoint is not SECURITY DEFINER');
@@ -128,6 +152,8 @@ SELECT isnt_definer('pg_catalog', 'idem_release', ARRAY['text', 'text', 'bigint'
                     'idem_release is not SECURITY DEFINER');
 SELECT isnt_definer('pg_catalog', 'idem_lookup', ARRAY['text', 'text'],
                     'idem_lookup is not SECURITY DEFINER');
+SELECT isnt_definer('pg_catalog', 'idem_recover', ARRAY['interval', 'text', 'integer'],
+                    'idem_recover is not SECURITY DEFINER');
 SELECT is(ARRAY(SELECT fn::text FROM key_functions k JOIN pg_proc p ON p.oid = k.fn
                  WHERE p.proisstrict ORDER BY 1),
           ARRAY[]::text[], 'none of the key functions is STRICT (NULL arguments get a clean error)');
@@ -146,10 +172,10 @@ SELECT is((SELECT count(*)::int FROM key_functions k
             WHERE d.refclassid = 'pg_extension'::regclass
               AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
               AND d.deptype = 'e'),
-          5, 'the five key functions are members of the extension');
-SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean)', 'EXECUTE'),
+          6, 'the six key functions are members of the extension');
+SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean, boolean)', 'EXECUTE'),
           'an ordinary role can execute idem_claim()');
-SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_complete(text, integer, jsonb, text, bigint)', 'EXECUTE'),
+SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_complete(text, integer, jsonb, text, bigint, jsonb, bytea)', 'EXECUTE'),
           'an ordinary role can execute idem_complete()');
 SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_checkpoint(text, text, text, bigint)', 'EXECUTE'),
           'an ordinary role can execute idem_checkpoint()');
@@ -157,6 +183,8 @@ SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_relea
           'an ordinary role can execute idem_release()');
 SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_lookup(text, text)', 'EXECUTE'),
           'an ordinary role can execute idem_lookup()');
+SELECT ok(has_function_privilege('idem_pgtap_keys_plain', 'pg_catalog.idem_recover(interval, text, integer)', 'EXECUTE'),
+          'an ordinary role can execute idem_recover()');
 
 ----------------------------------------------------------------------------
 -- Storage table, made on first use (here by an ordinary role's first claim)
@@ -197,7 +225,10 @@ SELECT is((SELECT array_agg(attname || ' ' || format_type(atttypid, atttypmod)
                 'state "char" not null', 'token bigint not null',
                 'claimed_at timestamp with time zone not null',
                 'lease_until timestamp with time zone', 'fingerprint bytea',
-                'recovery_point text', 'response_code integer', 'response_body jsonb'],
+                'recovery_point text', 'response_code integer', 'response_body jsonb',
+                'kept_key text', 'kept_scope text', 'kept_request jsonb',
+                'recover_at timestamp with time zone', 'response_headers jsonb',
+                'response_raw bytea'],
           'idempotency.keys has its columns');
 SELECT is((SELECT relowner FROM pg_class WHERE oid = 'idempotency.keys'::regclass),
           (SELECT extowner FROM pg_extension WHERE extname = 'idempotency'),
@@ -221,12 +252,13 @@ SELECT is((SELECT array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
              FROM pg_inherits i
              JOIN pg_class c ON c.oid = i.inhrelid
             WHERE i.inhparent = 'idempotency.keys'::regclass
-              AND (SELECT array_agg(pg_get_indexdef(x.indexrelid, 1, true)
-                                    || CASE WHEN x.indisvalid THEN '' ELSE ' (invalid)' END)
-                     FROM pg_index x WHERE x.indrelid = c.oid)
-                  IS DISTINCT FROM ARRAY['digest']),
+              AND ARRAY(SELECT regexp_replace(pg_get_indexdef(x.indexrelid), '^.* USING ', '')
+                               || CASE WHEN x.indisvalid THEN '' ELSE ' (invalid)' END
+                          FROM pg_index x WHERE x.indrelid = c.oid ORDER BY 1)
+                  IS DISTINCT FROM ARRAY['btree (digest)',
+                                         'btree (role, recover_at) WHERE (recover_at IS NOT NULL)']),
           NULL,
-          'every partition of idempotency.keys has exactly one valid index, on (digest)');
+          'every partition of idempotency.keys has two valid indexes: (digest), and (role, recover_at) for kept requests');
 
 -- an ordinary role can neither read nor write the storage
 SELECT is(ARRAY(SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE',

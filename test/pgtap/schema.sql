@@ -79,8 +79,9 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
               AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
               AND d.deptype = 'e'
               AND p.pronamespace = 'pg_catalog'::regnamespace),
-          ARRAY['idem_checkpoint', 'idem_claim', 'idem_complete', 'idem_consume_message',
-                'idem_consume_messages', 'idem_lookup', 'idem_maintain', 'idem_release'],
+          ARRAY['idem_advance', 'idem_assign', 'idem_checkpoint', 'idem_claim', 'idem_complete',
+                'idem_consume_message', 'idem_consume_messages', 'idem_lookup', 'idem_maintain',
+                'idem_positions', 'idem_recover', 'idem_release', 'idem_sequence'],
           'the API functions in pg_catalog are members of the extension');
 
 -- privileges
