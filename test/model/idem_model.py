@@ -4,17 +4,19 @@ test/model/idem_model.py -- a seeded, model-based random test of the
 idempotency extension's SQL API (issue 21, section 2).
 
 Several sessions (3 by default) drive the API with random sequences of
-calls: idem_claim (same-transaction and two-phase, with and without request
-fingerprints, wait true and false), idem_complete, idem_checkpoint,
+statements: idem_claim (same-transaction and two-phase, with and without
+request fingerprints, wait true and false), idem_complete, idem_checkpoint,
 idem_release, idem_lookup, idem_consume_message, idem_consume_messages
 (batches with duplicates), idempotency.export_keys / import_key /
 export_messages / import_message (as superuser, with bad records, and as an
-ordinary role), in READ COMMITTED, REPEATABLE READ and read-only
-transactions, with savepoints, ROLLBACK TO SAVEPOINT, RELEASE SAVEPOINT,
-rollbacks, bad arguments, statement_timeout, lock_timeout and
-pg_cancel_backend(), and ttls of 1 to 3 seconds (with a 1 s
-partition_interval the keys and ids really expire, and their partitions are
-dropped, during the run).
+ordinary role), in READ COMMITTED, REPEATABLE READ, SERIALIZABLE and
+read-only transactions, with savepoints, ROLLBACK TO SAVEPOINT, RELEASE
+SAVEPOINT, rollbacks, every documented bad argument, statement_timeout,
+lock_timeout and pg_cancel_backend(), and ttls of 1 to 3 seconds (with a
+1 s partition_interval the keys and ids really expire, and their partitions
+are dropped, during the run).  About one round in eight sends a statement
+to 2 or 3 sessions at once; sessions take turns being slow, so that some
+transactions stay open for seconds.
 
 After every round the answers of the server are checked against a reference
 model of the contract of doc/reference.md, written here:
@@ -29,37 +31,64 @@ model of the contract of doc/reference.md, written here:
     no cycle among those waits;
   - then the model explains what it sees: it tries every order in which the
     running statements may have taken effect (and the statements they woke
-    up, by ending or rolling back what they waited for), every way the
-    clock may have fallen near an expiry or a lease's end (a statement's
-    clock is somewhere between just before it was sent and just after its
-    answer arrived, give or take MODEL_CLOCK_TOL_MS), every victim of a
-    deadlock, every effect of a cancel that raced the statement; one
+    up, by ending, rolling back or failing), every way the clock may have
+    fallen near an expiry or a lease's end (a statement's clock is
+    somewhere between just before it was sent and just after its answer
+    arrived, give or take MODEL_CLOCK_TOL_MS), every victim of a deadlock,
+    every effect of a cancel or timeout that raced the statement; one
     explanation must give exactly the answers and the waits seen.  If none
-    does, that is a difference: the seed, the round, what the model allowed
-    and what the server answered are printed, with every earlier step that
-    touched the same keys or message ids.
+    does, that is a difference: the seed, the round, every explanation
+    tried and where it fails, and the earlier steps on the same keys or
+    message ids are printed.
 
-What the model allows is what the contract allows, and nothing else: a
-claim with wait => false that races another statement on the same key may
-answer in_progress (the key lock was busy); an expiry or a lease's end
-within a statement's clock window may go either way; a statement racing a
-cancel may be cancelled.  Never two holders of one key, a completed key
-answering claimed, a consumed id answering true twice within its ttl, a
-stale token accepted, a wrong response replayed, a token that does not
-increase.
+What the model allows is what the contract allows, and nothing else:
+  - an expiry or a lease's end within a statement's clock window may go
+    either way; a new claim's token and expires_at come from one instant of
+    the window (expires_at - ttl), and the token is that instant or the
+    previous token + 1;
+  - a claim with wait => false racing another statement on the same key
+    may answer in_progress (the key lock was busy);
+  - a statement waiting for a transaction whose row was rolled back to a
+    savepoint may go on, or wait until that transaction ends (the contract:
+    "waits for it to end"; PostgreSQL waits for the topmost transaction
+    once the subtransaction it waited for has been released);
+  - any member of a cycle of waits may be the deadlock victim (40P01); a
+    statement that a cancel or timeout raced may end with 57014 or 55P03,
+    one that waits under a timeout must; any statement of a SERIALIZABLE
+    transaction may fail with 40001; the contract does not say which of
+    several errors of one bad import record is reported, so any of them.
+Never two holders of one key, a completed key answering claimed, a consumed
+id answering true twice within its ttl, a stale token accepted, a wrong
+response replayed, a token that does not increase, a wrong SQLSTATE.
+
+Where the contract (reference.md) and the code knowingly part, the model
+follows the later word: a completed key is replaced by an import only if
+the import is completed too (CHANGELOG 0.3.1; reference.md's table of
+import outcomes says a larger token replaces it).  What is known to differ
+from the contract is, unless MODEL_STRICT=1, not generated, or, where it
+cannot be avoided, accepted and counted in the statistics:
+  1. export_keys() in a REPEATABLE READ or SERIALIZABLE transaction that has
+     written keys: a key another transaction changed since the snapshot and
+     this one changed again is exported as of the snapshot, or twice (not
+     generated);
+  2. import_message() answers "kept" when its record expired during the
+     call (while it waited for another transaction writing the id, which
+     then rolled back), though nothing was kept: the contract says
+     "expired" (accepted).
 
 Usage:
   idem_model.py --dsn DSN [--seed N | --seeds 1,2,3] [--steps N]
                 [--sessions N] [--trace FILE] [--verbose]
-Environment: SEED, MODEL_SEEDS, MODEL_STEPS, MODEL_SESSIONS,
+Environment: SEED, MODEL_SEEDS, MODEL_STEPS, MODEL_SESSIONS, MODEL_STRICT,
   MODEL_CLOCK_TOL_MS (default 2), MODEL_SETTLE_SECONDS (default 60).
 Exit status: 0 no difference, 1 a difference (or the server got stuck),
   2 bad usage or setup, 77 psycopg is not importable.
 
 The database must have the extension installed and be served with
-idempotency.partition_interval = 1s, key_ttl and message_ttl = 2s (the
-script reads the settings); the script creates the role idem_model_alt if
-needed.  See test/t/060_model.pl and doc/testing.md.
+idempotency.partition_interval = 1s, key_ttl and message_ttl of a few
+seconds (the script reads the settings) and the default deadlock_timeout
+(1 s); the script connects as a superuser and creates the role
+idem_model_alt if needed.  See test/t/060_model.pl and doc/testing.md.
 """
 
 import argparse
@@ -524,6 +553,7 @@ class Model:
         # a completed key is replaced by an import only if it is completed
         # (CHANGELOG 0.3.1; reference.md's table does not say so)
         self.completed_final = True
+        self.strict = os.environ.get('MODEL_STRICT', '') not in ('', '0')
 
     # -- the statement kinds; each predict(w, c, ch, contended) -> Out
 
@@ -1056,13 +1086,25 @@ class Model:
             return Err('25006', 'read-only transaction')
         e = f['exp']
         mid = a['mid']
+        waited = w.conts.pop(s, None) == 'waited'
         if ch.passed(c, e, e):
+            if waited and not self.strict and ch.pick(2) == 1:
+                # known difference 2: after a wait, a record that expired
+                # meanwhile is answered "kept" though nothing was kept
+                ch.notes.append('known difference 2 (import_message: kept after its record expired)')
+                return Ok('kept (the record expired while it waited)', check=expect_rows([['kept']]))
             return Ok('expired', check=expect_rows([['expired']]))
         u = w.busy_msg(s, mid)
         if u is not None:
+            w.conts[s] = 'waited'
             return Block(u, ('m', mid))
         if w.own_msg(s, mid) is not None or self.msg_live(w, c, ch, mid):
             return Ok('kept', check=expect_rows([['kept']]))
+        if not self.strict and e <= self.win_of(c)[1] and ch.pick(2) == 1:
+            # known difference 2, within the call: the record expires between
+            # the check for "expired" and the write
+            ch.notes.append('known difference 2 (import_message: kept after its record expired)')
+            return Ok('kept (the record expired during the call)', check=expect_rows([['kept']]))
 
         def fill(w, res):
             w.write_msg(s, mid, (e, e))
@@ -1404,8 +1446,10 @@ class Driver:
         runnable = list(newcalls)
         for s, b in list(w.blocked.items()):
             if b[0].armed:
+                # cancelled where it waits (what it waits for has not changed)
                 del w.blocked[s]
-                runnable.append(b[0])
+                w.conts.pop(s, None)
+                runnable.append(('err', b[0], Err(b[0].armed, f"waits for S{b[1]}; cancelled")))
         runnable += self.woken(w, ch)
         done = set()
         while runnable:
