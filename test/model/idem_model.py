@@ -781,7 +781,7 @@ class Model:
             return Ok('no row', check=expect_rows([]))
         st = {'p': 'in_progress', 'c': 'completed', 'r': 'released'}[v.st]
         row = [st, v.tok, v.rp, v.code, v.body, v.cat, v.exp, v.lease]
-        return Ok(f"row {row}", check=expect_rows([[None if x is None else str(x) for x in row]]))
+        return Ok(f"row {st} ({row})", check=expect_rows([[None if x is None else str(x) for x in row]]))
 
     # -- messages
 
@@ -859,7 +859,7 @@ class Model:
         for i in a['ids']:
             if i in new and i not in out:
                 out.append(i)
-        return Ok(f"new ids {out}", check=expect_rows([[i] for i in out]))
+        return Ok(f"{'some' if out else 'no'} new ids ({out})", check=expect_rows([[i] for i in out]))
 
     # -- export and import
 
@@ -890,7 +890,7 @@ class Model:
             st = {'p': 'in_progress', 'c': 'completed', 'r': 'released'}[v.st]
             row = (kid[0], digest(kid[1], kid[2]), str(v.exp), st, str(v.tok), str(v.cat),
                    None if v.lease is None else str(v.lease), v.fp, v.rp,
-                   None if v.code is None else str(v.code), v.body)
+                   None if v.code is None else str(v.code), v.body) + (('0',) if self.extra_export else ())
             (req if v.exp > hi else opt)[row[1] + '/' + row[0]] = row
 
         def check(res):
@@ -1240,6 +1240,15 @@ class Driver:
         if settings['key_ttl'] > 10 * 1000000 or settings['message_ttl'] > 10 * 1000000:
             raise RuntimeError("idempotency.key_ttl and message_ttl must be a few seconds "
                                "(the model's keys must expire during the run)")
+        # columns of the record types beyond those of the v1 contract
+        # (0.4.0 added some to key_record): NULL on import, NULL on export
+        # for what this test writes
+        cols = lambda t: m.execute(
+            """SELECT attname::text, format_type(atttypid, atttypmod) FROM pg_attribute
+                WHERE attrelid = %s::regclass AND attnum > 0 AND NOT attisdropped
+                ORDER BY attnum""", (t,)).fetchall()
+        self.key_extra = cols('idempotency.key_record')[11:]
+        self.msg_extra = cols('idempotency.message_record')[3:]
         self.superuser = m.execute("SELECT current_user").fetchone()[0]
         if not m.execute("SELECT rolsuper FROM pg_roles WHERE rolname = current_user").fetchone()[0]:
             raise RuntimeError("the script must connect as a superuser")
@@ -1249,17 +1258,12 @@ class Driver:
         tag = f"{self.seed}.{os.urandom(3).hex()}"
         self.roles = [self.superuser, ALT_ROLE]
         self.scopes = ['', f'{tag}/s']
-        self.keys = [f'{tag}/k{i}' for i in range(6)]
+        self.tag = tag
         self.consumers = [f'{tag}/c{i}' for i in range(2)]
-        self.ids = [f'm{i}' for i in range(6)]
-        universe = {}
-        for sc in self.scopes:
-            for k in self.keys:
-                universe[digest(sc, k)] = ('k', sc, k)
-        for co in self.consumers:
-            for i in self.ids:
-                universe[digest(co, i)] = ('m', co, i)
-        self.model = Model(settings, self.superuser, universe)
+        self.universe = {}
+        self.t0 = time.monotonic()
+        self.model = Model(settings, self.superuser, self.universe)
+        self.model.extra_export = bool(self.key_extra)
         self.reqs = [
             {"amount": 100, "currency": "EUR"},
             {"amount": 100, "currency": "USD"},
@@ -1269,6 +1273,24 @@ class Driver:
 
     def win_of(self, c):
         return self.windows[id(c)]
+
+    # -- names: 6 keys and 6 message ids at a time, a new one every half
+    # second, so that fresh keys keep coming while the old ones expire
+    def window(self):
+        return int((time.monotonic() - self.t0) * 2)
+
+    def key_name(self):
+        n = self.window() + self.rng.randrange(6)
+        key = f'{self.tag}/k{n}'
+        for sc in self.scopes:
+            self.universe.setdefault(digest(sc, key), ('k', sc, key))
+        return key
+
+    def msg_id(self):
+        i = f'm{self.window() + self.rng.randrange(6)}'
+        for co in self.consumers:
+            self.universe.setdefault(digest(co, i), ('m', co, i))
+        return i
 
     # -- logging
     def note(self, text, touched=()):
@@ -1629,7 +1651,7 @@ class Driver:
         if r < 0.25:
             req = None
         elif r < 0.85:
-            req = self.reqs[(self.keys.index(key) if key in self.keys else 0) % len(self.reqs)]
+            req = self.reqs[int(key.rsplit('k', 1)[-1]) % len(self.reqs) if key.rsplit('k', 1)[-1].isdigit() else 0]
         else:
             req = rng.choice(self.reqs)
         ttl = self.pick_ttl()
@@ -1730,7 +1752,7 @@ class Driver:
                                 cands.add((kid[1], kid[2]))
             if cands:
                 return rng.choice(sorted(cands))
-        return (rng.choice(self.scopes), rng.choice(self.keys))
+        return (rng.choice(self.scopes), self.key_name())
 
     def act_call(self, s, op):
         rng = self.rng
@@ -1852,7 +1874,7 @@ class Driver:
     def consume_call(self, s):
         rng = self.rng
         co = rng.choice(self.consumers)
-        i = rng.choice(self.ids)
+        i = self.msg_id()
         ttl = self.pick_ttl()
         a = dict(consumer=co, id=i, ttl=ttl)
         p = [co, i, None if ttl is None else self.ttl_text(ttl)]
@@ -1881,7 +1903,7 @@ class Driver:
         rng = self.rng
         co = rng.choice(self.consumers)
         n = rng.choice([0, 1, 2, 3, 3, 4, 5])
-        ids = [rng.choice(self.ids) for _ in range(n)]
+        ids = [self.msg_id() for _ in range(n)]
         ttl = self.pick_ttl()
         a = dict(consumer=co, ids=ids, ttl=ttl)
         arr = '{' + ','.join(json.dumps(i) for i in ids) + '}'
@@ -1944,7 +1966,7 @@ class Driver:
             sql = ("SELECT role, digest::text, " + US.format('expires_at') + ", status, token, "
                    + US.format('claimed_at') + ", " + US.format('lease_expires_at')
                    + ", encode(fingerprint, 'hex'), recovery_point, response_code, response_body::text"
-                   " FROM idempotency.export_keys($1::text[])")
+                   + self.extra_nulls() + " FROM idempotency.export_keys($1::text[])")
             c = Call(s, 'export_keys', sql, p, **a)
         c.label = c.kind + (f" {sorted(names)}" if names is not None else ' all')
         if p[0] is None and rng.random() < 0.5 and 'bad' not in a:
@@ -1952,9 +1974,16 @@ class Driver:
             c.params = []
         return c
 
+    def extra_nulls(self):
+        """A last column counting the non-NULL columns of key_record beyond
+        the v1 ones, which stay NULL for what this test writes."""
+        if not self.key_extra:
+            return ''
+        return ", num_nonnulls(" + ', '.join(n for n, _ in self.key_extra) + ")"
+
     KEY_IMPORT = ("SELECT idempotency.import_key(ROW($1::name, $2::uuid, $3::timestamptz, $4::text, "
                   "$5::bigint, $6::timestamptz, $7::timestamptz, decode($8, 'hex'), $9::text, $10::int, "
-                  "$11::jsonb){cast})")
+                  "$11::jsonb{extra}){cast})")
 
     def import_key_call(self, s):
         """import_key() of a record the last export gave (as it was, or
@@ -1986,7 +2015,7 @@ class Driver:
                     f['lease'] = min(f['lease'], f['exp'])
         else:
             scope = rng.choice(self.scopes)
-            key = rng.choice(self.keys)
+            key = self.key_name()
             exp = now + rng.choice([800000, 1500000, 2500000])
             st = rng.choice(['in_progress', 'completed', 'released'])
             req = rng.choice([None] + self.reqs)
@@ -2007,7 +2036,8 @@ class Driver:
                 # the largest token there is: no claim can take the key over
                 f['token'] = self.model.MAX_TOKEN
         cast = rng.choice(['::idempotency.key_record', ''])
-        sql = self.KEY_IMPORT.format(cast=cast)
+        extra = ''.join(f", NULL::{t}" for _, t in self.key_extra) if cast or rng.random() < 0.5 else ''
+        sql = self.KEY_IMPORT.format(cast=cast, extra=extra)
         bad = None
         if rng.random() < 0.15:
             bad = rng.choice(['role_null', 'role_unknown', 'digest_null', 'exp_null', 'status_null',
@@ -2049,7 +2079,7 @@ class Driver:
             elif bad == 'types':
                 sql = sql.replace('$2::uuid', '$2::text').replace('::idempotency.key_record', '')
                 f['types'] = True
-        dg = f['digest'] if f['digest'] is not None else digest(rng.choice(self.scopes), self.keys[0])
+        dg = f['digest'] if f['digest'] is not None else digest(rng.choice(self.scopes), self.key_name())
         kid = ((f['role'],) + self.model.u[dg][1:]) if dg in self.model.u else None
         ts = lambda us: None if us is None else us_to_ts(us)
         p = [f['role'], f['digest'], ts(f['exp']), f['status'], f['token'], ts(f['cat']),
@@ -2071,12 +2101,13 @@ class Driver:
                 f['exp'] = now - 1000
         else:
             co = rng.choice(self.consumers)
-            i = rng.choice(self.ids)
+            i = self.msg_id()
             f = dict(role=rng.choice(self.roles), digest=digest(co, i),
                      exp=now + rng.choice([300000, 1000000, 2500000, -5000]))
         dg = f['digest']
         mid = (f['role'],) + self.model.u[dg][1:]
-        sql = ("SELECT idempotency.import_message(ROW($1::name, $2::uuid, $3::timestamptz)"
+        sql = ("SELECT idempotency.import_message(ROW($1::name, $2::uuid, $3::timestamptz"
+               + ''.join(f", NULL::{t}" for _, t in self.msg_extra) + ")"
                + rng.choice(['::idempotency.message_record', '']) + ")")
         bad = None
         if rng.random() < 0.12:
@@ -2303,7 +2334,7 @@ class Driver:
             "SELECT role::text, digest::text, " + US.format('expires_at') + ", status, token, "
             + US.format('claimed_at') + ", " + US.format('lease_expires_at')
             + ", encode(fingerprint, 'hex'), recovery_point, response_code, response_body::text"
-            " FROM idempotency.export_keys()").fetchall()
+            + self.extra_nulls() + " FROM idempotency.export_keys()").fetchall()
         mrows = self.mon.execute(
             "SELECT role::text, digest::text, " + US.format('expires_at')
             + " FROM idempotency.export_messages()").fetchall()
@@ -2316,7 +2347,7 @@ class Driver:
                 continue
             st = {'p': 'in_progress', 'c': 'completed', 'r': 'released'}[v.st]
             row = (kid[0], digest(kid[1], kid[2]), str(v.exp), st, str(v.tok), str(v.cat),
-                   sk(v.lease), v.fp, v.rp, sk(v.code), v.body)
+                   sk(v.lease), v.fp, v.rp, sk(v.code), v.body) + (('0',) if self.key_extra else ())
             (req if v.exp > hi else opt)[row[1] + '/' + row[0]] = row
         got = Res(True, rows=[tuple(sk(x) for x in r) for r in krows])
         why = self.model.check_export(got, req, opt)

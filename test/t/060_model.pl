@@ -15,7 +15,7 @@
 #
 # Settings (environment):
 #   MODEL_SEEDS   comma-separated seeds (default 1,2,3); SEED=<n> runs only n
-#   MODEL_STEPS   rounds per seed (default 6000; a release run: 200000)
+#   MODEL_STEPS   rounds per seed (default 10000; a release run: 200000)
 #   MODEL_STRICT  1: also generate what is known to differ (see the script)
 #   MODEL_PYTHON  the python3 to run it with (default: Debian's
 #                 /usr/bin/python3, else python3 on PATH), which must have
@@ -62,7 +62,7 @@ my @seeds =
   defined $ENV{SEED} && $ENV{SEED} ne ''
   ? ($ENV{SEED})
   : split /,/, ($ENV{MODEL_SEEDS} || '1,2,3');
-my $steps = $ENV{MODEL_STEPS} || 6000;
+my $steps = $ENV{MODEL_STEPS} || 10000;
 
 my $node = PostgreSQL::Test::Cluster->new('model');
 $node->init;
