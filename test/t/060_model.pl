@@ -52,7 +52,7 @@ for my $py (grep { defined && $_ ne '' } $ENV{MODEL_PYTHON}, '/usr/bin/python3',
 		$python = $py;
 		last;
 	}
-	$why //= "$py: " . ((split /\n/, $err || $@ || 'cannot run')[-1]);
+	$why //= "$py: " . ((split /\n/, $err || $@ || 'cannot run')[-1] =~ s/ at \S+ line \d+\.?$//r);
 	last if defined $ENV{MODEL_PYTHON};
 }
 plan skip_all => "psycopg 3 is not importable ($why); install python3-psycopg"
