@@ -758,6 +758,8 @@ class Model:
         if u is not None:
             return Err('55006', f'S{u} is writing it')
         mine = w.own_key(s, kid)
+        if mine is not None and mine.exp <= self.win_of(c)[0]:
+            ch.notes.append("the caller's own row was past its expiry")
         v = mine if mine is not None else self.key_live(w, c, ch, kid)
         if v is None:
             return Err('55000', 'no live claim')
@@ -1756,6 +1758,11 @@ class Driver:
         now and then a committed two-phase claim (to take over)."""
         rng = self.rng
         t = self.w.txns[s]
+        if rng.random() < (0.7 if self.tempo.get(s, 1) < 1 else 0.3):
+            # its own keys: a slow transaction comes back to them after they expired
+            own = sorted({(k[1], k[2]) for lv in t.levels for k, vs in lv.keys.items() if vs and k[0] == t.role})
+            if own:
+                return rng.choice(own)
         if rng.random() < 0.15:
             held = sorted((k[1], k[2]) for k, v in self.w.keys.items() if k[0] == t.role and v.st == 'p')
             if held:
@@ -2246,7 +2253,8 @@ class Driver:
         nops = sum(len(lv.keys) + len(lv.msgs) for lv in t.levels)
         r = rng.random()
         unresolved = self.w.unresolved(s)
-        if r < 0.04 + 0.03 * nops:
+        slow = self.tempo.get(s, 1) < 1      # a slow session keeps its transaction open
+        if r < (0.04 + 0.03 * nops) * (0.2 if slow else 1):
             # end the transaction (resolve same-transaction claims first, mostly)
             if unresolved is not None and rng.random() < 0.85:
                 c = self.act_call(s, rng.choice(['complete', 'complete', 'release']))
@@ -2424,7 +2432,7 @@ class Driver:
             # favour what ends waits: the sessions others wait for; a slow
             # session keeps its transaction open for seconds
             if time.monotonic() >= self.tempo_until:
-                self.tempo = {s: rng.choice([1, 1, 1, 0.002]) for s in self.sess}
+                self.tempo = {s: rng.choice([1, 1, 1, 0.005]) for s in self.sess}
                 self.tempo_until = time.monotonic() + 2.5
             blockers = {b[1] for b in self.w.blocked.values()}
             cands = [s for s in self.sess]
