@@ -2527,6 +2527,10 @@ def main():
                         involved |= touched
                 for c in d.inflight.values():
                     sessions.add(c.sess)
+                # the digests an export's difference names
+                for dg in re.findall(r'[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}', str(e)):
+                    if dg in d.universe:
+                        involved.add(d.universe[dg])
                 rel = [(step, text) for step, text, touched in d.log
                        if step != d.step and (touched & involved)]
                 print(f"the last 40 earlier steps that touched the same keys or ids "
