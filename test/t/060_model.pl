@@ -1,0 +1,125 @@
+# test/t/060_model.pl -- the model-based random test of the SQL API
+# (test/model/idem_model.py; issue 21, section 2).
+#
+# A seeded Python script drives the API from 3 sessions at once (claims in
+# both modes, completions, checkpoints, releases, lookups, single and batch
+# consumes, exports and imports with bad records, savepoints, rollbacks,
+# bad arguments, cancels and timeouts, races of 2 or 3 statements sent at
+# once) with ttls of 1 to 3 s while partitions roll over every second, and
+# checks every answer against a reference model of doc/reference.md: the
+# answer must be one the contract allows given the order in which the
+# racing statements may have taken effect and where the clock may have
+# fallen (see the script's header).  A difference fails the test with the
+# seed, the round, the model's expectation and the server's answer, and
+# the earlier steps on the same keys; `SEED=<n>` replays that seed.
+#
+# Settings (environment):
+#   MODEL_SEEDS   comma-separated seeds (default 1,2,3); SEED=<n> runs only n
+#   MODEL_STEPS   rounds per seed (default 10000; a release run: 200000)
+#   MODEL_STRICT  1: also generate what is known to differ (see the script)
+#   MODEL_PYTHON  the python3 to run it with (default: Debian's
+#                 /usr/bin/python3, else python3 on PATH), which must have
+#                 psycopg 3; without it the test is skipped and says why
+#
+# Run: make installcheck REGRESS= ISOLATION= PROVE_TESTS=test/t/060_model.pl
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
+
+use IPC::Run;
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Torture;
+
+my $script = "$FindBin::RealBin/../model/idem_model.py";
+
+# a python3 that has psycopg 3 (Debian's first: another python3 on PATH may
+# be a build without it)
+my ($python, $why);
+for my $py (grep { defined && $_ ne '' } $ENV{MODEL_PYTHON}, '/usr/bin/python3', 'python3')
+{
+	my ($out, $err) = ('', '');
+	my $ok = eval {
+		IPC::Run::run([ $py, '-c', 'import psycopg; print(psycopg.__version__)' ],
+			'>', \$out, '2>', \$err);
+	};
+	if ($ok)
+	{
+		$python = $py;
+		last;
+	}
+	$why //= "$py: " . ((split /\n/, $err || $@ || 'cannot run')[-1] =~ s/ at \S+ line \d+\.?$//r);
+	last if defined $ENV{MODEL_PYTHON};
+}
+plan skip_all => "psycopg 3 is not importable ($why); install python3-psycopg"
+  unless defined $python;
+
+my @seeds =
+  defined $ENV{SEED} && $ENV{SEED} ne ''
+  ? ($ENV{SEED})
+  : split /,/, ($ENV{MODEL_SEEDS} || '1,2,3');
+my $steps = $ENV{MODEL_STEPS} || 10000;
+
+my $node = PostgreSQL::Test::Cluster->new('model');
+$node->init;
+# torture_conf(): the worker every second, 1 s partitions, 2 s default
+# ttls; the model's sessions, monitor and partition makers fit easily
+$node->append_conf(
+	'postgresql.conf', torture_conf() . q{
+max_worker_processes = 20
+log_min_error_statement = panic
+});
+$node->start;
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency; CREATE ROLE idem_model_alt');
+ok( poll_until(
+		'partitions of both ledgers',
+		sub {
+			$node->safe_psql('postgres', 'SELECT idem_maintain()');
+			return $node->safe_psql('postgres',
+				'SELECT count(DISTINCT table_name) FROM idempotency.partitions') eq '2';
+		}),
+	'partitions of both ledgers exist');
+
+my $log_off = log_size($node);
+for my $seed (@seeds)
+{
+	my ($out, $err) = ('', '');
+	# every statement and answer, kept when the seed finds a difference
+	my $trace = "$PostgreSQL::Test::Utils::log_path/060_model_seed$seed.trace";
+	my $ok = eval {
+		IPC::Run::run(
+			[
+				$python, $script, '--dsn', $node->connstr('postgres'),
+				'--seed', $seed, '--steps', $steps, '--trace', $trace
+			],
+			'>', \$out, '2>', \$err,
+			IPC::Run::timeout(10 * $PostgreSQL::Test::Utils::timeout_default));
+	};
+	my $rc = $ok ? 0 : ($? >> 8);
+	if (!$ok && $@)
+	{
+		$out .= "\n$@";
+	}
+	if ($ok)
+	{
+		note($out);
+		unlink $trace;
+	}
+	ok($ok, "seed $seed: $steps rounds, every answer is one the contract allows")
+	  or diag("$out\n$err\n(exit status $rc)\nreplay: SEED=$seed MODEL_STEPS=$steps\n"
+		  . "every step of the run: $trace");
+}
+
+# the server did not crash or assert meanwhile
+my $log = slurp_file($node->logfile, $log_off);
+my @crashes = grep { /PANIC|TRAP:|terminated by signal/ }
+  split /\n/, $log;
+is(scalar(@crashes), 0, 'the server log has no crash')
+  or diag(join("\n", @crashes[ 0 .. ($#crashes < 20 ? $#crashes : 19) ]));
+
+$node->stop;
+done_testing();
