@@ -15,9 +15,12 @@
 #   --trace-children=yes: a "postgres" in a bin directory of its own runs
 #   memcheck on the real one, and pg_regress is pointed at that directory.
 #   Reports the suites' results and memcheck's errors over every process;
-#   fails on a failed test or on any error.  VALGRIND_SKIP_SPECS (default
-#   below) are the specs left out: they need calls to take less than their
-#   one- or two-second ttls, which memcheck's 20-50x slowdown breaks.
+#   fails on a failed test or on any error.  VALGRIND_TIMING_SPECS (default
+#   below) run under memcheck too, but their output is not compared: it
+#   depends on calls finishing within one- or two-second ttls, or on a 1 ms
+#   lock_timeout firing before isolationtester looks, which memcheck's
+#   20-50x slowdown breaks.  VALGRIND_REGRESS and VALGRIND_SPECS choose
+#   other tests (default: every one).
 # discard-caches: the regress tests that make and drop partitions and the
 #   isolation specs that exercise the partition cache and its invalidation,
 #   on the assert-enabled server with debug_discard_caches = 1 (every cache
@@ -57,7 +60,7 @@
 # exit, pass or fail.  The scratch directory is removed unless the run
 # failed or KEEP_WORKDIR=1.
 #
-# Environment: VALGRIND_SKIP_SPECS, VALGRIND_TIMEOUT (default 7200 s, a
+# Environment: VALGRIND_TIMING_SPECS, VALGRIND_REGRESS, VALGRIND_SPECS, VALGRIND_TIMEOUT (default 7200 s, a
 # bound for a hung run), DISCARD_CACHES_SECONDS, DISCARD_CACHES_REGRESS,
 # DISCARD_CACHES_SPECS, SQLSMITH_SECONDS, SQLSMITH_SERVERS, SQLSMITH_SEED
 # (default: the time; each sqlsmith run prints its own), the settings of
@@ -79,8 +82,9 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 . "$SRC/test/lib/roots.sh"
 
 PORT_BASE=${IDEM_RELEASE_PORT_BASE:-56000}
-# ttls of one or two seconds that the calls must beat (see the header)
-VALGRIND_SKIP_SPECS=${VALGRIND_SKIP_SPECS-ended_partition short_ttl}
+# ttls of one or two seconds that the calls must beat, a 1 ms lock_timeout
+# that must fire before isolationtester looks (see the header)
+VALGRIND_TIMING_SPECS=${VALGRIND_TIMING_SPECS-cache_errors ended_partition short_ttl}
 VALGRIND_TIMEOUT=${VALGRIND_TIMEOUT:-7200}
 DISCARD_CACHES_SECONDS=${DISCARD_CACHES_SECONDS:-5400}
 # the regress tests that make and drop partitions (maintain: idem_maintain,
@@ -204,19 +208,28 @@ installcheck() {
 	return "$rc"
 }
 
-# every spec of test/specs but those named in $1
-specs_except() {
-	local skip=" $1 " f s out=()
-	for f in "$SRC"/test/specs/*.spec; do
-		s=$(basename "$f" .spec)
-		[[ "$skip" == *" $s "* ]] || out+=("$s")
+# the specs of $1 (default: every spec of test/specs) that are (when $3 is
+# "in") or are not (else) among those of $2
+specs_of() {
+	local all="$1" among=" $2 " pick="${3:-}" f s out=()
+	if [ -z "$all" ]; then
+		for f in "$SRC"/test/specs/*.spec; do
+			all+=" $(basename "$f" .spec)"
+		done
+	fi
+	for s in $all; do
+		if [[ "$among" == *" $s "* ]]; then
+			[ "$pick" = in ] && out+=("$s")
+		else
+			[ "$pick" = in ] || out+=("$s")
+		fi
 	done
 	echo "${out[*]}"
 }
 
 # ---------------------------------------------------------------- valgrind
 gate_valgrind() {
-	local bin real logs supp specs start rc_r rc_i errors procs suppressed bad f
+	local bin real logs supp specs timing start rc_r rc_i rc_t errors procs suppressed bad f
 	setup_cassert valgrind
 	real=$("$PG_CONFIG" --bindir)
 	supp="$(cassert_prefix)/share/valgrind.supp"
@@ -242,17 +255,33 @@ exec valgrind --trace-children=yes --track-origins=yes --num-callers=40 \\
 	--log-file=$logs/%p.log $real/postgres "\$@"
 EOF
 	chmod 755 "$bin/postgres"
-	specs=$(specs_except "$VALGRIND_SKIP_SPECS")
+	specs=$(specs_of "${VALGRIND_SPECS:-}" "$VALGRIND_TIMING_SPECS")
+	timing=$(specs_of "${VALGRIND_SPECS:-}" "$VALGRIND_TIMING_SPECS" in)
 
 	start=$SECONDS
 	say "valgrind: regress suite (memcheck on every server process)"
 	installcheck regress "$VALGRIND_TIMEOUT" ISOLATION= TAP_TESTS= \
+		${VALGRIND_REGRESS:+REGRESS="$VALGRIND_REGRESS"} \
 		TEST_PORT=$((PORT_BASE + 1)) EXTRA_REGRESS_OPTS="--bindir=$bin"
 	rc_r=$?
-	say "valgrind: isolation specs (left out: ${VALGRIND_SKIP_SPECS:-none})"
-	installcheck isolation "$VALGRIND_TIMEOUT" REGRESS= TAP_TESTS= ISOLATION="$specs" \
-		TEST_PORT_ISO=$((PORT_BASE + 2)) EXTRA_REGRESS_OPTS="--bindir=$bin"
-	rc_i=$?
+	say "valgrind: isolation specs: $specs"
+	rc_i=0
+	if [ -n "$specs" ]; then
+		installcheck isolation "$VALGRIND_TIMEOUT" REGRESS= TAP_TESTS= ISOLATION="$specs" \
+			TEST_PORT_ISO=$((PORT_BASE + 2)) EXTRA_REGRESS_OPTS="--bindir=$bin"
+		rc_i=$?
+	fi
+	rc_t=0
+	if [ -n "$timing" ]; then
+		say "valgrind: isolation specs run for memcheck only, output not compared: $timing"
+		# on an instance of their own, after the others' (whose diffs stay)
+		as_user env PGCTLTIMEOUT=600 PGISOLATIONTIMEOUT=1200 timeout -k 30 "$VALGRIND_TIMEOUT" \
+			make installcheck PG_CONFIG="$PG_CONFIG" REGRESS= TAP_TESTS= ISOLATION="$timing" \
+			ISOLATION_OPTS="--inputdir=test --outputdir=output_iso_timing --temp-config=test/idempotency.conf --temp-instance=./tmp_check_iso_timing --port=$((PORT_BASE + 5))" \
+			EXTRA_REGRESS_OPTS="--bindir=$bin" >"$WORK/timing-specs.out" 2>&1
+		rc_t=$?
+		grep -E '^(not )?ok |^test |\.\.\. ' "$WORK/timing-specs.out"
+	fi
 
 	procs=$(find "$logs" -name '*.log' | wc -l)
 	errors=$(cat "$logs"/*.log 2>/dev/null |
@@ -269,11 +298,14 @@ EOF
 	fi
 	say "valgrind: summary"
 	printf 'regress:   %s\n' "$([ "$rc_r" -eq 0 ] && echo passed || echo FAILED)"
-	printf 'isolation: %s (%d specs; left out: %s)\n' "$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" \
-		"$(wc -w <<<"$specs")" "${VALGRIND_SKIP_SPECS:-none}"
+	printf 'isolation: %s (%d specs)\n' "$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" \
+		"$(wc -w <<<"$specs")"
+	printf 'isolation, memcheck only: %s (%s; output %s)\n' "${timing:-none}" \
+		"$([ "$rc_t" -eq 124 ] && echo timed out || echo ran)" \
+		"$([ "$rc_t" -eq 0 ] && echo as expected || echo not compared)"
 	printf 'memcheck:  %d errors (%d suppressed) in %d processes, %d s\n' \
 		"$errors" "$suppressed" "$procs" "$((SECONDS - start))"
-	if [ "$rc_r" -ne 0 ] || [ "$rc_i" -ne 0 ] || [ "$errors" -ne 0 ]; then
+	if [ "$rc_r" -ne 0 ] || [ "$rc_i" -ne 0 ] || [ "$rc_t" -eq 124 ] || [ "$errors" -ne 0 ]; then
 		FAILED=1
 		[ "$procs" -gt 0 ] && KEEP_WORKDIR=1
 	fi
@@ -416,6 +448,10 @@ sqlsmith_one() {
 			"$label" "$role" "$n" "$secs" "$((n / secs))" "$runs" "$crashes" "$traps" "$panics" \
 			"$fatals" "$xx_ext" "${classes:-none}" >>"$WORK/sqlsmith.results"
 		tail -n 1 "$WORK/sqlsmith.results"
+		# the internal errors (class XX) of any code, for a look: the
+		# server's own are known sqlsmith findings, not the extension's
+		sed -En 's/.* \[[0-9]+\] sqlsmith[^ ]* (XX[0-9A-Z]{3}) ERROR: +XX[0-9A-Z]{3}: (.{0,100}).*/  \1 \2/p' \
+			"$dir/server-$role.log" | sort | uniq -c | sort -rn | head -n 10
 		if [ "$crashes" -ne 0 ] || [ "$traps" -ne 0 ] || [ "$panics" -ne 0 ] || [ "$xx_ext" -ne 0 ]; then
 			fails=1
 			grep -E -B2 -A12 'TRAP:|terminated by signal|PANIC: ' "$dir/server-$role.log" | head -n 120
