@@ -69,3 +69,4 @@ dist:
 
 # every object depends on the shared headers
 $(OBJS): src/idempotency.h src/compat.h
+include $(srcdir)/test/release.mk

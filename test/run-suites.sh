@@ -18,7 +18,11 @@
 # clients/*/test.sh, the Node.js and Python libraries, likewise with
 # CLIENTS_PORT_BASE), packaging (test/packaging/*.sh:
 # the Debian package, the PGXN archive and the Prometheus exporter, each run
-# as root with PG_CONFIG, SRC and CLUSTER_USER set).  A test of examples or
+# as root with PG_CONFIG, SRC and CLUSTER_USER set), cassert (regress,
+# isolation and TAP again, on the assert-enabled PostgreSQL 15 of
+# test/lib/cassert.sh, built from Debian 12's source package and cached under
+# /var/cache/idempotency/cassert; whatever PG_CONFIG names, and on Debian 12
+# only, so test/run-all.sh runs it with the host's major).  A test of examples or
 # packaging passes with exit 0, and is skipped with exit 77 and its reason
 # (test/lib/skip.sh), which the summary shows.  A suite with no test files
 # is skipped, and so is one whose every test was skipped.
@@ -36,7 +40,7 @@
 # "make install" through sudo if you cannot write PostgreSQL's directories.
 #
 # Environment:
-#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples clients packaging")
+#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples clients packaging cassert")
 #   PG_CONFIG       default /usr/lib/postgresql/15/bin/pg_config
 #   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
 #   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
@@ -73,7 +77,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # shellcheck source=test/lib/build.sh
 . "$SRC/test/lib/build.sh"
 
-ALL_SUITES="regress isolation tap pgtap demo examples clients packaging"
+ALL_SUITES="regress isolation tap pgtap demo examples clients packaging cassert"
 SUITES=${SUITES:-$ALL_SUITES}
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PGTAP_PORT=${PGTAP_PORT:-54393}
@@ -94,6 +98,7 @@ say() { printf '\n==== %s\n' "$*"; }
 
 WORK=""
 UPGRADE_WORK=""
+CASSERT_WORK=""
 CHILD=""
 CURRENT=""
 declare -A RESULT=()
@@ -107,8 +112,9 @@ SKIP_FILE=""
 # Long-running steps run in their own session (setsid) in the background, so
 # that a signal to this script interrupts "wait" at once and cleanup can end
 # the whole step (make, pg_regress, prove, ...) before stopping servers.
+# (RUN_DIR: where, default the scratch copy)
 run_child() {
-	(cd "$WORK" && exec setsid "$@") &
+	(cd "${RUN_DIR:-$WORK}" && exec setsid "$@") &
 	CHILD=$!
 	wait "$CHILD"
 	local rc=$?
@@ -139,6 +145,9 @@ cleanup() {
 	if [ -n "$WORK" ]; then
 		cluster_stop_any_under "$WORK" || rc=1
 	fi
+	if [ -n "$CASSERT_WORK" ]; then
+		cluster_stop_any_under "$CASSERT_WORK" || rc=1
+	fi
 	for s in $SUITES; do
 		if [ -z "${RESULT[$s]:-}" ]; then
 			if [ "$s" = "$CURRENT" ]; then
@@ -153,9 +162,9 @@ cleanup() {
 	if [ -n "$WORK" ]; then
 		rm -rf "$WORK.skip"
 		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
-			rm -rf "$WORK" ${UPGRADE_WORK:+"$UPGRADE_WORK"}
+			rm -rf "$WORK" ${UPGRADE_WORK:+"$UPGRADE_WORK"} ${CASSERT_WORK:+"$CASSERT_WORK"}
 		else
-			echo "run-suites: scratch directory kept: $WORK${UPGRADE_WORK:+ (and $UPGRADE_WORK)}"
+			echo "run-suites: scratch directory kept: $WORK${UPGRADE_WORK:+ (and $UPGRADE_WORK)}${CASSERT_WORK:+ (and $CASSERT_WORK)}"
 		fi
 	fi
 	say "summary"
@@ -439,6 +448,72 @@ suite_packaging() {
 		test_ran packaging "${t#"$WORK"/}" "$start" $?
 	done
 	tests_result
+}
+
+# The whole suite again (regress, isolation, TAP) on the assert-enabled
+# PostgreSQL 15 (test/lib/cassert.sh): Assert() in the server's code the
+# extension calls, CLOBBER_FREED_MEMORY, MEMORY_CONTEXT_CHECKING, and the
+# other checks of --enable-cassert.  The server is built on first use (as
+# root; a few minutes) and kept under /var/cache/idempotency/cassert; the
+# extension is built for it beside the scratch copy and installed into its
+# prefix.  Each part is bounded by SUITE_TIMEOUT.
+suite_cassert() {
+	local pgc rc part rcs=0 f
+	if [ "$(id -u)" -eq 0 ]; then
+		# in its own session too: an interrupt ends the build at once
+		# shellcheck disable=SC2016 # $1 is for the inner shell
+		run_child timeout -k 30 3600 bash -c '. "$1/test/lib/deps.sh" && . "$1/test/lib/cassert.sh" && cassert_ensure' \
+			cassert "$SRC" || return 1
+	else
+		# shellcheck source=test/lib/cassert.sh
+		. "$SRC/test/lib/cassert.sh"
+		cassert_ensure || return 1
+	fi
+	# shellcheck source=test/lib/cassert.sh
+	. "$SRC/test/lib/cassert.sh"
+	pgc=$(cassert_pg_config)
+	# beside the scratch copy, not in it ("make dist" would archive it)
+	CASSERT_WORK="$WORK.cassert"
+	echo "the extension, built for $("$pgc" --version) with assertions ($pgc)"
+	{ idem_copy_tree "$SRC" "$CASSERT_WORK" &&
+		PG_CONFIG=$pgc idem_build "$CASSERT_WORK" >"$CASSERT_WORK.build.log" 2>&1 &&
+		PG_CONFIG=$pgc idem_install "$CASSERT_WORK" >>"$CASSERT_WORK.build.log" 2>&1; } || {
+		tail -n 50 "$CASSERT_WORK.build.log"
+		return 1
+	}
+	rm -f "$CASSERT_WORK.build.log"
+	for part in regress isolation tap; do
+		echo "---- cassert: $part"
+		case $part in
+		regress) RUN_DIR=$CASSERT_WORK in_work make installcheck PG_CONFIG="$pgc" ISOLATION= TAP_TESTS= ;;
+		isolation) RUN_DIR=$CASSERT_WORK in_work make installcheck PG_CONFIG="$pgc" REGRESS= TAP_TESTS= ;;
+		tap)
+			RUN_DIR=$CASSERT_WORK in_work env IDEM_BENCH_SMOKE=0 \
+				make installcheck PG_CONFIG="$pgc" REGRESS= ISOLATION= \
+				PROVE_FLAGS=--timer ${IDEM_PROVE_TESTS:+PROVE_TESTS="$IDEM_PROVE_TESTS"}
+			;;
+		esac
+		rc=$?
+		[ "$rc" -eq 0 ] && continue
+		echo "---- cassert: $part FAILED (exit $rc)"
+		[ "$rcs" -eq 0 ] && rcs=$rc
+		case $part in
+		regress)
+			show_file "$CASSERT_WORK/regression.diffs" 1000
+			show_file "$CASSERT_WORK/tmp_check_regress/log/postmaster.log" 100
+			;;
+		isolation)
+			show_file "$CASSERT_WORK/output_iso/regression.diffs" 1000
+			show_file "$CASSERT_WORK/tmp_check_iso/log/postmaster.log" 100
+			;;
+		tap)
+			for f in "$CASSERT_WORK"/tmp_check/log/*; do
+				show_file "$f" 300
+			done
+			;;
+		esac
+	done
+	return "$rcs"
 }
 
 # ---------------------------------------------------------------- suites

@@ -137,4 +137,10 @@ for s in worker1 worker2; do
 	args+=(--worker "host=$WORK/$s/sock port=${PORT[$s]} dbname=postgres user=$DBUSER")
 done
 "$PYTHON" "$HERE/loadtest.py" "${args[@]}" || fail "loadtest.py reported failures"
+
+# every ledger index of every node is intact after the load and the moves
+for s in "${NODES[@]}"; do
+	out=$(examples_amcheck "$WORK/$s" postgres) || fail "amcheck on $s: $out"
+	say "amcheck on $s: $out"
+done
 say "passed in $((SECONDS - start)) s"

@@ -37,6 +37,8 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 SRC=${SRC:-$(cd "$HERE/../.." && pwd -P)}
 # shellcheck source=test/lib/cluster.sh
 . "$SRC/test/lib/cluster.sh"
+# shellcheck source=test/lib/examples.sh
+. "$SRC/test/lib/examples.sh"
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 BASE=${EXAMPLES_PORT_BASE:-54480}
 if [ "$(id -u)" -eq 0 ]; then
@@ -283,6 +285,11 @@ check_ge "... of which skipped: their effect had committed before the crash" \
 	"$(sql app "SELECT sum(redelivered_skipped) FROM batches")" 1
 check_ge "tx-mode and lease-mode consumers both applied messages" \
 	"$(sql app "SELECT count(DISTINCT mode) FROM batches WHERE applied > 0")" 2
+if out=$(examples_amcheck "$DB" app); then
+	ok "amcheck of every ledger index after the crashes: $out"
+else
+	not_ok "amcheck of every ledger index after the crashes: $out"
+fi
 
 echo
 if [ "$FAILS" -ne 0 ]; then

@@ -241,4 +241,11 @@ say "split 4 -> 8 partitions in $((SECONDS - split_start)) s"
 
 loadtest --mode after-split || fail "loadtest.py reported failures after the split"
 
+# every ledger index of every partition database is intact after the load
+for p in "${!PART_SERVER[@]}"; do
+	out=$(examples_amcheck "$WORK/${PART_SERVER[$p]}" "part$p") ||
+		fail "amcheck of partition $p: $out"
+	say "amcheck of partition $p: $out"
+done
+
 say "passed in $((SECONDS - start)) s"

@@ -23,6 +23,8 @@
 #   - the pgbench workload of the torture tests (torture_conf,
 #     torture_scripts, start_pgbench, finish_pgbench), its invariant checks
 #     (check_torture) and the whole run (run_torture);
+#   - amcheck over every ledger index at the end of a load test
+#     (amcheck_ledger);
 #   - small helpers: poll_until, server_log_errors.
 #
 # Every wait polls for a condition; nothing sleeps for a fixed time.
@@ -47,6 +49,7 @@ our @EXPORT = qw(
   check_torture
   torture_conf run_torture
   poll_until server_log_errors log_size
+  amcheck_ledger
 );
 
 # ---------------------------------------------------------------- schema
@@ -204,6 +207,34 @@ sub server_log_errors
 		push @bad, $line;
 	}
 	return @bad;
+}
+
+=pod
+
+=item amcheck_ledger($node, $db, $label)
+
+amcheck over every ledger index of $db: each btree index of each partition
+of both ledgers checked against its heap with bt_index_check(index,
+heapallindexed => true), by test/lib/amcheck_ledger.sql (which locks each
+partition first, so the background worker may go on dropping expired
+ones meanwhile).  One test: the script ran without error and checked at
+least one index.  Needs the amcheck module (PostgreSQL's contrib).  The
+load tests call it at their end.
+
+=cut
+
+my $amcheck_sql = __FILE__ =~ s{[^/]*$}{amcheck_ledger.sql}r;
+
+sub amcheck_ledger
+{
+	my ($node, $db, $label) = @_;
+	my ($rc, $out, $err) = $node->psql($db, slurp_file($amcheck_sql));
+	my ($checked, $gone) = $err =~ /amcheck: (\d+) ledger indexes checked, (\d+) dropped/;
+	ok($rc == 0 && ($checked // 0) > 0,
+		"$label: amcheck bt_index_check(heapallindexed) is clean on every ledger index ("
+		  . ($checked // '?') . ' checked, ' . ($gone // '?') . ' dropped meanwhile)')
+	  or diag("rc $rc, psql said:\n$err");
+	return;
 }
 
 # run SQL text through psql on $db, dying on an error
@@ -833,8 +864,9 @@ dropped during the run (those present at the start are all gone, the
 worker dropped some), maintenance keeps up (every partition that ended
 before the load did is dropped, waited for: how many a run drops depends
 on the machine), the storage stays small once it has, the workload did
-exercise replays, conflicts, mismatches and duplicate messages, and the
-server log has no ERROR.  Returns the statistics row as a hash.
+exercise replays, conflicts, mismatches and duplicate messages, every
+ledger index passes amcheck (amcheck_ledger), and the server log has no
+ERROR.  Returns the statistics row as a hash.
 
 =cut
 
@@ -958,6 +990,7 @@ sub run_torture
 		't',
 		"$label: two-phase leases lapsed: keys were taken over and stale holders refused");
 
+	amcheck_ledger($node, $db, $label);
 	my @errors = server_log_errors($node, $log_off, qr/canceling autovacuum task/);
 	is(scalar(@errors), 0, "$label: the server log has no ERROR")
 	  or diag(join("\n", @errors[ 0 .. ($#errors < 20 ? $#errors : 19) ]));

@@ -14,6 +14,14 @@
 #                            traps that stop every server on exit, pass or
 #                            fail, show their logs' tails on failure, and
 #                            remove WORK unless it failed or KEEP_WORKDIR=1
+#   examples_amcheck DIR DB  amcheck over every ledger index of database DB
+#                            of the cluster in DIR (test/lib/amcheck_ledger.sql:
+#                            bt_index_check with heapallindexed, each
+#                            partition locked first, so maintenance may go
+#                            on); prints "N ledger indexes checked, M
+#                            dropped meanwhile", fails (with psql's output)
+#                            on an error or when no index was checked.
+#                            The load tests run it at their end.
 
 examples_python() {
 	local py
@@ -31,6 +39,23 @@ examples_python() {
 }
 
 _EXAMPLES_SERVERS=()
+_EXAMPLES_AMCHECK="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)/amcheck_ledger.sql"
+
+examples_amcheck() {
+	local dir="$1" db="$2" out summary
+	out=$(CLUSTER_DB=$db cluster_psql "$dir" -q -f "$_EXAMPLES_AMCHECK" 2>&1) || {
+		printf '%s\n' "$out"
+		return 1
+	}
+	summary=$(sed -n 's/.*NOTICE: *amcheck: \(.*\)/\1/p' <<<"$out")
+	case $summary in
+	[1-9]*) printf '%s\n' "$summary" ;;
+	*)
+		printf 'no ledger index was checked: %s\n' "$out"
+		return 1
+		;;
+	esac
+}
 
 _examples_cleanup() {
 	local rc=$? s

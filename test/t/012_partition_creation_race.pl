@@ -18,10 +18,14 @@
 use strict;
 use warnings;
 
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
+
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
+use Torture qw(amcheck_ledger);
 
 my $node = PostgreSQL::Test::Cluster->new('creation_race');
 $node->init;
@@ -76,6 +80,7 @@ is($node->safe_psql('postgres', 'SELECT count(*) - count(DISTINCT id) FROM effec
 	'0', 'every message id had its effect once');
 cmp_ok($node->safe_psql('postgres', $made), '>', 10,
 	"the calls made partitions on the spot ($run run(s) of 8 s)");
+amcheck_ledger($node, 'postgres', 'after the races');
 
 $node->stop;
 done_testing();

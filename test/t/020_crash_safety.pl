@@ -164,6 +164,8 @@ note('totals: '
 		                (SELECT count(*) FROM charges), (SELECT count(*) FROM acked_keys),
 		                (SELECT count(*) FROM effects), (SELECT count(*) FROM acked_msgs))}));
 
+amcheck_ledger($node, 'app', 'after the crashes');
+
 my @errors = server_log_errors($node, $log_start);
 is(scalar(@errors), 0, 'the server log has no ERROR') or diag(join("\n", @errors));
 

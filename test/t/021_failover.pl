@@ -230,6 +230,7 @@ is( $standby->safe_psql(
 	'0',
 	'no partition lingers seconds after it ended');
 check_ledger($standby, 'app', 'after maintenance on the new primary', live_beyond => '10 minutes');
+amcheck_ledger($standby, 'app', 'the new primary');
 
 my @errors = server_log_errors($standby, 0);
 is(scalar(@errors), 0, "the new primary's log has no ERROR") or diag(join("\n", @errors));

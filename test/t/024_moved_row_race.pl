@@ -31,10 +31,14 @@
 use strict;
 use warnings;
 
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
+
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 use Time::HiRes qw(time);
+use Torture qw(amcheck_ledger);
 
 my $node = PostgreSQL::Test::Cluster->new('moved_row_race');
 $node->init;
@@ -184,6 +188,7 @@ ok($node->poll_query_until('postgres', q{
 	SELECT sum(n_tup_upd - n_tup_hot_upd) >= 50
 	  FROM pg_stat_all_tables WHERE schemaname = 'idempotency'
 }), 'completions moved rows to other pages (non-HOT updates)');
+amcheck_ledger($node, 'postgres', 'after the completions');
 
 $node->stop;
 done_testing();

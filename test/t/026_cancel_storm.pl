@@ -370,5 +370,7 @@ SELECT 'held=' || status FROM idem_lookup('h-$i');
 	$h->{run}->finish;
 }
 
+amcheck_ledger($node, 'postgres', 'after the storm');
+
 $node->stop;
 done_testing();

@@ -1,0 +1,616 @@
+#!/usr/bin/env bash
+#
+# test/release.sh -- the quality gates run before each release, not in CI
+# (too slow for its budget): the make targets of test/release.mk call it.
+#
+#   bash test/release.sh valgrind          # make valgrind
+#   bash test/release.sh discard-caches    # make discard-caches
+#   bash test/release.sh sqlsmith          # make sqlsmith
+#   bash test/release.sh amcheck           # make amcheck
+#
+# valgrind: the regress suite and the isolation specs on the assert-enabled
+#   PostgreSQL 15 (test/lib/cassert.sh, built with -DUSE_VALGRIND), each
+#   server of pg_regress started under Valgrind's memcheck with
+#   PostgreSQL's own suppressions (src/tools/valgrind.supp) and
+#   --trace-children=yes: a "postgres" in a bin directory of its own runs
+#   memcheck on the real one, and pg_regress is pointed at that directory.
+#   Reports the suites' results and memcheck's errors over every process;
+#   fails on a failed test or on any error.  VALGRIND_TIMING_SPECS (default
+#   below) run under memcheck too, but their output is not compared (and a
+#   step may wait 300 s at most): it depends on calls finishing within one-
+#   or two-second ttls or partitions, or on a 1 ms lock_timeout firing
+#   before isolationtester looks, which memcheck's 20-50x slowdown breaks on
+#   a busy machine.  VALGRIND_REGRESS and VALGRIND_SPECS choose
+#   other tests (default: every one).
+# discard-caches: the regress tests that make and drop partitions and the
+#   isolation specs that exercise the partition cache and its invalidation,
+#   on the assert-enabled server with debug_discard_caches = 1 (every cache
+#   entry dropped at every chance: a use of a stale relcache or syscache
+#   entry then fails at once).  DISCARD_CACHES_SECONDS (default 5400) is the
+#   budget of the whole run; past it, the run fails.
+# sqlsmith: Debian's sqlsmith (random queries over every function and table
+#   of the catalog) against a database with the extension preloaded and a
+#   populated ledger (test/lib/sqlsmith_setup.sql), for SQLSMITH_SECONDS
+#   (default 600) as the unprivileged role sqlsmith_user and as much again
+#   as a superuser, on each server of SQLSMITH_SERVERS (default
+#   "cassert 15 17 18": the assert-enabled 15, Debian's 15 on this machine,
+#   17 and 18 in their root file systems, test/lib/roots.sh).  Reports, per
+#   server and role, the queries run and per second, the errors by SQLSTATE
+#   class, server crashes ("terminated by signal" in the server log),
+#   assertion failures ("TRAP:"), FATAL and PANIC lines of sqlsmith's
+#   sessions, and internal errors (class XX) raised in the extension's own
+#   code; then amcheck over every ledger index and a check that the ledger
+#   still answers.  Fails on any crash, assertion failure, PANIC, internal
+#   error of the extension's code, or amcheck or ledger failure.
+# amcheck: test/lib/amcheck_ledger.sql (bt_index_check with heapallindexed
+#   over every ledger index, each partition locked first) against the
+#   database named by PGHOST, PGPORT, PGDATABASE, PGUSER (a superuser), as
+#   "make pgtap" does: for a DBA, or after a load.  The load tests run the
+#   same script at their end.
+#
+# As root (the first three): builds the assert-enabled server if the cache
+# has none (about 10 minutes; test/lib/cassert.sh), installs what it needs
+# with apt (valgrind, sqlsmith), builds the extension as the unprivileged
+# user postgres (IDEM_TEST_USER) in a scratch copy, and installs it into the
+# assert-enabled server's own prefix.  Debian's PostgreSQL 15 on this
+# machine is not touched: the extension is installed into a staging
+# directory that the server reads through Debian's extension_destdir
+# setting.  In the roots of 17 and 18 it is installed into the root.  Every
+# server runs as that user on a unix socket in the scratch directory, on the
+# ports from IDEM_RELEASE_PORT_BASE (default 56000) up, and is stopped on
+# exit, pass or fail.  The scratch directory is removed unless the run
+# failed or KEEP_WORKDIR=1.
+#
+# Environment: VALGRIND_TIMING_SPECS, VALGRIND_REGRESS, VALGRIND_SPECS, VALGRIND_TIMEOUT (default 7200 s, a
+# bound for a hung run), DISCARD_CACHES_SECONDS, DISCARD_CACHES_REGRESS,
+# DISCARD_CACHES_SPECS, SQLSMITH_SECONDS, SQLSMITH_SERVERS, SQLSMITH_SEED
+# (default: the time; each sqlsmith run prints its own), the settings of
+# test/lib/cassert.sh and test/lib/roots.sh, IDEM_RELEASE_PORT_BASE,
+# KEEP_WORKDIR.
+
+set -uo pipefail
+
+SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+# shellcheck source=test/lib/cluster.sh
+. "$SRC/test/lib/cluster.sh"
+# shellcheck source=test/lib/deps.sh
+. "$SRC/test/lib/deps.sh"
+# shellcheck source=test/lib/build.sh
+. "$SRC/test/lib/build.sh"
+# shellcheck source=test/lib/cassert.sh
+. "$SRC/test/lib/cassert.sh"
+# shellcheck source=test/lib/roots.sh
+. "$SRC/test/lib/roots.sh"
+
+PORT_BASE=${IDEM_RELEASE_PORT_BASE:-56000}
+# ttls and partitions of one or two seconds that the calls must beat, a
+# 1 ms lock_timeout that must fire before isolationtester looks (see the
+# header)
+VALGRIND_TIMING_SPECS=${VALGRIND_TIMING_SPECS-cache_errors ended_partition maintain_drop short_ttl}
+VALGRIND_TIMEOUT=${VALGRIND_TIMEOUT:-7200}
+DISCARD_CACHES_SECONDS=${DISCARD_CACHES_SECONDS:-5400}
+# the regress tests that make and drop partitions (maintain: idem_maintain,
+# premake, drops; consume and keys: partitions made on first use, lanes,
+# expiry), and the specs about the partition cache: its invalidation
+# (cache_errors, maintain_drop, keys_nowait), partitions made or found at a
+# lane's boundary (consume_boundary, keys_boundary, lookup_moves)
+DISCARD_CACHES_REGRESS=${DISCARD_CACHES_REGRESS:-consume keys maintain}
+DISCARD_CACHES_SPECS=${DISCARD_CACHES_SPECS:-cache_errors maintain_drop keys_nowait consume_boundary keys_boundary lookup_moves}
+SQLSMITH_SECONDS=${SQLSMITH_SECONDS:-600}
+SQLSMITH_SERVERS=${SQLSMITH_SERVERS:-cassert 15 17 18}
+SQLSMITH_SEED=${SQLSMITH_SEED:-$(date +%s)}
+
+say() { printf '\n==== %s\n' "$*"; }
+die() {
+	echo "release: $*" >&2
+	exit 1
+}
+
+WORK=""
+CHILD=""
+FAILED=0
+
+# Long steps run in their own session, so that a signal to this script ends
+# the whole step (make, pg_regress, sqlsmith) before the servers are stopped.
+run_child() {
+	setsid "$@" &
+	CHILD=$!
+	wait "$CHILD"
+	local rc=$?
+	CHILD=""
+	return "$rc"
+}
+
+cleanup() {
+	local rc=$?
+	trap - EXIT INT TERM
+	if [ -n "$CHILD" ]; then
+		kill -TERM -- "-$CHILD" 2>/dev/null
+		sleep 2
+		kill -KILL -- "-$CHILD" 2>/dev/null
+		wait "$CHILD" 2>/dev/null
+	fi
+	cluster_stop_all || rc=1
+	if [ -n "$WORK" ]; then
+		cluster_stop_any_under "$WORK" || rc=1
+	fi
+	root_umount_all || rc=1
+	[ "$FAILED" -eq 0 ] || [ "$rc" -ne 0 ] || rc=1
+	if [ -n "$WORK" ]; then
+		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
+			rm -rf "$WORK"
+		else
+			echo "release: scratch directory kept: $WORK"
+		fi
+	fi
+	exit "$rc"
+}
+
+# The scratch directory, owned by the test user (whose servers write in it).
+make_workdir() {
+	CLUSTER_USER=$(deps_test_user) || exit 1
+	export CLUSTER_USER
+	WORK=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-release.XXXXXX") || exit 1
+	chmod 755 "$WORK"
+	chown "$CLUSTER_USER:" "$WORK" || exit 1
+	trap cleanup EXIT
+	trap 'echo "release: interrupted" >&2; exit 130' INT
+	trap 'echo "release: terminated" >&2; exit 143' TERM
+}
+
+# as_user CMD...: CMD as the test user, in the scratch copy of the tree
+as_user() {
+	run_child runuser -u "$CLUSTER_USER" -- env -C "$WORK/src" "$@"
+}
+
+# build_extension DESTDIR: build the extension for $PG_CONFIG in a scratch
+# copy ($WORK/src) and install it (into DESTDIR, when given: a staging
+# directory, not the server's own directories)
+build_extension() {
+	local destdir="${1:-}"
+	rm -rf "$WORK/src"
+	idem_copy_tree "$SRC" "$WORK/src" || return 1
+	idem_build "$WORK/src" >"$WORK/build.log" 2>&1 || {
+		tail -n 30 "$WORK/build.log"
+		return 1
+	}
+	(cd "$WORK/src" && make install PG_CONFIG="$PG_CONFIG" ${destdir:+DESTDIR="$destdir"}) \
+		>>"$WORK/build.log" 2>&1 || {
+		tail -n 30 "$WORK/build.log"
+		return 1
+	}
+}
+
+# The assert-enabled server, with the extension installed in it.
+setup_cassert() {
+	[ "$(id -u)" -eq 0 ] || die "run as root: the assert-enabled server is built and the extension installed into it"
+	[ $# -eq 0 ] || deps_ensure "$@" || exit 1
+	cassert_ensure || exit 1
+	PG_CONFIG=$(cassert_pg_config)
+	export PG_CONFIG
+	make_workdir
+	say "the extension, built for $("$PG_CONFIG" --version) (assertions on) and installed into $(cassert_prefix)"
+	build_extension || die "could not build or install the extension"
+}
+
+# installcheck NAME TIMEOUT MAKE-ARGS...: "make installcheck" in the scratch
+# copy as the test user, bounded in time; prints the diffs on failure
+installcheck() {
+	local name="$1" limit="$2" rc
+	shift 2
+	as_user env PGCTLTIMEOUT=600 PGISOLATIONTIMEOUT=1200 \
+		timeout -k 30 "$limit" make installcheck PG_CONFIG="$PG_CONFIG" "$@"
+	rc=$?
+	if [ "$rc" -ne 0 ]; then
+		[ "$rc" -eq 124 ] && echo "release: $name timed out after ${limit}s"
+		for f in "$WORK/src/regression.diffs" "$WORK/src/output_iso/regression.diffs"; do
+			[ -f "$f" ] && tail -n 300 "$f"
+		done
+	fi
+	return "$rc"
+}
+
+# the specs of $1 (default: every spec of test/specs) that are (when $3 is
+# "in") or are not (else) among those of $2
+specs_of() {
+	local all="$1" among=" $2 " pick="${3:-}" f s out=()
+	if [ -z "$all" ]; then
+		for f in "$SRC"/test/specs/*.spec; do
+			all+=" $(basename "$f" .spec)"
+		done
+	fi
+	for s in $all; do
+		if [[ "$among" == *" $s "* ]]; then
+			[ "$pick" = in ] && out+=("$s")
+		else
+			[ "$pick" = in ] || out+=("$s")
+		fi
+	done
+	echo "${out[*]}"
+}
+
+# ---------------------------------------------------------------- valgrind
+gate_valgrind() {
+	local bin real logs supp specs timing start rc_r rc_i rc_t errors procs suppressed bad f
+	setup_cassert valgrind
+	real=$("$PG_CONFIG" --bindir)
+	supp="$(cassert_prefix)/share/valgrind.supp"
+	bin="$WORK/valgrind-bin"
+	logs="$WORK/valgrind-logs"
+	mkdir -p "$bin" "$logs" || exit 1
+	chown "$CLUSTER_USER:" "$logs" || exit 1
+	for f in "$real"/*; do
+		ln -s "$f" "$bin/" || exit 1
+	done
+	rm -f "$bin/postgres"
+	# every process of the server under memcheck: the postmaster, the
+	# backends and workers it forks (memcheck follows forks), and what they
+	# exec (--trace-children=yes); one log per process.  No leak check:
+	# memory contexts free everything at once.  initdb runs the real
+	# postgres, found beside the real initdb (symbolic links are resolved).
+	cat >"$bin/postgres" <<EOF
+#!/bin/sh
+exec valgrind --trace-children=yes --track-origins=yes --num-callers=40 \\
+	--leak-check=no --error-limit=no --gen-suppressions=all \\
+	--suppressions=$supp \\
+	--error-markers=VALGRINDERROR-BEGIN,VALGRINDERROR-END \\
+	--log-file=$logs/%p.log $real/postgres "\$@"
+EOF
+	chmod 755 "$bin/postgres"
+	specs=$(specs_of "${VALGRIND_SPECS:-}" "$VALGRIND_TIMING_SPECS")
+	timing=$(specs_of "${VALGRIND_SPECS:-}" "$VALGRIND_TIMING_SPECS" in)
+
+	start=$SECONDS
+	say "valgrind: regress suite (memcheck on every server process)"
+	installcheck regress "$VALGRIND_TIMEOUT" ISOLATION= TAP_TESTS= \
+		${VALGRIND_REGRESS:+REGRESS="$VALGRIND_REGRESS"} \
+		TEST_PORT=$((PORT_BASE + 1)) EXTRA_REGRESS_OPTS="--bindir=$bin"
+	rc_r=$?
+	say "valgrind: isolation specs: $specs"
+	rc_i=0
+	if [ -n "$specs" ]; then
+		installcheck isolation "$VALGRIND_TIMEOUT" REGRESS= TAP_TESTS= ISOLATION="$specs" \
+			TEST_PORT_ISO=$((PORT_BASE + 2)) EXTRA_REGRESS_OPTS="--bindir=$bin"
+		rc_i=$?
+	fi
+	rc_t=0
+	if [ -n "$timing" ]; then
+		say "valgrind: isolation specs run for memcheck only, output not compared: $timing"
+		# on an instance of their own, after the others' (whose diffs stay);
+		# a step that waits for a partition that, late, it missed gives up
+		# after 300 s
+		as_user env PGCTLTIMEOUT=600 PGISOLATIONTIMEOUT=300 timeout -k 30 "$VALGRIND_TIMEOUT" \
+			make installcheck PG_CONFIG="$PG_CONFIG" REGRESS= TAP_TESTS= ISOLATION="$timing" \
+			ISOLATION_OPTS="--inputdir=test --outputdir=output_iso_timing --temp-config=test/idempotency.conf --temp-instance=./tmp_check_iso_timing --port=$((PORT_BASE + 5))" \
+			EXTRA_REGRESS_OPTS="--bindir=$bin"
+		rc_t=$?
+	fi
+
+	procs=$(find "$logs" -name '*.log' | wc -l)
+	errors=$(cat "$logs"/*.log 2>/dev/null |
+		sed -n 's/.*ERROR SUMMARY: \([0-9]*\) errors.*/\1/p' | awk '{s += $1} END {print s + 0}')
+	suppressed=$(cat "$logs"/*.log 2>/dev/null |
+		sed -n 's/.*ERROR SUMMARY: .*(suppressed: \([0-9]*\) from.*/\1/p' | awk '{s += $1} END {print s + 0}')
+	bad=$(grep -l VALGRINDERROR-BEGIN "$logs"/*.log 2>/dev/null)
+	if [ -n "$bad" ]; then
+		say "valgrind: the errors (at most 3 processes shown; all in $logs)"
+		for f in $(head -n 3 <<<"$bad"); do
+			echo "---- $f"
+			sed -n '/VALGRINDERROR-BEGIN/,/VALGRINDERROR-END/p' "$f" | head -n 200
+		done
+	fi
+	say "valgrind: summary"
+	printf 'regress:   %s\n' "$([ "$rc_r" -eq 0 ] && echo passed || echo FAILED)"
+	printf 'isolation: %s (%d specs)\n' "$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" \
+		"$(wc -w <<<"$specs")"
+	printf 'isolation, memcheck only: %s (%s; output %s)\n' "${timing:-none}" \
+		"$([ "$rc_t" -eq 124 ] && echo timed out || echo ran)" \
+		"$([ "$rc_t" -eq 0 ] && echo as expected || echo not compared)"
+	printf 'memcheck:  %d errors (%d suppressed) in %d processes, %d s\n' \
+		"$errors" "$suppressed" "$procs" "$((SECONDS - start))"
+	if [ "$rc_r" -ne 0 ] || [ "$rc_i" -ne 0 ] || [ "$rc_t" -eq 124 ] || [ "$errors" -ne 0 ]; then
+		FAILED=1
+		[ "$procs" -gt 0 ] && KEEP_WORKDIR=1
+	fi
+}
+
+# ---------------------------------------------------------------- discard caches
+gate_discard_caches() {
+	local conf start left rc_r=0 rc_i=0 t_r t_i
+	setup_cassert
+	conf="$WORK/discard_caches.conf"
+	echo "debug_discard_caches = 1" >"$conf"
+	chmod 644 "$conf"
+
+	start=$SECONDS
+	say "discard-caches: regress tests $DISCARD_CACHES_REGRESS (budget ${DISCARD_CACHES_SECONDS}s for the whole run)"
+	installcheck regress "$DISCARD_CACHES_SECONDS" ISOLATION= TAP_TESTS= REGRESS="$DISCARD_CACHES_REGRESS" \
+		TEST_PORT=$((PORT_BASE + 3)) EXTRA_REGRESS_OPTS="--temp-config=$conf"
+	rc_r=$?
+	t_r=$((SECONDS - start))
+	left=$((DISCARD_CACHES_SECONDS - t_r))
+	if [ "$left" -gt 0 ]; then
+		say "discard-caches: isolation specs $DISCARD_CACHES_SPECS (${left}s left)"
+		installcheck isolation "$left" REGRESS= TAP_TESTS= ISOLATION="$DISCARD_CACHES_SPECS" \
+			TEST_PORT_ISO=$((PORT_BASE + 4)) EXTRA_REGRESS_OPTS="--temp-config=$conf"
+		rc_i=$?
+	else
+		echo "release: the budget was spent before the isolation specs"
+		rc_i=124
+	fi
+	t_i=$((SECONDS - start - t_r))
+	say "discard-caches: summary (debug_discard_caches = 1)"
+	printf 'regress:   %s in %d s (%s)\n' "$([ "$rc_r" -eq 0 ] && echo passed || echo FAILED)" "$t_r" "$DISCARD_CACHES_REGRESS"
+	printf 'isolation: %s in %d s (%s)\n' "$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" "$t_i" "$DISCARD_CACHES_SPECS"
+	printf 'total:     %d s of a %d s budget\n' "$((SECONDS - start))" "$DISCARD_CACHES_SECONDS"
+	[ "$rc_r" -eq 0 ] && [ "$rc_i" -eq 0 ] || FAILED=1
+}
+
+# ---------------------------------------------------------------- sqlsmith
+# sqlsmith_one LABEL PORT STAGED: the sqlsmith runs against one server
+# ($PG_CONFIG's), with the extension built and installed already (into the
+# staging directory $WORK/stage when STAGED is 1); appends its figures to
+# $WORK/sqlsmith.results ("LABEL ROLE key=value ..." lines) and returns
+# non-zero if a gate failed.
+sqlsmith_one() {
+	local label="$1" port="$2" staged="$3" dir conf=() major log db=smith
+	local role user seed out deadline left runs rc fails=0 secs n
+	local crashes traps panics fatals xx_ext classes off0 off1 amcheck calls0 calls
+	dir="$WORK/smith-$label"
+	major=$(deps_major)
+	log="$dir/postgresql.log"
+	conf=("shared_preload_libraries = 'idempotency'"
+		# partitions that end and are dropped every few seconds while
+		# sqlsmith runs: the worker every second, 10 s partitions, 1 min
+		# default ttls
+		"idempotency.naptime = 1" "idempotency.partition_interval = '10s'"
+		"idempotency.key_ttl = '1min'" "idempotency.message_ttl = '1min'"
+		"fsync = off" "max_connections = 30"
+		# the SQLSTATE and application of each line, for the error counts
+		"log_line_prefix = '%m [%p] %a %e '" "log_error_verbosity = verbose"
+		"log_min_messages = warning"
+		# to count the calls of the extension's functions
+		"track_functions = 'all'")
+	if [ "$staged" = 1 ]; then
+		# Debian's extension_destdir: control and script files, and
+		# $libdir modules, are looked for under the staging directory first
+		conf+=("extension_destdir = '$WORK/stage'"
+			"dynamic_library_path = '$WORK/stage$("$PG_CONFIG" --pkglibdir):\$libdir'")
+	fi
+	cluster_start "$dir" "$port" "${conf[@]}" || return 1
+	cluster_psql "$dir" -q -c "CREATE DATABASE $db" || return 1
+	CLUSTER_DB=$db cluster_psql "$dir" -q -f "$SRC/test/lib/sqlsmith_setup.sql" >"$dir/setup.log" 2>&1 || {
+		cat "$dir/setup.log"
+		return 1
+	}
+	# partitions made and expired: wait until the worker has dropped the
+	# short-ttl rows' partitions (they end within seconds)
+	deadline=$((SECONDS + 300))
+	until [ "$(CLUSTER_DB=$db cluster_psql "$dir" -At -c \
+		"SELECT partitions_dropped > 0 FROM idempotency.stats WHERE datname = current_database()")" = t ]; do
+		[ "$SECONDS" -lt "$deadline" ] || {
+			echo "release: no partition was dropped within 300 s"
+			return 1
+		}
+		sleep 1
+	done
+	echo "$label: ledger populated: $(CLUSTER_DB=$db cluster_psql "$dir" -At -c \
+		"SELECT format('%s keys, %s messages, %s partitions, %s made and %s dropped so far',
+		        (SELECT count(*) FROM idempotency.keys), (SELECT count(*) FROM idempotency.messages),
+		        (SELECT count(*) FROM idempotency.partitions), partitions_created, partitions_dropped)
+		   FROM idempotency.stats WHERE datname = current_database()")"
+
+	for role in sqlsmith_user superuser; do
+		user=$role
+		[ "$role" = superuser ] && user=$CLUSTER_USER
+		off0=$(stat -c %s "$log")
+		calls0=$(ext_calls "$dir" "$db")
+		deadline=$((SECONDS + SQLSMITH_SECONDS))
+		runs=0
+		# sqlsmith ends early when its connection breaks (a crash): it is
+		# started again, with the next seed, until the time is up
+		while left=$((deadline - SECONDS)) && [ "$left" -gt 0 ]; do
+			seed=$((SQLSMITH_SEED + runs))
+			runs=$((runs + 1))
+			out="$dir/sqlsmith-$role-$runs.out"
+			echo "$label, $role: sqlsmith --seed=$seed for ${left}s"
+			cluster_as_user timeout -s INT -k 30 "$left" sqlsmith --verbose --seed="$seed" \
+				--target="host=$dir/sock port=$port dbname=$db user=$user options='-csearch_path=sqlsmith_denylist,pg_catalog,public'" \
+				>"$out" 2>&1
+			rc=$?
+			if [ "$rc" -ne 124 ] && [ "$rc" -ne 0 ]; then
+				echo "$label, $role: sqlsmith ended early (exit $rc): $(tail -n 3 "$out" | tr '\n' ' ')"
+				# the server restarts after a crash: wait for it
+				cluster_as_user env PATH="$("$PG_CONFIG" --bindir):$PATH" \
+					pg_isready -q -t 120 -h "$dir/sock" -p "$port" || {
+					echo "release: the server did not come back"
+					return 1
+				}
+				sleep 1
+			fi
+		done
+		off1=$(stat -c %s "$log")
+		calls=$(($(ext_calls "$dir" "$db") - calls0))
+		tail -c +$((off0 + 1)) "$log" | head -c $((off1 - off0)) >"$dir/server-$role.log"
+		secs=$SQLSMITH_SECONDS
+		# the queries of each sqlsmith run: the last of its reports
+		# ("queries: N", every 800 queries and when it ends; a run that lost
+		# its connection to a crash may not say)
+		n=0
+		for out in "$dir"/sqlsmith-"$role"-*.out; do
+			n=$((n + $(sed -n 's/^queries: \([0-9]*\)$/\1/p' "$out" | tail -n 1 | grep . || echo 0)))
+		done
+		crashes=$(grep -c 'terminated by signal' "$dir/server-$role.log")
+		traps=$(grep -c 'TRAP:' "$dir/server-$role.log")
+		panics=$(grep -c ' PANIC: ' "$dir/server-$role.log")
+		# (sqlsmith's sessions are named sqlsmith::dut, sqlsmith::schema)
+		fatals=$(grep -Ec ' \[[0-9]+\] sqlsmith[^ ]* [0-9A-Z]{5} FATAL: ' "$dir/server-$role.log")
+		# errors of sqlsmith's sessions by SQLSTATE class
+		classes=$(sed -En 's/.* \[[0-9]+\] sqlsmith[^ ]* ([0-9A-Z]{2})[0-9A-Z]{3} ERROR: .*/\1/p' \
+			"$dir/server-$role.log" | sort | uniq -c | sort -rn | awk '{printf "%s%s:%s", sep, $2, $1; sep=" "}')
+		# internal errors (XX) raised in the extension's own code: the
+		# LOCATION line that follows names a function of idempotency.so
+		xx_ext=$(xx_in_extension "$dir/server-$role.log")
+		printf '%s %s queries=%d seconds=%d qps=%d runs=%d ext_calls=%d crashes=%d traps=%d panics=%d fatals=%d xx_extension=%d errors=%s\n' \
+			"$label" "$role" "$n" "$secs" "$((n / secs))" "$runs" "$calls" "$crashes" "$traps" "$panics" \
+			"$fatals" "$xx_ext" "${classes:-none}" >>"$WORK/sqlsmith.results"
+		tail -n 1 "$WORK/sqlsmith.results"
+		# the internal errors (class XX) of any code, for a look: the
+		# server's own are known sqlsmith findings, not the extension's
+		sed -En 's/.* \[[0-9]+\] sqlsmith[^ ]* (XX[0-9A-Z]{3}) ERROR: +XX[0-9A-Z]{3}: (.{0,100}).*/  \1 \2/p' \
+			"$dir/server-$role.log" | sort | uniq -c | sort -rn | head -n 10
+		if [ "$crashes" -ne 0 ] || [ "$traps" -ne 0 ] || [ "$panics" -ne 0 ] || [ "$xx_ext" -ne 0 ]; then
+			fails=1
+			grep -E -B2 -A12 'TRAP:|terminated by signal|PANIC: ' "$dir/server-$role.log" | head -n 120
+			xx_in_extension "$dir/server-$role.log" show | head -n 60
+		fi
+	done
+
+	echo "$label: calls of the extension's functions (setup included): $(CLUSTER_DB=$db cluster_psql "$dir" -At -c \
+		"SELECT string_agg(funcname || ' ' || calls, ', ' ORDER BY calls DESC) FROM pg_stat_user_functions
+		  WHERE schemaname = 'idempotency' OR funcname LIKE 'idem\\_%'")"
+	# the ledger after the fuzzing: every index intact, and it still answers
+	amcheck=$(CLUSTER_DB=$db cluster_psql "$dir" -q -f "$SRC/test/lib/amcheck_ledger.sql" 2>&1)
+	if [[ "$amcheck" == *"NOTICE:  amcheck: "* ]] && [[ "$amcheck" != *ERROR* ]]; then
+		echo "$label: ${amcheck##*NOTICE:  }"
+	else
+		echo "$label: amcheck FAILED: $amcheck"
+		fails=1
+	fi
+	n=$(CLUSTER_DB=$db cluster_psql "$dir" -At -c \
+		"SELECT count(*) FILTER (WHERE NOT idem_consume_message('su-billing', 'msg-' || g, '1 hour'))
+		        + count(*) FILTER (WHERE (SELECT status FROM idem_claim('su-done-' || g, jsonb_build_object('n', g))) = 'completed')
+		   FROM generate_series(1, 100) g" 2>&1)
+	if [ "$n" = 200 ]; then
+		echo "$label: the ledger still answers: 100 messages are duplicates, 100 keys replay"
+	else
+		echo "$label: the ledger after the fuzzing: want 200 duplicates and replays, got $n"
+		fails=1
+	fi
+	cluster_stop "$dir" || fails=1
+	return "$fails"
+}
+
+# ext_calls DIR DB: how many times the extension's functions (idem_* and
+# those of schema idempotency) have been called in DB (track_functions; the
+# counts of a backend are in once it has ended, as sqlsmith's have)
+ext_calls() {
+	CLUSTER_DB=$2 cluster_psql "$1" -At -c "SELECT pg_stat_clear_snapshot()" -c \
+		"SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions
+		  WHERE schemaname = 'idempotency' OR funcname LIKE 'idem\\_%'" | tail -n 1
+}
+
+# xx_in_extension LOG [show]: how many errors of class XX in LOG carry a
+# LOCATION in a function of the extension's library (with "show", the lines)
+xx_in_extension() {
+	local log="$1" show="${2:-}" funcs="$WORK/idempotency.functions"
+	nm --defined-only "$WORK/src/idempotency.so" 2>/dev/null |
+		awk '$2 ~ /^[Tt]$/ {print $3}' >"$funcs"
+	# an ERROR line, then its DETAIL, HINT, CONTEXT lines, then LOCATION
+	awk -v show="$show" -v funcs="$funcs" '
+		BEGIN { while ((getline f < funcs) > 0) ours[f] = 1 }
+		/ sqlsmith[^ ]* XX[0-9A-Z][0-9A-Z][0-9A-Z] ERROR: / { pending = $0; next }
+		pending != "" && / LOCATION: / {
+			fn = $0; sub(/.* LOCATION: */, "", fn); sub(/,.*/, "", fn)
+			if (fn in ours) { count++; if (show != "") print pending "\n" $0 }
+			pending = ""
+			next
+		}
+		/ (ERROR|FATAL|PANIC|WARNING|LOG|STATEMENT): / { pending = "" }
+		END { if (show == "") print count + 0 }' "$log"
+}
+
+# The servers of SQLSMITH_SERVERS, one after the other.
+gate_sqlsmith() {
+	local s port n=0 rc dir
+	[ "$(id -u)" -eq 0 ] || die "run as root: servers are built, and the extension installed, for the runs"
+	deps_ensure sqlsmith binutils || exit 1
+	make_workdir
+	: >"$WORK/sqlsmith.results"
+	chown "$CLUSTER_USER:" "$WORK/sqlsmith.results"
+	for s in $SQLSMITH_SERVERS; do
+		port=$((PORT_BASE + 10 + n))
+		n=$((n + 1))
+		say "sqlsmith on $s: ${SQLSMITH_SECONDS}s as sqlsmith_user, ${SQLSMITH_SECONDS}s as a superuser"
+		case $s in
+		cassert)
+			cassert_ensure || {
+				FAILED=1
+				continue
+			}
+			PG_CONFIG=$(cassert_pg_config) build_extension &&
+				PG_CONFIG=$(cassert_pg_config) sqlsmith_one cassert "$port" 0
+			;;
+		15)
+			PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config build_extension "$WORK/stage" &&
+				PG_CONFIG=/usr/lib/postgresql/15/bin/pg_config sqlsmith_one 15 "$port" 1
+			;;
+		17 | 18)
+			sqlsmith_in_root "$s" "$port"
+			;;
+		*)
+			echo "release: unknown server '$s' (cassert 15 17 18)"
+			false
+			;;
+		esac
+		rc=$?
+		[ "$rc" -eq 0 ] || FAILED=1
+	done
+	say "sqlsmith: summary (${SQLSMITH_SECONDS}s per role and server; seeds from $SQLSMITH_SEED)"
+	column -t <"$WORK/sqlsmith.results" 2>/dev/null || cat "$WORK/sqlsmith.results"
+	[ "$FAILED" -eq 0 ] && echo "0 crashes, 0 assertion failures, no internal error of the extension, ledgers intact"
+}
+
+# sqlsmith_in_root MAJOR PORT: the same inside the root of MAJOR (its own
+# Debian PostgreSQL, the extension installed into it as the suites do)
+sqlsmith_in_root() {
+	local v="$1" port="$2" dir rc
+	dir=$(root_dir "$v")
+	deps_ensure mmdebstrap || return 1
+	root_ensure "$v" || return 1
+	rm -rf --one-file-system "$dir/tmp/idempotency-release-src"
+	mkdir -p "$dir/tmp/idempotency-release-src" || return 1
+	tar -C "$SRC" --exclude=./.git --exclude='./tmp_check*' --exclude='*.o' \
+		--exclude='*.so' --exclude='*.bc' -cf - . |
+		tar -C "$dir/tmp/idempotency-release-src" -xf - || return 1
+	root_mount "$dir" || return 1
+	root_run "$dir" env SQLSMITH_SECONDS="$SQLSMITH_SECONDS" SQLSMITH_SEED="$SQLSMITH_SEED" \
+		IDEM_RELEASE_PORT_BASE="$port" PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
+		bash /tmp/idempotency-release-src/test/release.sh sqlsmith-here "$v"
+	rc=$?
+	cat "$dir/tmp/idempotency-release-src/sqlsmith.results" >>"$WORK/sqlsmith.results" 2>/dev/null
+	root_umount "$dir" || rc=1
+	rm -rf --one-file-system "$dir/tmp/idempotency-release-src"
+	return "$rc"
+}
+
+# Inside a root: the runs against its server, installed into it.
+gate_sqlsmith_here() {
+	local label="$1" rc
+	deps_ensure sqlsmith binutils || exit 1
+	make_workdir
+	: >"$WORK/sqlsmith.results"
+	chown "$CLUSTER_USER:" "$WORK/sqlsmith.results"
+	build_extension || exit 1
+	sqlsmith_one "$label" "$PORT_BASE" 0
+	rc=$?
+	cp "$WORK/sqlsmith.results" "$SRC/sqlsmith.results"
+	[ "$rc" -eq 0 ] || FAILED=1
+}
+
+# ---------------------------------------------------------------- amcheck
+gate_amcheck() {
+	psql -X -v ON_ERROR_STOP=1 -q -f "$SRC/test/lib/amcheck_ledger.sql"
+}
+
+case "${1:-}" in
+valgrind) gate_valgrind ;;
+discard-caches) gate_discard_caches ;;
+sqlsmith) gate_sqlsmith ;;
+sqlsmith-here) gate_sqlsmith_here "${2:?major}" ;;
+amcheck) gate_amcheck ;;
+*)
+	echo "usage: bash test/release.sh valgrind | discard-caches | sqlsmith | amcheck" >&2
+	exit 2
+	;;
+esac
