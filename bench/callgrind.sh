@@ -26,6 +26,16 @@
 #   replay           idem_claim() of a completed key
 #   replay_raw       SELECT of a completed key's row, plain table
 #
+# and, named in WORKLOADS only (not run by default):
+#
+#   claim_2p         idem_claim(..., lease => '1 min') of a new key, then
+#                    in a second transaction idem_complete(..., token); the
+#                    token goes from one to the other through a setting
+#                    (set_config), the same cost in every build
+#   claim_2p_keep    the same with keep_request => true (0.4.0 and later)
+#   claim_headers_raw as claim_complete, completed with response_headers
+#                    and response_raw instead of a jsonb body (0.4.0 and later)
+#
 # Environment: PGBIN or PG_CONFIG (bench/lib.sh: PGBIN, else PG_CONFIG's
 # bin dir, else /usr/lib/postgresql/15/bin), CALLS (default 1000, or 20
 # with BENCH_SMOKE=1, the smallest run for the test suite), WORKLOADS, OUT
@@ -99,6 +109,16 @@ statements() {
 			echo "BEGIN"
 			echo "INSERT INTO plain_keys (key, fingerprint, expires_at) VALUES ('k$i', sha256('{\"amount\": $i}'), now() + interval '1 day')"
 			echo "UPDATE plain_keys SET status = 'completed', code = 201, body = '{\"charge\": $i}' WHERE key = 'k$i'"
+			echo "COMMIT"
+			;;
+		claim_2p | claim_2p_keep)
+			echo "SELECT set_config('bench.token', token::text, false) FROM idem_claim('k$i', '{\"amount\": $i}', lease => '1 min'$([ "$w" = claim_2p ] || echo ", keep_request => true"))"
+			echo "SELECT idem_complete('k$i', 201, '{\"charge\": $i}', token => current_setting('bench.token')::bigint)"
+			;;
+		claim_headers_raw)
+			echo "BEGIN"
+			echo "SELECT status FROM idem_claim('k$i', '{\"amount\": $i}')"
+			echo "SELECT idem_complete('k$i', 201, response_headers => '{\"Location\": \"/charges/$i\", \"Content-Type\": \"text/csv\"}', response_raw => convert_to('charge,$i', 'UTF8'))"
 			echo "COMMIT"
 			;;
 		replay) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
