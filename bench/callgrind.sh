@@ -28,6 +28,27 @@
 #   replay           idem_claim() of a completed key
 #   replay_raw       SELECT of a completed key's row, plain table
 #
+# and, named in WORKLOADS only (not run by default):
+#
+#   claim_2p         idem_claim(..., lease => '1 min') of a new key, then
+#                    in a second transaction idem_complete(..., token); the
+#                    token goes from one to the other through a setting
+#                    (set_config), the same cost in every build
+#   claim_2p_keep    the same with keep_request => true (0.4.0 and later)
+#   claim_headers_raw as claim_complete, completed with response_headers
+#                    and response_raw instead of a jsonb body (0.4.0 and later)
+#   claim_complete_prep, replay_prep
+#                    claim_complete and replay through prepared statements
+#                    (PREPARE once per run, EXECUTE per call), as pgbench
+#                    -M prepared and most drivers call: no parse analysis
+#                    or planning of the call (the function's argument
+#                    defaults are read from pg_proc and planned there)
+#
+# CALLGRIND_KEEP=DIR keeps the callgrind output files there
+# (<workload>-1.cg for CALLS calls, <workload>-2.cg for 2 x CALLS), for
+# callgrind_annotate: where one build spends its instructions per call
+# against another.
+#
 # Environment: PGBIN or PG_CONFIG (bench/lib.sh: PGBIN, else PG_CONFIG's
 # bin dir, else /usr/lib/postgresql/15/bin), CALLS (default 1000, or 20
 # with BENCH_SMOKE=1, the smallest run for the test suite), WORKLOADS, OUT
@@ -109,6 +130,32 @@ statements() {
 			echo "UPDATE plain_keys SET status = 'completed', code = 201, body = '{\"charge\": $i}' WHERE key = 'k$i'"
 			echo "COMMIT"
 			;;
+		claim_2p | claim_2p_keep)
+			echo "SELECT set_config('bench.token', token::text, false) FROM idem_claim('k$i', '{\"amount\": $i}', lease => '1 min'$([ "$w" = claim_2p ] || echo ", keep_request => true"))"
+			echo "SELECT idem_complete('k$i', 201, '{\"charge\": $i}', token => current_setting('bench.token')::bigint)"
+			;;
+		claim_headers_raw)
+			echo "BEGIN"
+			echo "SELECT status FROM idem_claim('k$i', '{\"amount\": $i}')"
+			echo "SELECT idem_complete('k$i', 201, response_headers => '{\"Location\": \"/charges/$i\", \"Content-Type\": \"text/csv\"}', response_raw => convert_to('charge,$i', 'UTF8'))"
+			echo "COMMIT"
+			;;
+		claim_complete_prep)
+			if [ "$i" = "$from" ]; then
+				echo "PREPARE claim(text, jsonb) AS SELECT status FROM idem_claim(\$1, \$2)"
+				echo "PREPARE complete(text, jsonb) AS SELECT idem_complete(\$1, 201, \$2)"
+			fi
+			echo "BEGIN"
+			echo "EXECUTE claim('k$i', '{\"amount\": $i}')"
+			echo "EXECUTE complete('k$i', '{\"charge\": $i}')"
+			echo "COMMIT"
+			;;
+		replay_prep)
+			if [ "$i" = "$from" ]; then
+				echo "PREPARE replay(text, jsonb) AS SELECT status, response_code, response_body FROM idem_claim(\$1, \$2)"
+			fi
+			echo "EXECUTE replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
+			;;
 		replay) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
 		replay_raw) echo "SELECT status, code, body FROM plain_keys WHERE key = 'done$(((i - 1) % 500 + 1))' AND expires_at > now()" ;;
 		*) die "unknown workload $w" ;;
@@ -147,5 +194,9 @@ for w in $WORKLOADS; do
 	one=$(single "$WORK/$w-1.sql" callgrind "$w-1")
 	two=$(single "$WORK/$w-2.sql" callgrind "$w-2")
 	if [ -z "$one" ] || [ -z "$two" ]; then die "no instruction count for $w"; fi
+	if [ -n "${CALLGRIND_KEEP:-}" ]; then
+		mkdir -p "$CALLGRIND_KEEP"
+		cp "$WORK/$w-1.cg" "$WORK/$w-2.cg" "$CALLGRIND_KEEP/"
+	fi
 	say "$(awk -v w="$w" -v a="$one" -v b="$two" -v n="$CALLS" 'BEGIN{printf "%-15s %d", w, (b - a) / n}')"
 done
