@@ -18,7 +18,8 @@
 # "make", "make installcheck" (pg_regress, pg_isolation_regress, prove with
 # PostgreSQL::Test::Cluster), "make pgtap" (pg_prove), the examples' tests
 # (python3-psycopg, curl, pgbouncer, plproxy, the Citus build), the DBA
-# operations tests (pg_repack), the clock tests (faketime), the smoke run
+# operations tests (pg_repack), the clock tests (faketime), the streams
+# tests and example (redis-server, python3-redis), the smoke run
 # of bench/callgrind.sh (valgrind) and the packaging tests (pg_buildext and
 # dpkg-buildpackage, whose implicit build dependency is build-essential;
 # pgxnclient; postgres_exporter).  The Perl modules PostgreSQL::Test::* use
@@ -31,7 +32,8 @@ deps_packages() {
 		"postgresql-$m-repack" \
 		libtap-parser-sourcehandler-pgtap-perl pgbouncer \
 		libipc-run-perl libtest-simple-perl perl \
-		python3 python3-psycopg curl make gcc libc6-dev faketime valgrind \
+		python3 python3-psycopg python3-redis redis-server \
+		curl make gcc libc6-dev faketime valgrind \
 		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev libkrb5-dev \
 		build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all \
 		pgxnclient prometheus-postgres-exporter
