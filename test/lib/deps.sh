@@ -20,7 +20,8 @@
 # (python3-psycopg, curl, pgbouncer, plproxy, the Citus build), the client
 # libraries' tests (FastAPI, Starlette, Django, Flask, pytest, the wheel
 # build; Node.js 20 and npm where Debian has them), the DBA
-# operations tests (pg_repack), the clock tests (faketime), the smoke run
+# operations tests (pg_repack), the clock tests (faketime), the streams
+# tests and example (redis-server, python3-redis), the smoke run
 # of bench/callgrind.sh (valgrind) and the packaging tests (pg_buildext and
 # dpkg-buildpackage, whose implicit build dependency is build-essential;
 # pgxnclient; postgres_exporter).  The Perl modules PostgreSQL::Test::* use
@@ -33,7 +34,8 @@ deps_packages() {
 		"postgresql-$m-repack" \
 		libtap-parser-sourcehandler-pgtap-perl pgbouncer \
 		libipc-run-perl libtest-simple-perl perl \
-		python3 python3-psycopg curl make gcc libc6-dev faketime valgrind \
+		python3 python3-psycopg python3-redis redis-server \
+		curl make gcc libc6-dev faketime valgrind \
 		patch liblz4-dev libzstd-dev libcurl4-openssl-dev libicu-dev libkrb5-dev \
 		build-essential debhelper dpkg-dev fakeroot postgresql-server-dev-all \
 		pgxnclient prometheus-postgres-exporter \
