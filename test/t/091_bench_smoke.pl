@@ -3,7 +3,8 @@
 #
 # Nothing else runs bench/ between releases, and the figures in
 # bench/README.md are only as good as the scripts that make them.  So each
-# script (run.sh, scale.sh, bigtxn.sh, drop.sh, soak.sh, callgrind.sh) runs
+# script (run.sh, scale.sh, bigtxn.sh, drop.sh, soak.sh, wait.sh,
+# features.sh, callgrind.sh) runs
 # here in its smoke mode, BENCH_SMOKE=1 (bench/lib.sh): the smallest sizes,
 # one round, windows of a second or two, seconds each.  It runs as the user
 # running the tests, against the installed extension (the scripts build
@@ -240,6 +241,43 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 		is_deeply([ grep { /SKIP/ } @series ], [], 'soak.sh: no series SKIP');
 		like($txt // '', qr/^errors \(.*\s=\s+0\s+PASS/m,
 			'soak.sh: no error under load');
+	}
+}
+
+# ---------------------------------------------------------------- wait.sh
+{
+	my $port = PostgreSQL::Test::Cluster::get_free_port();
+	my $r = smoke('wait.sh', qr/^wait-latest\.txt$/, WAIT_PORT => $port);
+	if ($r)
+	{
+		my $t = $r->{'wait-latest.txt'};
+		for my $mode (qw(preload nopreload))
+		{
+			like($t, qr/^raw round=1 mode=\Q$mode\E status=\w+ commit_to_answer_ms=$number/m,
+				"wait.sh: a measured wait on the $mode server");
+		}
+		my @v = verdicts($t);
+		is(scalar(@v), 2, 'wait.sh: a verdict for each of its 2 goals');
+		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'wait.sh: no goal SKIP');
+	}
+}
+
+# ---------------------------------------------------------------- features.sh
+{
+	my $r = smoke('features.sh', qr/^features-latest\.txt$/,
+		FEATURES_PORT => PostgreSQL::Test::Cluster::get_free_port());
+	if ($r)
+	{
+		my $t = $r->{'features-latest.txt'};
+		for my $v (qw(plain_base plain_new twophase_base twophase_new keep_new headers_new))
+		{
+			like($t, qr/^raw round=1 variant=\Q$v\E side=\w+ tps=$number/m,
+				"features.sh: variant $v measured");
+		}
+		like($t, qr/^raw storage side=new /m, 'features.sh: bytes per key measured');
+		my @v = verdicts($t);
+		is(scalar(@v), 3, 'features.sh: a verdict for each of its 3 goals');
+		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'features.sh: no goal SKIP');
 	}
 }
 
