@@ -85,7 +85,7 @@ typedef struct IdemRecord
  */
 bool
 IdemRecordMessage(Oid role, const IdemDigest *digest, const Interval *ttl,
-				  TimestampTz expires_at)
+				  TimestampTz expires_at, IdemOpenCache *cache)
 {
 	IdemRecord	rec;
 	IdemOp		op;
@@ -95,6 +95,7 @@ IdemRecordMessage(Oid role, const IdemDigest *digest, const Interval *ttl,
 	rec.recorded = false;
 	(void) IdemLedgerParent(IDEM_LEDGER_MESSAGES, true);
 	IdemOpInit(&op, IDEM_LEDGER_MESSAGES, role, digest);
+	op.cache = cache;
 	IdemOpRun(&op, false, IdemRecordStep, &rec);
 	return rec.recorded;
 }
@@ -149,7 +150,7 @@ idem_consume_message(PG_FUNCTION_ARGS)
 					  VARDATA_ANY(message_id), VARSIZE_ANY_EXHDR(message_id),
 					  &digest);
 
-	if (IdemRecordMessage(GetUserId(), &digest, &ttl, 0))
+	if (IdemRecordMessage(GetUserId(), &digest, &ttl, 0, NULL))
 	{
 		IdemStatsAdd(IDEM_STAT_CONSUMED, 1);
 		PG_RETURN_BOOL(true);
@@ -181,6 +182,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	bool	   *is_new;
 	MemoryContext element_cxt;
 	MemoryContext oldcontext;
+	IdemOpenCache cache;
 	Oid			role = GetUserId();
 	int			i;
 	int			nnew = 0;
@@ -212,6 +214,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	 */
 	qsort(items, nelems, sizeof(IdemBatchItem), IdemBatchItemCmp);
 	is_new = palloc0(Max(nelems, 1) * sizeof(bool));
+	IdemOpenCacheInit(&cache);
 	element_cxt = AllocSetContextCreate(CurrentMemoryContext,
 										"idem_consume_messages element",
 										ALLOCSET_DEFAULT_SIZES);
@@ -222,11 +225,12 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 			continue;
 		oldcontext = MemoryContextSwitchTo(element_cxt);
 		is_new[items[i].position] =
-			IdemRecordMessage(role, &items[i].digest, &ttl, 0);
+			IdemRecordMessage(role, &items[i].digest, &ttl, 0, &cache);
 		MemoryContextSwitchTo(oldcontext);
 		MemoryContextReset(element_cxt);
 	}
 	MemoryContextDelete(element_cxt);
+	IdemOpenCacheEnd(&cache);
 
 	/* return the new ones in input order */
 	for (i = 0; i < nelems; i++)

@@ -322,6 +322,29 @@ typedef struct IdemProbeResult
  * protocol of probe.c: the key lock, the partitions the key's live row can
  * be in, what the probe found there, and the row to write.
  */
+/*
+ * The partitions one call that writes many rows (a batch) keeps open across
+ * its ids: entries of the same partition set are reused while the ledger
+ * caches' generation is unchanged and none of the partitions has ended
+ * (see IdemOpenCacheLookup).  Memory and relations stay until
+ * IdemOpenCacheEnd.
+ */
+#define IDEM_OPEN_CACHE_ENTRIES 16
+
+typedef struct IdemOpenCacheEntry
+{
+	int			nopen;
+	IdemOpenPartition *open;
+} IdemOpenCacheEntry;
+
+typedef struct IdemOpenCache
+{
+	MemoryContext cxt;			/* holds the entries and their index state */
+	uint64		generation;		/* IdemPartitionsGeneration() they match */
+	int			nentries;
+	IdemOpenCacheEntry entries[IDEM_OPEN_CACHE_ENTRIES];
+} IdemOpenCache;
+
 typedef struct IdemOp
 {
 	IdemLedger	ledger;
@@ -336,7 +359,9 @@ typedef struct IdemOp
 	bool		key_locked;		/* holds the key lock now */
 	bool		keep_key_lock;	/* ... until the transaction ends */
 	int			nopen;
-	IdemOpenPartition *open;	/* palloc'd by the probe */
+	IdemOpenPartition *open;	/* palloc'd by the probe, or the cache's */
+	IdemOpenCache *cache;		/* of a batch, or NULL */
+	bool		cached;			/* open is the cache's: not closed at the end */
 	int			target;			/* the open partition a new row goes to */
 	IdemProbeResult probe;		/* what the probe found */
 	TimestampTz wait_until;		/* for IDEM_STEP_WAIT_HOLDER: set by the step */
@@ -378,6 +403,8 @@ extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 extern void IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 								  const IdemPartition *part, LOCKMODE lockmode);
 extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
+extern void IdemOpenCacheInit(IdemOpenCache *cache);
+extern void IdemOpenCacheEnd(IdemOpenCache *cache);
 extern void IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 					  const IdemDigest *digest, TimestampTz now,
 					  bool want_tuple, Snapshot snapshot,
@@ -396,6 +423,7 @@ extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 								   IdemIndexUpdate which);
 extern Relation IdemRecoverIndex(IdemOpenPartition *op);
 extern void IdemOpenAllIndexes(IdemOpenPartition *op);
+extern void IdemPrepareIndexInserts(IdemOpenPartition *op);
 
 /* What importing a ledger row did (keys.c, consume.c; see transfer.c) */
 typedef enum IdemImportOutcome
@@ -431,7 +459,8 @@ extern bool IdemRecoverKey(Oid role, const IdemDigest *digest, Datum lease,
 
 /* The processed-message ledger (consume.c) */
 extern bool IdemRecordMessage(Oid role, const IdemDigest *digest,
-							  const Interval *ttl, TimestampTz expires_at);
+							  const Interval *ttl, TimestampTz expires_at,
+							  IdemOpenCache *cache);
 
 /*
  * A claim made by the current transaction (own_claims.c).  Same-transaction

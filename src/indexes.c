@@ -151,6 +151,24 @@ IdemOpenAllIndexes(IdemOpenPartition *op)
 }
 
 /*
+ * IdemPrepareIndexInserts opens every index of the open partition and builds
+ * what inserting into each needs, in the current memory context, so that a
+ * partition kept open across the ids of a batch (IdemOpenCache) allocates
+ * nothing more where its state would not live as long as it.
+ */
+void
+IdemPrepareIndexInserts(IdemOpenPartition *op)
+{
+	int			i;
+
+	IdemOpenAllIndexes(op);
+	if (!op->simple)
+		return;					/* the executor's path keeps no state here */
+	for (i = 0; i < op->nindexes; i++)
+		(void) IdemIndexInfo(op, i);
+}
+
+/*
  * IdemClosePartitionIndexes closes the indexes IdemOpenPartitionIndexes
  * opened, keeping the locks, after letting each access method release what
  * it kept across this partition's inserts.

@@ -98,6 +98,10 @@ static bool IdemMustKeepKeyLock(Relation partition);
 static void IdemOpMakeTarget(IdemOp *op);
 static void IdemOpDeform(IdemOp *op, TupleDesc tupdesc);
 static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
+static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
+								const pg_uuid_t *digest, TimestampTz now,
+								LOCKMODE lockmode, IdemOpenPartition **open,
+								int *nopen);
 
 /*
  * IdemOpenLivePartitions opens, in the given lock mode, the partitions a
@@ -256,6 +260,142 @@ IdemClosePartitions(IdemOpenPartition *open, int nopen)
 		if (open[i].part.ended)
 			UnlockRelationOid(open[i].part.relid, AccessShareLock);
 	}
+}
+
+/*
+ * IdemOpenCacheInit prepares an empty cache of open partitions for a call
+ * that writes many rows, in a memory context of its own below the current
+ * one.
+ */
+void
+IdemOpenCacheInit(IdemOpenCache *cache)
+{
+	cache->cxt = AllocSetContextCreate(CurrentMemoryContext,
+									   "idempotency open partitions",
+									   ALLOCSET_SMALL_SIZES);
+	cache->generation = IdemPartitionsGeneration();
+	cache->nentries = 0;
+}
+
+/* closes the cache's partitions, keeping their locks */
+static void
+IdemOpenCacheClose(IdemOpenCache *cache)
+{
+	int			i;
+
+	for (i = 0; i < cache->nentries; i++)
+		IdemClosePartitions(cache->entries[i].open, cache->entries[i].nopen);
+	cache->nentries = 0;
+	MemoryContextReset(cache->cxt);
+}
+
+/* IdemOpenCacheEnd closes what the cache holds and frees it */
+void
+IdemOpenCacheEnd(IdemOpenCache *cache)
+{
+	IdemOpenCacheClose(cache);
+	MemoryContextDelete(cache->cxt);
+	cache->cxt = NULL;
+}
+
+/*
+ * IdemOpenCacheLookup sets *open and *nopen to the cache's open partitions
+ * for a key with this digest, opening and keeping them if the cache has
+ * room, and returns true; or returns false, and the caller opens them
+ * itself (IdemOpenLivePartitions), if the set is not one the cache can
+ * keep: one with a partition whose range has ended (whether to look into
+ * it is asked of the lock manager on every probe, see
+ * IdemOpenLivePartitions), or one met while the ledger caches changed
+ * under the locks just taken.
+ *
+ * An entry is the exact list of partitions IdemLivePartitionsForKey gives,
+ * all live, opened in lock mode "lockmode" with every index ready for
+ * inserts.  The caller has accepted invalidation messages under its key
+ * lock: if the ledger caches changed since the entries were opened (a
+ * partition was made or dropped), every entry is closed first, so a
+ * partition made meanwhile is never missed.  The locks themselves are the
+ * transaction's either way: a partition's lock is kept to the end of the
+ * transaction once a live row was probed or written there, so holding the
+ * relation open for the rest of the call changes nothing for anyone else
+ * (no index can be made or dropped on it meanwhile but a concurrent build,
+ * which waits for this transaction before it takes entries).
+ */
+static bool
+IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
+					const pg_uuid_t *digest, TimestampTz now,
+					LOCKMODE lockmode, IdemOpenPartition **open, int *nopen)
+{
+	IdemOpenCacheEntry *entry;
+	IdemPartition *parts;
+	MemoryContext oldcxt;
+	uint64		generation = IdemPartitionsGeneration();
+	int			n;
+	int			i;
+	int			e;
+
+	if (cache->generation != generation)
+	{
+		IdemOpenCacheClose(cache);
+		cache->generation = generation;
+	}
+
+	n = IdemLivePartitionsForKey(ledger, digest, now, &parts);
+	for (i = 0; i < n; i++)
+	{
+		if (parts[i].ended)
+		{
+			pfree(parts);
+			return false;
+		}
+	}
+
+	for (e = 0; e < cache->nentries; e++)
+	{
+		entry = &cache->entries[e];
+		if (entry->nopen != n)
+			continue;
+		for (i = 0; i < n; i++)
+			if (entry->open[i].part.relid != parts[i].relid)
+				break;
+		if (i == n)
+		{
+			pfree(parts);
+			*open = entry->open;
+			*nopen = n;
+			return true;
+		}
+	}
+	if (cache->nentries == IDEM_OPEN_CACHE_ENTRIES)
+	{
+		pfree(parts);
+		return false;
+	}
+
+	for (i = 0; i < n; i++)
+		LockRelationOid(parts[i].relid, lockmode);
+	if (generation != IdemPartitionsGeneration())
+	{
+		/* the set changed under the locks (kept): start from the catalog */
+		pfree(parts);
+		return false;
+	}
+
+	oldcxt = MemoryContextSwitchTo(cache->cxt);
+	entry = &cache->entries[cache->nentries];
+	entry->open = palloc(Max(n, 1) * sizeof(IdemOpenPartition));
+	entry->nopen = 0;
+	cache->nentries++;
+	for (i = 0; i < n; i++)
+	{
+		IdemOpenPartitionRels(&entry->open[i], ledger, &parts[i], lockmode);
+		entry->nopen++;
+		IdemPrepareIndexInserts(&entry->open[i]);
+	}
+	MemoryContextSwitchTo(oldcxt);
+	pfree(parts);
+	*open = entry->open;
+	*nopen = n;
+	return true;
 }
 
 /*
@@ -557,6 +697,8 @@ IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role, const IdemDigest *digest)
 	op->keep_key_lock = false;
 	op->nopen = 0;
 	op->open = NULL;
+	op->cache = NULL;
+	op->cached = false;
 	op->target = -1;
 	op->probe.found = IDEM_FOUND_NONE;
 	op->probe.tuple = NULL;
@@ -649,8 +791,12 @@ void
 IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
 {
 	AcceptInvalidationMessages();
-	op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest.uuid, op->now,
-									   lockmode, &op->open);
+	op->cached = op->cache != NULL && snapshot == NULL &&
+		IdemOpenCacheLookup(op->cache, op->ledger, &op->digest.uuid, op->now,
+							lockmode, &op->open, &op->nopen);
+	if (!op->cached)
+		op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest.uuid,
+										   op->now, lockmode, &op->open);
 	op->target = -1;
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now,
 			  op->ledger == IDEM_LEDGER_KEYS, snapshot, &op->probe);
@@ -827,10 +973,11 @@ IdemOpUpdate(IdemOp *op, ItemPointer newtid)
 void
 IdemOpEnd(IdemOp *op)
 {
-	if (op->nopen > 0)
+	if (op->nopen > 0 && !op->cached)
 		IdemClosePartitions(op->open, op->nopen);
 	op->nopen = 0;
-	op->open = NULL;			/* the call's memory: freed with it */
+	op->open = NULL;			/* the call's memory, or the cache's */
+	op->cached = false;
 	if (op->key_locked && !op->keep_key_lock)
 		LockRelease(&op->keytag, ExclusiveLock, false);
 	op->key_locked = false;

@@ -777,7 +777,7 @@ idem_import_message(PG_FUNCTION_ARGS)
 	if (expires_at <= now)
 		PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_EXPIRED));
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(IdemRecordMessage(role, &digest, NULL,
-															  expires_at) ?
+															  expires_at, NULL) ?
 										   IDEM_IMPORT_INSERTED :
 										   IDEM_IMPORT_KEPT));
 }
