@@ -68,7 +68,9 @@ def record_offset(record: Any) -> int:
     record["offset"] for a mapping, else record.offset (called if it is a
     method, as confluent-kafka's Message.offset() is).
     """
-    if isinstance(record, int) and not isinstance(record, bool):
+    if isinstance(record, bool):
+        raise TypeError("a bool is not an offset")
+    if isinstance(record, int):
         return record
     if isinstance(record, Mapping):
         return int(record["offset"])
