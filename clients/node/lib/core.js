@@ -3,7 +3,8 @@
 // The helpers around the SQL calls: a transaction with retries, the
 // same-transaction runner (claim, the caller's work, complete, in one
 // transaction), the two-phase runner for calls to external systems, the
-// recoverer of lapsed two-phase claims, and the batch consumer.
+// recoverer of lapsed two-phase claims, the batch consumer, and the stream
+// consumer (positions of a partitioned log).
 
 const sql = require('./sql');
 const {
@@ -346,12 +347,125 @@ async function consume(opts, messages, fn) {
   return transaction(opts.pool, body, opts);
 }
 
+// The default offset of a record: the record itself if it is a number,
+// bigint or string, else record.offset (kafkajs' message.offset is a decimal
+// string).
+function recordOffset(r) {
+  return r !== null && typeof r === 'object' ? r.offset : r;
+}
+
+function toBig(v, what) {
+  try {
+    if (typeof v === 'number' && !Number.isSafeInteger(v)) throw new RangeError();
+    return BigInt(v);
+  } catch (err) {
+    throw new TypeError(`${what} is not an integer offset: ${String(v)}`);
+  }
+}
+
+// Runs body(tx) in the caller's open transaction ({ client }), within a
+// savepoint (so that a missing BEGIN is an error rather than an autocommitted
+// position), or in a transaction of its own on { pool }, retried on
+// 40P01/40001.
+async function inCallerOrOwn(opts, body) {
+  if (opts.client) {
+    const db = opts.client;
+    try {
+      await db.query('SAVEPOINT pg_idempotency_stream');
+    } catch (err) {
+      if (err && err.code === '25P01') {
+        throw new ProgrammingError('{ client } runs inside the caller\'s transaction: call BEGIN first, or pass { pool }',
+          { code: err.code, cause: err });
+      }
+      throw mapError(err);
+    }
+    try {
+      const value = await body(db);
+      await db.query('RELEASE SAVEPOINT pg_idempotency_stream');
+      return value;
+    } catch (err) {
+      try {
+        await db.query('ROLLBACK TO SAVEPOINT pg_idempotency_stream');
+        await db.query('RELEASE SAVEPOINT pg_idempotency_stream');
+      } catch (undoErr) {
+        // the connection is gone; the caller's transaction with it
+      }
+      throw mapError(err);
+    }
+  }
+  if (!opts.pool) throw new TypeError('a stream consumer needs { pool } or { client }');
+  return transaction(opts.pool, body, opts);
+}
+
+// One consumer of a partitioned log (Kafka, Kinesis, Redis Streams), its
+// positions kept by the extension and moved in the transaction that applies
+// each batch.  assign(parts, generation) on assignment: stores the
+// generation, returns where to seek.  process(part, records, fn): in one
+// transaction, idem_advance for the batch's offsets with that generation,
+// fn(tx, fresh, { range, part }) with the records not applied yet (not
+// called when there are none), commit.  A stale generation (the partition
+// was assigned elsewhere since) is StaleGenerationError before fn runs, and
+// nothing is written.
+class StreamConsumer {
+  constructor(opts) {
+    if (!opts || typeof opts.consumer !== 'string') throw new TypeError('streamConsumer needs { consumer }');
+    if (typeof opts.stream !== 'string') throw new TypeError('streamConsumer needs { stream }');
+    if (!opts.pool && !opts.client) throw new TypeError('streamConsumer needs { pool } or { client }');
+    this.options = opts;
+    this.consumer = opts.consumer;
+    this.stream = opts.stream;
+    this.offsetOf = opts.offset || recordOffset;
+    // the generation process() passes: the last assign()'s (null: unfenced)
+    this.generation = opts.generation === undefined ? null : opts.generation;
+  }
+
+  async assign(parts, generation) {
+    const seeks = await inCallerOrOwn(this.options,
+      (tx) => sql.assign(tx, this.consumer, this.stream, parts, generation));
+    this.generation = generation;
+    return seeks;
+  }
+
+  async process(part, records, fn) {
+    if (!Array.isArray(records)) throw new TypeError('records must be an array');
+    if (records.length === 0) return { fresh: [], range: null, result: undefined };
+    const offsets = records.map((r) => toBig(this.offsetOf(r), 'a record\'s offset'));
+    let first = offsets[0];
+    let last = offsets[0];
+    for (const o of offsets) {
+      if (o < first) first = o;
+      if (o > last) last = o;
+    }
+    const generation = this.generation;
+    return inCallerOrOwn(this.options, async (tx) => {
+      const range = await sql.advance(tx, this.consumer, this.stream, part, first, last, { generation });
+      if (range === null) return { fresh: [], range, result: undefined };
+      const lo = BigInt(range.first);
+      const hi = BigInt(range.last);
+      const fresh = records.filter((_, i) => offsets[i] >= lo && offsets[i] <= hi);
+      const result = fresh.length > 0 && fn ? await fn(tx, fresh, { range, part }) : undefined;
+      return { fresh, range, result };
+    });
+  }
+
+  positions() {
+    return sql.positions(this.options.client || this.options.pool, this.consumer, this.stream);
+  }
+}
+
+function streamConsumer(opts) {
+  return new StreamConsumer(opts);
+}
+
 module.exports = {
   transaction,
   run,
   twoPhase,
   recoverLapsed,
   consume,
+  StreamConsumer,
+  streamConsumer,
+  recordOffset,
   // for the HTTP adapters
   inTransaction,
   connect,

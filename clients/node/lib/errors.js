@@ -33,6 +33,16 @@ class KeyBusyError extends IdempotencyError {}
 // included, so a retry is safe.  HTTP: 500, or 413 as configured.
 class ResponseTooLargeError extends IdempotencyError {}
 
+// ID001: a stream call (assign, advance) with a generation lower than the
+// one stored for a partition: the partition was assigned to another consumer
+// since, and this one (a zombie) must stop consuming it.  Nothing changed;
+// the transaction rolls back with the batch's writes.
+class StaleGenerationError extends IdempotencyError {}
+
+// ID002: sequence(..., { strict: true }) saw a producer skip sequence numbers;
+// nothing was recorded.
+class SequenceGapError extends IdempotencyError {}
+
 // 40P01 / 40001 still failing after the configured retries.
 class TransientError extends IdempotencyError {}
 
@@ -89,6 +99,10 @@ function mapError(err) {
       return new KeyBusyError(msg, { code, cause: err });
     case '54000':
       return new ResponseTooLargeError(msg, { code, cause: err });
+    case 'ID001':
+      return new StaleGenerationError(msg, { code, cause: err });
+    case 'ID002':
+      return new SequenceGapError(msg, { code, cause: err });
     default:
       if (isUnavailable(err)) return new StoreUnavailableError(msg, { code: code || err.code, cause: err });
       return err;
@@ -101,6 +115,8 @@ module.exports = {
   StaleTokenError,
   KeyBusyError,
   ResponseTooLargeError,
+  StaleGenerationError,
+  SequenceGapError,
   TransientError,
   StoreUnavailableError,
   mapError,

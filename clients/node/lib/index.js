@@ -21,12 +21,18 @@ exports.lookup = sql.lookup;
 exports.recover = sql.recover;
 exports.consumeMessage = sql.consumeMessage;
 exports.consumeMessages = sql.consumeMessages;
+exports.assign = sql.assign;
+exports.advance = sql.advance;
+exports.positions = sql.positions;
+exports.sequence = sql.sequence;
 // helpers
 exports.transaction = core.transaction;
 exports.run = core.run;
 exports.twoPhase = core.twoPhase;
 exports.recoverLapsed = core.recoverLapsed;
 exports.consume = core.consume;
+exports.streamConsumer = core.streamConsumer;
+exports.StreamConsumer = core.StreamConsumer;
 // HTTP pieces shared by the adapters, for other frameworks
 exports.parseIdempotencyKey = http.parseIdempotencyKey;
 exports.HttpIdempotency = http.HttpIdempotency;
@@ -36,6 +42,8 @@ exports.ProgrammingError = errors.ProgrammingError;
 exports.StaleTokenError = errors.StaleTokenError;
 exports.KeyBusyError = errors.KeyBusyError;
 exports.ResponseTooLargeError = errors.ResponseTooLargeError;
+exports.StaleGenerationError = errors.StaleGenerationError;
+exports.SequenceGapError = errors.SequenceGapError;
 exports.TransientError = errors.TransientError;
 exports.StoreUnavailableError = errors.StoreUnavailableError;
 exports.BadIdempotencyKeyError = http.BadIdempotencyKeyError;

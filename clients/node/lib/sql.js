@@ -161,6 +161,67 @@ async function consumeMessages(db, consumer, messageIds, opts = {}) {
   return rows.map((r) => r.m);
 }
 
+// ---------------------------------------------------------------- streams
+// Offsets, generations, epochs and sequence numbers are SQL bigints: they
+// are taken as safe integers, bigints or decimal strings, and returned as
+// decimal strings (as tokens are), which BigInt() reads exactly.
+
+function int8(v, name, optional = false) {
+  if (v === undefined || v === null) {
+    if (optional) return null;
+    throw new TypeError(`${name} is required`);
+  }
+  if (typeof v === 'bigint') return v.toString();
+  if (typeof v === 'number' && Number.isSafeInteger(v)) return String(v);
+  if (typeof v === 'string' && /^-?[0-9]+$/.test(v)) return v;
+  throw new TypeError(`${name} must be an integer: a safe number, a bigint or a decimal string`);
+}
+
+function int4(v, name) {
+  if (!Number.isSafeInteger(v)) throw new TypeError(`${name} must be an integer`);
+  return v;
+}
+
+// idem_assign: [{ part, nextOffset }] in partition order (nextOffset null for
+// a partition never seen).  ID001: StaleGenerationError, nothing changed.
+async function assign(db, consumer, stream, parts, generation) {
+  if (!Array.isArray(parts)) throw new TypeError('parts must be an array of partition numbers');
+  const { rows } = await q(db,
+    'SELECT part, next_offset::text AS next_offset FROM idem_assign($1, $2, $3::integer[], $4::bigint)',
+    [consumer, stream, parts.map((p) => int4(p, 'a partition')), int8(generation, 'generation')]);
+  return rows.map((r) => ({ part: r.part, nextOffset: r.next_offset }));
+}
+
+// idem_advance: the part of the batch firstOffset..lastOffset not applied
+// yet, { first, last }, or null; moves the position in the caller's
+// transaction.
+async function advance(db, consumer, stream, part, firstOffset, lastOffset, opts = {}) {
+  const { rows } = await q(db,
+    'SELECT first_offset::text AS first, last_offset::text AS last' +
+    '  FROM idem_advance($1, $2, $3::integer, $4::bigint, $5::bigint, $6::bigint)',
+    [consumer, stream, int4(part, 'part'), int8(firstOffset, 'firstOffset'),
+      int8(lastOffset, 'lastOffset'), int8(opts.generation, 'generation', true)]);
+  return rows.length === 0 ? null : { first: rows[0].first, last: rows[0].last };
+}
+
+async function positions(db, consumer, stream) {
+  const { rows } = await q(db,
+    'SELECT part, next_offset::text AS next_offset, generation::text AS generation, updated_at' +
+    '  FROM idem_positions($1, $2) ORDER BY part', [consumer, stream]);
+  return rows.map((r) => ({
+    part: r.part, nextOffset: r.next_offset, generation: r.generation, updatedAt: r.updated_at,
+  }));
+}
+
+// idem_sequence: 'new' | 'duplicate' | 'gap' | 'fenced'; with { strict } a gap
+// is SequenceGapError (ID002) instead.
+async function sequence(db, consumer, producer, epoch, seq, opts = {}) {
+  const { rows } = await q(db,
+    'SELECT idem_sequence($1, $2, $3::bigint, $4::bigint, $5::boolean) AS answer',
+    [consumer, producer, int8(epoch, 'epoch'), int8(seq, 'seq'), Boolean(opts.strict)]);
+  return rows[0].answer;
+}
+
 module.exports = {
   claim,
   complete,
@@ -170,6 +231,10 @@ module.exports = {
   recover,
   consumeMessage,
   consumeMessages,
+  assign,
+  advance,
+  positions,
+  sequence,
   interval,
   durationMs,
   q,

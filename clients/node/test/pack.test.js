@@ -1,10 +1,10 @@
 'use strict';
 
 // Packaging: `npm pack` makes a tarball that installs into a scratch app (in
-// a temporary directory), where the README's quickstarts, taken from the
-// README inside the tarball, run as written against the extension; the
-// package also imports from an ES module, and its declarations type-check
-// from the installed copy.
+// a temporary directory), where the README's quickstarts (the frameworks' and
+// the stream consumer's), taken from the README inside the tarball, run as
+// written against the extension; the package also imports from an ES module,
+// and its declarations type-check from the installed copy.
 
 const { describe, it, before, after } = require('node:test');
 const assert = require('node:assert/strict');
@@ -124,18 +124,28 @@ describe('npm pack, installed into a scratch app', () => {
           await exited;
         }
       }
+      // the stream quickstart, twice: the second run finds the batch applied
+      const streamFile = path.join(app, 'stream.js');
+      fs.writeFileSync(streamFile, quickstart(readme, 'stream'));
+      for (let run = 0; run < 2; run++) {
+        sh(process.execPath, [streamFile], { cwd: app, env: { ...process.env, PGDATABASE: db } });
+        const { rows } = await appDb.query(
+          "SELECT item, count(*)::int AS n FROM orders WHERE item IN ('nib', 'cap') GROUP BY item ORDER BY item");
+        assert.deepEqual(rows, [{ item: 'cap', n: 1 }, { item: 'nib', n: 1 }], `stream quickstart, run ${run + 1}`);
+      }
     } finally {
       await appDb.end();
     }
 
     // an ES module importing the named exports
     const esm = sh(process.execPath, ['--input-type=module', '-e', `
-      import { run, twoPhase, consume, StaleTokenError } from 'pg-idempotency';
+      import { run, twoPhase, consume, StaleTokenError, streamConsumer, StaleGenerationError } from 'pg-idempotency';
       import { idempotency } from 'pg-idempotency/express';
       import { fastifyIdempotency } from 'pg-idempotency/fastify';
-      console.log([run, twoPhase, consume, StaleTokenError, idempotency, fastifyIdempotency].map((f) => typeof f).join(' '));
+      console.log([run, twoPhase, consume, StaleTokenError, streamConsumer, StaleGenerationError, idempotency,
+        fastifyIdempotency].map((f) => typeof f).join(' '));
     `], { cwd: app });
-    assert.equal(esm.trim(), 'function function function function function function');
+    assert.equal(esm.trim(), Array(8).fill('function').join(' '));
 
     // the declarations, from the installed package
     fs.writeFileSync(path.join(app, 'tsconfig.json'), JSON.stringify({

@@ -91,6 +91,50 @@ export function consumeMessage(db: Queryable, consumer: string, messageId: strin
 export function consumeMessages(db: Queryable, consumer: string, messageIds: ReadonlyArray<string | number>,
   options?: { ttl?: Duration }): Promise<string[]>;
 
+// ------------------------------------------------------------ ordered streams
+
+/**
+ * An offset, generation, epoch or sequence number (SQL bigint): a safe
+ * integer, a bigint or a decimal string.  Results give them as decimal
+ * strings, which BigInt() reads exactly.
+ */
+export type Int8 = number | bigint | string;
+
+export interface Seek {
+  part: number;
+  /** The next offset to process, as a decimal string; null for a partition never seen (start by your policy). */
+  nextOffset: string | null;
+}
+
+/** Offsets first..last (both included, decimal strings) of a batch not applied yet. */
+export interface OffsetRange {
+  first: string;
+  last: string;
+}
+
+export interface Position {
+  part: number;
+  /** null for a partition assigned but never advanced. */
+  nextOffset: string | null;
+  /** null when only unfenced advances were made. */
+  generation: string | null;
+  updatedAt: Date;
+}
+
+/** 'new' or 'gap': process the message; 'duplicate' or 'fenced' (an older epoch): skip it. */
+export type SequenceAnswer = 'new' | 'duplicate' | 'gap' | 'fenced';
+
+/** idem_assign: where to seek each partition, in partition order.  StaleGenerationError (ID001): nothing changed. */
+export function assign(db: Queryable, consumer: string, stream: string, parts: ReadonlyArray<number>,
+  generation: Int8): Promise<Seek[]>;
+/** idem_advance in the caller's transaction: the part of the batch not applied yet, or null. */
+export function advance(db: Queryable, consumer: string, stream: string, part: number,
+  firstOffset: Int8, lastOffset: Int8, options?: { generation?: Int8 | null }): Promise<OffsetRange | null>;
+export function positions(db: Queryable, consumer: string, stream: string): Promise<Position[]>;
+/** idem_sequence; with strict, a gap is SequenceGapError (ID002) and nothing is recorded. */
+export function sequence(db: Queryable, consumer: string, producer: string, epoch: Int8, seq: Int8,
+  options?: { strict?: boolean }): Promise<SequenceAnswer>;
+
 // ------------------------------------------------------------ helpers
 
 export interface TransactionOptions {
@@ -204,6 +248,40 @@ export interface ConsumeResult<M, R> {
 export function consume<M, R = unknown>(options: ConsumeOptions<M>, messages: ReadonlyArray<M>,
   fn?: (tx: ClientBase, fresh: M[], info: { duplicates: M[] }) => Promise<R>): Promise<ConsumeResult<M, R>>;
 
+export type StreamConsumerOptions<R> = TransactionOptions & {
+  consumer: string;
+  stream: string;
+  /** A record's offset (default: the record itself if not an object, else record.offset). */
+  offset?: (record: R) => Int8;
+  /** The generation before any assign() (default null: unfenced). */
+  generation?: Int8 | null;
+} & ({ pool: Pool; client?: undefined } | { client: ClientBase; pool?: undefined });
+
+export interface ProcessResult<R, T> {
+  /** The records given to the function: those not applied before. */
+  fresh: R[];
+  /** The part of the batch not applied before, or null (the function was not called). */
+  range: OffsetRange | null;
+  result: T | undefined;
+}
+
+/** One consumer of a partitioned log, its positions moved in the transaction of each batch. */
+export class StreamConsumer<R = unknown> {
+  constructor(options: StreamConsumerOptions<R>);
+  readonly consumer: string;
+  readonly stream: string;
+  /** The generation process() passes: the last assign()'s. */
+  generation: Int8 | null;
+  /** On assignment: stores the generation, returns where to seek each partition. */
+  assign(parts: ReadonlyArray<number>, generation: Int8): Promise<Seek[]>;
+  /** One transaction: advance, fn with the records not applied yet (if any), commit. */
+  process<T = unknown>(part: number, records: ReadonlyArray<R>,
+    fn?: (tx: ClientBase, fresh: R[], info: { range: OffsetRange; part: number }) => Promise<T>): Promise<ProcessResult<R, T>>;
+  positions(): Promise<Position[]>;
+}
+
+export function streamConsumer<R = unknown>(options: StreamConsumerOptions<R>): StreamConsumer<R>;
+
 // ------------------------------------------------------------ HTTP
 
 /** What a handler finds in req.idempotency (Express) or request.idempotency (Fastify). */
@@ -294,6 +372,10 @@ export class ProgrammingError extends IdempotencyError {}
 export class StaleTokenError extends IdempotencyError {}
 export class KeyBusyError extends IdempotencyError {}
 export class ResponseTooLargeError extends IdempotencyError {}
+/** ID001: the partition was assigned to another consumer with a higher generation; stop consuming it. */
+export class StaleGenerationError extends IdempotencyError {}
+/** ID002: sequence(..., { strict: true }) saw a gap. */
+export class SequenceGapError extends IdempotencyError {}
 export class TransientError extends IdempotencyError {}
 export class StoreUnavailableError extends IdempotencyError {}
 export class BadIdempotencyKeyError extends Error {

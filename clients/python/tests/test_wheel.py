@@ -143,6 +143,7 @@ def test_installed_from_the_wheel(venv):
     ("core", lambda role: orders(role, "book")),
     ("consumer", lambda role: (orders(role, "pen"), orders(role, "ink"))),
     ("two-phase", None),
+    ("stream", lambda role: (orders(role, "nib"), orders(role, "cap"))),
 ])
 def test_script_quickstart(venv, name, check):
     py, env, qs, wheel, role = venv
@@ -157,7 +158,7 @@ def test_script_quickstart(venv, name, check):
         results.append(check(role) if check else None)
     if name == "core":
         assert results == [1, 1]
-    elif name == "consumer":
+    elif name in ("consumer", "stream"):
         assert results == [(1, 1), (1, 1)]
     else:
         with su_connect() as c:

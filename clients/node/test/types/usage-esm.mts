@@ -1,5 +1,5 @@
 // The same package imported from an ES module (type-checked only).
-import { run, HttpIdempotency, parseIdempotencyKey } from 'pg-idempotency';
+import { run, HttpIdempotency, parseIdempotencyKey, streamConsumer, StaleGenerationError } from 'pg-idempotency';
 import { idempotency } from 'pg-idempotency/express';
 import { fastifyIdempotency } from 'pg-idempotency/fastify';
 import pg from 'pg';
@@ -10,3 +10,5 @@ const key: string = parseIdempotencyKey(['"abc"']);
 void run({ pool, key }, async () => undefined);
 void idempotency(engine);
 void fastifyIdempotency;
+void streamConsumer({ pool, consumer: 'c', stream: 's' }).assign([0], 1);
+void StaleGenerationError;

@@ -8,6 +8,8 @@ import { Pool } from 'pg';
 import {
   run, twoPhase, recoverLapsed, consume, claim, complete, lookup, transaction,
   StaleTokenError, ResponseTooLargeError, Outcome,
+  assign, advance, positions, sequence, streamConsumer, StreamConsumer, StaleGenerationError, SequenceGapError,
+  Seek, OffsetRange, Position, SequenceAnswer,
 } from 'pg-idempotency';
 import { idempotency } from 'pg-idempotency/express';
 import { fastifyIdempotency } from 'pg-idempotency/fastify';
@@ -57,6 +59,46 @@ async function core(): Promise<void> {
   await transaction(pool, async (tx) => tx.query('SELECT 1'), { isolationLevel: 'serializable', retries: 5 });
 }
 
+interface LogRecord { offset: string; value: Buffer }
+
+async function streams(generation: number, records: LogRecord[]): Promise<void> {
+  const sc = streamConsumer<LogRecord>({ pool, consumer: 'billing', stream: 'orders' });
+  const seeks: Seek[] = await sc.assign([0, 1], generation);
+  for (const s of seeks) console.log(s.part, s.nextOffset === null ? 'earliest' : BigInt(s.nextOffset));
+  try {
+    const out = await sc.process(0, records, async (tx, fresh, { range }) => {
+      for (const r of fresh) await tx.query('INSERT INTO invoices (body) VALUES ($1)', [r.value]);
+      return range.last;
+    });
+    const last: string | undefined = out.result;
+    const fresh: LogRecord[] = out.fresh;
+    console.log(last, fresh.length, out.range?.first);
+  } catch (err) {
+    if (err instanceof StaleGenerationError) console.error('lost the partition', err.code);
+  }
+  const ps: Position[] = await sc.positions();
+  console.log(ps.map((p) => [p.part, p.nextOffset, p.generation, p.updatedAt.getTime()]));
+  const typed: StreamConsumer<number> = new StreamConsumer<number>({
+    pool, consumer: 'c', stream: 's', offset: (n) => n, generation: 3n, retries: 1,
+  });
+  await typed.process(0, [1, 2, 3]);
+
+  const client = await pool.connect();
+  await client.query('BEGIN');
+  await assign(client, 'c', 's', [0], '7');
+  const r: OffsetRange | null = await advance(client, 'c', 's', 0, 10, 19n, { generation: 7 });
+  if (r) console.log(BigInt(r.last) - BigInt(r.first));
+  await positions(client, 'c', 's');
+  try {
+    const a: SequenceAnswer = await sequence(client, 'c', 'producer-1', 1, '42', { strict: true });
+    if (a === 'new' || a === 'gap') console.log('process');
+  } catch (err) {
+    if (err instanceof SequenceGapError) console.error(err.code);
+  }
+  await client.query('COMMIT');
+  client.release();
+}
+
 const app = express();
 const mw = idempotency({ pool, ttl: '24 hours', wait: 5000, timeoutStatus: 503, replayHeaders: ['x-request-id'] });
 app.get('/docs/idempotency', mw.docs);
@@ -77,3 +119,4 @@ fastify.post('/orders', { config: { idempotency: { wait: 1000 } } }, async (requ
 });
 
 void core;
+void streams;

@@ -9,8 +9,8 @@ from __future__ import annotations
 import datetime
 import json
 from dataclasses import dataclass
-from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
-                    Tuple, Union)
+from typing import (Any, Callable, Dict, List, Literal, Mapping, Optional,
+                    Sequence, Tuple, Union)
 
 from ._sql import Interval, Row, interval_sql
 
@@ -217,6 +217,103 @@ def consume_messages(consumer: str, message_ids: Sequence[str],
            "ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)), " + ttl_sql +
            ") AS t(m)")
     return sql, (consumer, ids, ttl_v), lambda rows: [r[0] for r in rows]
+
+
+# ------------------------------------------------------------ ordered streams
+
+@dataclass(frozen=True)
+class OffsetRange:
+    """
+    Offsets FIRST to LAST (both included) of one partition: the part of a
+    batch idem_advance says is not applied yet.  Offsets may skip inside
+    it (compacted logs): it bounds the batch's records, it does not list
+    them.
+    """
+    first: int
+    last: int
+
+    def __contains__(self, offset: object) -> bool:
+        return isinstance(offset, int) and self.first <= offset <= self.last
+
+
+@dataclass(frozen=True)
+class Position:
+    """One idem_positions row: the next offset to process of a partition."""
+    part: int
+    #: None for a partition assigned but never advanced
+    next_offset: Optional[int]
+    #: the last generation stored (None: only unfenced advances so far)
+    generation: Optional[int]
+    updated_at: datetime.datetime
+
+
+#: idem_sequence's answer: "new" or "gap" (process the message),
+#: "duplicate" or "fenced" (skip it)
+SequenceAnswer = Literal["new", "duplicate", "gap", "fenced"]
+
+
+def _ints(values: Sequence[int], what: str) -> str:
+    """A list of integers as one text parameter holding a JSON array, which
+    every driver passes the same way (array adaptation differs)."""
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError("%s must be integers, not %r" % (what, v))
+        out.append(v)
+    return json.dumps(out)
+
+
+def _int(value: Any, what: str, optional: bool = False) -> Optional[int]:
+    if value is None and optional:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError("%s must be an integer, not %r" % (what, value))
+    return value
+
+
+def assign(consumer: str, stream: str, parts: Sequence[int],
+           generation: int) -> Statement:
+    sql = ("SELECT part, next_offset FROM idem_assign(%s::text, %s::text, "
+           "ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)::integer), "
+           "%s::bigint)")
+    params = (consumer, stream, _ints(parts, "partitions"),
+              _int(generation, "generation"))
+    return sql, params, lambda rows: {r[0]: r[1] for r in rows}
+
+
+def advance(consumer: str, stream: str, part: int, first_offset: int,
+            last_offset: int, generation: Optional[int] = None) -> Statement:
+    sql = ("SELECT first_offset, last_offset FROM idem_advance(%s::text, "
+           "%s::text, %s::integer, %s::bigint, %s::bigint, %s::bigint)")
+    params = (consumer, stream, _int(part, "part"),
+              _int(first_offset, "first_offset"),
+              _int(last_offset, "last_offset"),
+              _int(generation, "generation", optional=True))
+
+    def read(rows: List[Row]) -> Optional[OffsetRange]:
+        if not rows:
+            return None
+        return OffsetRange(first=rows[0][0], last=rows[0][1])
+    return sql, params, read
+
+
+def positions(consumer: str, stream: str) -> Statement:
+    sql = ("SELECT part, next_offset, generation, updated_at "
+           "FROM idem_positions(%s::text, %s::text) ORDER BY part")
+
+    def read(rows: List[Row]) -> List[Position]:
+        return [Position(part=r[0], next_offset=r[1], generation=r[2],
+                         updated_at=r[3]) for r in rows]
+    return sql, (consumer, stream), read
+
+
+def sequence(consumer: str, producer: str, epoch: int, seq: int,
+             strict: bool = False) -> Statement:
+    return ("SELECT idem_sequence(%s::text, %s::text, %s::bigint, %s::bigint, "
+            "%s::boolean)",
+            (consumer, producer, _int(epoch, "epoch"), _int(seq, "seq"),
+             bool(strict)),
+            lambda rows: str(rows[0][0]))
 
 
 def set_wait(wait_timeout_ms: Optional[int], lock_timeout_ms: Optional[int]

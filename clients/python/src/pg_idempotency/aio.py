@@ -1,6 +1,7 @@
 """
 The asyncio core, on psycopg 3's AsyncConnection: the same calls, context
-managers and helpers as pg_idempotency.core and .twophase, awaited.
+managers and helpers as pg_idempotency.core, .consumer and .twophase,
+awaited.
 """
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
-from typing import (Any, AsyncIterator, Awaitable, Callable, List, Optional,
-                    Sequence, TypeVar)
+from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Iterable,
+                    List, Optional, Sequence, TypeVar)
 
 from . import _protocol as P
-from ._protocol import (ClaimResult, Headers, KeyRecord, Recovered,
-                        StoredResponse)
+from ._protocol import (ClaimResult, Headers, KeyRecord, OffsetRange,
+                        Position, Recovered, SequenceAnswer, StoredResponse)
 from ._sql import AsyncRunner, Interval, async_runner_for
+from .consumer import record_offset
 from .core import Wait, _default_request, _replay_value, wait_bounds
 from .errors import (ClaimNotResolved, KeyInProgress, KeyMismatch,
                      ProgrammingError, RetryableConflict, classify)
@@ -97,6 +99,31 @@ async def consume_messages(conn: Any, consumer: str,
     if not message_ids:
         return []
     return await run(conn, P.consume_messages(consumer, message_ids, ttl))  # type: ignore[no-any-return]
+
+
+async def assign(conn: Any, consumer: str, stream: str, parts: Iterable[int],
+                 generation: int) -> Dict[int, Optional[int]]:
+    """As core.assign()."""
+    return await run(conn, P.assign(consumer, stream, list(parts), generation))  # type: ignore[no-any-return]
+
+
+async def advance(conn: Any, consumer: str, stream: str, part: int,
+                  first_offset: int, last_offset: int,
+                  generation: Optional[int] = None) -> Optional[OffsetRange]:
+    """As core.advance()."""
+    return await run(conn, P.advance(consumer, stream, part, first_offset,  # type: ignore[no-any-return]
+                                     last_offset, generation))
+
+
+async def positions(conn: Any, consumer: str, stream: str) -> List[Position]:
+    """As core.positions()."""
+    return await run(conn, P.positions(consumer, stream))  # type: ignore[no-any-return]
+
+
+async def sequence(conn: Any, consumer: str, producer: str, epoch: int,
+                   seq: int, *, strict: bool = False) -> SequenceAnswer:
+    """As core.sequence()."""
+    return await run(conn, P.sequence(consumer, producer, epoch, seq, strict))  # type: ignore[no-any-return]
 
 
 async def run_in_transaction(conn: Any, fn: Callable[[], Awaitable[T]], *,
@@ -261,3 +288,60 @@ async def consume_batch(conn: Any, consumer: str, messages: Sequence[Any],
                 done.append(m)
         return done
     return await run_in_transaction(runner, once, attempts=attempts)
+
+
+class StreamConsumer:
+    """As consumer.StreamConsumer, on an AsyncConnection; HANDLER is a
+    coroutine function."""
+
+    def __init__(self, conn: Any, consumer: str, stream: str, *,
+                 offset: Callable[[Any], int] = record_offset,
+                 generation: Optional[int] = None,
+                 attempts: int = 3) -> None:
+        self.runner = async_runner_for(conn)
+        self.conn = conn
+        self.consumer = consumer
+        self.stream = stream
+        self.offset = offset
+        self.generation = generation
+        self.attempts = attempts
+
+    async def assign(self, parts: Iterable[int], generation: int
+                     ) -> Dict[int, Optional[int]]:
+        """As consumer.StreamConsumer.assign()."""
+        parts = list(parts)
+
+        async def once() -> Dict[int, Optional[int]]:
+            return await assign(self.runner, self.consumer, self.stream,
+                                parts, generation)
+        seeks = await run_in_transaction(self.runner, once,
+                                         attempts=self.attempts)
+        self.generation = generation
+        return seeks
+
+    async def process(self, part: int, records: Iterable[Any],
+                      handler: Callable[[Any, List[Any]], Awaitable[Any]]
+                      ) -> List[Any]:
+        """As consumer.StreamConsumer.process()."""
+        batch = list(records)
+        if not batch:
+            return []
+        offsets = [self.offset(r) for r in batch]
+        first, last = min(offsets), max(offsets)
+
+        async def once() -> List[Any]:
+            todo = await advance(self.runner, self.consumer, self.stream,
+                                 part, first, last, self.generation)
+            if todo is None:
+                return []
+            fresh = [r for r, o in zip(batch, offsets)
+                     if todo.first <= o <= todo.last]
+            if fresh:
+                await handler(self.conn, fresh)
+            return fresh
+        return await run_in_transaction(self.runner, once,
+                                        attempts=self.attempts)
+
+    async def positions(self) -> List[Position]:
+        """The stored positions of this consumer on its stream."""
+        return await positions(self.runner, self.consumer, self.stream)

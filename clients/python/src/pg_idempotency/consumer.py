@@ -1,15 +1,20 @@
 """
 Queue consumers: record a batch of message ids in the transaction that
 does the work (idem_consume_messages), and process only the new ones.
+Ordered streams: StreamConsumer moves a partition's position in the
+transaction that applies a batch (idem_assign, idem_advance), fenced by
+the assignment's generation.
 """
 
 from __future__ import annotations
 
-from typing import (Any, Callable, Hashable, Iterable, List, Optional,
-                    TypeVar)
+from typing import (Any, Callable, Dict, Hashable, Iterable, List, Mapping,
+                    Optional, TypeVar)
 
+from ._protocol import Position
 from ._sql import Interval, runner_for
-from .core import consume_messages, run_in_transaction
+from .core import (advance, assign, consume_messages, positions,
+                   run_in_transaction)
 
 M = TypeVar("M")
 
@@ -52,3 +57,111 @@ def consume_batch(conn: Any, consumer: str, messages: Iterable[M],
                 done.append(m)
         return done
     return run_in_transaction(runner, once, attempts=attempts)
+
+
+R = TypeVar("R")
+
+
+def record_offset(record: Any) -> int:
+    """
+    The default offset of a record: the record itself if it is an int,
+    record["offset"] for a mapping, else record.offset (called if it is a
+    method, as confluent-kafka's Message.offset() is).
+    """
+    if isinstance(record, bool):
+        raise TypeError("a bool is not an offset")
+    if isinstance(record, int):
+        return record
+    if isinstance(record, Mapping):
+        return int(record["offset"])
+    value = record.offset
+    return int(value() if callable(value) else value)
+
+
+class StreamConsumer:
+    """
+    CONSUMER's side of a partitioned log STREAM (Kafka, Kinesis, Redis
+    Streams: offsets that only grow within a partition), with its
+    positions kept by the extension in the transaction that applies each
+    batch:
+
+        sc = StreamConsumer(conn, "billing", "orders")
+        # on assignment (the group's rebalance), with its generation:
+        for part, offset in sc.assign(parts, generation).items():
+            log.seek(part, offset if offset is not None else EARLIEST)
+        # for each batch of one partition:
+        sc.process(part, records, handle)   # handle(conn, new_records)
+
+    process() runs idem_advance for the batch's offsets with the
+    generation of the last assign() and HANDLER(conn, records) with the
+    records not applied yet, in one transaction, then commits; HANDLER is
+    not called when the whole batch was applied already.  A rollback
+    leaves the position where it was, so the batch is delivered and
+    applied again.  Once the partition is assigned with a higher
+    generation (to another consumer), this one is a zombie: process()
+    raises StaleGeneration before HANDLER runs, nothing is written, and
+    the partition must no longer be consumed here.  In a transaction the
+    caller opened, both run there and commit with it; otherwise a
+    deadlock or serialization failure runs the batch again, ATTEMPTS
+    times in all, as consume_batch does.
+    """
+
+    def __init__(self, conn: Any, consumer: str, stream: str, *,
+                 offset: Callable[[Any], int] = record_offset,
+                 generation: Optional[int] = None,
+                 attempts: int = 3) -> None:
+        self.runner = runner_for(conn)
+        self.conn = conn
+        self.consumer = consumer
+        self.stream = stream
+        self.offset = offset
+        #: the generation process() passes: the last assign()'s (None:
+        #: unfenced, only for a consumer without a coordinator)
+        self.generation = generation
+        self.attempts = attempts
+
+    def assign(self, parts: Iterable[int], generation: int
+               ) -> Dict[int, Optional[int]]:
+        """
+        On assignment: record GENERATION for PARTS (idem_assign, committed
+        unless the caller's transaction is open) and return where to seek
+        each: {part: next offset}, None for a partition never seen.
+        Raises StaleGeneration if any has a higher generation stored.
+        """
+        parts = list(parts)
+        seeks = run_in_transaction(
+            self.runner,
+            lambda: assign(self.runner, self.consumer, self.stream, parts,
+                           generation),
+            attempts=self.attempts)
+        self.generation = generation
+        return seeks
+
+    def process(self, part: int, records: Iterable[R],
+                handler: Callable[[Any, List[R]], Any]) -> List[R]:
+        """
+        Apply a batch of RECORDS read from PART (in offset order) exactly
+        once: returns the records HANDLER was given (those not applied
+        before; [] when none were, and HANDLER was not called).
+        """
+        batch = list(records)
+        if not batch:
+            return []
+        offsets = [self.offset(r) for r in batch]
+        first, last = min(offsets), max(offsets)
+
+        def once() -> List[R]:
+            todo = advance(self.runner, self.consumer, self.stream, part,
+                           first, last, self.generation)
+            if todo is None:
+                return []
+            fresh = [r for r, o in zip(batch, offsets)
+                     if todo.first <= o <= todo.last]
+            if fresh:
+                handler(self.conn, fresh)
+            return fresh
+        return run_in_transaction(self.runner, once, attempts=self.attempts)
+
+    def positions(self) -> List[Position]:
+        """The stored positions of this consumer on its stream."""
+        return positions(self.runner, self.consumer, self.stream)

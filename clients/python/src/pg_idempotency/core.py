@@ -16,12 +16,12 @@ from __future__ import annotations
 import contextlib
 import datetime
 import functools
-from typing import (Any, Callable, Iterator, List, Optional, Sequence,
-                    TypeVar, Union)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
+                    Sequence, TypeVar, Union)
 
 from . import _protocol as P
-from ._protocol import (ClaimResult, Headers, KeyRecord, Recovered,
-                        StoredResponse)
+from ._protocol import (ClaimResult, Headers, KeyRecord, OffsetRange,
+                        Position, Recovered, SequenceAnswer, StoredResponse)
 from ._sql import Interval, Runner, interval_seconds, runner_for
 from .errors import (ClaimNotResolved, KeyInProgress, KeyMismatch,
                      ProgrammingError, RetryableConflict, classify)
@@ -121,6 +121,50 @@ def consume_messages(conn: Any, consumer: str, message_ids: Sequence[str],
     if not message_ids:
         return []
     return run(conn, P.consume_messages(consumer, message_ids, ttl))  # type: ignore[no-any-return]
+
+
+# ------------------------------------------------------------ ordered streams
+
+def assign(conn: Any, consumer: str, stream: str, parts: Iterable[int],
+           generation: int) -> Dict[int, Optional[int]]:
+    """
+    idem_assign: record that CONSUMER now owns PARTS of STREAM with
+    GENERATION, and return where to seek each partition: {part: next
+    offset}, in partition order, None for a partition never seen (start
+    where the application's policy says).  Raises StaleGeneration (ID001,
+    nothing changed) if a partition has a higher generation stored.
+    """
+    return run(conn, P.assign(consumer, stream, list(parts), generation))  # type: ignore[no-any-return]
+
+
+def advance(conn: Any, consumer: str, stream: str, part: int,
+            first_offset: int, last_offset: int,
+            generation: Optional[int] = None) -> Optional[OffsetRange]:
+    """
+    idem_advance, in the connection's current transaction: move PART's
+    position past the batch FIRST_OFFSET..LAST_OFFSET and return the part
+    of it not applied yet (None when all of it was).  Apply only that
+    range in the same transaction; a rollback leaves the position where
+    it was.  GENERATION None is unfenced; a lower one than stored raises
+    StaleGeneration (ID001) and changes nothing.
+    """
+    return run(conn, P.advance(consumer, stream, part, first_offset,  # type: ignore[no-any-return]
+                               last_offset, generation))
+
+
+def positions(conn: Any, consumer: str, stream: str) -> List[Position]:
+    """idem_positions: the role's positions of CONSUMER on STREAM."""
+    return run(conn, P.positions(consumer, stream))  # type: ignore[no-any-return]
+
+
+def sequence(conn: Any, consumer: str, producer: str, epoch: int, seq: int,
+             *, strict: bool = False) -> SequenceAnswer:
+    """
+    idem_sequence: "new" or "gap" (process the message), "duplicate" or
+    "fenced" (skip it), in the connection's current transaction.  With
+    STRICT a gap raises SequenceGap (ID002) and records nothing.
+    """
+    return run(conn, P.sequence(consumer, producer, epoch, seq, strict))  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------ transactions

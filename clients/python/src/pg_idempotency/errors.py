@@ -89,6 +89,27 @@ class StaleToken(IdempotencyError):
     title = "The claim was taken over"
 
 
+class StaleGeneration(IdempotencyError):
+    """
+    ID001: a stream call (idem_assign, idem_advance) with a generation lower
+    than the one stored for a partition.  The partition was assigned to
+    another consumer since (this one is a zombie): the call changed
+    nothing, its transaction rolls back with the batch's writes, and this
+    consumer must stop processing the partition.  Not an HTTP answer.
+    """
+    problem = "stale-generation"
+    title = "The partition was assigned to another consumer"
+
+
+class SequenceGap(IdempotencyError):
+    """
+    ID002: idem_sequence(..., strict=True) saw a sequence number beyond the
+    next one expected from the producer; nothing was recorded.
+    """
+    problem = "sequence-gap"
+    title = "A producer sequence number was skipped"
+
+
 class ProgrammingError(IdempotencyError):
     """
     A misuse of the protocol: a same-transaction claim committed neither
@@ -142,8 +163,9 @@ def classify(exc: BaseException) -> Optional[IdempotencyError]:
     The IdempotencyError a driver exception stands for, or None when it is
     none of the extension's conditions (an error of the application's own
     SQL, say): 40P01/40001 retryable, 55P03/57014 busy, 54000 too large,
-    55006 stale token, 2D000 claim not resolved, 55000 not claimed, class
-    08 and unreachable servers unavailable, 53xxx (no resources) unavailable.
+    55006 stale token, ID001 stale generation, ID002 sequence gap, 2D000
+    claim not resolved, 55000 not claimed, class 08 and unreachable
+    servers unavailable, 53xxx (no resources) unavailable.
     """
     if isinstance(exc, IdempotencyError):
         return exc
@@ -157,6 +179,10 @@ def classify(exc: BaseException) -> Optional[IdempotencyError]:
         return ResponseTooLarge(msg, sqlstate=code, cause=exc)
     if code == "55006":
         return StaleToken(msg, sqlstate=code, cause=exc)
+    if code == "ID001":
+        return StaleGeneration(msg, sqlstate=code, cause=exc)
+    if code == "ID002":
+        return SequenceGap(msg, sqlstate=code, cause=exc)
     if code == "2D000":
         return ClaimNotResolved(msg, sqlstate=code, cause=exc)
     if code == "55000" and "claim" in msg:
