@@ -390,8 +390,12 @@ IdemJsonbShortestNumbers(Jsonb *jb)
 				result = pushJsonbValue(&state, tok, &v);
 				break;
 			case WJB_KEY:
-			case WJB_BEGIN_ARRAY:	/* keeps a top-level scalar a scalar */
 				result = pushJsonbValue(&state, tok, &v);
+				break;
+			case WJB_BEGIN_ARRAY:
+				/* a top-level scalar's pseudo array stays a scalar */
+				result = pushJsonbValue(&state, tok,
+										v.val.array.rawScalar ? &v : NULL);
 				break;
 			default:
 				result = pushJsonbValue(&state, tok, NULL);

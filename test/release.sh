@@ -210,12 +210,13 @@ installcheck() {
 	return "$rc"
 }
 
-# the specs of $1 (default: every spec of test/specs) that are (when $3 is
+# the specs of $1 (default: every spec of specs/) that are (when $3 is
 # "in") or are not (else) among those of $2
 specs_of() {
 	local all="$1" among=" $2 " pick="${3:-}" f s out=()
 	if [ -z "$all" ]; then
-		for f in "$SRC"/test/specs/*.spec; do
+		for f in "$SRC"/specs/*.spec; do
+			[ -e "$f" ] || die "no isolation specs in $SRC/specs"
 			all+=" $(basename "$f" .spec)"
 		done
 	fi
