@@ -180,6 +180,7 @@ run_pgbench() {   # variant seconds tag -> echoes tps or ERR
              -f "$WORK/sql/${V_SQL[$v]}" "b_$v" 2>&1) || rc=$?
     { echo "=== $tag $v B=${V_B[$v]} base=$((RUN_NO * STEP)) script=${V_SQL[$v]} rc=$rc"; echo "$out"; } >>"$PGBLOG"
     tps=$(printf '%s\n' "$out" | awk '/^tps = /{print $3; exit}')
+    printf '%s\n' "$out" | awk '/^number of transactions actually processed:/{print $6; exit}' >>"$WORK/processed_$v"
     failed=$(printf '%s\n' "$out" | awk -F': *' '/number of failed transactions/{split($2,a," "); print a[1]; exit}')
     if [ "$rc" != 0 ] || [ -z "$tps" ] || { [ -n "$failed" ] && [ "$failed" != 0 ]; }; then
         note "!!! $tag $v: pgbench rc=$rc failed=${failed:-?}:"
@@ -195,7 +196,7 @@ note "measuring: ${#VARIANTS[@]} variants x $ROUNDS rounds x ${SECS}s (+ warm-up
 if [ "$WARMUP" -gt 0 ]; then
     for v in "${VARIANTS[@]}"; do next_run; run_pgbench "$v" "$WARMUP" warmup >/dev/null; done
 fi
-recs() { awk -v t="$1" -v b="$2" -v re="$_BENCH_NUM" 'BEGIN{ if (t !~ re) print "NA"; else printf "%.1f\n", t * b }'; }
+recs() { awk -v t="$1" -v b="$2" -v re="$_BENCH_NUM" 'BEGIN{ if (t !~ re) print "NA"; else printf "%.3f\n", t * b }'; }
 for r in $(seq 1 "$ROUNDS"); do
     for v in "${VARIANTS[@]}"; do
         next_run
@@ -207,12 +208,22 @@ for r in $(seq 1 "$ROUNDS"); do
     done
 done
 
-# Every advance call moved its position: each client's partition is past
-# the offsets of the last run of its variant
+# Every transaction of every run did the bookkeeping of B new records:
+# the positions (and the offsets table) are past the last run's offsets by
+# B times the transactions it reported, and the ledger holds B ids per
+# transaction of all runs (and the set-up's probe id)
 for v in "${VARIANTS[@]}"; do
-    [ "${V_DESIGN[$v]}" = advance ] || continue
-    moved=$(qval "b_$v" "SELECT count(*) FROM idem_positions('bench', 'orders') WHERE next_offset > ${LAST_BASE[$v]}")
-    [ "$moved" = 4 ] || die "$v: $moved of 4 positions past the last run's offsets"
+    B=${V_B[$v]}
+    done_tx=$(tail -n 1 "$WORK/processed_$v")
+    case ${V_DESIGN[$v]} in
+        advance) got=$(qval "b_$v" "SELECT sum(greatest(next_offset - ${LAST_BASE[$v]}, 0) / $B) FROM idem_positions('bench', 'orders')")
+                 want=$done_tx ;;
+        offsets) got=$(qval "b_$v" "SELECT sum(greatest(next_offset - ${LAST_BASE[$v]}, 0) / $B) FROM offsets")
+                 want=$done_tx ;;
+        ledger)  got=$(qval "b_$v" "SELECT count(*) FROM idempotency.messages")
+                 want=$(awk -v b="$B" '{ s += $1 } END { print s * b + 1 }' "$WORK/processed_$v") ;;
+    esac
+    [ "$got" = "$want" ] || die "$v: the bookkeeping does not add up ($got records where pgbench reported $want)"
 done
 
 # ---------------------------------------------------------------- bytes on disk
@@ -227,8 +238,8 @@ if [ "$NREC" -gt 0 ]; then
         for upto in "$TENTH" "$NREC"; do
             note "bytes on disk ($d): records $from .. $((upto - 1)), $batch per call ..."
             t1=$(now)
-            q "s_$d" -o /dev/null -c "SET bench.design = '$d'" -c "SET bench.from = $from" \
-                -c "SET bench.to = $upto" -c "SET bench.batch = $batch" \
+            q "s_$d" -o /dev/null -c "SET bench.design = '$d'" -c "SET bench.first_record = $from" \
+                -c "SET bench.end_record = $upto" -c "SET bench.batch = $batch" \
                 -f "$WORK/sql/streams_load.sql" || die "the load of $d failed"
             secs=$(awk -v a="$t1" -v b="$(now)" 'BEGIN{printf "%.1f", b - a}')
             q "s_$d" -o /dev/null -c "CHECKPOINT"
@@ -279,7 +290,7 @@ for v in "${VARIANTS[@]}"; do
     tl=()
     for r in $(seq 1 "$ROUNDS"); do tl+=("${TPS[$v,$r]:-ERR}"); done
     say "$(printf '%-13s %5s %11s %14s   %s' "$v" "${V_B[$v]}" "$(int "$(median "${tl[@]}")")" \
-        "$(int "$(med_recs "$v")")" "$per")"
+        "$(int "$(med_recs "$v")")" "${per% }")"
 done
 say ""
 hdr=$(printf '%-62s %10s  %-9s %-4s' "goal (records/s ratio = median over rounds of per-round ratios)" "ratio" "target" "result")
@@ -302,7 +313,7 @@ if [ "$NREC" -gt 0 ]; then
     say ""
     say "bytes on disk: $NREC records per design (a tenth, then the rest), 4 partitions; heap + indexes + TOAST"
     say "as the load left them (idem_advance and upserts: $LOAD_BATCH records per call; ledger: $LEDGER_LOAD_BATCH ids per call)"
-    hdr=$(printf '%-9s %12s %14s %14s %12s %16s' "design" "records" "rows" "total bytes" "heap" "bytes per record")
+    hdr=$(printf '%-9s %12s %12s %14s %12s %12s %10s %16s' "design" "records" "rows" "total bytes" "heap" "indexes" "tables" "bytes per record")
     say "$hdr"
     say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
     declare -A TOT=()
@@ -315,7 +326,7 @@ if [ "$NREC" -gt 0 ]; then
                 *)      want=4 ;;               # one row per partition
             esac
             [ "$rows" = "$want" ] || die "bytes on disk ($d): $rows rows after $upto records, expected $want"
-            say "$(printf '%-9s %12s %14s %14s %12s %16s' "$d" "$upto" "$rows" "$tot" "$heap" \
+            say "$(printf '%-9s %12s %12s %14s %12s %12s %10s %16s' "$d" "$upto" "$rows" "$tot" "$heap" "$idx" "$nrel" \
                 "$(awk -v b="$tot" -v n="$upto" 'BEGIN{printf "%.2f", b / n}')")"
         done
     done

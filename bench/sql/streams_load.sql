@@ -1,4 +1,4 @@
--- bench/streams.sh, bytes on disk: records bench.from .. bench.to - 1
+-- bench/streams.sh, bytes on disk: records bench.first_record .. bench.end_record - 1
 -- through design bench.design (advance | ledger | offsets), bench.batch
 -- records per call, one transaction per call.  Record r of batch
 -- j = r / bench.batch is offset r of partition j % 4 (offsets grow in each
@@ -7,8 +7,8 @@
 DO $$
 DECLARE
     design text := current_setting('bench.design');
-    r      bigint := current_setting('bench.from')::bigint;
-    stop   bigint := current_setting('bench.to')::bigint;
+    r      bigint := current_setting('bench.first_record')::bigint;
+    stop   bigint := current_setting('bench.end_record')::bigint;
     batch  bigint := current_setting('bench.batch')::bigint;
     last   bigint;
     p      int;

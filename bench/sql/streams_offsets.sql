@@ -2,6 +2,6 @@
 -- transaction covering B records (the offsets as in streams_advance.sql)
 \set n :n + 1
 \set first :base + (:n - 1) * :B
-\set last :first + :B - 1
-INSERT INTO offsets (consumer, stream, part, next_offset) VALUES ('bench', 'orders', :client_id, :last + 1)
+\set next :first + :B
+INSERT INTO offsets (consumer, stream, part, next_offset) VALUES ('bench', 'orders', :client_id, :next)
 ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(offsets.next_offset, EXCLUDED.next_offset);
