@@ -4,7 +4,7 @@
 # Nothing else runs bench/ between releases, and the figures in
 # bench/README.md are only as good as the scripts that make them.  So each
 # script (run.sh, scale.sh, bigtxn.sh, drop.sh, soak.sh, wait.sh,
-# features.sh, callgrind.sh) runs
+# features.sh, streams.sh, callgrind.sh) runs
 # here in its smoke mode, BENCH_SMOKE=1 (bench/lib.sh): the smallest sizes,
 # one round, windows of a second or two, seconds each.  It runs as the user
 # running the tests, against the installed extension (the scripts build
@@ -278,6 +278,37 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 		my @v = verdicts($t);
 		is(scalar(@v), 3, 'features.sh: a verdict for each of its 3 goals');
 		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'features.sh: no goal SKIP');
+	}
+}
+
+# ---------------------------------------------------------------- streams.sh
+{
+	my $r = smoke('streams.sh', qr/^streams-latest\.txt$/,
+		STREAMS_PORT => PostgreSQL::Test::Cluster::get_free_port());
+	if ($r)
+	{
+		my $t = $r->{'streams-latest.txt'};
+		for my $b (1, 100, 1000)
+		{
+			for my $d (qw(advance ledger offsets))
+			{
+				like($t,
+					qr/^raw round=1 variant=${d}_$b batch=$b tps=$number records_per_s=$number$/m,
+					"streams.sh: variant ${d}_$b measured");
+			}
+		}
+		for my $d (qw(advance ledger offsets))
+		{
+			for my $n (2000, 20000)
+			{
+				like($t, qr/^raw storage design=$d records=$n /m,
+					"streams.sh: bytes of $d after $n records measured");
+			}
+		}
+		my @v = verdicts($t);
+		is(scalar(@v), 3, 'streams.sh: a verdict for each of its 3 goals');
+		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'streams.sh: no goal SKIP');
+		like($t, qr/^elapsed: /m, 'streams.sh: ran to its end');
 	}
 }
 
