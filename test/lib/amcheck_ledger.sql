@@ -13,7 +13,15 @@
 -- than one check and a drop waits for one check at most.  Any other error
 -- (a corrupt index: XX002) ends the script with that error.  The last
 -- NOTICE says "amcheck: N ledger indexes checked, M dropped meanwhile".
-CREATE EXTENSION IF NOT EXISTS amcheck;
+-- (not CREATE EXTENSION IF NOT EXISTS: a Citus worker refuses extension
+-- DDL, even one with nothing to do, once the coordinator has propagated it)
+DO $$
+BEGIN
+	IF NOT EXISTS (SELECT FROM pg_catalog.pg_extension WHERE extname = 'amcheck') THEN
+		CREATE EXTENSION amcheck;
+	END IF;
+END
+$$;
 DO $amcheck$
 DECLARE
 	r record;
