@@ -292,6 +292,8 @@ typedef struct IdemOpenPartition
 	Oid		   *index_oids;		/* of every index, in OID order */
 	Relation   *indexes;
 	struct IndexInfo **infos;	/* of each index, built on first insert */
+	MemoryContext cxt;			/* where the partition was opened: infos and
+								 * index arrays live there, as long as it */
 	bool		simple;			/* every index takes plain column values
 								 * (known once all are open) */
 	Oid			inline_oids[IDEM_INLINE_INDEXES];
@@ -423,7 +425,6 @@ extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 								   IdemIndexUpdate which);
 extern Relation IdemRecoverIndex(IdemOpenPartition *op);
 extern void IdemOpenAllIndexes(IdemOpenPartition *op);
-extern void IdemPrepareIndexInserts(IdemOpenPartition *op);
 
 /* What importing a ledger row did (keys.c, consume.c; see transfer.c) */
 typedef enum IdemImportOutcome

@@ -83,6 +83,7 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
 	op->nopened = 0;
 	op->all_open = false;
 	op->index_lockmode = lockmode;
+	op->cxt = CurrentMemoryContext;
 	op->simple = true;
 	if (n <= IDEM_INLINE_INDEXES)
 	{
@@ -148,24 +149,6 @@ IdemOpenAllIndexes(IdemOpenPartition *op)
 		if (!IdemIsSimpleIndex(op->indexes[i]))
 			op->simple = false;
 	op->all_open = true;
-}
-
-/*
- * IdemPrepareIndexInserts opens every index of the open partition and builds
- * what inserting into each needs, in the current memory context, so that a
- * partition kept open across the ids of a batch (IdemOpenCache) allocates
- * nothing more where its state would not live as long as it.
- */
-void
-IdemPrepareIndexInserts(IdemOpenPartition *op)
-{
-	int			i;
-
-	IdemOpenAllIndexes(op);
-	if (!op->simple)
-		return;					/* the executor's path keeps no state here */
-	for (i = 0; i < op->nindexes; i++)
-		(void) IdemIndexInfo(op, i);
 }
 
 /*
@@ -343,8 +326,20 @@ IdemIndexInfo(IdemOpenPartition *op, int i)
 
 	if (!IdemIsDigestIndex(index))
 	{
+		/*
+		 * Built where the partition was opened, not in the caller's memory:
+		 * a partition a batch keeps open (IdemOpenCache) outlives the memory
+		 * of the id whose insert built it, and whether an index counts as a
+		 * digest index can change while it is open (a concurrent DROP INDEX
+		 * marks it invalid first).
+		 */
 		if (op->infos[i] == NULL)
+		{
+			MemoryContext oldcxt = MemoryContextSwitchTo(op->cxt);
+
 			op->infos[i] = BuildIndexInfo(index);
+			MemoryContextSwitchTo(oldcxt);
+		}
 		return op->infos[i];
 	}
 	if (digest_info == NULL)

@@ -309,8 +309,9 @@ IdemOpenCacheEnd(IdemOpenCache *cache)
  * under the locks just taken.
  *
  * An entry is the exact list of partitions IdemLivePartitionsForKey gives,
- * all live, opened in lock mode "lockmode" with every index ready for
- * inserts.  The caller has accepted invalidation messages under its key
+ * all live, opened in lock mode "lockmode" in the cache's memory (their
+ * other indexes are opened when a write needs them, and what inserting
+ * builds lives there too, see IdemIndexInfo).  The caller has accepted invalidation messages under its key
  * lock: if the ledger caches changed since the entries were opened (a
  * partition was made or dropped), every entry is closed first, so a
  * partition made meanwhile is never missed.  The locks themselves are the
@@ -328,18 +329,20 @@ IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
 	IdemOpenCacheEntry *entry;
 	IdemPartition *parts;
 	MemoryContext oldcxt;
-	uint64		generation = IdemPartitionsGeneration();
+	uint64		generation;
 	int			n;
 	int			i;
 	int			e;
 
+	/* the list may rebuild the ledger cache: read the generation after it */
+	n = IdemLivePartitionsForKey(ledger, digest, now, &parts);
+	generation = IdemPartitionsGeneration();
 	if (cache->generation != generation)
 	{
 		IdemOpenCacheClose(cache);
 		cache->generation = generation;
 	}
 
-	n = IdemLivePartitionsForKey(ledger, digest, now, &parts);
 	for (i = 0; i < n; i++)
 	{
 		if (parts[i].ended)
@@ -389,10 +392,21 @@ IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
 	{
 		IdemOpenPartitionRels(&entry->open[i], ledger, &parts[i], lockmode);
 		entry->nopen++;
-		IdemPrepareIndexInserts(&entry->open[i]);
 	}
 	MemoryContextSwitchTo(oldcxt);
 	pfree(parts);
+
+	/*
+	 * Opening the indexes may have accepted invalidations (a partition made
+	 * or dropped meanwhile): then this entry is not kept, and the caller
+	 * starts from the catalog.
+	 */
+	if (generation != IdemPartitionsGeneration())
+	{
+		cache->nentries--;
+		IdemClosePartitions(entry->open, entry->nopen);
+		return false;
+	}
 	*open = entry->open;
 	*nopen = n;
 	return true;
