@@ -8,9 +8,8 @@
 //
 //   PGDATABASE=payments PGUSER=payments_app PORT=8080 node server.js
 //
-// PAYMENTS_TEST_HOOKS=1 (test.sh) honours two request headers:
-// `Test-Fail: after-insert` throws after the INSERT, `Test-Delay-Ms: N`
-// waits N ms after it.
+// PAYMENTS_TEST_HOOKS=1 (test.sh): a request with `Test-Fail: after-insert`
+// throws after its INSERT.
 
 const express = require('express');
 const { Pool } = require('pg');
@@ -34,7 +33,6 @@ app.post('/payments', express.json(), validPayment, idem, async (req, res) => {
     'INSERT INTO payments (amount, currency, idempotency_key) VALUES ($1, $2, $3) RETURNING id, created_at',
     [amount, currency, req.idempotency.key]);
   if (hooks && req.get('Test-Fail') === 'after-insert') throw new Error('Test-Fail: after-insert');
-  if (hooks && req.get('Test-Delay-Ms')) await new Promise((ok) => setTimeout(ok, Number(req.get('Test-Delay-Ms'))));
   res.status(201).location(`/payments/${p.id}`).json({ id: `pay_${p.id}`, amount, currency, created: p.created_at });
 });
 
