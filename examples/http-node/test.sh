@@ -10,8 +10,8 @@
 #   bash examples/http-node/test.sh                    # by hand, as root or not
 #   SUITES=examples bash test/run-all.sh               # with the other examples
 #
-# Checks: a retry replays the stored status, Content-Type, Location and body
-# bytes with Idempotent-Replayed: true, and one payment is made; the key
+# Checks: a retry replays the stored status, Content-Type, Location, ETag
+# and body bytes with Idempotent-Replayed: true, and one payment is made; the key
 # reused with another body is 422; no key, a key over 255 bytes or two
 # Idempotency-Key fields are 400 and write nothing (255 bytes is fine); a
 # body refused before the claim leaves the key unused; a handler that throws
@@ -65,7 +65,8 @@ for n in ${NODE:-} node /usr/bin/node; do
 done
 [ -n "$NODE_BIN" ] ||
 	skip_unavailable "needs Node.js 20 or later with npm (found: $(node --version 2>/dev/null || echo none))"
-export PATH="$(dirname "$NODE_BIN"):$PATH"
+PATH="$(dirname "$NODE_BIN"):$PATH"
+export PATH
 command -v npm >/dev/null 2>&1 || skip_unavailable "needs npm beside $NODE_BIN"
 command -v curl >/dev/null 2>&1 || {
 	echo "http-node test: curl is not installed" >&2
@@ -210,11 +211,13 @@ replayed() { header "$1" Idempotent-Replayed; }
 # field NAME KEY: a top-level field of a JSON response body
 field() { "$NODE_BIN" -p 'String(JSON.parse(require("fs").readFileSync(process.argv[1]))[process.argv[2]])' "$R/$1.body" "$2"; }
 body_hex() { od -An -v -tx1 "$R/$1.body" | tr -d ' \n'; }
-# same_reply NAME OTHER: status line, Content-Type, Location and body bytes equal
+# same_reply NAME OTHER: status line, Content-Type, Location, ETag and body
+# bytes equal
 same_reply() {
 	if [ "$(head -n 1 "$R/$1.hdr")" = "$(head -n 1 "$R/$2.hdr")" ] &&
 		[ "$(header "$1" Content-Type)" = "$(header "$2" Content-Type)" ] &&
 		[ "$(header "$1" Location)" = "$(header "$2" Location)" ] &&
+		[ "$(header "$1" ETag)" = "$(header "$2" ETag)" ] &&
 		cmp -s "$R/$1.body" "$R/$2.body"; then
 		echo same
 	else
@@ -234,7 +237,7 @@ first_id=$(sql "SELECT id FROM payments WHERE idempotency_key = 'k-1'")
 check "first request: Location and id of the payment" \
 	"$(header first Location) $(field first id)" "/payments/$first_id pay_$first_id"
 check "retry: 201, Idempotent-Replayed: true" "$(post retry "$B1" -H 'Idempotency-Key: "k-1"')/$(replayed retry)" 201/true
-check "retry: status, Content-Type, Location and body bytes of the first" "$(same_reply first retry)" same
+check "retry: status, Content-Type, Location, ETag and body bytes of the first" "$(same_reply first retry)" same
 check "retry with the body's keys reordered: the same request, replayed" \
 	"$(post reordered "$B1_REORDERED" -H 'Idempotency-Key: k-1')/$(replayed reordered)/$(same_reply first reordered)" 201/true/same
 check "k-1: one payment" "$(payments_for k-1)" 1
@@ -367,7 +370,7 @@ SERVER_PID=""
 check "the server is gone" "$(curl -s -o /dev/null -w '%{http_code}' "$URL/docs/idempotency")" 000
 start_server || exit 1
 check "after the restart: 201, replayed" "$(post restarted "$B1" -H 'Idempotency-Key: "k-1"')/$(replayed restarted)" 201/true
-check "after the restart: status, Content-Type, Location and body bytes of the first response" \
+check "after the restart: status, Content-Type, Location, ETag and body bytes of the first response" \
 	"$(same_reply first restarted)" same
 check "after the restart: the body byte for byte" "$(body_hex restarted)" "$(body_hex first)"
 check "k-1: still one payment" "$(payments_for k-1)" 1
