@@ -13,11 +13,13 @@ const { lookup } = require('../lib');
 for (const framework of ['express', 'fastify']) {
   describe(`${framework} middleware`, () => {
     let pool;
+    let watch; // its own connection: the app's pool may be all taken by waiting requests
     let app;
     let gates;
 
     before(async () => {
       pool = appPool(12);
+      watch = appPool(1);
       await pool.query(SCHEMA);
       gates = makeGates();
       app = await buildApp(framework, { pool, gates });
@@ -25,6 +27,7 @@ for (const framework of ['express', 'fastify']) {
     after(async () => {
       await app.close();
       await pool.end();
+      await watch.end();
     });
 
     const post = (path, key, body, headers = {}) => {
@@ -156,7 +159,7 @@ for (const framework of ['express', 'fastify']) {
       const gate = uid('gate');
       const all = Array.from({ length: 20 }, () => post('/orders-wait', sq(key), { item: 'desk' }, { 'x-test-gate': gate }));
       await gates.reached(gate);
-      await waitFor('a duplicate waiting for the first request', async () => Number((await pool.query(
+      await waitFor('a duplicate waiting for the first request', async () => Number((await watch.query(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%idem_claim%'"))
         .rows[0].n) > 0);
       gates.open(gate);
@@ -296,7 +299,7 @@ for (const framework of ['express', 'fastify']) {
       const first = post('/orders-2p', sq(key), { item: 'ship' }, { 'x-test-gate': gate });
       await gates.reached(gate); // claim committed, checkpointed, effect done
       const dup = post('/orders-2p', sq(key), { item: 'ship' });
-      await waitFor('the duplicate waiting for the committed claim', async () => Number((await pool.query(
+      await waitFor('the duplicate waiting for the committed claim', async () => Number((await watch.query(
         "SELECT count(*) AS n FROM pg_stat_activity WHERE wait_event_type = 'Extension' AND query LIKE '%idem_claim%'"))
         .rows[0].n) > 0);
       gates.open(gate);
