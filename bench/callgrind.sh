@@ -37,6 +37,11 @@
 #   claim_2p_keep    the same with keep_request => true (0.4.0 and later)
 #   claim_headers_raw as claim_complete, completed with response_headers
 #                    and response_raw instead of a jsonb body (0.4.0 and later)
+#   advance          idem_advance() of the next 100 offsets of a partition
+#                    (0.4.0 and later)
+#   advance_raw      the hand-written offsets table's upsert of the same
+#                    (INSERT ... ON CONFLICT DO UPDATE SET next_offset =
+#                    greatest(...))
 #   claim_complete_prep, replay_prep
 #                    claim_complete and replay through prepared statements
 #                    (PREPARE once per run, EXECUTE per call), as pgbench
@@ -156,6 +161,8 @@ statements() {
 			fi
 			echo "EXECUTE replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
 			;;
+		advance) echo "SELECT count(*) FROM idem_advance('c', 's', 0, $((i * 100)), $((i * 100 + 99)))" ;;
+		advance_raw) echo "INSERT INTO plain_offsets VALUES ('c', 's', 0, $((i * 100 + 100))) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)" ;;
 		replay) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
 		replay_raw) echo "SELECT status, code, body FROM plain_keys WHERE key = 'done$(((i - 1) % 500 + 1))' AND expires_at > now()" ;;
 		*) die "unknown workload $w" ;;
@@ -170,6 +177,7 @@ statements() {
 	echo "SELECT idem_maintain()"
 	echo "CREATE TABLE plain_msg (consumer text, id text, expires_at timestamptz, PRIMARY KEY (consumer, id))"
 	echo "CREATE TABLE plain_keys (key text PRIMARY KEY, fingerprint bytea, status text DEFAULT 'in_progress', code int, body jsonb, expires_at timestamptz)"
+	echo "CREATE TABLE plain_offsets (consumer text, stream text, part int, next_offset bigint, PRIMARY KEY (consumer, stream, part))"
 	for ((i = 1; i <= 500; i++)); do
 		echo "BEGIN"
 		echo "SELECT status FROM idem_claim('done$i', '{\"amount\": 1}')"
