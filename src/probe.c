@@ -311,10 +311,10 @@ IdemOpenCacheEnd(IdemOpenCache *cache)
  * An entry is the exact list of partitions IdemLivePartitionsForKey gives,
  * all live, opened in lock mode "lockmode" in the cache's memory (their
  * other indexes are opened when a write needs them, and what inserting
- * builds lives there too, see IdemIndexInfo).  The caller has accepted invalidation messages under its key
- * lock: if the ledger caches changed since the entries were opened (a
- * partition was made or dropped), every entry is closed first, so a
- * partition made meanwhile is never missed.  The locks themselves are the
+ * builds lives there too, see IdemIndexInfo).  The caller has accepted
+ * invalidation messages under its key lock: if the ledger caches changed
+ * since the entries were opened (a partition was made or dropped), every
+ * entry is closed first, so a partition made meanwhile is never missed.  The locks themselves are the
  * transaction's either way: a partition's lock is kept to the end of the
  * transaction once a live row was probed or written there, so holding the
  * relation open for the rest of the call changes nothing for anyone else
