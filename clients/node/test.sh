@@ -71,6 +71,11 @@ NODE_BIN=$(find_node) || {
 }
 NODE_DIR=$(dirname "$NODE_BIN")
 export PATH="$NODE_DIR:$PATH"
+# npm trusts the certificate authorities this machine trusts (Node.js
+# itself knows only its own list; a TLS proxy's authority is in the system's)
+if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -r /etc/ssl/certs/ca-certificates.crt ]; then
+	export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
 if ! command -v npm >/dev/null 2>&1; then
 	apt_install npm || true
 	command -v npm >/dev/null 2>&1 || fail "needs npm beside $NODE_BIN"

@@ -67,6 +67,11 @@ done
 	skip_unavailable "needs Node.js 20 or later with npm (found: $(node --version 2>/dev/null || echo none))"
 PATH="$(dirname "$NODE_BIN"):$PATH"
 export PATH
+# npm trusts the certificate authorities this machine trusts (Node.js
+# itself knows only its own list; a TLS proxy's authority is in the system's)
+if [ -z "${NODE_EXTRA_CA_CERTS:-}" ] && [ -r /etc/ssl/certs/ca-certificates.crt ]; then
+	export NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt
+fi
 command -v npm >/dev/null 2>&1 || skip_unavailable "needs npm beside $NODE_BIN"
 command -v curl >/dev/null 2>&1 || {
 	echo "http-node test: curl is not installed" >&2
@@ -132,7 +137,9 @@ APP="$WORK/app/examples/http-node"
 mkdir -p "$APP" "$WORK/app/clients" || exit 1
 ln -s "$SRC/clients/node" "$WORK/app/clients/node" || exit 1
 cp "$HERE/server.js" "$HERE/package.json" "$HERE/package-lock.json" "$APP/" || exit 1
-(cd "$APP" && npm ci --no-audit --no-fund) >"$WORK/npm.log" 2>&1 || {
+# --install-links=false: pg-idempotency is a link, as the lockfile has it
+# (npm 9, Debian 13's, would copy it, and then fail to place its peer pg)
+(cd "$APP" && npm ci --no-audit --no-fund --install-links=false) >"$WORK/npm.log" 2>&1 || {
 	cat "$WORK/npm.log"
 	echo "http-node test: npm ci failed (needs the npm registry, or a cache with the locked packages)" >&2
 	exit 1

@@ -64,6 +64,15 @@ root_mount() {
 		mount --rbind /dev "$dir/dev" || return 1
 		mount --make-rslave "$dir/dev" || return 1
 	fi
+	# The root reaches the network through this machine, so it trusts what
+	# this machine trusts: a TLS proxy's certificate authority added here
+	# (update-ca-certificates) is not in the root's own bundle, and npm in
+	# the root (the Node.js tests) would refuse the registry.  Node.js reads
+	# extra authorities from NODE_EXTRA_CA_CERTS, which root_run sets.
+	if [ -r /etc/ssl/certs/ca-certificates.crt ]; then
+		cp /etc/ssl/certs/ca-certificates.crt "$dir/etc/idempotency-host-ca.crt" &&
+			chmod 644 "$dir/etc/idempotency-host-ca.crt" || return 1
+	fi
 }
 
 root_umount() {
@@ -160,6 +169,8 @@ root_run() {
 	while IFS= read -r v; do
 		envs+=("$v=${!v}")
 	done < <(compgen -e | grep -E '^(IDEM_|PG_|BENCH_|SUITES$|SUITE_TIMEOUT$|KEEP_WORKDIR$|CI$)')
+	[ -r "$dir/etc/idempotency-host-ca.crt" ] &&
+		envs+=(NODE_EXTRA_CA_CERTS=/etc/idempotency-host-ca.crt)
 	chroot "$dir" /usr/bin/env -i \
 		PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
 		HOME=/root LANG=C.UTF-8 TERM=dumb TMPDIR=/tmp \
