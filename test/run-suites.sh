@@ -42,6 +42,7 @@
 # Environment:
 #   SUITES          suites to run (default: "regress isolation tap pgtap demo examples clients packaging cassert")
 #   PG_CONFIG       default /usr/lib/postgresql/15/bin/pg_config
+#   IDEM_PROVE_JOBS TAP tests run at once (prove -j; default 2)
 #   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
 #   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
 #   SUITE_TIMEOUT   seconds one suite may take (default 900)
@@ -79,6 +80,10 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 
 ALL_SUITES="regress isolation tap pgtap demo examples clients packaging cassert"
 SUITES=${SUITES:-$ALL_SUITES}
+# TAP tests run two at a time: most of their time is spent waiting (for
+# servers, workers, locks, timeouts), and each has its own servers, sockets
+# and ports; they are written to pass on a busy machine (doc/testing.md)
+PROVE_JOBS=${IDEM_PROVE_JOBS:-2}
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PGTAP_PORT=${PGTAP_PORT:-54393}
 DEMO_PORT=${DEMO_PORT:-54395}
@@ -288,7 +293,7 @@ suite_isolation() {
 suite_tap() {
 	local f rc
 	have_files 'test/t/*.pl' || return 3
-	mk_installcheck REGRESS= ISOLATION= PROVE_FLAGS=--timer \
+	mk_installcheck REGRESS= ISOLATION= PROVE_FLAGS="--timer -j$PROVE_JOBS" \
 		${IDEM_PROVE_TESTS:+PROVE_TESTS="$IDEM_PROVE_TESTS"}
 	rc=$?
 	[ "$rc" -eq 0 ] && return 0
@@ -490,7 +495,7 @@ suite_cassert() {
 		tap)
 			RUN_DIR=$CASSERT_WORK in_work env IDEM_BENCH_SMOKE=0 \
 				make installcheck PG_CONFIG="$pgc" REGRESS= ISOLATION= \
-				PROVE_FLAGS=--timer ${IDEM_PROVE_TESTS:+PROVE_TESTS="$IDEM_PROVE_TESTS"}
+				PROVE_FLAGS="--timer -j$PROVE_JOBS" ${IDEM_PROVE_TESTS:+PROVE_TESTS="$IDEM_PROVE_TESTS"}
 			;;
 		esac
 		rc=$?
