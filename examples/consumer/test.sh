@@ -176,6 +176,13 @@ echo "# exactly once: duplicates, kill -9 mid-transaction, crashes around COMMIT
 "${CQ_APP[@]}" consume --name c-hold --batch 40 --hold 120 2>>"$LOG" &
 hold_pid=$!
 OTHER_PIDS+=("$hold_pid")
+# (its log line first: between the statements of its batch the session is
+# "idle in transaction" for a moment too, and the check would then catch it
+# running the next one)
+end=$((SECONDS + DEADLINE))
+until grep -q '^c-hold: holding the transaction' "$LOG" 2>/dev/null || [ "$SECONDS" -ge "$end" ]; do
+	sleep 0.05
+done
 wait_sql app "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'c-hold' AND state = 'idle in transaction'" 1
 check "c-hold is inside its batch's transaction" \
 	"$(sql app "SELECT state FROM pg_stat_activity WHERE application_name = 'c-hold'")" \
