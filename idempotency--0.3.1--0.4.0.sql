@@ -429,3 +429,40 @@ DROP FUNCTION idempotency.stats_info_before_0_4_0();
 DROP FUNCTION pg_catalog.idem_claim_before_0_4_0(text, jsonb, text, interval, interval, boolean);
 DROP FUNCTION pg_catalog.idem_complete_before_0_4_0(text, integer, jsonb, text, bigint);
 DROP FUNCTION pg_catalog.idem_lookup_before_0_4_0(text, text);
+
+-- The digest filters (idempotency.filter_memory): a fresh install's
+-- privileges, whatever the default privileges gave
+CREATE FUNCTION idempotency.filter_info(OUT partition regclass,
+                                        OUT state text,
+                                        OUT digests bigint,
+                                        OUT capacity bigint,
+                                        OUT bytes bigint,
+                                        OUT segments integer)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_filter_info'
+LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+
+COMMENT ON FUNCTION idempotency.filter_info() IS
+'the digest filters of this database''s ledger partitions (shared memory; only with shared_preload_libraries)';
+
+REVOKE ALL ON FUNCTION idempotency.filter_info() FROM PUBLIC;
+
+DO $filter_info$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        SELECT a.grantee
+          FROM pg_catalog.pg_proc AS p,
+               pg_catalog.aclexplode(p.proacl) AS a
+         WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.filter_info()'::pg_catalog.regprocedure
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION idempotency.filter_info() FROM %s CASCADE',
+                                  CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                       ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END);
+    END LOOP;
+END
+$filter_info$;
+
+GRANT EXECUTE ON FUNCTION idempotency.filter_info() TO pg_monitor;

@@ -82,6 +82,22 @@ GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
 GRANT SELECT ON idempotency.partitions TO pg_monitor;
 GRANT EXECUTE ON FUNCTION idempotency.partition_info() TO pg_monitor;
 
+CREATE FUNCTION idempotency.filter_info(OUT partition regclass,
+                                        OUT state text,
+                                        OUT digests bigint,
+                                        OUT capacity bigint,
+                                        OUT bytes bigint,
+                                        OUT segments integer)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_filter_info'
+LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+
+COMMENT ON FUNCTION idempotency.filter_info() IS
+'the digest filters of this database''s ledger partitions (shared memory; only with shared_preload_libraries)';
+
+REVOKE ALL ON FUNCTION idempotency.filter_info() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.filter_info() TO pg_monitor;
+
 -- Idempotency keys
 
 -- idem_claim()'s result.  A named row type rather than OUT parameters:
@@ -531,6 +547,7 @@ BEGIN
             ('f', 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
             ('f', 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
             ('f', 'idempotency.partition_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
+            ('f', 'idempotency.filter_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
             ('f', 'idempotency.stats_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
             ('r', 'idempotency.partitions'::pg_catalog.regclass, 'pg_monitor', 'SELECT'),
             ('r', 'idempotency.stats'::pg_catalog.regclass, 'pg_monitor', 'SELECT'),

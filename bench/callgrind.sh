@@ -48,6 +48,19 @@
 #                    -M prepared and most drivers call: no parse analysis
 #                    or planning of the call (the function's argument
 #                    defaults are read from pg_proc and planned there)
+#   consume_prep, consume_raw_prep, claim_raw_prep, replay_pl_prep
+#                    the statements of bench/run.sh's variants idem_p2,
+#                    plain_insert, keys_raw and replay_plpgsql, prepared as
+#                    pgbench -M prepared runs them: the prepared pairs of
+#                    the throughput bars (consume_prep / consume_raw_prep,
+#                    claim_complete_prep / claim_raw_prep, replay_prep /
+#                    replay_pl_prep)
+#
+# CALLGRIND_PRELOAD=1 runs the server with shared_preload_libraries =
+# 'idempotency' (digest filters, statistics), as production servers run
+# it; every run then starts with idem_maintain(), which builds the filters
+# (shared memory starts empty in each single-user run), counted in both
+# runs and so cancelled out.
 #
 # CALLGRIND_KEEP=DIR keeps the callgrind output files there
 # (<workload>-1.cg for CALLS calls, <workload>-2.cg for 2 x CALLS), for
@@ -78,6 +91,8 @@ command -v valgrind >/dev/null || die "valgrind is not installed (apt install va
 BINDIR=$("$PG_CONFIG" --bindir)
 
 AS_USER=()
+PRELOAD_OPT=()
+[ "${CALLGRIND_PRELOAD:-0}" != 1 ] || PRELOAD_OPT=(-c "shared_preload_libraries=idempotency")
 [ "$(id -u)" -ne 0 ] || AS_USER=(runuser -u postgres --)
 
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-callgrind.XXXXXX")
@@ -96,12 +111,12 @@ single() {
 	if [ "$tool" = callgrind ]; then
 		"${AS_USER[@]}" valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg" \
 			"$BINDIR/postgres" --single -D "$WORK/data" -c fsync=off \
-			-c synchronous_commit=off postgres <"$script" >"$out" 2>&1 ||
+			-c synchronous_commit=off "${PRELOAD_OPT[@]}" postgres <"$script" >"$out" 2>&1 ||
 			{ tail -n 20 "$out" >&2; die "the single-user server failed ($name)"; }
 		grep -E '^(summary|totals):' "$WORK/$name.cg" | head -n 1 | awk '{print $2}'
 	else
 		"${AS_USER[@]}" "$BINDIR/postgres" --single -D "$WORK/data" -c fsync=off \
-			postgres <"$script" >"$out" 2>&1 ||
+			"${PRELOAD_OPT[@]}" postgres <"$script" >"$out" 2>&1 ||
 			{ tail -n 20 "$out" >&2; die "the single-user server failed ($name)"; }
 	fi
 	if grep -q 'ERROR' "$out"; then
@@ -161,6 +176,28 @@ statements() {
 			fi
 			echo "EXECUTE replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
 			;;
+		consume_prep)
+			[ "$i" != "$from" ] || echo "PREPARE consume(text) AS SELECT idem_consume_message('c', \$1)"
+			echo "EXECUTE consume('p$i')"
+			;;
+		consume_raw_prep)
+			[ "$i" != "$from" ] || echo "PREPARE consume_raw(text) AS INSERT INTO plain_messages (consumer, message_id) VALUES ('c', \$1) ON CONFLICT DO NOTHING"
+			echo "EXECUTE consume_raw('p$i')"
+			;;
+		claim_raw_prep)
+			if [ "$i" = "$from" ]; then
+				echo "PREPARE raw_claim(text) AS INSERT INTO raw_keys (key, status) VALUES (\$1, 'in_progress') ON CONFLICT DO NOTHING"
+				echo "PREPARE raw_complete(text) AS UPDATE raw_keys SET status = 'completed', response_code = 201, response_body = '{\"charge\": 1}' WHERE key = \$1"
+			fi
+			echo "BEGIN"
+			echo "EXECUTE raw_claim('k$i')"
+			echo "EXECUTE raw_complete('k$i')"
+			echo "COMMIT"
+			;;
+		replay_pl_prep)
+			[ "$i" != "$from" ] || echo "PREPARE pl_replay(text, jsonb) AS SELECT status, response_code, response_body FROM pl_claim(\$1, \$2)"
+			echo "EXECUTE pl_replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
+			;;
 		advance) echo "SELECT count(*) FROM idem_advance('c', 's', 0, $((i * 100)), $((i * 100 + 99)))" ;;
 		advance_raw) echo "INSERT INTO plain_offsets VALUES ('c', 's', 0, $((i * 100 + 100))) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)" ;;
 		replay) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
@@ -178,12 +215,20 @@ statements() {
 	echo "CREATE TABLE plain_msg (consumer text, id text, expires_at timestamptz, PRIMARY KEY (consumer, id))"
 	echo "CREATE TABLE plain_keys (key text PRIMARY KEY, fingerprint bytea, status text DEFAULT 'in_progress', code int, body jsonb, expires_at timestamptz)"
 	echo "CREATE TABLE plain_offsets (consumer text, stream text, part int, next_offset bigint, PRIMARY KEY (consumer, stream, part))"
+	# bench/run.sh's baselines, one statement per line as the single-user
+	# server reads them
+	awk '/^--/ { next }
+	     { line = line $0 " "; if (gsub(/[$][$]/, "&") % 2 == 1) inq = !inq
+	       if (!inq && $0 ~ /;[ \t]*$/) { print line; line = "" } }' \
+		"$REPO/bench/sql/setup_plain.sql" "$REPO/bench/sql/setup_keys_plain.sql"
 	for ((i = 1; i <= 500; i++)); do
 		echo "BEGIN"
 		echo "SELECT status FROM idem_claim('done$i', '{\"amount\": 1}')"
 		echo "SELECT idem_complete('done$i', 200, '{\"charge\": 1}')"
 		echo "COMMIT"
 		echo "INSERT INTO plain_keys VALUES ('done$i', sha256('{\"amount\": 1}'), 'completed', 200, '{\"charge\": 1}', now() + interval '1 day')"
+		echo "SELECT pl_claim('done$i', '{\"amount\": 1}')"
+		echo "SELECT pl_complete('done$i', 200, '{\"charge\": 1}')"
 	done
 	# a first call of each kind, so that both measured runs find warm catalogs
 	statements consume 0 0
@@ -196,8 +241,10 @@ say "# instructions per call (callgrind), $("$PG_CONFIG" --version), $CALLS call
 say "# workload  instructions_per_call"
 base=1
 for w in $WORKLOADS; do
-	statements "$w" "$base" $((base + CALLS - 1)) >"$WORK/$w-1.sql"
-	statements "$w" $((base + CALLS)) $((base + 3 * CALLS - 1)) >"$WORK/$w-2.sql"
+	{ [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
+	  statements "$w" "$base" $((base + CALLS - 1)); } >"$WORK/$w-1.sql"
+	{ [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
+	  statements "$w" $((base + CALLS)) $((base + 3 * CALLS - 1)); } >"$WORK/$w-2.sql"
 	base=$((base + 3 * CALLS))
 	one=$(single "$WORK/$w-1.sql" callgrind "$w-1")
 	two=$(single "$WORK/$w-2.sql" callgrind "$w-2")

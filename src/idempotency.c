@@ -6,7 +6,8 @@
  * _PG_init defines the settings and delegates to the subsystems.  The
  * extension works without shared_preload_libraries; preloaded, it also
  * reserves shared memory for the statistics (stats.c) and the background
- * workers (worker.c) and registers the launcher.
+ * workers (worker.c) and the digest filters (filter.c), and registers the
+ * launcher.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -133,6 +134,8 @@ _PG_init(void)
 							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
+	IdemFilterDefineSettings();
+
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
@@ -147,6 +150,7 @@ _PG_init(void)
 		prev_shmem_startup_hook = shmem_startup_hook;
 		shmem_startup_hook = IdemShmemStartup;
 		IdemWorkerPreloadInit();
+		IdemFilterPreloadInit();
 	}
 }
 
@@ -159,10 +163,12 @@ IdemShmemRequest(void)
 {
 	if (prev_shmem_request_hook)
 		prev_shmem_request_hook();
-	RequestAddinShmemSpace(add_size(add_size(IdemStatsShmemSize(),
-											 IdemWorkerShmemSize()),
-									IdemWaitShmemSize()));
-	RequestNamedLWLockTranche(IDEM_LWLOCK_TRANCHE, 1);
+	RequestAddinShmemSpace(add_size(add_size(add_size(IdemStatsShmemSize(),
+													  IdemWorkerShmemSize()),
+											 IdemWaitShmemSize()),
+									IdemFilterShmemSize()));
+	/* [0] statistics, [1] filters */
+	RequestNamedLWLockTranche(IDEM_LWLOCK_TRANCHE, 2);
 }
 
 /*
@@ -178,5 +184,6 @@ IdemShmemStartup(void)
 	IdemStatsShmemInit();
 	IdemWorkerShmemInit();
 	IdemWaitShmemInit();
+	IdemFilterShmemInit();
 	LWLockRelease(AddinShmemInitLock);
 }

@@ -361,6 +361,8 @@ typedef struct IdemOp
 	bool		key_locked;		/* holds the key lock now */
 	bool		keep_key_lock;	/* ... until the transaction ends */
 	int			nopen;
+	int			capacity;		/* open has room for this many */
+	LOCKMODE	lockmode;		/* in which the partitions are open */
 	IdemOpenPartition *open;	/* palloc'd by the probe, or the cache's */
 	IdemOpenCache *cache;		/* of a batch, or NULL */
 	bool		cached;			/* open is the cache's: not closed at the end */
@@ -401,7 +403,7 @@ extern void IdemOpEnd(IdemOp *op);
 
 extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 								   TimestampTz now, LOCKMODE lockmode,
-								   IdemOpenPartition **open);
+								   IdemOpenPartition **open, int *capacity);
 extern void IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 								  const IdemPartition *part, LOCKMODE lockmode);
 extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
@@ -539,6 +541,24 @@ extern void IdemStatsMaintenanceRun(const char *error);
 extern void IdemStatsForgetDatabases(const Oid *dbs, int ndbs,
 									 TimestampTz listed_at);
 extern void IdemStatsRequirePreload(const char *what);
+
+/* ----------------------------------------------------------------
+ * Digest filters of the partitions (filter.c); only with
+ * shared_preload_libraries
+ * ----------------------------------------------------------------
+ */
+extern int	idem_filter_memory;
+extern void IdemFilterDefineSettings(void);
+extern void IdemFilterPreloadInit(void);
+extern Size IdemFilterShmemSize(void);
+extern void IdemFilterShmemInit(void);
+extern bool IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest);
+extern void IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest);
+extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
+extern void IdemFilterForget(Oid relid);
+extern void IdemFilterOwnSql(bool begin);
+extern int	IdemFilterBuildDatabase(void);
+extern void IdemFilterForgetDatabases(const Oid *dbs, int ndbs);
 
 /* ----------------------------------------------------------------
  * Background workers (worker.c); only with shared_preload_libraries

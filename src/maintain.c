@@ -10,7 +10,9 @@
  *	  its rows have expired, and calls on the ledgers never lock the parent
  *	  nor expired partitions, so the drop waits for nobody and blocks nobody;
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
- *	  the parent) it is left for the next run.
+ *	  the parent) it is left for the next run;
+ *	- with shared_preload_libraries, build the digest filters that live
+ *	  partitions lack (after a restart, or writes by other means: filter.c).
  *
  * Runs are serialized per database by a lock taken without waiting: a run
  * that finds another one in progress returns at once.  The background
@@ -77,6 +79,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 			*dropped += IdemDropExpiredPartitions(ledger, now);
 		}
 		(void) IdemStreamsMaintain(now - (int64) idem_position_ttl * USECS_PER_SEC);
+		(void) IdemFilterBuildDatabase();
 	}
 	PG_CATCH();
 	{

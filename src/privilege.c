@@ -203,7 +203,16 @@ IdemExecAsOwner(const char *sql, int lock_timeout_ms)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	rc = SPI_execute(sql, false, 0);
+	IdemFilterOwnSql(true);
+	PG_TRY();
+	{
+		rc = SPI_execute(sql, false, 0);
+	}
+	PG_FINALLY();
+	{
+		IdemFilterOwnSql(false);
+	}
+	PG_END_TRY();
 	if (rc < 0)
 		elog(ERROR, "SPI_execute failed: %s", SPI_result_code_string(rc));
 	processed = SPI_processed;

@@ -116,11 +116,16 @@ static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
  * may still be writing into it holds a lock on it, and then under a lock
  * of its own that IdemClosePartitions releases: calls never hold locks on
  * ended partitions, so that maintenance can drop them.
+ *
+ * A partition whose digest filter rules the key out (filter.c) is neither
+ * locked nor opened: no row of the key can be there.  If a new row is to
+ * go there, IdemOpFindTarget opens it then; *open has room for every
+ * partition listed.
  */
 int
 IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 					   TimestampTz now, LOCKMODE lockmode,
-					   IdemOpenPartition **open)
+					   IdemOpenPartition **open, int *capacity)
 {
 	for (;;)
 	{
@@ -137,7 +142,13 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 		for (i = 0; i < n; i++)
 		{
 			locked[i] = true;
-			if (!parts[i].ended)
+			if (IdemFilterRulesOut(parts[i].relid, parts[i].lane, digest))
+			{
+				/* not opened; an ended one is not unlocked either */
+				locked[i] = false;
+				parts[i].ended = false;
+			}
+			else if (!parts[i].ended)
 				LockRelationOid(parts[i].relid, lockmode);
 			else if (IdemRelationOidLockedByMe(parts[i].relid,
 												RowExclusiveLock, true))
@@ -160,6 +171,8 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 		}
 
 		*open = palloc(Max(n, 1) * sizeof(IdemOpenPartition));
+		if (capacity != NULL)
+			*capacity = Max(n, 1);
 		nopen = 0;
 		for (i = 0; i < n; i++)
 		{
@@ -455,6 +468,10 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		ScanKeyData skey;
 		pg_uuid_t	legacy;
 
+		/* no row of this digest was ever written there (filter.c) */
+		if (IdemFilterRulesOut(open[i].part.relid, open[i].part.lane,
+							   &digest->uuid))
+			continue;
 		if (slot == NULL)
 			slot = table_slot_create(open[i].heap, NULL);
 
@@ -621,6 +638,9 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 	tuple = heap_form_tuple(RelationGetDescr(op->heap), values, nulls);
 	simple_heap_insert(op->heap, tuple);
 	IdemInsertIndexEntries(op, tuple, IDEM_INDEX_UPDATE_ALL);
+	/* after the inserts, before the key lock goes (see filter.c) */
+	IdemFilterAdd(op->part.relid, op->part.lane,
+				  DatumGetUUIDP(values[Anum_ledger_digest - 1]));
 	if (newtid != NULL)
 		*newtid = tuple->t_self;
 	heap_freetuple(tuple);
@@ -710,6 +730,8 @@ IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role, const IdemDigest *digest)
 	op->key_locked = false;
 	op->keep_key_lock = false;
 	op->nopen = 0;
+	op->capacity = 0;
+	op->lockmode = NoLock;
 	op->open = NULL;
 	op->cache = NULL;
 	op->cached = false;
@@ -810,7 +832,11 @@ IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
 							lockmode, &op->open, &op->nopen);
 	if (!op->cached)
 		op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest.uuid,
-										   op->now, lockmode, &op->open);
+										   op->now, lockmode, &op->open,
+										   &op->capacity);
+	else
+		op->capacity = op->nopen;
+	op->lockmode = lockmode;
 	op->target = -1;
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now,
 			  op->ledger == IDEM_LEDGER_KEYS, snapshot, &op->probe);
@@ -854,6 +880,8 @@ IdemOpFetchOwn(IdemOp *op, const IdemPartition *part, ItemPointer tid)
 	op->open = palloc(sizeof(IdemOpenPartition));
 	IdemOpenPartitionRels(&op->open[0], op->ledger, part, RowExclusiveLock);
 	op->nopen = 1;
+	op->capacity = 1;
+	op->lockmode = RowExclusiveLock;
 	op->target = -1;
 	heap = op->open[0].heap;
 	tuple.t_self = *tid;
@@ -887,8 +915,10 @@ IdemOpFetchOwn(IdemOp *op, const IdemPartition *part, ItemPointer tid)
  * IdemOpFindTarget finds, among the open partitions, the one a new row
  * expiring at op->expires_at, written at op->now, goes to (see
  * IdemPartitionFor), and sets op->target to it.  The target is live and in
- * one of the key's lanes, so it is open if it exists.  Returns false if it
- * is not there (the caller's step answers IDEM_STEP_MAKE_TARGET).
+ * one of the key's lanes, so it is open if it exists, unless its digest
+ * filter ruled the key out: then it is locked and opened here.  Returns
+ * false if it is not there (the caller's step answers
+ * IDEM_STEP_MAKE_TARGET; if it was made meanwhile, the step runs again).
  */
 bool
 IdemOpFindTarget(IdemOp *op)
@@ -911,6 +941,22 @@ IdemOpFindTarget(IdemOp *op)
 		if (op->open[i].part.relid == target.relid)
 		{
 			op->target = i;
+			return true;
+		}
+	}
+
+	/* left closed by the filter: open it now, if the list still holds */
+	if (op->nopen < op->capacity && !op->cached)
+	{
+		uint64		generation = IdemPartitionsGeneration();
+
+		LockRelationOid(target.relid, op->lockmode);
+		if (generation == IdemPartitionsGeneration())
+		{
+			target.ended = false;
+			IdemOpenPartitionRels(&op->open[op->nopen], op->ledger, &target,
+								  op->lockmode);
+			op->target = op->nopen++;
 			return true;
 		}
 	}

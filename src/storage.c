@@ -1127,6 +1127,7 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 
 	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	IdemRestrictTableAcl(relid);
+	IdemFilterCreated(ledger, relid, lane);
 	pfree(sql.data);
 	pfree(name.data);
 
@@ -1202,7 +1203,10 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 	PG_END_TRY();
 
 	if (dropped)
+	{
+		IdemFilterForget(relid);
 		IdemStatsAdd(IDEM_STAT_PARTITIONS_DROPPED, 1);
+	}
 	return dropped;
 }
 

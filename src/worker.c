@@ -440,6 +440,7 @@ IdemLauncherListDatabases(HTAB *dbs)
 	table_close(rel, AccessShareLock);
 
 	IdemStatsForgetDatabases(all, nall, listed_at);
+	IdemFilterForgetDatabases(all, nall);
 	CommitTransactionCommand();
 
 	hash_seq_init(&scan, dbs);

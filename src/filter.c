@@ -1,0 +1,1269 @@
+/*-------------------------------------------------------------------------
+ *
+ * filter.c
+ *	  Digest filters: for each ledger partition, a Bloom filter in shared
+ *	  memory of the digests its rows hold, so that a call for a new key or
+ *	  message id skips the index probe of every partition that cannot hold
+ *	  it (probe.c).  Only with shared_preload_libraries; sized by
+ *	  idempotency.filter_memory (0 turns them off).
+ *
+ * What a filter promises: once READY, every row of the partition, whatever
+ * its state or its writer's fate, has its digest in the filter.  A probe
+ * that finds a digest absent skips the partition; a false positive (about
+ * 1 % at the designed load) costs the probe it would have made anyway.
+ *
+ * How that holds:
+ *	- Rows get into a partition through IdemInsertRow (probe.c) only, which
+ *	  adds the digest here right after the heap and index inserts, while the
+ *	  writer still holds the key lock.  A prober of the same key holds that
+ *	  lock when it reads the filter, so it sees the bits of every row of its
+ *	  key that could be there.  Updates keep the digest (and the partition).
+ *	- A partition the extension makes gets an empty READY filter when it is
+ *	  made (IdemFilterCreated), before anyone can write into it.
+ *	- A partition that existed before the server started (or before its
+ *	  filter was lost) gets one from the background worker
+ *	  (IdemFilterBuildDatabase): the slot is published first, as FILLING,
+ *	  so that writers add to it from then on; then the heap is read in full
+ *	  (every tuple version, dead or alive: a superset does no harm) and the
+ *	  slot becomes READY.  A writer adds its digest after its insert, and
+ *	  looks for the slot after the insert too: a writer that found no slot
+ *	  had inserted before the slot existed, so the heap scan, which starts
+ *	  after, sees its row.
+ *	- Rows written by anything else (COPY, INSERT or UPDATE by a superuser or
+ *	  the storage owner, pg_restore --data-only, ATTACH of a table with rows)
+ *	  are noticed by an ExecutorStart and a ProcessUtility hook: at the
+ *	  start of such a statement on a relation of schema idempotency, every
+ *	  filter of the database becomes UNUSABLE, and no filter is built
+ *	  anywhere until the transaction that ran it has ended (external_busy);
+ *	  the next maintenance round builds them again.  Logical replication
+ *	  applies rows without either hook: a database with a subscription gets
+ *	  no filters at all (its CREATE SUBSCRIPTION is noticed the same way).
+ *	- Standbys never use or build filters (WAL replay writes rows without
+ *	  any of the above); a promoted standby builds them on its first
+ *	  rounds.  A crash or restart loses them all; the worker builds them
+ *	  again, and partitions without a filter are probed meanwhile.
+ *	- Legacy partitions (rows written before 0.3.0, another digest form)
+ *	  have no filter.
+ *
+ * Layout: a pool of 8 kB pages and a table of slots, one per filtered
+ * partition, found by (database, relid) through a shared hash and, in each
+ * backend, a local cache validated by the slot's incarnation, which
+ * changes whenever a slot is taken or freed.  A filter is a list of
+ * segments, each a power-of-two run of pages of 512-bit blocks: a digest
+ * sets 7 bits of one block (a blocked Bloom filter: one cache line per
+ * test), chosen from bytes 4-11 of the digest, which depend neither on the
+ * namespace (bytes 0-3) nor on the lane (bytes 12-15).  When a segment has
+ * taken its designed number of digests, the next one, twice as large, is
+ * added; a lookup tests every segment.  When the pool has no room for a
+ * segment, the filter becomes UNUSABLE.  Bits are set with atomic ORs and
+ * never cleared; a partition's filter is freed when maintenance drops the
+ * partition, or when the worker finds it gone.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/filter.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "access/xlog.h"
+#include "catalog/indexing.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_subscription.h"
+#include "commands/copy.h"
+#include "executor/executor.h"
+#include "funcapi.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "parser/parsetree.h"
+#include "port/atomics.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "storage/lwlock.h"
+#include "storage/shmem.h"
+#include "tcop/utility.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+#include "utils/syscache.h"
+#include "utils/tuplestore.h"
+
+/* idempotency.filter_memory, in kB (0: no filters) */
+int			idem_filter_memory = 64 * 1024;
+
+#define IDEM_FILTER_PAGE_BYTES		8192
+#define IDEM_FILTER_BLOCK_BITS		512
+#define IDEM_FILTER_BLOCK_WORDS		(IDEM_FILTER_BLOCK_BITS / 32)
+#define IDEM_FILTER_PAGE_BLOCKS		(IDEM_FILTER_PAGE_BYTES * 8 / IDEM_FILTER_BLOCK_BITS)
+#define IDEM_FILTER_PAGE_WORDS		(IDEM_FILTER_PAGE_BYTES / 4)
+/* bits set per digest, and bits of filter per digest at design load */
+#define IDEM_FILTER_K				7
+#define IDEM_FILTER_BITS_PER_ITEM	10
+#define IDEM_FILTER_PAGE_ITEMS \
+	(IDEM_FILTER_PAGE_BYTES * 8 / IDEM_FILTER_BITS_PER_ITEM)
+#define IDEM_FILTER_MAX_SEGMENTS	16
+/* slots: one per page of the pool, within these bounds */
+#define IDEM_FILTER_MIN_SLOTS		64
+#define IDEM_FILTER_MAX_SLOTS		16384
+
+typedef enum IdemFilterState
+{
+	IDEM_FILTER_FREE = 0,
+	IDEM_FILTER_FILLING,		/* writers add, probes do not trust it yet */
+	IDEM_FILTER_READY,			/* holds every digest of the partition */
+	IDEM_FILTER_UNUSABLE		/* may miss some: not used, built again */
+} IdemFilterState;
+
+static const char *const filter_state_names[] = {
+	"free", "filling", "ready", "unusable"
+};
+
+typedef struct IdemFilterSegment
+{
+	uint32		first_page;
+	uint32		npages;			/* a power of two */
+	uint32		capacity;		/* digests before the next segment */
+	pg_atomic_uint32 count;		/* digests added (may overshoot a little) */
+} IdemFilterSegment;
+
+typedef struct IdemFilterSlot
+{
+	pg_atomic_uint64 incarnation;	/* changes when taken or freed */
+	pg_atomic_uint32 state;		/* IdemFilterState */
+	pg_atomic_uint32 nsegments; /* published after the segment is set up */
+	Oid			db;				/* fixed while the slot is taken */
+	Oid			relid;
+	int16		lane;
+	uint8		ledger;
+	TimestampTz made_at;
+	IdemFilterSegment seg[IDEM_FILTER_MAX_SEGMENTS];
+} IdemFilterSlot;
+
+typedef struct IdemFilterKey
+{
+	Oid			db;
+	Oid			relid;
+} IdemFilterKey;
+
+typedef struct IdemFilterEntry
+{
+	IdemFilterKey key;
+	int			slot;
+} IdemFilterEntry;
+
+typedef struct IdemFilterShared
+{
+	LWLock	   *lock;			/* slots' identity, page map, hash */
+	int			nslots;
+	int			npages;
+	pg_atomic_uint64 generation;	/* bumped when a slot is taken or freed */
+	pg_atomic_uint64 next_incarnation;
+	pg_atomic_uint64 external_seq;	/* external writes started */
+	pg_atomic_uint32 external_busy; /* transactions that ran them, open */
+	int			nfree;
+	/* followed by: int freelist[nslots], uint64 page_map[], slots[] */
+} IdemFilterShared;
+
+static IdemFilterShared *filter_shared = NULL;
+static int *filter_freelist = NULL;
+static uint64 *filter_page_map = NULL;
+static IdemFilterSlot *filter_slots = NULL;
+static pg_atomic_uint32 *filter_pages = NULL;
+static HTAB *filter_hash = NULL;
+
+/* This backend's cache of slots, by relid (of its database) */
+typedef struct IdemFilterLocal
+{
+	Oid			relid;			/* hash key */
+	int			slot;			/* -1: none, as of absent_gen */
+	uint64		incarnation;
+	uint64		absent_gen;
+} IdemFilterLocal;
+
+static HTAB *filter_local = NULL;
+
+/* This backend: external writes in the current transaction, own SQL */
+static int	my_external_busy = 0;
+static int	own_sql_depth = 0;
+static Oid	idem_nsp_cache = InvalidOid;
+static bool idem_nsp_cache_valid = false;
+
+static ExecutorStart_hook_type prev_ExecutorStart = NULL;
+static ProcessUtility_hook_type prev_ProcessUtility = NULL;
+
+PG_FUNCTION_INFO_V1(idem_filter_info);
+
+static void IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags);
+static void IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
+									 bool readOnlyTree,
+									 ProcessUtilityContext context,
+									 ParamListInfo params,
+									 QueryEnvironment *queryEnv,
+									 DestReceiver *dest, QueryCompletion *qc);
+static void IdemFilterXactCallback(XactEvent event, void *arg);
+static void IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue);
+static bool IdemFilterUsable(int16 lane);
+static IdemFilterSlot *IdemFilterFind(Oid relid, uint64 *incarnation);
+static int	IdemFilterTake(Oid relid, int16 lane, int ledger,
+						   IdemFilterState state, uint64 hint);
+static void IdemFilterFreeSlot(int slot);
+static bool IdemFilterAddSegment(IdemFilterSlot *slot, uint64 items);
+static void IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest);
+static bool IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest);
+static void IdemFilterNoteExternalWrite(void);
+static bool IdemFilterInOurSchema(Oid relid);
+static uint64 IdemFilterSizeHint(Oid db, int ledger, int16 lane);
+
+/* ----------------------------------------------------------------
+ * Shared memory and hooks
+ * ----------------------------------------------------------------
+ */
+
+static int
+IdemFilterPages(void)
+{
+	return (int) Min((int64) idem_filter_memory / (IDEM_FILTER_PAGE_BYTES / 1024),
+					 (int64) INT_MAX / 2);
+}
+
+static int
+IdemFilterSlots(void)
+{
+	return Max(IDEM_FILTER_MIN_SLOTS,
+			   Min(IdemFilterPages(), IDEM_FILTER_MAX_SLOTS));
+}
+
+static Size
+IdemFilterHeaderSize(void)
+{
+	Size		size = MAXALIGN(sizeof(IdemFilterShared));
+
+	size = add_size(size, MAXALIGN(mul_size(IdemFilterSlots(), sizeof(int))));
+	size = add_size(size, MAXALIGN(mul_size((IdemFilterPages() + 63) / 64,
+											sizeof(uint64))));
+	size = add_size(size, mul_size(IdemFilterSlots(), sizeof(IdemFilterSlot)));
+	return size;
+}
+
+/*
+ * IdemFilterShmemSize returns the shared memory the filters need (none if
+ * idempotency.filter_memory is 0).
+ */
+Size
+IdemFilterShmemSize(void)
+{
+	if (idem_filter_memory == 0)
+		return 0;
+	return add_size(add_size(IdemFilterHeaderSize(),
+							 mul_size(IdemFilterPages(), IDEM_FILTER_PAGE_BYTES)),
+					hash_estimate_size(IdemFilterSlots(), sizeof(IdemFilterEntry)));
+}
+
+/*
+ * IdemFilterShmemInit attaches to (or creates) the filters' shared state.
+ * Called from the shmem_startup hook with AddinShmemInitLock held.
+ */
+void
+IdemFilterShmemInit(void)
+{
+	bool		found;
+	bool		found_pages;
+	HASHCTL		info;
+	char	   *p;
+	int			i;
+
+	if (idem_filter_memory == 0)
+		return;
+
+	filter_shared = ShmemInitStruct("idempotency filters",
+									IdemFilterHeaderSize(), &found);
+	p = (char *) filter_shared + MAXALIGN(sizeof(IdemFilterShared));
+	filter_freelist = (int *) p;
+	p += MAXALIGN(mul_size(IdemFilterSlots(), sizeof(int)));
+	filter_page_map = (uint64 *) p;
+	p += MAXALIGN(mul_size((IdemFilterPages() + 63) / 64, sizeof(uint64)));
+	filter_slots = (IdemFilterSlot *) p;
+	filter_pages = ShmemInitStruct("idempotency filter pages",
+								   mul_size(IdemFilterPages(),
+											IDEM_FILTER_PAGE_BYTES),
+								   &found_pages);
+	if (!found)
+	{
+		filter_shared->lock = &(GetNamedLWLockTranche(IDEM_LWLOCK_TRANCHE))[1].lock;
+		filter_shared->nslots = IdemFilterSlots();
+		filter_shared->npages = IdemFilterPages();
+		pg_atomic_init_u64(&filter_shared->generation, 1);
+		pg_atomic_init_u64(&filter_shared->next_incarnation, 1);
+		pg_atomic_init_u64(&filter_shared->external_seq, 0);
+		pg_atomic_init_u32(&filter_shared->external_busy, 0);
+		filter_shared->nfree = filter_shared->nslots;
+		for (i = 0; i < filter_shared->nslots; i++)
+		{
+			IdemFilterSlot *slot = &filter_slots[i];
+
+			filter_freelist[i] = filter_shared->nslots - 1 - i;
+			pg_atomic_init_u64(&slot->incarnation, 0);
+			pg_atomic_init_u32(&slot->state, IDEM_FILTER_FREE);
+			pg_atomic_init_u32(&slot->nsegments, 0);
+		}
+		memset(filter_page_map, 0,
+			   ((filter_shared->npages + 63) / 64) * sizeof(uint64));
+	}
+
+	memset(&info, 0, sizeof(info));
+	info.keysize = sizeof(IdemFilterKey);
+	info.entrysize = sizeof(IdemFilterEntry);
+	filter_hash = ShmemInitHash("idempotency filters by partition",
+								IdemFilterSlots(), IdemFilterSlots(),
+								&info, HASH_ELEM | HASH_BLOBS);
+}
+
+/* IdemFilterDefineSettings defines idempotency.filter_memory (_PG_init) */
+void
+IdemFilterDefineSettings(void)
+{
+	DefineCustomIntVariable("idempotency.filter_memory",
+							gettext_noop("Sets the shared memory of the digest filters that let calls skip partitions a new key cannot be in."),
+							gettext_noop("About 1.25 bytes per live key or message id; 0 turns the filters off. Used only with shared_preload_libraries."),
+							&idem_filter_memory,
+							64 * 1024, 0, INT_MAX / 2,
+							PGC_POSTMASTER, GUC_UNIT_KB,
+							NULL, NULL, NULL);
+}
+
+/*
+ * IdemFilterPreloadInit installs the hooks that notice rows written into
+ * the ledgers by anything but this library.  Called from _PG_init while
+ * shared_preload_libraries is processed, after the settings are defined.
+ */
+void
+IdemFilterPreloadInit(void)
+{
+	if (idem_filter_memory == 0)
+		return;
+
+	prev_ExecutorStart = ExecutorStart_hook;
+	ExecutorStart_hook = IdemFilterExecutorStart;
+	prev_ProcessUtility = ProcessUtility_hook;
+	ProcessUtility_hook = IdemFilterProcessUtility;
+	RegisterXactCallback(IdemFilterXactCallback, NULL);
+	CacheRegisterSyscacheCallback(NAMESPACEOID, IdemFilterNamespaceCallback,
+								  (Datum) 0);
+}
+
+/* The OID of schema idempotency, or InvalidOid; cached until it changes */
+static Oid
+IdemFilterNamespace(void)
+{
+	if (!idem_nsp_cache_valid)
+	{
+		idem_nsp_cache = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+		idem_nsp_cache_valid = true;
+	}
+	return idem_nsp_cache;
+}
+
+static void
+IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	idem_nsp_cache_valid = false;
+}
+
+static bool
+IdemFilterInOurSchema(Oid relid)
+{
+	Oid			nsp = IdemFilterNamespace();
+
+	return OidIsValid(nsp) && get_rel_namespace(relid) == nsp;
+}
+
+/*
+ * IdemFilterExecutorStart: a statement that writes into a relation of
+ * schema idempotency, not run by this library, is an external write.
+ */
+static void
+IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags)
+{
+	if (filter_shared != NULL && own_sql_depth == 0 &&
+		queryDesc->operation != CMD_SELECT &&
+		(eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0 &&
+		queryDesc->plannedstmt != NULL)
+	{
+		ListCell   *lc;
+
+		foreach(lc, queryDesc->plannedstmt->resultRelations)
+		{
+			RangeTblEntry *rte = rt_fetch(lfirst_int(lc),
+										  queryDesc->plannedstmt->rtable);
+
+			if (rte->rtekind == RTE_RELATION && IdemFilterInOurSchema(rte->relid))
+			{
+				IdemFilterNoteExternalWrite();
+				break;
+			}
+		}
+	}
+
+	if (prev_ExecutorStart)
+		prev_ExecutorStart(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+}
+
+/*
+ * IdemFilterProcessUtility: COPY into, or ALTER TABLE (ATTACH PARTITION
+ * among others) of, a relation of schema idempotency, not run by this
+ * library, is an external write; so is CREATE or ALTER SUBSCRIPTION.
+ */
+static void
+IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
+						 bool readOnlyTree, ProcessUtilityContext context,
+						 ParamListInfo params, QueryEnvironment *queryEnv,
+						 DestReceiver *dest, QueryCompletion *qc)
+{
+	Node	   *parsetree = pstmt->utilityStmt;
+
+	if (filter_shared != NULL && own_sql_depth == 0)
+	{
+		RangeVar   *target = NULL;
+
+		if (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from)
+			target = ((CopyStmt *) parsetree)->relation;
+		else if (IsA(parsetree, AlterTableStmt))
+			target = ((AlterTableStmt *) parsetree)->relation;
+		else if (IsA(parsetree, CreateSubscriptionStmt) ||
+				 IsA(parsetree, AlterSubscriptionStmt))
+			IdemFilterNoteExternalWrite();
+
+		if (target != NULL)
+		{
+			Oid			relid = RangeVarGetRelid(target, NoLock, true);
+
+			if (OidIsValid(relid) && IdemFilterInOurSchema(relid))
+				IdemFilterNoteExternalWrite();
+		}
+	}
+
+	if (prev_ProcessUtility)
+		prev_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+							params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
+
+/*
+ * IdemFilterNoteExternalWrite makes every filter of this database
+ * UNUSABLE, and keeps filters from being built anywhere until the current
+ * transaction ends: its rows may go anywhere in the ledgers, and no filter
+ * holds them.
+ */
+static void
+IdemFilterNoteExternalWrite(void)
+{
+	int			i;
+
+	if (my_external_busy == 0)
+		pg_atomic_fetch_add_u32(&filter_shared->external_busy, 1);
+	my_external_busy = 1;
+	pg_atomic_fetch_add_u64(&filter_shared->external_seq, 1);
+	pg_memory_barrier();
+
+	for (i = 0; i < filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = &filter_slots[i];
+		uint32		state = pg_atomic_read_u32(&slot->state);
+
+		if ((state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING) &&
+			slot->db == MyDatabaseId)
+			pg_atomic_write_u32(&slot->state, IDEM_FILTER_UNUSABLE);
+	}
+}
+
+static void
+IdemFilterXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			/* (a prepared transaction's rows are in the heap by now) */
+			if (my_external_busy > 0 && filter_shared != NULL)
+				pg_atomic_fetch_sub_u32(&filter_shared->external_busy, 1);
+			my_external_busy = 0;
+			own_sql_depth = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * IdemFilterOwnSql brackets SQL this library runs itself (partition DDL,
+ * the stream statements): the hooks let it through.  Pass true before,
+ * false after (also on error: see the callers' PG_FINALLY).
+ */
+void
+IdemFilterOwnSql(bool begin)
+{
+	if (begin)
+		own_sql_depth++;
+	else if (own_sql_depth > 0)
+		own_sql_depth--;
+}
+
+/* ----------------------------------------------------------------
+ * Finding a partition's filter
+ * ----------------------------------------------------------------
+ */
+
+/* filters apply to current (not legacy) lanes, on a primary, when preloaded */
+static inline bool
+IdemFilterUsable(int16 lane)
+{
+	return filter_shared != NULL && !IdemLaneIsLegacy(lane) &&
+		!RecoveryInProgress();
+}
+
+/*
+ * IdemFilterFind returns the slot of partition "relid" of this database and
+ * its incarnation, or NULL if it has none.  The local cache answers
+ * without a lock while nothing was taken or freed since it looked.
+ */
+static IdemFilterSlot *
+IdemFilterFind(Oid relid, uint64 *incarnation)
+{
+	IdemFilterLocal *local;
+	bool		found;
+
+	if (filter_local == NULL)
+	{
+		HASHCTL		info;
+
+		memset(&info, 0, sizeof(info));
+		info.keysize = sizeof(Oid);
+		info.entrysize = sizeof(IdemFilterLocal);
+		info.hcxt = TopMemoryContext;
+		filter_local = hash_create("idempotency filter cache", 64, &info,
+								   HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+
+	local = hash_search(filter_local, &relid, HASH_ENTER, &found);
+	if (found)
+	{
+		if (local->slot >= 0)
+		{
+			IdemFilterSlot *slot = &filter_slots[local->slot];
+
+			if (pg_atomic_read_u64(&slot->incarnation) == local->incarnation)
+			{
+				*incarnation = local->incarnation;
+				return slot;
+			}
+		}
+		else if (pg_atomic_read_u64(&filter_shared->generation) == local->absent_gen)
+			return NULL;
+	}
+
+	/* look it up */
+	{
+		IdemFilterKey key;
+		IdemFilterEntry *entry;
+
+		key.db = MyDatabaseId;
+		key.relid = relid;
+		LWLockAcquire(filter_shared->lock, LW_SHARED);
+		entry = hash_search(filter_hash, &key, HASH_FIND, NULL);
+		if (entry != NULL)
+		{
+			local->slot = entry->slot;
+			local->incarnation =
+				pg_atomic_read_u64(&filter_slots[entry->slot].incarnation);
+		}
+		else
+		{
+			local->slot = -1;
+			local->absent_gen = pg_atomic_read_u64(&filter_shared->generation);
+		}
+		LWLockRelease(filter_shared->lock);
+	}
+	if (local->slot < 0)
+		return NULL;
+	*incarnation = local->incarnation;
+	return &filter_slots[local->slot];
+}
+
+/* ----------------------------------------------------------------
+ * Bits
+ * ----------------------------------------------------------------
+ */
+
+/* 64 bits of a digest for segment "seg": bytes 4-11, mixed */
+static inline uint64
+IdemFilterHash(const pg_uuid_t *digest, int seg)
+{
+	uint64		x;
+
+	memcpy(&x, digest->data + IDEM_DIGEST_PREFIX_LEN, sizeof(x));
+	x ^= (uint64) (seg + 1) * UINT64CONST(0x9E3779B97F4A7C15);
+	x ^= x >> 33;
+	x *= UINT64CONST(0xFF51AFD7ED558CCD);
+	x ^= x >> 33;
+	x *= UINT64CONST(0xC4CEB9FE1A85EC53);
+	x ^= x >> 33;
+	return x;
+}
+
+/* the first word of the block a hash selects in a segment */
+static inline pg_atomic_uint32 *
+IdemFilterBlock(const IdemFilterSegment *seg, uint64 h)
+{
+	uint32		nblocks = seg->npages * IDEM_FILTER_PAGE_BLOCKS;
+	uint32		block = (uint32) (h >> 32) & (nblocks - 1);
+
+	return filter_pages + (Size) seg->first_page * IDEM_FILTER_PAGE_WORDS +
+		(Size) block * IDEM_FILTER_BLOCK_WORDS;
+}
+
+/* does segment "seg" have every bit of this digest? */
+static inline bool
+IdemFilterSegmentHas(const IdemFilterSegment *seg, int segno,
+					 const pg_uuid_t *digest)
+{
+	uint64		h = IdemFilterHash(digest, segno);
+	pg_atomic_uint32 *block = IdemFilterBlock(seg, h);
+	uint32		a = (uint32) h & (IDEM_FILTER_BLOCK_BITS - 1);
+	uint32		b = (((uint32) h >> 9) & (IDEM_FILTER_BLOCK_BITS - 1)) | 1;
+	int			i;
+
+	for (i = 0; i < IDEM_FILTER_K; i++)
+	{
+		uint32		bit = (a + i * b) & (IDEM_FILTER_BLOCK_BITS - 1);
+
+		if ((pg_atomic_read_u32(&block[bit >> 5]) & ((uint32) 1 << (bit & 31))) == 0)
+			return false;
+	}
+	return true;
+}
+
+static inline void
+IdemFilterSegmentSet(const IdemFilterSegment *seg, int segno,
+					 const pg_uuid_t *digest)
+{
+	uint64		h = IdemFilterHash(digest, segno);
+	pg_atomic_uint32 *block = IdemFilterBlock(seg, h);
+	uint32		a = (uint32) h & (IDEM_FILTER_BLOCK_BITS - 1);
+	uint32		b = (((uint32) h >> 9) & (IDEM_FILTER_BLOCK_BITS - 1)) | 1;
+	int			i;
+
+	for (i = 0; i < IDEM_FILTER_K; i++)
+	{
+		uint32		bit = (a + i * b) & (IDEM_FILTER_BLOCK_BITS - 1);
+		uint32		mask = (uint32) 1 << (bit & 31);
+
+		if ((pg_atomic_read_u32(&block[bit >> 5]) & mask) == 0)
+			pg_atomic_fetch_or_u32(&block[bit >> 5], mask);
+	}
+}
+
+/* tests every segment: false means the digest was never added */
+static bool
+IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest)
+{
+	uint32		nseg = pg_atomic_read_u32(&slot->nsegments);
+	uint32		s;
+
+	pg_read_barrier();
+	for (s = 0; s < nseg; s++)
+	{
+		if (IdemFilterSegmentHas(&slot->seg[s], s, digest))
+			return true;
+	}
+	return false;
+}
+
+/*
+ * IdemFilterAddTo adds a digest to the last segment of a slot, adding a
+ * segment when that one is full; if the pool has no room, the slot
+ * becomes UNUSABLE.  Never raises an error: the row is already written.
+ */
+static void
+IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
+{
+	for (;;)
+	{
+		uint32		nseg = pg_atomic_read_u32(&slot->nsegments);
+		IdemFilterSegment *seg;
+
+		pg_read_barrier();
+		if (nseg == 0)
+			return;				/* being freed */
+		seg = &slot->seg[nseg - 1];
+		if (pg_atomic_fetch_add_u32(&seg->count, 1) < seg->capacity)
+		{
+			IdemFilterSegmentSet(seg, nseg - 1, digest);
+			return;
+		}
+
+		/* full: the next segment, unless another backend added it */
+		LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
+		if (pg_atomic_read_u32(&slot->nsegments) == nseg &&
+			!IdemFilterAddSegment(slot, (uint64) seg->capacity * 2))
+		{
+			pg_atomic_write_u32(&slot->state, IDEM_FILTER_UNUSABLE);
+			LWLockRelease(filter_shared->lock);
+			return;
+		}
+		LWLockRelease(filter_shared->lock);
+	}
+}
+
+/*
+ * IdemFilterAddSegment gives a slot a new, zeroed segment for "items"
+ * digests, published last.  Returns false if the pool has no room or the
+ * slot has all its segments.  Called with the lock held exclusively.
+ */
+static bool
+IdemFilterAddSegment(IdemFilterSlot *slot, uint64 items)
+{
+	uint32		nseg = pg_atomic_read_u32(&slot->nsegments);
+	uint64		want = (items + IDEM_FILTER_PAGE_ITEMS - 1) / IDEM_FILTER_PAGE_ITEMS;
+	uint32		npages = 1;
+	uint32		first;
+	IdemFilterSegment *seg;
+
+	if (nseg >= IDEM_FILTER_MAX_SEGMENTS)
+		return false;
+	while (npages < want && npages <= (uint32) filter_shared->npages / 2)
+		npages *= 2;
+	if (npages > (uint32) filter_shared->npages)
+		return false;
+
+	/* the first aligned run of npages free pages */
+	for (first = 0; first + npages <= (uint32) filter_shared->npages; first += npages)
+	{
+		uint32		p;
+
+		for (p = first; p < first + npages; p++)
+			if (filter_page_map[p / 64] & ((uint64) 1 << (p % 64)))
+				break;
+		if (p == first + npages)
+			break;
+	}
+	if (first + npages > (uint32) filter_shared->npages)
+		return false;
+
+	{
+		uint32		p;
+
+		for (p = first; p < first + npages; p++)
+			filter_page_map[p / 64] |= (uint64) 1 << (p % 64);
+	}
+	memset(filter_pages + (Size) first * IDEM_FILTER_PAGE_WORDS, 0,
+		   (Size) npages * IDEM_FILTER_PAGE_BYTES);
+	seg = &slot->seg[nseg];
+	seg->first_page = first;
+	seg->npages = npages;
+	seg->capacity = (uint32) Min((uint64) npages * IDEM_FILTER_PAGE_ITEMS,
+								 (uint64) PG_UINT32_MAX / 2);
+	pg_atomic_init_u32(&seg->count, 0);
+	pg_write_barrier();
+	pg_atomic_write_u32(&slot->nsegments, nseg + 1);
+	return true;
+}
+
+/*
+ * IdemFilterTake gives partition "relid" of this database a slot in state
+ * "state", sized for "hint" digests, replacing any slot it had.  Returns
+ * the slot, or -1 if there is no room (the partition then has no filter).
+ */
+static int
+IdemFilterTake(Oid relid, int16 lane, int ledger, IdemFilterState state,
+			   uint64 hint)
+{
+	IdemFilterKey key;
+	IdemFilterEntry *entry;
+	bool		found;
+	int			s;
+	IdemFilterSlot *slot;
+
+	key.db = MyDatabaseId;
+	key.relid = relid;
+	LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
+	entry = hash_search(filter_hash, &key, HASH_FIND, NULL);
+	if (entry != NULL)
+	{
+		IdemFilterFreeSlot(entry->slot);
+		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
+	}
+	if (filter_shared->nfree == 0)
+	{
+		LWLockRelease(filter_shared->lock);
+		return -1;
+	}
+	s = filter_freelist[--filter_shared->nfree];
+	slot = &filter_slots[s];
+	slot->db = MyDatabaseId;
+	slot->relid = relid;
+	slot->lane = lane;
+	slot->ledger = (uint8) ledger;
+	slot->made_at = GetCurrentTimestamp();
+	pg_atomic_write_u32(&slot->nsegments, 0);
+	/* a smaller first segment if the pool has no run that long */
+	hint = Max(hint, 1);
+	while (!IdemFilterAddSegment(slot, hint))
+	{
+		if (hint <= IDEM_FILTER_PAGE_ITEMS)
+		{
+			filter_freelist[filter_shared->nfree++] = s;
+			LWLockRelease(filter_shared->lock);
+			return -1;
+		}
+		hint /= 2;
+	}
+	pg_atomic_write_u32(&slot->state, state);
+	pg_atomic_write_u64(&slot->incarnation,
+						pg_atomic_fetch_add_u64(&filter_shared->next_incarnation, 1));
+	entry = hash_search(filter_hash, &key, HASH_ENTER_NULL, &found);
+	if (entry == NULL)
+	{
+		IdemFilterFreeSlot(s);
+		LWLockRelease(filter_shared->lock);
+		return -1;
+	}
+	entry->slot = s;
+	pg_memory_barrier();
+	pg_atomic_fetch_add_u64(&filter_shared->generation, 1);
+	LWLockRelease(filter_shared->lock);
+	return s;
+}
+
+/*
+ * IdemFilterFreeSlot returns a slot and its pages to the pool; the caller
+ * removes its hash entry.  The incarnation changes first, so that a
+ * backend reading the slot meanwhile notices.  Called with the lock held
+ * exclusively.
+ */
+static void
+IdemFilterFreeSlot(int s)
+{
+	IdemFilterSlot *slot = &filter_slots[s];
+	uint32		nseg = pg_atomic_read_u32(&slot->nsegments);
+	uint32		i;
+
+	pg_atomic_write_u64(&slot->incarnation,
+						pg_atomic_fetch_add_u64(&filter_shared->next_incarnation, 1));
+	pg_atomic_write_u32(&slot->state, IDEM_FILTER_FREE);
+	pg_atomic_write_u32(&slot->nsegments, 0);
+	pg_memory_barrier();
+	for (i = 0; i < nseg; i++)
+	{
+		uint32		p;
+
+		for (p = slot->seg[i].first_page;
+			 p < slot->seg[i].first_page + slot->seg[i].npages; p++)
+			filter_page_map[p / 64] &= ~((uint64) 1 << (p % 64));
+	}
+	slot->relid = InvalidOid;
+	slot->db = InvalidOid;
+	filter_freelist[filter_shared->nfree++] = s;
+	pg_atomic_fetch_add_u64(&filter_shared->generation, 1);
+}
+
+/*
+ * IdemFilterSizeHint: how many digests a new partition of this ledger and
+ * layout will likely take: the most any filter of the same database,
+ * ledger and layout holds now (partitions of one layout cover equal time).
+ */
+static uint64
+IdemFilterSizeHint(Oid db, int ledger, int16 lane)
+{
+	uint64		most = 0;
+	int			i;
+
+	LWLockAcquire(filter_shared->lock, LW_SHARED);
+	for (i = 0; i < filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = &filter_slots[i];
+		uint32		nseg;
+		uint64		n = 0;
+		uint32		s;
+
+		if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE ||
+			slot->db != db || slot->ledger != ledger ||
+			IdemLaneLanes(slot->lane) != IdemLaneLanes(lane) ||
+			IdemLaneIsFar(slot->lane) != IdemLaneIsFar(lane))
+			continue;
+		nseg = pg_atomic_read_u32(&slot->nsegments);
+		for (s = 0; s < nseg; s++)
+			n += Min(pg_atomic_read_u32(&slot->seg[s].count), slot->seg[s].capacity);
+		most = Max(most, n);
+	}
+	LWLockRelease(filter_shared->lock);
+	return most + most / 4;
+}
+
+/* ----------------------------------------------------------------
+ * What the protocol calls
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * IdemFilterRulesOut: is it certain that partition "relid" (of lane value
+ * "lane") holds no row with this digest?  False whenever that is not known
+ * (no filter, not READY, a standby, no preload).
+ */
+bool
+IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest)
+{
+	IdemFilterSlot *slot;
+	uint64		incarnation;
+	bool		has;
+
+	if (!IdemFilterUsable(lane))
+		return false;
+	slot = IdemFilterFind(relid, &incarnation);
+	if (slot == NULL || pg_atomic_read_u32(&slot->state) != IDEM_FILTER_READY)
+		return false;
+	has = IdemFilterTest(slot, digest);
+	pg_read_barrier();
+	/* freed meanwhile (its pages may hold another filter's bits): no answer */
+	if (pg_atomic_read_u64(&slot->incarnation) != incarnation ||
+		pg_atomic_read_u32(&slot->state) != IDEM_FILTER_READY)
+		return false;
+	return !has;
+}
+
+/*
+ * IdemFilterAdd notes that a row with this digest was just written into
+ * partition "relid" (of lane value "lane").  Called after the row's heap
+ * and index inserts, with the key lock held.
+ */
+void
+IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest)
+{
+	IdemFilterSlot *slot;
+	uint64		incarnation;
+	uint32		state;
+
+	if (!IdemFilterUsable(lane))
+		return;
+	/* the row is in place before we look for its partition's slot */
+	pg_memory_barrier();
+	slot = IdemFilterFind(relid, &incarnation);
+	if (slot == NULL)
+		return;
+	state = pg_atomic_read_u32(&slot->state);
+	if (state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING)
+		IdemFilterAddTo(slot, digest);
+}
+
+/*
+ * IdemFilterCreated gives a partition this transaction just made (and
+ * nobody else can see yet) an empty READY filter, sized like its siblings.
+ */
+void
+IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
+{
+	if (!IdemFilterUsable(lane) || !OidIsValid(relid))
+		return;
+	(void) IdemFilterTake(relid, lane, ledger, IDEM_FILTER_READY,
+						  Max(IdemFilterSizeHint(MyDatabaseId, ledger, lane),
+							  IDEM_FILTER_PAGE_ITEMS));
+}
+
+/* IdemFilterForget frees the filter of a partition that was dropped */
+void
+IdemFilterForget(Oid relid)
+{
+	IdemFilterKey key;
+	IdemFilterEntry *entry;
+
+	if (filter_shared == NULL)
+		return;
+	key.db = MyDatabaseId;
+	key.relid = relid;
+	LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
+	entry = hash_search(filter_hash, &key, HASH_FIND, NULL);
+	if (entry != NULL)
+	{
+		IdemFilterFreeSlot(entry->slot);
+		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
+	}
+	LWLockRelease(filter_shared->lock);
+}
+
+/* ----------------------------------------------------------------
+ * Building (the background worker)
+ * ----------------------------------------------------------------
+ */
+
+/* does this database have a logical replication subscription? */
+static bool
+IdemFilterHasSubscription(void)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	ScanKeyData key;
+	bool		has;
+
+	rel = table_open(SubscriptionRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_subscription_subdbid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(MyDatabaseId));
+	scan = systable_beginscan(rel, InvalidOid, false, NULL, 1, &key);
+	has = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	return has;
+}
+
+/*
+ * IdemFilterBuildPartition builds the filter of one partition from its
+ * heap (see the top of the file).  Returns true if it became READY.
+ */
+static bool
+IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
+{
+	Relation	rel;
+	TableScanDesc scan;
+	HeapTuple	tuple;
+	uint64		seq;
+	int			s;
+	IdemFilterSlot *slot;
+	uint64		hint;
+	uint32		expected = IDEM_FILTER_FILLING;
+	uint64		n = 0;
+
+	if (!ConditionalLockRelationOid(part->relid, AccessShareLock))
+		return false;
+	rel = try_relation_open(part->relid, NoLock);
+	if (rel == NULL)
+		return false;
+	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(rel)->natts))
+	{
+		relation_close(rel, AccessShareLock);
+		return false;
+	}
+
+	/* no external writer may be running from here to the end */
+	seq = pg_atomic_read_u64(&filter_shared->external_seq);
+	pg_memory_barrier();
+	if (pg_atomic_read_u32(&filter_shared->external_busy) > 0)
+	{
+		relation_close(rel, AccessShareLock);
+		return false;
+	}
+
+	/* published before the scan: writers add to it from now on */
+	hint = (uint64) RelationGetNumberOfBlocks(rel) *
+		(ledger == IDEM_LEDGER_MESSAGES ? 128 : 48);
+	s = IdemFilterTake(part->relid, part->lane, ledger, IDEM_FILTER_FILLING,
+					   Max(hint, IDEM_FILTER_PAGE_ITEMS));
+	if (s < 0)
+	{
+		relation_close(rel, AccessShareLock);
+		return false;
+	}
+	slot = &filter_slots[s];
+
+	/* every tuple version: live, dead or in progress */
+	scan = table_beginscan(rel, SnapshotAny, 0, NULL);
+	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tuple, Anum_ledger_digest,
+									 RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			IdemFilterAddTo(slot, DatumGetUUIDP(d));
+		if ((++n & 4095) == 0)
+			CHECK_FOR_INTERRUPTS();
+	}
+	table_endscan(scan);
+	relation_close(rel, AccessShareLock);
+
+	pg_memory_barrier();
+	if (pg_atomic_read_u64(&filter_shared->external_seq) != seq)
+	{
+		pg_atomic_compare_exchange_u32(&slot->state, &expected,
+									   IDEM_FILTER_UNUSABLE);
+		return false;
+	}
+	return pg_atomic_compare_exchange_u32(&slot->state, &expected,
+										  IDEM_FILTER_READY);
+}
+
+/*
+ * IdemFilterBuildDatabase, run by the background worker after each
+ * maintenance round: frees the filters of this database's partitions that
+ * are gone, and builds those its live partitions lack (or that became
+ * UNUSABLE), unless the database has a subscription.  Returns how many it
+ * built.
+ */
+int
+IdemFilterBuildDatabase(void)
+{
+	int			built = 0;
+	int			ledger;
+	int			i;
+	List	   *all = NIL;
+	ListCell   *lc;
+
+	if (filter_shared == NULL || RecoveryInProgress())
+		return 0;
+
+	if (IdemFilterHasSubscription())
+	{
+		IdemFilterNoteExternalWrite();
+		return 0;
+	}
+
+	AcceptInvalidationMessages();
+	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+	{
+		if (!IdemLedgerDefined(ledger) ||
+			!OidIsValid(IdemLedgerParent(ledger, false)))
+			continue;
+		foreach(lc, IdemAllPartitions(ledger))
+		{
+			IdemPartition *p = (IdemPartition *) lfirst(lc);
+
+			all = lappend_oid(all, p->relid);
+			if (IdemLaneIsLegacy(p->lane) ||
+				p->upper <= GetCurrentTransactionStartTimestamp())
+				continue;
+			{
+				uint64		incarnation;
+				IdemFilterSlot *slot = IdemFilterFind(p->relid, &incarnation);
+				uint32		state = slot ? pg_atomic_read_u32(&slot->state) : IDEM_FILTER_FREE;
+
+				if (state == IDEM_FILTER_READY)
+					continue;
+				/* FILLING: a build that did not finish (an error) */
+			}
+			if (IdemFilterBuildPartition(ledger, p))
+				built++;
+		}
+	}
+
+	/* free the slots of this database whose partition is gone */
+	for (i = 0; i < filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = &filter_slots[i];
+		Oid			relid = slot->relid;
+
+		if (pg_atomic_read_u32(&slot->state) != IDEM_FILTER_FREE &&
+			slot->db == MyDatabaseId && !list_member_oid(all, relid))
+			IdemFilterForget(relid);
+	}
+	return built;
+}
+
+/*
+ * IdemFilterForgetDatabases frees the filters of databases that are gone
+ * (called by the launcher with the databases it lists).
+ */
+void
+IdemFilterForgetDatabases(const Oid *dbs, int ndbs)
+{
+	int			i;
+
+	if (filter_shared == NULL)
+		return;
+	LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = &filter_slots[i];
+		IdemFilterKey key;
+		int			d;
+
+		if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE)
+			continue;
+		for (d = 0; d < ndbs; d++)
+			if (dbs[d] == slot->db)
+				break;
+		if (d < ndbs)
+			continue;
+		key.db = slot->db;
+		key.relid = slot->relid;
+		IdemFilterFreeSlot(i);
+		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
+	}
+	LWLockRelease(filter_shared->lock);
+}
+
+/* ----------------------------------------------------------------
+ * idempotency.filter_info()
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * idempotency.filter_info(OUT partition regclass, OUT state text,
+ *						   OUT digests bigint, OUT capacity bigint,
+ *						   OUT bytes bigint, OUT segments int)
+ *		RETURNS SETOF record
+ *
+ * The digest filters of this database's partitions.  Without preload, or
+ * with idempotency.filter_memory = 0, no rows.
+ */
+Datum
+idem_filter_info(PG_FUNCTION_ARGS)
+{
+	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	int			i;
+
+	IdemCheckLibraryVersion();
+	InitMaterializedSRF(fcinfo, 0);
+	if (filter_shared == NULL)
+		return (Datum) 0;
+
+	LWLockAcquire(filter_shared->lock, LW_SHARED);
+	for (i = 0; i < filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = &filter_slots[i];
+		uint32		state = pg_atomic_read_u32(&slot->state);
+		uint32		nseg;
+		uint32		s;
+		int64		digests = 0;
+		int64		capacity = 0;
+		int64		bytes = 0;
+		Datum		values[6];
+		bool		nulls[6] = {false, false, false, false, false, false};
+
+		if (state == IDEM_FILTER_FREE || slot->db != MyDatabaseId)
+			continue;
+		nseg = pg_atomic_read_u32(&slot->nsegments);
+		for (s = 0; s < nseg; s++)
+		{
+			digests += Min(pg_atomic_read_u32(&slot->seg[s].count),
+						   slot->seg[s].capacity);
+			capacity += slot->seg[s].capacity;
+			bytes += (int64) slot->seg[s].npages * IDEM_FILTER_PAGE_BYTES;
+		}
+		values[0] = ObjectIdGetDatum(slot->relid);
+		values[1] = CStringGetTextDatum(filter_state_names[state]);
+		values[2] = Int64GetDatum(digests);
+		values[3] = Int64GetDatum(capacity);
+		values[4] = Int64GetDatum(bytes);
+		values[5] = Int32GetDatum((int32) nseg);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	LWLockRelease(filter_shared->lock);
+	return (Datum) 0;
+}
