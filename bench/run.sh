@@ -586,8 +586,9 @@ ratio_rounds() {  # numvariant numfactor denvariant denfactor -> "median|r1 r2 r
 # The server-side cost above the round-trip floor: per round, the time per
 # transaction (1/tps) above the floor's, the extension's over the raw SQL's:
 # (1/tps_ext - 1/tps_floor) / (1/tps_raw - 1/tps_floor).  NA in a round
-# where a side failed, or where the raw SQL was no slower than the floor (the
-# denominator is not positive: nothing above the floor to compare with).
+# where a side failed, NA(raw<=floor) where the raw SQL was no slower than
+# the floor (the denominator is not positive: nothing above the floor to
+# compare with); the median skips both.
 floor_rounds() {  # extvariant rawvariant floorvariant -> "median|r1 r2 r3"
     local e=$1 w=$2 f=$3 r list=()
     for r in $(seq 1 "$ROUNDS"); do
@@ -595,7 +596,7 @@ floor_rounds() {  # extvariant rawvariant floorvariant -> "median|r1 r2 r3"
                       -v re="$_BENCH_NUM" 'BEGIN{
             if (e !~ re || w !~ re || f !~ re || e <= 0 || w <= 0 || f <= 0) { print "NA"; exit }
             d = 1 / w - 1 / f
-            if (d <= 0) { print "NA"; exit }
+            if (d <= 0) { print "NA(raw<=floor)"; exit }
             printf "%.4g\n", (1 / e - 1 / f) / d }')")
     done
     printf '%s|%s' "$(median "${list[@]}")" "${list[*]}"
@@ -690,6 +691,7 @@ if [ ${#FLOOR_ROWS[@]} -gt 0 ] && any_of "${FLOOR_ALL[*]}" "${VARIANTS[*]}"; the
     say "$(printf '  %-16s %10s %10s %10s %12s %12s %12s' workload floor raw ext "raw - floor" "ext - floor" "floor / raw")"
     for row in "${FLOOR_ROWS[@]}"; do
         read -r wl e w f <<<"$row"
+        in_list "$f" "${VARIANTS[*]}" || continue
         uf=$(usec "$(med "$f")"); uw=$(usec "$(med "$w")"); ue=$(usec "$(med "$e")")
         say "$(printf '  %-16s %10s %10s %10s %12s %12s %12s' "$wl" "$uf" "$uw" "$ue" \
             "$(awk -v a="$uw" -v b="$uf" 'BEGIN{ if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }')" \
