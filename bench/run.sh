@@ -501,12 +501,12 @@ fi
 # batches: WAL_CALLS / 1000 transactions) on one client with pgbench -t, and
 # the WAL the cluster inserted meanwhile, pg_current_wal_insert_lsn() after
 # minus before, divided by the calls.  Bytes do not depend on the load: one
-# client on a busy machine measures them as well as any.  For this phase full_page_writes is off
-# (the figure is the records a call writes, not the page images the first
-# change of a page after a checkpoint adds, which depend on when checkpoints
-# come) and autovacuum is off (running workers cancelled), so that nothing
-# but the variant writes; both are reset afterwards.  The floors write
-# nothing: their figure is the background's share.
+# client on a busy machine measures them as well as any.  For this phase
+# full_page_writes is off (the figure is the records a call writes, not the
+# page images the first change of a page after a checkpoint adds, which
+# depend on when checkpoints come) and autovacuum is off (running workers
+# cancelled), so that nothing but the variant writes; both are reset
+# afterwards.  The floors write nothing: their figure is the background's.
 declare -A WAL=() WAL_N=()   # variant -> WAL bytes per call (per id for the batches) | calls
 wal_phase() {
     local v n ids lsn0 lsn1 bytes t
