@@ -83,6 +83,10 @@ pct() {
 #       counted for bench_status
 #   info LABEL VALUE [NOTE]
 #       a figure printed in the same layout, not judged
+#   aim LABEL VALUE OP TARGET [NOTE]
+#       an aim (a figure an issue would like, short of a goal): judged by
+#       the same rule and printed in the same layout, its note starting
+#       with "aim", and not counted for bench_status
 #   bench_judge VERDICT
 #       count a verdict computed with "verdict" (for a script that prints
 #       its own table)
@@ -121,6 +125,11 @@ check() {
 }
 info() {
     _bench_line "$1" "$2" "" "" info "${3:-}"
+}
+aim() {
+    local v
+    v=$(verdict "$2" "$3" "$4") || die "aim '$1': bad operator '$3'"
+    _bench_line "$1" "$2" "$3" "$4" "$v" "aim${5:+; $5}"
 }
 bench_status() {
     if [ "$BENCH_NOT_PASSED" = 0 ]; then

@@ -17,12 +17,14 @@
 #   BENCH_STORAGE_ROWS  ids inserted for the storage bar (0 = skip) [1000000/2000]
 #   BENCH_REPLAY_KEYS   completed keys per design for the replay variants [100000/1000]
 #   BENCH_PERF_SECONDS  perf profile of the consume path (0 = skip) [10/0]
+#   BENCH_WAL_CALLS     calls per variant in the WAL phase (0 = skip) [5000/200]
 #   BENCH_BUILD         auto|1|0: make install first (auto = if root) [auto]
 #   BENCH_REV           build this git revision (git archive) instead of the working tree []
 #   BENCH_PRELOAD       1 = shared_preload_libraries='idempotency' [0]
 #   BENCH_PORT          server port (unix socket only)             [54401]
 #   BENCH_KEEP          1 = keep the temp dir (cluster stopped)    [0]
-#   BENCH_VARIANTS      run only these variants (space-separated names, see README) [all]
+#   BENCH_VARIANTS      run only these variants (space-separated names, see README); the
+#                       round-trip floor (floor_stmt, floor_txn) of a pair of them is added [all]
 #   BENCH_PERF_VARIANTS variants to profile                         [idem_p2 idem_batch keys_idem]
 #   BENCH_EXTRA         1 = also plain 1000-row batch and the batch on 24 partitions (+~2 min) [0]
 #   PGBIN               PostgreSQL binaries     [PG_CONFIG's bin dir, else /usr/lib/postgresql/15/bin]
@@ -83,6 +85,7 @@ WARMUP=${BENCH_WARMUP:-$(bench_size 2 0)}
 NROWS=${BENCH_STORAGE_ROWS:-$(bench_size 1000000 2000)}
 REPLAY_KEYS=${BENCH_REPLAY_KEYS:-$(bench_size 100000 1000)}
 PERF_SECS=${BENCH_PERF_SECONDS:-$(bench_size 10 0)}
+WAL_CALLS=${BENCH_WAL_CALLS:-$(bench_size 5000 200)}
 BUILD=${BENCH_BUILD:-auto}
 PRELOAD=${BENCH_PRELOAD:-0}
 KEEP=${BENCH_KEEP:-0}
@@ -104,7 +107,7 @@ rm -f "$RESDIR/build-latest.log"
 
 T0=$(date +%s)
 # shellcheck disable=SC2016 # the single quotes are part of the command line shown
-CMDLINE="${BENCH_SMOKE:+BENCH_SMOKE=$BENCH_SMOKE }BENCH_SECONDS=$SECS BENCH_ROUNDS=$ROUNDS BENCH_WARMUP=$WARMUP BENCH_STORAGE_ROWS=$NROWS BENCH_REPLAY_KEYS=$REPLAY_KEYS BENCH_PERF_SECONDS=$PERF_SECS BENCH_PRELOAD=$PRELOAD BENCH_EXTRA=$EXTRA${BENCH_GROUP:+ BENCH_GROUP=$GROUP}${ONLY:+ BENCH_VARIANTS='$ONLY'}${BENCH_PERF_VARIANTS:+ BENCH_PERF_VARIANTS='$PERF_VARIANTS'}${REV:+ BENCH_REV=$REV}${BENCH_BUILD:+ BENCH_BUILD=$BUILD}${BENCH_PORT:+ BENCH_PORT=$PORT}${PGBIN_SET:+ PGBIN=$PGBIN} bash bench/run.sh"
+CMDLINE="${BENCH_SMOKE:+BENCH_SMOKE=$BENCH_SMOKE }BENCH_SECONDS=$SECS BENCH_ROUNDS=$ROUNDS BENCH_WARMUP=$WARMUP BENCH_STORAGE_ROWS=$NROWS BENCH_REPLAY_KEYS=$REPLAY_KEYS BENCH_PERF_SECONDS=$PERF_SECS BENCH_WAL_CALLS=$WAL_CALLS BENCH_PRELOAD=$PRELOAD BENCH_EXTRA=$EXTRA${BENCH_GROUP:+ BENCH_GROUP=$GROUP}${ONLY:+ BENCH_VARIANTS='$ONLY'}${BENCH_PERF_VARIANTS:+ BENCH_PERF_VARIANTS='$PERF_VARIANTS'}${REV:+ BENCH_REV=$REV}${BENCH_BUILD:+ BENCH_BUILD=$BUILD}${BENCH_PORT:+ BENCH_PORT=$PORT}${PGBIN_SET:+ PGBIN=$PGBIN} bash bench/run.sh"
 PGB_OPTS=(-n -M prepared -c "$CLIENTS" -j "$THREADS")
 
 OUT=$LATEST
@@ -119,6 +122,14 @@ export PG_CONFIG=$PGBIN/pg_config
 MSG_ALL=(plain_insert plain_func idem_p2 idem_p24 idem_p48 idem_batch idem_batch24 plain_batch)
 MSG_EXTRA=" idem_batch24 plain_batch "
 KEY_ALL=(keys_raw keys_plpgsql keys_idem replay_plpgsql replay_idem)
+# The round-trip floors: statements that do no work, with the shape of a
+# workload (floor_stmt: one statement, as consume and replay; floor_txn:
+# BEGIN, two statements, COMMIT, as claim + complete).  A floor is measured,
+# in every round like the others, when both sides of a pair it is the floor
+# of are (FLOOR_PAIRS: floor ext raw), or when BENCH_VARIANTS names it.
+FLOOR_ALL=(floor_stmt floor_txn)
+FLOOR_PAIRS=("floor_stmt idem_p2 plain_insert" "floor_txn keys_idem keys_raw"
+             "floor_stmt replay_idem replay_plpgsql")
 EXT_MSG=" idem_p2 idem_p24 idem_p48 idem_batch idem_batch24 "   # need the extension
 EXT_KEY=" keys_idem replay_idem "                                 # need idem_claim/idem_complete
 case $GROUP in
@@ -128,23 +139,32 @@ case $GROUP in
     *)        die "BENCH_GROUP='$GROUP': use all, messages or keys" ;;
 esac
 for w in $ONLY; do
-    case " ${MSG_ALL[*]} ${KEY_ALL[*]} " in *" $w "*) ;;
-        *) die "BENCH_VARIANTS: unknown variant '$w' (known: ${MSG_ALL[*]} ${KEY_ALL[*]})" ;; esac
+    case " ${MSG_ALL[*]} ${KEY_ALL[*]} ${FLOOR_ALL[*]} " in *" $w "*) ;;
+        *) die "BENCH_VARIANTS: unknown variant '$w' (known: ${MSG_ALL[*]} ${KEY_ALL[*]} ${FLOOR_ALL[*]})" ;; esac
 done
-VARIANTS=()
-for v in "${CAND[@]}"; do
-    if [ -n "$ONLY" ]; then
-        case " $ONLY " in *" $v "*) VARIANTS+=("$v") ;; esac
-    else
-        case "$MSG_EXTRA" in *" $v "*) [ "$EXTRA" = 1 ] || continue ;; esac
-        VARIANTS+=("$v")
-    fi
-done
-[ ${#VARIANTS[@]} -gt 0 ] || die "BENCH_GROUP=$GROUP BENCH_VARIANTS='$ONLY' selects nothing"
 in_list() { case " $2 " in *" $1 "*) return 0 ;; esac; return 1; }   # word list
 any_of() {  # "list A" "list B" -> true if some word of A is in B
     local w; for w in $1; do in_list "$w" "$2" && return 0; done; return 1
 }
+SEL=" "
+for v in "${CAND[@]}"; do
+    if [ -n "$ONLY" ]; then
+        in_list "$v" "$ONLY" && SEL+="$v "
+    else
+        case "$MSG_EXTRA" in *" $v "*) [ "$EXTRA" = 1 ] || continue ;; esac
+        SEL+="$v "
+    fi
+done
+for p in "${FLOOR_PAIRS[@]}"; do
+    read -r fl ext rw <<<"$p"
+    { in_list "$ext" "$SEL" && in_list "$rw" "$SEL"; } || in_list "$fl" "$ONLY" || continue
+    in_list "$fl" "$SEL" || SEL+="$fl "
+done
+VARIANTS=()   # in round order: floor_stmt first, floor_txn before the key group
+for v in floor_stmt "${MSG_ALL[@]}" floor_txn "${KEY_ALL[@]}"; do
+    in_list "$v" "$SEL" && VARIANTS+=("$v")
+done
+[ ${#VARIANTS[@]} -gt 0 ] || die "BENCH_GROUP=$GROUP BENCH_VARIANTS='$ONLY' selects nothing"
 
 for b in initdb pg_ctl psql pgbench; do
     [ -x "$PGBIN/$b" ] || die "$PGBIN/$b not found (set PGBIN)"
@@ -314,15 +334,18 @@ declare -A V_DB=( [plain_insert]=bench_plain [plain_func]=bench_plainfn [idem_p2
                   [idem_p24]=bench_p24 [idem_p48]=bench_p48 [idem_batch]=bench_batch
                   [idem_batch24]=bench_batch24 [plain_batch]=bench_plainbatch
                   [keys_idem]=bench_keys [keys_raw]=bench_keysraw [keys_plpgsql]=bench_keyspl
-                  [replay_idem]=bench_replay [replay_plpgsql]=bench_replay )
+                  [replay_idem]=bench_replay [replay_plpgsql]=bench_replay
+                  [floor_stmt]=bench_floor [floor_txn]=bench_floor )
 declare -A V_SQL=( [plain_insert]=plain_insert.sql [plain_func]=plain_func.sql [idem_p2]=idem_single.sql
                    [idem_p24]=idem_single.sql [idem_p48]=idem_single.sql [idem_batch]=idem_batch.sql
                    [idem_batch24]=idem_batch.sql [plain_batch]=plain_batch.sql
                    [keys_idem]=keys_idem.sql [keys_raw]=keys_raw.sql [keys_plpgsql]=keys_plpgsql.sql
-                   [replay_idem]=replay_idem.sql [replay_plpgsql]=replay_plpgsql.sql )
+                   [replay_idem]=replay_idem.sql [replay_plpgsql]=replay_plpgsql.sql
+                   [floor_stmt]=floor_stmt.sql [floor_txn]=floor_txn.sql )
 declare -A V_IDS=( [plain_insert]=1 [plain_func]=1 [idem_p2]=1 [idem_p24]=1 [idem_p48]=1 [idem_batch]=1000
                    [idem_batch24]=1000 [plain_batch]=1000
-                   [keys_idem]=1 [keys_raw]=1 [keys_plpgsql]=1 [replay_idem]=1 [replay_plpgsql]=1 )
+                   [keys_idem]=1 [keys_raw]=1 [keys_plpgsql]=1 [replay_idem]=1 [replay_plpgsql]=1
+                   [floor_stmt]=1 [floor_txn]=1 )
 declare -A V_LABEL=( [plain_insert]="(a) plain INSERT .. ON CONFLICT"
                      [plain_func]="(b) plain_consume() PL/pgSQL"
                      [idem_p2]="idem_consume_message, 1d/1d"
@@ -335,7 +358,9 @@ declare -A V_LABEL=( [plain_insert]="(a) plain INSERT .. ON CONFLICT"
                      [keys_plpgsql]="keys (b) pl_claim+pl_complete"
                      [keys_idem]="keys idem_claim+idem_complete"
                      [replay_plpgsql]="replay (b) pl_claim, completed key"
-                     [replay_idem]="replay idem_claim, completed key" )
+                     [replay_idem]="replay idem_claim, completed key"
+                     [floor_stmt]="floor: SELECT 1"
+                     [floor_txn]="floor: BEGIN; SELECT 1 x2; COMMIT" )
 
 # drop the variants whose extension side is not usable (their bars are SKIP)
 keep=()
@@ -369,6 +394,7 @@ for v in "${VARIANTS[@]}"; do
         bench_keysraw|bench_keyspl) mkdb_plain "$db" setup_keys_plain.sql ;;
         bench_replay)             note "  filling bench_replay (replay_fill.sql: $REPLAY_KEYS completed keys per design) ..."
                                   mkdb_replay "$db" ;;
+        bench_floor)              qval postgres "CREATE DATABASE $db" >/dev/null ;;   # the floors touch no table
         *) die "no set-up for database $db" ;;
     esac
 done
@@ -376,9 +402,10 @@ done
 # ---------------------------------------------------------------- pgbench runs
 declare -A TPS=()
 
-run_pgbench() {   # variant seconds tag -> echoes tps or ERR
-    local v=$1 secs=$2 tag=$3 out rc=0 tps failed
-    out=$(cluster_run "$C" pgbench "${PGB_OPTS[@]}" -T "$secs" -D replay_keys="$REPLAY_KEYS" \
+run_pgbench() {   # variant tag pgbench-option... -> echoes tps or ERR
+    local v=$1 tag=$2 out rc=0 tps failed
+    shift 2
+    out=$(cluster_run "$C" pgbench "$@" -D replay_keys="$REPLAY_KEYS" \
              -f "$WORK/sql/${V_SQL[$v]}" "${V_DB[$v]}" 2>&1) || rc=$?
     {
         echo "=== $tag $v db=${V_DB[$v]} script=${V_SQL[$v]} rc=$rc"
@@ -404,16 +431,16 @@ RUN_STORAGE=0
 [ "$NROWS" -gt 0 ] && [ "$MSG_RUN" = 1 ] && RUN_STORAGE=1   # storage belongs to the message group
 EST=$(( NV * (WARMUP + SECS * ROUNDS) + NPERF * (PERF_SECS + 6) ))
 note "variants: ${VARIANTS[*]}"
-note "measuring: $NV variants x $ROUNDS rounds x ${SECS}s (+ warm-up ${WARMUP}s each), $NPERF perf profiles; ~${EST}s of pgbench$([ "$RUN_STORAGE" = 1 ] && echo ", then storage")"
+note "measuring: $NV variants x $ROUNDS rounds x ${SECS}s (+ warm-up ${WARMUP}s each), $NPERF perf profiles; ~${EST}s of pgbench$([ "$WAL_CALLS" -gt 0 ] && echo ", then WAL per call")$([ "$RUN_STORAGE" = 1 ] && echo ", then storage")"
 
 if [ "$WARMUP" -gt 0 ]; then
-    for v in "${VARIANTS[@]}"; do run_pgbench "$v" "$WARMUP" warmup >/dev/null; done
+    for v in "${VARIANTS[@]}"; do run_pgbench "$v" warmup "${PGB_OPTS[@]}" -T "$WARMUP" >/dev/null; done
 fi
 
 raw "# raw: round variant database tps ids_per_second"
 for r in $(seq 1 "$ROUNDS"); do
     for v in "${VARIANTS[@]}"; do
-        t=$(run_pgbench "$v" "$SECS" "round$r")
+        t=$(run_pgbench "$v" "round$r" "${PGB_OPTS[@]}" -T "$SECS")
         TPS[$v,$r]=$t
         ids=$(mul "$t" "${V_IDS[$v]}")
         raw "raw round=$r variant=$v db=${V_DB[$v]} tps=$t ids_per_s=$ids"
@@ -469,6 +496,46 @@ if [ "$EXT_OK" = 1 ] && [ "$PERF_SECS" -gt 0 ]; then
     fi
 fi
 
+# ---------------------------------------------------------------- WAL per call
+# Each variant alone, after the timed rounds: WAL_CALLS calls (ids, for the
+# batches: WAL_CALLS / 1000 transactions) on one client with pgbench -t, and
+# the WAL the cluster inserted meanwhile, pg_current_wal_insert_lsn() after
+# minus before, divided by the calls.  Bytes do not depend on the load: one
+# client on a busy machine measures them as well as any.  For this phase
+# full_page_writes is off (the figure is the records a call writes, not the
+# page images the first change of a page after a checkpoint adds, which
+# depend on when checkpoints come) and autovacuum is off (running workers
+# cancelled), so that nothing but the variant writes; both are reset
+# afterwards.  The floors write nothing: their figure is the background's.
+declare -A WAL=() WAL_N=()   # variant -> WAL bytes per call (per id for the batches) | calls
+wal_phase() {
+    local v n ids lsn0 lsn1 bytes t
+    note "WAL per call: $WAL_CALLS calls of each variant, one client (full_page_writes and autovacuum off) ..."
+    q postgres -c "ALTER SYSTEM SET full_page_writes = off" -c "ALTER SYSTEM SET autovacuum = off" \
+               -c "SELECT pg_reload_conf()" >/dev/null
+    for _ in $(seq 1 30); do   # the checkpointer applies full_page_writes on its reload; workers end on cancel
+        sleep 1
+        [ "$(qval postgres "SELECT count(pg_cancel_backend(pid)) FROM pg_stat_activity
+                             WHERE backend_type = 'autovacuum worker'")" = 0 ] && break
+    done
+    for v in "${VARIANTS[@]}"; do
+        ids=${V_IDS[$v]}
+        n=$(( (WAL_CALLS + ids - 1) / ids ))
+        WAL_N[$v]=$(( n * ids ))
+        lsn0=$(qval postgres "SELECT pg_current_wal_insert_lsn()")
+        t=$(run_pgbench "$v" wal -n -M prepared -c 1 -j 1 -t "$n")
+        lsn1=$(qval postgres "SELECT pg_current_wal_insert_lsn()")
+        bytes=$(qval postgres "SELECT pg_wal_lsn_diff('$lsn1', '$lsn0')")
+        [ "$t" = ERR ] && bytes=ERR
+        WAL[$v]=$(awk -v b="$bytes" -v n="${WAL_N[$v]}" 'BEGIN{ if (b == "ERR") print b; else printf "%.1f", b / n }')
+        raw "raw wal variant=$v db=${V_DB[$v]} transactions=$n calls=${WAL_N[$v]} bytes=$bytes bytes_per_call=${WAL[$v]}"
+        note "  wal  $(printf '%-14s %8s calls %10s bytes per call' "$v" "${WAL_N[$v]}" "${WAL[$v]}")"
+    done
+    q postgres -c "ALTER SYSTEM RESET full_page_writes" -c "ALTER SYSTEM RESET autovacuum" \
+               -c "SELECT pg_reload_conf()" >/dev/null
+}
+[ "$WAL_CALLS" -gt 0 ] && wal_phase
+
 # ---------------------------------------------------------------- storage
 ST_PLAIN=; ST_IDEM=
 if [ "$RUN_STORAGE" = 1 ]; then
@@ -516,6 +583,27 @@ ratio_rounds() {  # numvariant numfactor denvariant denfactor -> "median|r1 r2 r
     done
     printf '%s|%s' "$(median "${list[@]}")" "${list[*]}"
 }
+# The server-side cost above the round-trip floor: per round, the time per
+# transaction (1/tps) above the floor's, the extension's over the raw SQL's:
+# (1/tps_ext - 1/tps_floor) / (1/tps_raw - 1/tps_floor).  NA in a round
+# where a side failed, NA(raw<=floor) where the raw SQL was no slower than
+# the floor (the denominator is not positive: nothing above the floor to
+# compare with); the median skips both.
+floor_rounds() {  # extvariant rawvariant floorvariant -> "median|r1 r2 r3"
+    local e=$1 w=$2 f=$3 r list=()
+    for r in $(seq 1 "$ROUNDS"); do
+        list+=("$(awk -v e="${TPS[$e,$r]:-ERR}" -v w="${TPS[$w,$r]:-ERR}" -v f="${TPS[$f,$r]:-ERR}" \
+                      -v re="$_BENCH_NUM" 'BEGIN{
+            if (e !~ re || w !~ re || f !~ re || e <= 0 || w <= 0 || f <= 0) { print "NA"; exit }
+            d = 1 / w - 1 / f
+            if (d <= 0) { print "NA(raw<=floor)"; exit }
+            printf "%.4g\n", (1 / e - 1 / f) / d }')")
+    done
+    printf '%s|%s' "$(median "${list[@]}")" "${list[*]}"
+}
+usec() {  # tps -> microseconds per transaction (NA stays NA)
+    awk -v t="$1" -v re="$_BENCH_NUM" 'BEGIN{ if (t !~ re || t <= 0) print "NA"; else printf "%.1f", 1e6 / t }'
+}
 
 GITREV=$SRCDESC
 T1=$(date +%s)
@@ -556,6 +644,11 @@ bar() {
         info "$label" "$val" "${per:+rounds: $per}"
     fi
 }
+aim_bar() {  # LABEL "ratio|per-round ratios" OP TARGET: an aim of the issue (bench/lib.sh, aim)
+    local label=$1 val=${2%%|*} per=${2#*|}
+    [ "$per" = "$2" ] && per=""
+    aim "$label" "$val" "$3" "$4" "${per:+rounds: $per}"
+}
 hdr=$(printf '%-62s %10s  %-9s %-4s  %s' "bar (ratio = median over rounds of per-round ratios)" "ratio" "target" "result" "")
 say "$hdr"
 say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
@@ -570,6 +663,7 @@ bar "idem_consume_messages x1000 / plain INSERT..SELECT x1000"     "$(ratio_roun
 bar "idem_consume_messages x1000: 24 parts / 2 parts"             "$(ratio_rounds idem_batch24 1 idem_batch 1)"
 fi
 bar "(b) plain_consume() / (a) plain INSERT"                       "$(ratio_rounds plain_func 1 plain_insert 1)"
+aim_bar "above the floor: consume / (a) plain INSERT"             "$(floor_rounds idem_p2 plain_insert floor_stmt)" "<=" 0.8
 fi
 
 if [ "$RUN_STORAGE" = 1 ]; then
@@ -583,6 +677,53 @@ bar "keys: claim+complete / (a) raw SQL insert + update"           "$(ratio_roun
 bar "keys: claim+complete / (b) PL/pgSQL pl_claim+pl_complete"     "$(ratio_rounds keys_idem 1 keys_plpgsql 1)"  ">=" 1.4
 bar "keys: replay (completed key) / (b) PL/pgSQL replay"           "$(ratio_rounds replay_idem 1 replay_plpgsql 1)" ">=" 1.5
 bar "keys: (b) PL/pgSQL design / (a) raw SQL"                      "$(ratio_rounds keys_plpgsql 1 keys_raw 1)"
+aim_bar "above the floor: claim+complete / (a) raw SQL"           "$(floor_rounds keys_idem keys_raw floor_txn)" "<=" 0.8
+aim_bar "above the floor: replay / (b) PL/pgSQL replay"           "$(floor_rounds replay_idem replay_plpgsql floor_stmt)" "<=" 0.8
+fi
+
+# the floor pairs in time per transaction, for reading the aims
+FLOOR_ROWS=()
+[ "$MSG_RUN" = 1 ] && FLOOR_ROWS+=("consume idem_p2 plain_insert floor_stmt")
+[ "$KEY_RUN" = 1 ] && FLOOR_ROWS+=("claim+complete keys_idem keys_raw floor_txn" "replay replay_idem replay_plpgsql floor_stmt")
+if [ ${#FLOOR_ROWS[@]} -gt 0 ] && any_of "${FLOOR_ALL[*]}" "${VARIANTS[*]}"; then
+    say ""
+    say "time per transaction, 1e6 / median tps (us of the machine per transaction at $CLIENTS clients, not latency):"
+    say "$(printf '  %-16s %10s %10s %10s %12s %12s %12s' workload floor raw ext "raw - floor" "ext - floor" "floor / raw")"
+    for row in "${FLOOR_ROWS[@]}"; do
+        read -r wl e w f <<<"$row"
+        in_list "$f" "${VARIANTS[*]}" || continue
+        uf=$(usec "$(med "$f")"); uw=$(usec "$(med "$w")"); ue=$(usec "$(med "$e")")
+        say "$(printf '  %-16s %10s %10s %10s %12s %12s %12s' "$wl" "$uf" "$uw" "$ue" \
+            "$(awk -v a="$uw" -v b="$uf" 'BEGIN{ if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }')" \
+            "$(awk -v a="$ue" -v b="$uf" 'BEGIN{ if (a == "NA" || b == "NA") print "NA"; else printf "%.1f", a - b }')" \
+            "$(div "$uf" "$uw")")"
+    done
+fi
+
+# WAL per call
+if [ "$WAL_CALLS" -gt 0 ]; then
+    say ""
+    say "WAL per call (pg_current_wal_insert_lsn() after - before $WAL_CALLS calls of each variant on one client,"
+    say "pgbench -t, after the rounds; full_page_writes and autovacuum off for the phase; batches: per id):"
+    say "$(printf '  %-38s %8s %12s' variant calls "bytes/call")"
+    for v in "${VARIANTS[@]}"; do
+        say "$(printf '  %-38s %8s %12s' "${V_LABEL[$v]}" "${WAL_N[$v]:-}" "${WAL[$v]:-NA}")"
+    done
+    walr() { div "${WAL[$1]:-NA}" "${WAL[$2]:-NA}"; }   # NA where the denominator wrote nothing
+    if [ "$MSG_RUN" = 1 ]; then
+        info "WAL per call: consume / (a) plain INSERT"                  "$(walr idem_p2 plain_insert)"
+        info "WAL per call: consume / (b) plain_consume() PL/pgSQL"      "$(walr idem_p2 plain_func)"
+        info "WAL per id: batch x1000 / single consume"                  "$(walr idem_batch idem_p2)"
+        if in_list plain_batch "${VARIANTS[*]}"; then
+        info "WAL per id: batch x1000 / plain INSERT..SELECT x1000"      "$(walr idem_batch plain_batch)"
+        fi
+    fi
+    if [ "$KEY_RUN" = 1 ]; then
+        info "WAL per call: claim+complete / (a) raw SQL"                "$(walr keys_idem keys_raw)"
+        info "WAL per call: claim+complete / (b) PL/pgSQL"               "$(walr keys_idem keys_plpgsql)"
+        info "WAL per call: replay / (b) PL/pgSQL replay"                "$(walr replay_idem replay_plpgsql)" \
+             "bytes per call: ${WAL[replay_idem]:-NA} vs ${WAL[replay_plpgsql]:-NA}"
+    fi
 fi
 
 # storage details
