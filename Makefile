@@ -26,8 +26,19 @@ PROVE_TESTS = $(sort $(wildcard test/t/*.pl))
 
 TEST_PORT ?= 54391
 TEST_PORT_ISO ?= 54392
+TEST_PORT_ISO_PRELOAD ?= 54393
 
-EXTRA_CLEAN = tmp_check_regress tmp_check_iso output_iso results regression.diffs regression.out
+# The isolation specs a second time, on a server that preloads the library
+# (test/idempotency-preload.conf): the digest filters of src/filter.c exist
+# only in shared memory.  Same expected/, its own instance, port and
+# output_iso_preload/; ISOLATION= turns both passes off, ISOLATION_PRELOAD=
+# this one only.
+ISOLATION_PRELOAD = $(ISOLATION)
+ISOLATION_PRELOAD_OPTS = --temp-config=test/idempotency-preload.conf \
+	--temp-instance=./tmp_check_iso_preload --port=$(TEST_PORT_ISO_PRELOAD)
+
+EXTRA_CLEAN = tmp_check_regress tmp_check_iso output_iso results regression.diffs regression.out \
+	tmp_check_iso_preload output_iso_preload
 
 PG_CPPFLAGS = -I$(srcdir)/src -DIDEM_VERSION=\"$(EXTVERSION)\"
 
@@ -66,6 +77,17 @@ endif
 .PHONY: dist
 dist:
 	bash $(srcdir)/tools/dist.sh
+
+ifdef ISOLATION_PRELOAD
+installcheck: installcheck-isolation-preload
+endif
+.PHONY: installcheck-isolation-preload
+installcheck-isolation-preload:
+	echo "+++ isolation install-check, library preloaded +++" && \
+	$(top_builddir)/src/test/isolation/pg_isolation_regress \
+	    --inputdir=$(srcdir) --outputdir=output_iso_preload \
+	    --bindir='$(bindir)' $(pg_regress_locale_flags) $(EXTRA_REGRESS_OPTS) \
+	    $(ISOLATION_PRELOAD_OPTS) $(ISOLATION_PRELOAD)
 
 # every object depends on the shared headers
 $(OBJS): src/idempotency.h src/compat.h

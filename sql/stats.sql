@@ -29,6 +29,14 @@ SELECT has_table_privilege('pg_monitor', 'idempotency.stats', 'SELECT') AS monit
        has_table_privilege('public', 'idempotency.stats', 'SELECT') AS public_reads,
        has_function_privilege('public', 'idempotency.stats_reset()', 'EXECUTE') AS public_resets;
 
+-- the digest filters: none without preloading (nor their setting,
+-- idempotency.filter_memory, which only a preloaded library defines)
+SELECT count(*) AS filters FROM idempotency.filter_info();
+SELECT has_function_privilege('pg_monitor', 'idempotency.filter_info()', 'EXECUTE') AS monitor_lists,
+       has_function_privilege('public', 'idempotency.filter_info()', 'EXECUTE') AS public_lists;
+SELECT count(*) AS filter_memory_settings
+  FROM pg_settings WHERE name = 'idempotency.filter_memory';
+
 -- idempotency.naptime: seconds, 1 s .. 1 day, only in postgresql.conf
 SELECT name, setting, unit, context, min_val, max_val
   FROM pg_settings WHERE name = 'idempotency.naptime';

@@ -331,7 +331,11 @@ IdemFilterShmemInit(void)
 								&info, HASH_ELEM | HASH_BLOBS);
 }
 
-/* IdemFilterDefineSettings defines idempotency.filter_memory (_PG_init) */
+/*
+ * IdemFilterDefineSettings defines idempotency.filter_memory (_PG_init,
+ * only while shared_preload_libraries is processed: a PGC_POSTMASTER
+ * setting cannot be defined later, and means nothing without preloading)
+ */
 void
 IdemFilterDefineSettings(void)
 {

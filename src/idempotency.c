@@ -134,7 +134,9 @@ _PG_init(void)
 							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
-	IdemFilterDefineSettings();
+	/* a server-start setting: defined only while preloading */
+	if (process_shared_preload_libraries_in_progress)
+		IdemFilterDefineSettings();
 
 	MarkGUCPrefixReserved("idempotency");
 

@@ -287,6 +287,8 @@ suite_isolation() {
 	[ "$rc" -eq 0 ] && return 0
 	show_file "$WORK/output_iso/regression.diffs" 1000
 	show_file "$WORK/tmp_check_iso/log/postmaster.log" 100
+	show_file "$WORK/output_iso_preload/regression.diffs" 1000
+	show_file "$WORK/tmp_check_iso_preload/log/postmaster.log" 100
 	return "$rc"
 }
 
@@ -510,6 +512,8 @@ suite_cassert() {
 		isolation)
 			show_file "$CASSERT_WORK/output_iso/regression.diffs" 1000
 			show_file "$CASSERT_WORK/tmp_check_iso/log/postmaster.log" 100
+			show_file "$CASSERT_WORK/output_iso_preload/regression.diffs" 1000
+			show_file "$CASSERT_WORK/tmp_check_iso_preload/log/postmaster.log" 100
 			;;
 		tap)
 			for f in "$CASSERT_WORK"/tmp_check/log/*; do

@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(72);
+SELECT plan(75);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -125,6 +125,12 @@ SELECT ok(has_function_privilege('pg_monitor', 'idempotency.partition_info()', '
           'pg_monitor can execute idempotency.partition_info()');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.partition_info()', 'EXECUTE'),
           'an ordinary role cannot execute idempotency.partition_info()');
+SELECT has_function('idempotency', 'filter_info', ARRAY[]::name[],
+                    'function idempotency.filter_info() exists');
+SELECT ok(has_function_privilege('pg_monitor', 'idempotency.filter_info()', 'EXECUTE'),
+          'pg_monitor can execute idempotency.filter_info()');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.filter_info()', 'EXECUTE'),
+          'an ordinary role cannot execute idempotency.filter_info()');
 
 ----------------------------------------------------------------------------
 -- Storage table, made on first use

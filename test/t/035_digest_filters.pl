@@ -1,0 +1,250 @@
+
+# test/t/035_digest_filters.pl -- the digest filters (src/filter.c) never
+# hide a row: a call skips a partition only if no row of its key can be
+# there, whatever wrote the rows and whenever.
+#
+#   - partitions the extension makes are born with a READY filter, and
+#     every row written through the extension is in its partition's filter;
+#   - after a restart (shared memory lost) rows are still found, before and
+#     after maintenance builds the filters again from the heap, also while
+#     other sessions write into the partitions being built;
+#   - rows written by other means (COPY, INSERT ... SELECT as a superuser)
+#     make the database's filters UNUSABLE at once, and the next build
+#     includes them;
+#   - a database with a logical replication subscription gets no filters;
+#   - a pool too small for every partition leaves some without one, and
+#     every answer stays right; idempotency.filter_memory = 0 turns them off.
+#
+# Each check asserts what the protocol promises (a redelivered id answers
+# false, a completed key replays), which a filter that missed a row would
+# break; the filters' own state is read from idempotency.filter_info().
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+my $node = PostgreSQL::Test::Cluster->new('filters');
+$node->init;
+$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.naptime = '1d'
+idempotency.filter_memory = '8MB'
+log_min_messages = warning
+});
+$node->start;
+$node->safe_psql('postgres', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+});
+
+# every live partition the extension made has a READY filter
+sub filter_states
+{
+	my ($db) = @_;
+	return $node->safe_psql($db // 'postgres', q{
+		SELECT coalesce(string_agg(state || '=' || n, ' ' ORDER BY state), 'none')
+		  FROM (SELECT state, count(*) AS n FROM idempotency.filter_info() GROUP BY 1) s});
+}
+is($node->safe_psql('postgres', q{SELECT setting || unit || ' ' || context FROM pg_settings
+	WHERE name = 'idempotency.filter_memory'}), '8192kB postmaster',
+	'idempotency.filter_memory: set in postgresql.conf, kB, at server start');
+my $live = $node->safe_psql('postgres', q{
+	SELECT count(*) FROM idempotency.partitions WHERE NOT expired});
+is(filter_states(), "ready=$live",
+	'every live partition the extension made has a READY filter');
+
+# ids and keys written through the extension
+sub write_batch
+{
+	my ($db, $prefix, $from, $to) = @_;
+	return $node->safe_psql($db, qq{
+		SELECT count(*) FROM idem_consume_messages('c',
+			ARRAY(SELECT '$prefix' || g FROM generate_series($from, $to) g))});
+}
+is(write_batch('postgres', 'm', 1, 20000), '20000', '20,000 new ids consumed');
+$node->safe_psql('postgres', q{
+	DO $$
+	BEGIN
+		FOR i IN 1 .. 300 LOOP
+			PERFORM idem_claim('k' || i, '{"n": 1}');
+			PERFORM idem_complete('k' || i, 201, '{"ok": true}');
+		END LOOP;
+	END $$});
+
+# the answers every later check compares with: nothing consumed twice,
+# every key replayed
+sub check_answers
+{
+	my ($what, $db, $prefix, $n) = @_;
+	$db //= 'postgres';
+	$prefix //= 'm';
+	$n //= 20000;
+	is(write_batch($db, $prefix, 1, $n), '0',
+		"$what: every redelivered id answers false");
+	is($node->safe_psql($db, q{
+		SELECT count(*) FROM generate_series(1, 300) g,
+			LATERAL idem_claim('k' || g, '{"n": 1}') c
+		 WHERE c.status <> 'completed' OR c.response_code <> 201}), '0',
+		"$what: every completed key replays its response")
+	  if $db eq 'postgres';
+}
+check_answers('with the filters made with the partitions');
+ok($node->safe_psql('postgres', q{
+	SELECT sum(digests) FROM idempotency.filter_info()}) >= 20300,
+	'the filters hold every digest written');
+
+# a restart loses the filters; rows are found without them, then with the
+# ones maintenance builds from the heap
+$node->restart;
+check_answers('after a restart');
+$node->safe_psql('postgres', 'SELECT idem_maintain()');
+is(filter_states(), "ready=$live", 'maintenance builds a filter for every live partition');
+check_answers('with the filters built from the heap');
+
+# builds while other sessions write into the partitions being built: each
+# writer consumes its own new ids in many small transactions; after the
+# build, every id any of them consumed must answer false
+$node->restart;
+my @writers;
+foreach my $w (1 .. 2)
+{
+	my $h = $node->background_psql('postgres', on_error_stop => 1);
+	$h->query_until(qr/started/, qq{
+		\\echo started
+		DO \$\$
+		BEGIN
+			FOR i IN 1 .. 4000 LOOP
+				PERFORM idem_consume_message('c', 'w$w-' || i);
+				COMMIT;
+			END LOOP;
+		END \$\$;
+	});
+	push @writers, $h;
+}
+foreach (1 .. 3)
+{
+	$node->safe_psql('postgres', 'SELECT idem_maintain()');
+}
+$_->quit foreach @writers;
+$node->safe_psql('postgres', 'SELECT idem_maintain()');
+is(filter_states(), "ready=$live", 'every filter is READY after builds under concurrent writes');
+foreach my $w (1 .. 2)
+{
+	is(write_batch('postgres', "w$w-", 1, 4000), '0',
+		"writer $w: every id it consumed while filters were built answers false");
+}
+check_answers('after builds under concurrent writes');
+
+# rows written by other means: another database's ledger rows, copied in
+# with COPY and with INSERT ... SELECT as a superuser
+my $dump = $node->basedir . '/ext_rows.copy';
+$node->safe_psql('postgres', qq{
+	SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'x' || g FROM generate_series(1, 500) g));
+	COPY (SELECT * FROM idempotency.messages WHERE digest IN
+			(SELECT digest FROM idempotency.export_messages(ARRAY['c'])
+			  WHERE digest NOT IN (SELECT digest FROM idempotency.messages m2 WHERE false)))
+		TO '$dump';
+});
+$node->safe_psql('postgres', q{CREATE DATABASE other});
+$node->safe_psql('other', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+});
+is(write_batch('other', 'y', 1, 100), '100', 'the other database takes its own ids');
+like(filter_states('other'), qr/^ready=\d+$/, 'its filters are READY');
+my $copy = $node->background_psql('other', on_error_stop => 1);
+$copy->query_safe(qq{
+	BEGIN;
+	COPY idempotency.messages FROM '$dump';
+});
+like(filter_states('other'), qr/^unusable=\d+$/,
+	'a COPY into the ledger makes every filter of the database UNUSABLE at once');
+$node->safe_psql('other', 'SELECT idem_maintain()');
+like(filter_states('other'), qr/^unusable=\d+$/,
+	'no filter is built while the transaction that ran the COPY is open');
+$copy->query_safe('COMMIT');
+$copy->quit;
+is(write_batch('other', 'x', 1, 500), '0', 'the copied ids are found');
+$node->safe_psql('other', 'SELECT idem_maintain()');
+like(filter_states('other'), qr/^ready=\d+$/, 'once the COPY has ended, maintenance builds them again');
+is(write_batch('other', 'x', 1, 500), '0', 'the copied ids are in the rebuilt filters');
+
+# INSERT ... SELECT by a superuser, in a third database
+$node->safe_psql('postgres', q{CREATE DATABASE third});
+$node->safe_psql('third', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+	CREATE TABLE saved (LIKE idempotency.messages);
+});
+$node->safe_psql('third', qq{COPY saved FROM '$dump'});
+$node->safe_psql('third', q{INSERT INTO idempotency.messages SELECT * FROM saved});
+like(filter_states('third'), qr/^unusable=\d+$/, 'an INSERT into the ledger makes the filters UNUSABLE');
+is(write_batch('third', 'x', 1, 500), '0', 'ids inserted by hand are found');
+
+# a subscription: no filters in its database while it exists
+$node->safe_psql('postgres', q{SET client_min_messages = error; CREATE PUBLICATION everything FOR ALL TABLES});
+my $connstr = $node->connstr('postgres');
+$node->safe_psql('third', qq{
+	CREATE SUBSCRIPTION sub CONNECTION \$c\$$connstr\$c\$ PUBLICATION everything
+		WITH (connect = false, enabled = false, create_slot = false, slot_name = NONE)});
+$node->safe_psql('third', 'SELECT idem_maintain()');
+unlike(filter_states('third'), qr/ready/, 'no filter is READY in a database with a subscription');
+is(write_batch('third', 'x', 1, 500), '0', 'the ids are still found');
+$node->safe_psql('third', q{DROP SUBSCRIPTION sub});
+$node->safe_psql('third', 'SELECT idem_maintain()');
+like(filter_states('third'), qr/^ready=\d+$/, 'filters come back once the subscription is gone');
+is(write_batch('third', 'x', 1, 500), '0', 'and hold the ids inserted by hand');
+
+# a pool too small for every partition: some go without, answers stay right
+$node->stop;
+my $small = PostgreSQL::Test::Cluster->new('small');
+$small->init;
+$small->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.naptime = '1d'
+idempotency.filter_memory = '64kB'
+log_min_messages = warning
+});
+$small->start;
+$small->safe_psql('postgres', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+});
+is($small->safe_psql('postgres', q{
+	SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 's' || g FROM generate_series(1, 30000) g))}),
+	'30000', 'a small pool: 30,000 new ids consumed');
+my $without = $small->safe_psql('postgres', q{
+	SELECT count(*) FROM idempotency.partitions p
+	 WHERE NOT expired
+	   AND NOT EXISTS (SELECT FROM idempotency.filter_info() f
+					   WHERE f.partition = p.partition AND f.state = 'ready')});
+ok($without > 0, "a small pool: $without live partitions have no usable filter");
+is($small->safe_psql('postgres', q{
+	SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 's' || g FROM generate_series(1, 30000) g))}),
+	'0', 'a small pool: every redelivered id answers false');
+$small->stop;
+
+# idempotency.filter_memory = 0: no filters at all
+my $off = PostgreSQL::Test::Cluster->new('off');
+$off->init;
+$off->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.filter_memory = 0
+log_min_messages = warning
+});
+$off->start;
+$off->safe_psql('postgres', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+	SELECT count(*) FROM idem_consume_messages('c', ARRAY['a', 'b']);
+});
+is($off->safe_psql('postgres', 'SELECT count(*) FROM idempotency.filter_info()'), '0',
+	'filter_memory = 0: no filters');
+is($off->safe_psql('postgres', q{SELECT count(*) FROM idem_consume_messages('c', ARRAY['a', 'b'])}),
+	'0', 'filter_memory = 0: redeliveries answer false');
+$off->stop;
+
+done_testing();
