@@ -655,6 +655,8 @@ class Model:
         if mine is not None and mine.exp <= self.win_of(c)[0]:
             ch.notes.append("the caller's own row was past its expiry")
         v = mine if mine is not None else self.key_live(w, c, ch, kid)
+        # the committed row this path takes as expired, if any
+        gone = w.keys.get(kid) if mine is None and v is None else None
         # with wait => false and the key lock busy (another statement of the
         # round on the same key holds it), only the caller's own claim or a
         # committed completed key is answered as usual; anything else is
@@ -666,7 +668,17 @@ class Model:
             cands = self.inprog_candidates(w, kid, None) | {None}
             return self.out_inprogress(cands, 'key lock busy')
         if v is None:
-            return self.out_fresh(w, c, kid, ttl, a['lease'], a['fp'], None, 0, 'new or expired key')
+            # a claim decides expiry and writes its token with one clock:
+            # the path that took the row as expired must match that clock
+            # (an expired row and a lapsed lease give the same answer, but
+            # not the same fingerprint or recovery point afterwards)
+            cond = None
+            if gone is not None:
+                e = gone.exp
+                cond = lambda n: None if e <= n else \
+                    f"taken as expired, but the row expires at {e}, after the claim's clock {n}"
+            return self.out_fresh(w, c, kid, ttl, a['lease'], a['fp'], None, 0,
+                                  'new or expired key', clock_ok=cond)
         if v.st != 'r' and a['fp'] is not None and v.fp is not None and v.fp != a['fp']:
             return self.out_fixed(['mismatch', None, None, None, None, v.exp], 'fingerprint differs')
         if v.st == 'c':
@@ -678,8 +690,17 @@ class Model:
                 return self.out_fixed(['in_progress', None, None, None, None, v.exp],
                                       'held, lease running' if v.lease else 'held')
             ch.notes.append('a lease had lapsed')
-            return self.out_fresh(w, c, kid, ttl, a['lease'], v.fp, v.rp, v.tok, 'lease lapsed: takeover')
-        return self.out_fresh(w, c, kid, ttl, a['lease'], a['fp'], v.rp, v.tok, 'released: fresh claim')
+            e, l = v.exp, v.lease
+            return self.out_fresh(w, c, kid, ttl, a['lease'], v.fp, v.rp, v.tok, 'lease lapsed: takeover',
+                                  clock_ok=lambda n: None if l <= n < e else
+                                  f"taken over, but the claim's clock {n} is not in [lease end {l}, expiry {e})")
+        cond = None
+        if mine is None:
+            e = v.exp
+            cond = lambda n: None if n < e else \
+                f"a live released key, but the claim's clock {n} is at or past its expiry {e}"
+        return self.out_fresh(w, c, kid, ttl, a['lease'], a['fp'], v.rp, v.tok, 'released: fresh claim',
+                              clock_ok=cond)
 
     def inprog_candidates(self, w, kid, u):
         cands = set()
@@ -706,9 +727,10 @@ class Model:
         exp = [None if x is None else str(x) for x in row]
         return Ok(f"{row[0]} ({why}) {row[1:]}", check=expect_rows([exp]))
 
-    def out_fresh(self, w, c, kid, ttl, lease, fp, rp, prev, why):
+    def out_fresh(self, w, c, kid, ttl, lease, fp, rp, prev, why, clock_ok=None):
         """A claim that writes a new row: its token and expiry come from its
-        clock, which must lie in the statement's window."""
+        clock, which must lie in the statement's window, and satisfy
+        clock_ok (the path's assumptions about that clock), if given."""
         if prev >= self.MAX_TOKEN:
             return Err('22003', 'no larger fencing token can be issued')
 
@@ -726,6 +748,10 @@ class Model:
             lo, hi = self.win_of(c)
             if not (lo <= n <= hi):
                 return f"claim time {n} (expires_at - ttl) outside the statement's clock [{lo}, {hi}]"
+            if clock_ok is not None:
+                why_not = clock_ok(n)
+                if why_not is not None:
+                    return why_not
             want = max(n - PG_EPOCH_US, prev + 1)
             if tok != want:
                 return f"token {tok}, model {want} (clock {n - PG_EPOCH_US}, previous {prev})"
