@@ -20,7 +20,7 @@
 #   BENCH_WAL_CALLS     calls per variant in the WAL phase (0 = skip) [5000/200]
 #   BENCH_BUILD         auto|1|0: make install first (auto = if root) [auto]
 #   BENCH_REV           build this git revision (git archive) instead of the working tree []
-#   BENCH_PRELOAD       1 = shared_preload_libraries='idempotency' [0]
+#   BENCH_PRELOAD       1 = shared_preload_libraries='idempotency' (the digest filters, as production runs it), 0 = not [1]
 #   BENCH_PORT          server port (unix socket only)             [54401]
 #   BENCH_KEEP          1 = keep the temp dir (cluster stopped)    [0]
 #   BENCH_VARIANTS      run only these variants (space-separated names, see README); the
@@ -87,7 +87,7 @@ REPLAY_KEYS=${BENCH_REPLAY_KEYS:-$(bench_size 100000 1000)}
 PERF_SECS=${BENCH_PERF_SECONDS:-$(bench_size 10 0)}
 WAL_CALLS=${BENCH_WAL_CALLS:-$(bench_size 5000 200)}
 BUILD=${BENCH_BUILD:-auto}
-PRELOAD=${BENCH_PRELOAD:-0}
+PRELOAD=${BENCH_PRELOAD:-1}
 KEEP=${BENCH_KEEP:-0}
 EXTRA=${BENCH_EXTRA:-0}
 ONLY=${BENCH_VARIANTS:-}

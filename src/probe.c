@@ -945,16 +945,24 @@ IdemOpFindTarget(IdemOp *op)
 		}
 	}
 
-	/* left closed by the filter: open it now, if the list still holds */
+	/*
+	 * Left closed by the filter: open it now, if it is still the target
+	 * once locked (locking accepts invalidations: it may have been dropped
+	 * and made again meanwhile; comparing the caches' generation instead
+	 * would never succeed under debug_discard_caches, where every lock
+	 * discards them).
+	 */
 	if (op->nopen < op->capacity && !op->cached)
 	{
-		uint64		generation = IdemPartitionsGeneration();
+		IdemPartition again;
 
 		LockRelationOid(target.relid, op->lockmode);
-		if (generation == IdemPartitionsGeneration())
+		if (IdemPartitionFor(op->ledger, &op->digest.uuid, op->lane, op->far,
+							 op->expires_at, &again) &&
+			again.relid == target.relid)
 		{
-			target.ended = false;
-			IdemOpenPartitionRels(&op->open[op->nopen], op->ledger, &target,
+			again.ended = false;
+			IdemOpenPartitionRels(&op->open[op->nopen], op->ledger, &again,
 								  op->lockmode);
 			op->target = op->nopen++;
 			return true;

@@ -94,7 +94,7 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"digest pg_catalog.uuid NOT NULL, "
 		"role pg_catalog.regrole NOT NULL, "
 		"lane pg_catalog.int2 NOT NULL",
-		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest)",
+		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest) WITH (deduplicate_items = off)",
 		NULL,
 		NULL,
 		"Processed-message ledger of idem_consume_message(); managed by the idempotency extension."
@@ -113,7 +113,7 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"recovery_point pg_catalog.text, "
 		"response_code pg_catalog.int4, "
 		"response_body pg_catalog.jsonb",
-		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest)",
+		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest) WITH (deduplicate_items = off)",
 		/* keep these in step with the update script from 0.3.1 */
 		", kept_key pg_catalog.text, "
 		"kept_scope pg_catalog.text, "
@@ -1055,6 +1055,7 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	TimestampTz lower,
 				upper;
 	StringInfoData name;
+	StringInfoData idxname;
 	StringInfoData sql;
 	struct pg_tm tm;
 	fsec_t		fsec;
@@ -1112,12 +1113,21 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	if (fsec != 0)
 		appendStringInfo(&name, "_%06d", (int) fsec);
 
+	/*
+	 * The digest index without deduplication (a digest almost never
+	 * repeats: the pass before each leaf split finds nothing to merge),
+	 * also under a ledger made before 0.4.0, whose index has it
+	 */
+	initStringInfo(&idxname);
+	appendStringInfo(&idxname, "%s_digest_idx", name.data);
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "CREATE TABLE idempotency.%s (LIKE idempotency.%s INCLUDING ALL); "
+					 "ALTER INDEX IF EXISTS idempotency.%s SET (deduplicate_items = off); "
 					 "ALTER TABLE idempotency.%s ATTACH PARTITION idempotency.%s "
 					 "FOR VALUES FROM (%d, ",
 					 quote_identifier(name.data), def->name,
+					 quote_identifier(idxname.data),
 					 def->name, quote_identifier(name.data), lane);
 	IdemAppendTimestamp(&sql, lower);
 	appendStringInfo(&sql, ") TO (%d, ", lane);
@@ -1129,6 +1139,7 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemRestrictTableAcl(relid);
 	IdemFilterCreated(ledger, relid, lane);
 	pfree(sql.data);
+	pfree(idxname.data);
 	pfree(name.data);
 
 	/* our own ATTACH invalidated the cache; make the next reader see it */
