@@ -19,7 +19,8 @@
  *	  lock when it reads the filter, so it sees the bits of every row of its
  *	  key that could be there.  Updates keep the digest (and the partition).
  *	- A partition the extension makes gets an empty READY filter when it is
- *	  made (IdemFilterCreated), before anyone can write into it.
+ *	  made (IdemFilterCreated), before anyone can write into it, unless an
+ *	  external write (below) is under way or overlaps its making.
  *	- A partition that existed before the server started (or before its
  *	  filter was lost) gets one from the background worker
  *	  (IdemFilterBuildDatabase): the slot is published first, as FILLING,
@@ -29,15 +30,20 @@
  *	  looks for the slot after the insert too: a writer that found no slot
  *	  had inserted before the slot existed, so the heap scan, which starts
  *	  after, sees its row.
- *	- Rows written by anything else (COPY, INSERT or UPDATE by a superuser or
- *	  the storage owner, pg_restore --data-only, ATTACH of a table with rows)
- *	  are noticed by an ExecutorStart and a ProcessUtility hook: at the
- *	  start of such a statement on a relation of schema idempotency, every
- *	  filter of the database becomes UNUSABLE, and no filter is built
- *	  anywhere until the transaction that ran it has ended (external_busy);
- *	  the next maintenance round builds them again.  Logical replication
- *	  applies rows without either hook: a database with a subscription gets
- *	  no filters at all (its CREATE SUBSCRIPTION is noticed the same way).
+ *	- Rows written by anything else (INSERT, UPDATE or MERGE, also in a
+ *	  WITH clause, and COPY FROM, by a superuser or the storage owner;
+ *	  pg_restore --data-only; ATTACH PARTITION to a ledger; moving a
+ *	  partition to another schema) are noticed by an ExecutorStart and a
+ *	  ProcessUtility hook, for a ledger's table or any partition the ledger
+ *	  caches list, in whatever schema: at the start of such a statement,
+ *	  every filter of the database becomes UNUSABLE, and no filter is made
+ *	  READY anywhere until the transaction that ran it has ended
+ *	  (external_busy) nor by a build or creation that such a statement
+ *	  overlapped (external_seq); the next maintenance round builds them
+ *	  again.  Logical replication applies rows without either hook: a
+ *	  database with a subscription gets no filters at all (CREATE and
+ *	  ALTER SUBSCRIPTION count as external writes, so that no filter is
+ *	  made before the new subscription is visible in pg_subscription).
  *	- Standbys never use or build filters (WAL replay writes rows without
  *	  any of the above); a promoted standby builds them on its first
  *	  rounds.  A crash or restart loses them all; the worker builds them
@@ -217,14 +223,19 @@ static void IdemFilterXactCallback(XactEvent event, void *arg);
 static void IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue);
 static bool IdemFilterUsable(int16 lane);
 static IdemFilterSlot *IdemFilterFind(Oid relid, uint64 *incarnation);
-static int	IdemFilterTake(Oid relid, int16 lane, int ledger,
-						   IdemFilterState state, uint64 hint);
+static int	IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
+						   uint64 *incarnation);
+static bool IdemFilterFinish(int s, uint64 incarnation, uint64 seq);
+static bool IdemFilterExternalBusy(uint64 *seq);
 static void IdemFilterFreeSlot(int slot);
 static bool IdemFilterAddSegment(IdemFilterSlot *slot, uint64 items);
 static void IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest);
+static void IdemFilterForgetSlots(Oid db, TimestampTz made_before,
+								  const Oid *keep, int nkeep);
 static bool IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest);
 static void IdemFilterNoteExternalWrite(void);
-static bool IdemFilterInOurSchema(Oid relid);
+static bool IdemFilterIsLedger(Oid relid);
+static bool IdemFilterHasSubscription(void);
 static uint64 IdemFilterSizeHint(Oid db, int ledger, int16 lane);
 
 /* ----------------------------------------------------------------
@@ -386,34 +397,41 @@ IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue)
 	idem_nsp_cache_valid = false;
 }
 
+/*
+ * IdemFilterIsLedger: is relid a ledger's table or one of its partitions
+ * (in whatever schema)?  Nothing to look up in a database without the
+ * extension's schema.
+ */
 static bool
-IdemFilterInOurSchema(Oid relid)
+IdemFilterIsLedger(Oid relid)
 {
-	Oid			nsp = IdemFilterNamespace();
-
-	return OidIsValid(nsp) && get_rel_namespace(relid) == nsp;
+	return OidIsValid(IdemFilterNamespace()) && IdemIsLedgerRelation(relid);
 }
 
 /*
- * IdemFilterExecutorStart: a statement that writes into a relation of
- * schema idempotency, not run by this library, is an external write.
+ * IdemFilterExecutorStart: a statement that may add rows to a ledger (an
+ * INSERT, UPDATE or MERGE, or any statement with one in a WITH clause),
+ * not run by this library, is an external write.  (A DELETE only removes
+ * rows: a filter holding more digests than its partition is still exact.)
  */
 static void
 IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags)
 {
-	if (filter_shared != NULL && own_sql_depth == 0 &&
-		queryDesc->operation != CMD_SELECT &&
+	PlannedStmt *stmt = queryDesc->plannedstmt;
+
+	if (filter_shared != NULL && own_sql_depth == 0 && stmt != NULL &&
 		(eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0 &&
-		queryDesc->plannedstmt != NULL)
+		(queryDesc->operation == CMD_INSERT ||
+		 queryDesc->operation == CMD_UPDATE ||
+		 queryDesc->operation == CMD_MERGE || stmt->hasModifyingCTE))
 	{
 		ListCell   *lc;
 
-		foreach(lc, queryDesc->plannedstmt->resultRelations)
+		foreach(lc, stmt->resultRelations)
 		{
-			RangeTblEntry *rte = rt_fetch(lfirst_int(lc),
-										  queryDesc->plannedstmt->rtable);
+			RangeTblEntry *rte = rt_fetch(lfirst_int(lc), stmt->rtable);
 
-			if (rte->rtekind == RTE_RELATION && IdemFilterInOurSchema(rte->relid))
+			if (rte->rtekind == RTE_RELATION && IdemFilterIsLedger(rte->relid))
 			{
 				IdemFilterNoteExternalWrite();
 				break;
@@ -428,9 +446,10 @@ IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags)
 }
 
 /*
- * IdemFilterProcessUtility: COPY into, or ALTER TABLE (ATTACH PARTITION
- * among others) of, a relation of schema idempotency, not run by this
- * library, is an external write; so is CREATE or ALTER SUBSCRIPTION.
+ * IdemFilterProcessUtility: COPY FROM into a ledger relation, ATTACH
+ * PARTITION to a ledger's table, and moving a ledger relation to another
+ * schema, not run by this library, are external writes; so are CREATE and
+ * ALTER SUBSCRIPTION.
  */
 static void
 IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
@@ -447,7 +466,19 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 		if (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from)
 			target = ((CopyStmt *) parsetree)->relation;
 		else if (IsA(parsetree, AlterTableStmt))
-			target = ((AlterTableStmt *) parsetree)->relation;
+		{
+			ListCell   *lc;
+
+			foreach(lc, ((AlterTableStmt *) parsetree)->cmds)
+			{
+				if (IsA(lfirst(lc), AlterTableCmd) &&
+					((AlterTableCmd *) lfirst(lc))->subtype == AT_AttachPartition)
+					target = ((AlterTableStmt *) parsetree)->relation;
+			}
+		}
+		else if (IsA(parsetree, AlterObjectSchemaStmt) &&
+				 ((AlterObjectSchemaStmt *) parsetree)->relation != NULL)
+			target = ((AlterObjectSchemaStmt *) parsetree)->relation;
 		else if (IsA(parsetree, CreateSubscriptionStmt) ||
 				 IsA(parsetree, AlterSubscriptionStmt))
 			IdemFilterNoteExternalWrite();
@@ -456,7 +487,7 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 		{
 			Oid			relid = RangeVarGetRelid(target, NoLock, true);
 
-			if (OidIsValid(relid) && IdemFilterInOurSchema(relid))
+			if (OidIsValid(relid) && IdemFilterIsLedger(relid))
 				IdemFilterNoteExternalWrite();
 		}
 	}
@@ -491,10 +522,26 @@ IdemFilterNoteExternalWrite(void)
 		IdemFilterSlot *slot = &filter_slots[i];
 		uint32		state = pg_atomic_read_u32(&slot->state);
 
+		/* only from a state seen: a slot freed meanwhile stays free */
 		if ((state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING) &&
 			slot->db == MyDatabaseId)
-			pg_atomic_write_u32(&slot->state, IDEM_FILTER_UNUSABLE);
+			(void) pg_atomic_compare_exchange_u32(&slot->state, &state,
+												  IDEM_FILTER_UNUSABLE);
 	}
+}
+
+/*
+ * IdemFilterExternalBusy: may an external write be under way?  Sets *seq
+ * to the count of external writes started, read first: a filter made READY
+ * later must find it unchanged (IdemFilterFinish), so that no external
+ * write overlapped its making.
+ */
+static bool
+IdemFilterExternalBusy(uint64 *seq)
+{
+	*seq = pg_atomic_read_u64(&filter_shared->external_seq);
+	pg_memory_barrier();
+	return pg_atomic_read_u32(&filter_shared->external_busy) > 0;
 }
 
 static void
@@ -512,6 +559,12 @@ IdemFilterXactCallback(XactEvent event, void *arg)
 				pg_atomic_fetch_sub_u32(&filter_shared->external_busy, 1);
 			my_external_busy = 0;
 			own_sql_depth = 0;
+			/* the local cache of slots, pruned now and then */
+			if (filter_local != NULL && hash_get_num_entries(filter_local) > 4096)
+			{
+				hash_destroy(filter_local);
+				filter_local = NULL;
+			}
 			break;
 		default:
 			break;
@@ -634,14 +687,27 @@ IdemFilterHash(const pg_uuid_t *digest, int seg)
 	return x;
 }
 
-/* the first word of the block a hash selects in a segment */
+/*
+ * the first word of the block a hash selects in a segment, or NULL if the
+ * segment does not describe pages of the pool: a slot freed and taken
+ * again while it was read can show a torn segment, which must never
+ * address memory outside the pool (its bits are then no answer: the
+ * caller's incarnation check fails)
+ */
 static inline pg_atomic_uint32 *
 IdemFilterBlock(const IdemFilterSegment *seg, uint64 h)
 {
-	uint32		nblocks = seg->npages * IDEM_FILTER_PAGE_BLOCKS;
-	uint32		block = (uint32) (h >> 32) & (nblocks - 1);
+	uint32		first = seg->first_page;
+	uint32		npages = seg->npages;
+	uint32		block;
 
-	return filter_pages + (Size) seg->first_page * IDEM_FILTER_PAGE_WORDS +
+	pg_compiler_barrier();
+	if (npages == 0 || (npages & (npages - 1)) != 0 ||
+		first >= (uint32) filter_shared->npages ||
+		npages > (uint32) filter_shared->npages - first)
+		return NULL;
+	block = (uint32) (h >> 32) & (npages * IDEM_FILTER_PAGE_BLOCKS - 1);
+	return filter_pages + (Size) first * IDEM_FILTER_PAGE_WORDS +
 		(Size) block * IDEM_FILTER_BLOCK_WORDS;
 }
 
@@ -656,6 +722,8 @@ IdemFilterSegmentHas(const IdemFilterSegment *seg, int segno,
 	uint32		b = (((uint32) h >> 9) & (IDEM_FILTER_BLOCK_BITS - 1)) | 1;
 	int			i;
 
+	if (block == NULL)
+		return true;			/* no answer: "maybe" */
 	for (i = 0; i < IDEM_FILTER_K; i++)
 	{
 		uint32		bit = (a + i * b) & (IDEM_FILTER_BLOCK_BITS - 1);
@@ -676,6 +744,8 @@ IdemFilterSegmentSet(const IdemFilterSegment *seg, int segno,
 	uint32		b = (((uint32) h >> 9) & (IDEM_FILTER_BLOCK_BITS - 1)) | 1;
 	int			i;
 
+	if (block == NULL)
+		return;					/* a slot freed meanwhile: nothing to add */
 	for (i = 0; i < IDEM_FILTER_K; i++)
 	{
 		uint32		bit = (a + i * b) & (IDEM_FILTER_BLOCK_BITS - 1);
@@ -690,7 +760,8 @@ IdemFilterSegmentSet(const IdemFilterSegment *seg, int segno,
 static bool
 IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest)
 {
-	uint32		nseg = pg_atomic_read_u32(&slot->nsegments);
+	uint32		nseg = Min(pg_atomic_read_u32(&slot->nsegments),
+						   IDEM_FILTER_MAX_SEGMENTS);
 	uint32		s;
 
 	pg_read_barrier();
@@ -716,7 +787,7 @@ IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
 		IdemFilterSegment *seg;
 
 		pg_read_barrier();
-		if (nseg == 0)
+		if (nseg == 0 || nseg > IDEM_FILTER_MAX_SEGMENTS)
 			return;				/* being freed */
 		seg = &slot->seg[nseg - 1];
 		if (pg_atomic_fetch_add_u32(&seg->count, 1) < seg->capacity)
@@ -730,7 +801,11 @@ IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
 		if (pg_atomic_read_u32(&slot->nsegments) == nseg &&
 			!IdemFilterAddSegment(slot, (uint64) seg->capacity * 2))
 		{
-			pg_atomic_write_u32(&slot->state, IDEM_FILTER_UNUSABLE);
+			uint32		state = pg_atomic_read_u32(&slot->state);
+
+			if (state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING)
+				(void) pg_atomic_compare_exchange_u32(&slot->state, &state,
+													  IDEM_FILTER_UNUSABLE);
 			LWLockRelease(filter_shared->lock);
 			return;
 		}
@@ -793,13 +868,14 @@ IdemFilterAddSegment(IdemFilterSlot *slot, uint64 items)
 }
 
 /*
- * IdemFilterTake gives partition "relid" of this database a slot in state
- * "state", sized for "hint" digests, replacing any slot it had.  Returns
- * the slot, or -1 if there is no room (the partition then has no filter).
+ * IdemFilterTake gives partition "relid" of this database a slot, FILLING,
+ * sized for "hint" digests, replacing any slot it had, and sets
+ * *incarnation to the slot's.  Returns the slot, or -1 if there is no room
+ * (the partition then has no filter).  IdemFilterFinish makes it READY.
  */
 static int
-IdemFilterTake(Oid relid, int16 lane, int ledger, IdemFilterState state,
-			   uint64 hint)
+IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
+			   uint64 *incarnation)
 {
 	IdemFilterKey key;
 	IdemFilterEntry *entry;
@@ -823,6 +899,7 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, IdemFilterState state,
 	}
 	s = filter_freelist[--filter_shared->nfree];
 	slot = &filter_slots[s];
+	Assert(pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE);
 	slot->db = MyDatabaseId;
 	slot->relid = relid;
 	slot->lane = lane;
@@ -835,15 +912,18 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, IdemFilterState state,
 	{
 		if (hint <= IDEM_FILTER_PAGE_ITEMS)
 		{
+			slot->relid = InvalidOid;
+			slot->db = InvalidOid;
 			filter_freelist[filter_shared->nfree++] = s;
 			LWLockRelease(filter_shared->lock);
 			return -1;
 		}
 		hint /= 2;
 	}
-	pg_atomic_write_u32(&slot->state, state);
-	pg_atomic_write_u64(&slot->incarnation,
-						pg_atomic_fetch_add_u64(&filter_shared->next_incarnation, 1));
+	*incarnation = pg_atomic_fetch_add_u64(&filter_shared->next_incarnation, 1);
+	pg_atomic_write_u64(&slot->incarnation, *incarnation);
+	pg_write_barrier();
+	pg_atomic_write_u32(&slot->state, IDEM_FILTER_FILLING);
 	entry = hash_search(filter_hash, &key, HASH_ENTER_NULL, &found);
 	if (entry == NULL)
 	{
@@ -859,18 +939,52 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, IdemFilterState state,
 }
 
 /*
+ * IdemFilterFinish makes slot "s", taken with this incarnation and with
+ * external_seq read as "seq" before it was taken, READY: only if it is
+ * still that slot, still FILLING (neither freed, nor made UNUSABLE by an
+ * external write or a full pool), and no external write started since.
+ * Otherwise it becomes UNUSABLE (if still that slot).  Returns true if it
+ * became READY.
+ */
+static bool
+IdemFilterFinish(int s, uint64 incarnation, uint64 seq)
+{
+	IdemFilterSlot *slot = &filter_slots[s];
+	uint32		expected = IDEM_FILTER_FILLING;
+	bool		ready = false;
+
+	pg_memory_barrier();
+	LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
+	if (pg_atomic_read_u64(&slot->incarnation) == incarnation)
+	{
+		if (pg_atomic_read_u64(&filter_shared->external_seq) == seq)
+			ready = pg_atomic_compare_exchange_u32(&slot->state, &expected,
+												   IDEM_FILTER_READY);
+		else
+			(void) pg_atomic_compare_exchange_u32(&slot->state, &expected,
+												  IDEM_FILTER_UNUSABLE);
+	}
+	LWLockRelease(filter_shared->lock);
+	return ready;
+}
+
+/*
  * IdemFilterFreeSlot returns a slot and its pages to the pool; the caller
  * removes its hash entry.  The incarnation changes first, so that a
- * backend reading the slot meanwhile notices.  Called with the lock held
- * exclusively.
+ * backend reading the slot meanwhile notices.  A slot already free is left
+ * alone.  Called with the lock held exclusively.
  */
 static void
 IdemFilterFreeSlot(int s)
 {
 	IdemFilterSlot *slot = &filter_slots[s];
-	uint32		nseg = pg_atomic_read_u32(&slot->nsegments);
+	uint32		nseg = Min(pg_atomic_read_u32(&slot->nsegments),
+						   IDEM_FILTER_MAX_SEGMENTS);
 	uint32		i;
 
+	if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE)
+		return;
+	Assert(filter_shared->nfree < filter_shared->nslots);
 	pg_atomic_write_u64(&slot->incarnation,
 						pg_atomic_fetch_add_u64(&filter_shared->next_incarnation, 1));
 	pg_atomic_write_u32(&slot->state, IDEM_FILTER_FREE);
@@ -888,6 +1002,48 @@ IdemFilterFreeSlot(int s)
 	slot->db = InvalidOid;
 	filter_freelist[filter_shared->nfree++] = s;
 	pg_atomic_fetch_add_u64(&filter_shared->generation, 1);
+}
+
+/*
+ * IdemFilterForgetSlots frees the slots of database "db" (any database if
+ * InvalidOid) taken before "made_before" whose partition is not among
+ * keep[0 .. nkeep - 1] (whose database, with db InvalidOid).  A slot is
+ * freed only through its own hash entry.
+ */
+static void
+IdemFilterForgetSlots(Oid db, TimestampTz made_before, const Oid *keep,
+					  int nkeep)
+{
+	int			i;
+
+	LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
+	for (i = 0; i < filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = &filter_slots[i];
+		IdemFilterKey key;
+		IdemFilterEntry *entry;
+		Oid			what;
+		int			k;
+
+		if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE ||
+			slot->made_at >= made_before ||
+			(OidIsValid(db) && slot->db != db))
+			continue;
+		what = OidIsValid(db) ? slot->relid : slot->db;
+		for (k = 0; k < nkeep; k++)
+			if (keep[k] == what)
+				break;
+		if (k < nkeep)
+			continue;
+		key.db = slot->db;
+		key.relid = slot->relid;
+		entry = hash_search(filter_hash, &key, HASH_FIND, NULL);
+		if (entry == NULL || entry->slot != i)
+			continue;
+		IdemFilterFreeSlot(i);
+		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
+	}
+	LWLockRelease(filter_shared->lock);
 }
 
 /*
@@ -980,16 +1136,26 @@ IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest)
 
 /*
  * IdemFilterCreated gives a partition this transaction just made (and
- * nobody else can see yet) an empty READY filter, sized like its siblings.
+ * nobody else can see yet) an empty READY filter, sized like its siblings,
+ * unless the database has a subscription or an external write is under
+ * way or overlaps the making of the filter (IdemFilterFinish).
  */
 void
 IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
 {
-	if (!IdemFilterUsable(lane) || !OidIsValid(relid))
+	uint64		seq;
+	uint64		incarnation;
+	int			s;
+
+	if (!IdemFilterUsable(lane) || !OidIsValid(relid) ||
+		IdemFilterExternalBusy(&seq) || IdemFilterHasSubscription())
 		return;
-	(void) IdemFilterTake(relid, lane, ledger, IDEM_FILTER_READY,
-						  Max(IdemFilterSizeHint(MyDatabaseId, ledger, lane),
-							  IDEM_FILTER_PAGE_ITEMS));
+	s = IdemFilterTake(relid, lane, ledger,
+					   Max(IdemFilterSizeHint(MyDatabaseId, ledger, lane),
+						   IDEM_FILTER_PAGE_ITEMS),
+					   &incarnation);
+	if (s >= 0)
+		(void) IdemFilterFinish(s, incarnation, seq);
 }
 
 /* IdemFilterForget frees the filter of a partition that was dropped */
@@ -1014,7 +1180,7 @@ IdemFilterForget(Oid relid)
 }
 
 /* ----------------------------------------------------------------
- * Building (the background worker)
+ * Building (maintenance)
  * ----------------------------------------------------------------
  */
 
@@ -1048,27 +1214,20 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 	TableScanDesc scan;
 	HeapTuple	tuple;
 	uint64		seq;
+	uint64		incarnation;
 	int			s;
 	IdemFilterSlot *slot;
 	uint64		hint;
-	uint32		expected = IDEM_FILTER_FILLING;
 	uint64		n = 0;
+	bool		complete = true;
 
 	if (!ConditionalLockRelationOid(part->relid, AccessShareLock))
 		return false;
 	rel = try_relation_open(part->relid, NoLock);
 	if (rel == NULL)
 		return false;
-	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(rel)->natts))
-	{
-		relation_close(rel, AccessShareLock);
-		return false;
-	}
-
-	/* no external writer may be running from here to the end */
-	seq = pg_atomic_read_u64(&filter_shared->external_seq);
-	pg_memory_barrier();
-	if (pg_atomic_read_u32(&filter_shared->external_busy) > 0)
+	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(rel)->natts) ||
+		IdemFilterExternalBusy(&seq))
 	{
 		relation_close(rel, AccessShareLock);
 		return false;
@@ -1077,8 +1236,8 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 	/* published before the scan: writers add to it from now on */
 	hint = (uint64) RelationGetNumberOfBlocks(rel) *
 		(ledger == IDEM_LEDGER_MESSAGES ? 128 : 48);
-	s = IdemFilterTake(part->relid, part->lane, ledger, IDEM_FILTER_FILLING,
-					   Max(hint, IDEM_FILTER_PAGE_ITEMS));
+	s = IdemFilterTake(part->relid, part->lane, ledger,
+					   Max(hint, IDEM_FILTER_PAGE_ITEMS), &incarnation);
 	if (s < 0)
 	{
 		relation_close(rel, AccessShareLock);
@@ -1097,50 +1256,50 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 		if (!isnull)
 			IdemFilterAddTo(slot, DatumGetUUIDP(d));
 		if ((++n & 4095) == 0)
+		{
 			CHECK_FOR_INTERRUPTS();
+			/* made UNUSABLE (a full pool, an external write), or freed */
+			if (pg_atomic_read_u64(&slot->incarnation) != incarnation ||
+				pg_atomic_read_u32(&slot->state) != IDEM_FILTER_FILLING)
+			{
+				complete = false;
+				break;
+			}
+		}
 	}
 	table_endscan(scan);
 	relation_close(rel, AccessShareLock);
 
-	pg_memory_barrier();
-	if (pg_atomic_read_u64(&filter_shared->external_seq) != seq)
-	{
-		pg_atomic_compare_exchange_u32(&slot->state, &expected,
-									   IDEM_FILTER_UNUSABLE);
+	if (!complete)
 		return false;
-	}
-	return pg_atomic_compare_exchange_u32(&slot->state, &expected,
-										  IDEM_FILTER_READY);
+	return IdemFilterFinish(s, incarnation, seq);
 }
 
 /*
- * IdemFilterBuildDatabase, run by the background worker after each
- * maintenance round: frees the filters of this database's partitions that
- * are gone, and builds those its live partitions lack (or that became
- * UNUSABLE), unless the database has a subscription.  Returns how many it
- * built.
+ * IdemFilterBuildDatabase, run at the end of each maintenance run: frees
+ * the filters of this database's partitions that are gone, and builds
+ * those its live partitions lack (or that became UNUSABLE), unless the
+ * database has a subscription.  Returns how many it built.
  */
 int
 IdemFilterBuildDatabase(void)
 {
 	int			built = 0;
 	int			ledger;
-	int			i;
-	List	   *all = NIL;
-	ListCell   *lc;
+	Oid		   *all;
+	int			nall = 0;
+	int			size = 64;
+	TimestampTz started = GetCurrentTransactionStartTimestamp();
 
 	if (filter_shared == NULL || RecoveryInProgress())
 		return 0;
 
-	if (IdemFilterHasSubscription())
-	{
-		IdemFilterNoteExternalWrite();
-		return 0;
-	}
-
 	AcceptInvalidationMessages();
+	all = palloc(size * sizeof(Oid));
 	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
 	{
+		ListCell   *lc;
+
 		if (!IdemLedgerDefined(ledger) ||
 			!OidIsValid(IdemLedgerParent(ledger, false)))
 			continue;
@@ -1148,68 +1307,86 @@ IdemFilterBuildDatabase(void)
 		{
 			IdemPartition *p = (IdemPartition *) lfirst(lc);
 
-			all = lappend_oid(all, p->relid);
-			if (IdemLaneIsLegacy(p->lane) ||
-				p->upper <= GetCurrentTransactionStartTimestamp())
-				continue;
+			if (nall == size)
 			{
-				uint64		incarnation;
-				IdemFilterSlot *slot = IdemFilterFind(p->relid, &incarnation);
-				uint32		state = slot ? pg_atomic_read_u32(&slot->state) : IDEM_FILTER_FREE;
-
-				if (state == IDEM_FILTER_READY)
-					continue;
-				/* FILLING: a build that did not finish (an error) */
+				size *= 2;
+				all = repalloc(all, size * sizeof(Oid));
 			}
+			all[nall++] = p->relid;
+		}
+	}
+
+	/* free the slots of partitions gone (made before this run began) */
+	IdemFilterForgetSlots(MyDatabaseId, started, all, nall);
+
+	if (IdemFilterHasSubscription())
+	{
+		/* none usable here (a subscription made before any was noticed) */
+		int			i;
+
+		for (i = 0; i < filter_shared->nslots; i++)
+		{
+			IdemFilterSlot *slot = &filter_slots[i];
+			uint32		state = pg_atomic_read_u32(&slot->state);
+
+			if ((state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING) &&
+				slot->db == MyDatabaseId)
+				(void) pg_atomic_compare_exchange_u32(&slot->state, &state,
+													  IDEM_FILTER_UNUSABLE);
+		}
+		pfree(all);
+		return 0;
+	}
+
+	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+	{
+		ListCell   *lc;
+
+		if (!IdemLedgerDefined(ledger) ||
+			!OidIsValid(IdemLedgerParent(ledger, false)))
+			continue;
+		foreach(lc, IdemAllPartitions(ledger))
+		{
+			IdemPartition *p = (IdemPartition *) lfirst(lc);
+			uint64		incarnation;
+			IdemFilterSlot *slot;
+
+			if (IdemLaneIsLegacy(p->lane) || p->upper <= started)
+				continue;
+			slot = IdemFilterFind(p->relid, &incarnation);
+			if (slot != NULL &&
+				pg_atomic_read_u32(&slot->state) == IDEM_FILTER_READY)
+				continue;
+			/* none, UNUSABLE, or FILLING from a build that did not finish */
 			if (IdemFilterBuildPartition(ledger, p))
 				built++;
 		}
 	}
-
-	/* free the slots of this database whose partition is gone */
-	for (i = 0; i < filter_shared->nslots; i++)
-	{
-		IdemFilterSlot *slot = &filter_slots[i];
-		Oid			relid = slot->relid;
-
-		if (pg_atomic_read_u32(&slot->state) != IDEM_FILTER_FREE &&
-			slot->db == MyDatabaseId && !list_member_oid(all, relid))
-			IdemFilterForget(relid);
-	}
+	pfree(all);
 	return built;
 }
 
 /*
- * IdemFilterForgetDatabases frees the filters of databases that are gone
- * (called by the launcher with the databases it lists).
+ * IdemFilterForgetDatabase frees every filter of this database (the
+ * extension is gone from it).
  */
 void
-IdemFilterForgetDatabases(const Oid *dbs, int ndbs)
+IdemFilterForgetDatabase(void)
 {
-	int			i;
+	if (filter_shared != NULL)
+		IdemFilterForgetSlots(MyDatabaseId, DT_NOEND, NULL, 0);
+}
 
-	if (filter_shared == NULL)
-		return;
-	LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
-	for (i = 0; i < filter_shared->nslots; i++)
-	{
-		IdemFilterSlot *slot = &filter_slots[i];
-		IdemFilterKey key;
-		int			d;
-
-		if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE)
-			continue;
-		for (d = 0; d < ndbs; d++)
-			if (dbs[d] == slot->db)
-				break;
-		if (d < ndbs)
-			continue;
-		key.db = slot->db;
-		key.relid = slot->relid;
-		IdemFilterFreeSlot(i);
-		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
-	}
-	LWLockRelease(filter_shared->lock);
+/*
+ * IdemFilterForgetDatabases frees the filters of databases that are gone
+ * (called by the launcher with the databases it listed at listed_at; a
+ * filter made since may be of a database made since).
+ */
+void
+IdemFilterForgetDatabases(const Oid *dbs, int ndbs, TimestampTz listed_at)
+{
+	if (filter_shared != NULL)
+		IdemFilterForgetSlots(InvalidOid, listed_at, dbs, ndbs);
 }
 
 /* ----------------------------------------------------------------
@@ -1230,6 +1407,17 @@ Datum
 idem_filter_info(PG_FUNCTION_ARGS)
 {
 	ReturnSetInfo *rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	typedef struct
+	{
+		Oid			relid;
+		uint32		state;
+		int64		digests;
+		int64		capacity;
+		int64		bytes;
+		int32		segments;
+	} FilterRow;
+	FilterRow  *rows;
+	int			nrows = 0;
 	int			i;
 
 	IdemCheckLibraryVersion();
@@ -1237,6 +1425,8 @@ idem_filter_info(PG_FUNCTION_ARGS)
 	if (filter_shared == NULL)
 		return (Datum) 0;
 
+	/* copied under the lock, returned after it */
+	rows = palloc(filter_shared->nslots * sizeof(FilterRow));
 	LWLockAcquire(filter_shared->lock, LW_SHARED);
 	for (i = 0; i < filter_shared->nslots; i++)
 	{
@@ -1244,30 +1434,39 @@ idem_filter_info(PG_FUNCTION_ARGS)
 		uint32		state = pg_atomic_read_u32(&slot->state);
 		uint32		nseg;
 		uint32		s;
-		int64		digests = 0;
-		int64		capacity = 0;
-		int64		bytes = 0;
-		Datum		values[6];
-		bool		nulls[6] = {false, false, false, false, false, false};
+		FilterRow  *r;
 
 		if (state == IDEM_FILTER_FREE || slot->db != MyDatabaseId)
 			continue;
-		nseg = pg_atomic_read_u32(&slot->nsegments);
+		r = &rows[nrows++];
+		r->relid = slot->relid;
+		r->state = state;
+		r->digests = r->capacity = r->bytes = 0;
+		nseg = Min(pg_atomic_read_u32(&slot->nsegments), IDEM_FILTER_MAX_SEGMENTS);
 		for (s = 0; s < nseg; s++)
 		{
-			digests += Min(pg_atomic_read_u32(&slot->seg[s].count),
-						   slot->seg[s].capacity);
-			capacity += slot->seg[s].capacity;
-			bytes += (int64) slot->seg[s].npages * IDEM_FILTER_PAGE_BYTES;
+			r->digests += Min(pg_atomic_read_u32(&slot->seg[s].count),
+							  slot->seg[s].capacity);
+			r->capacity += slot->seg[s].capacity;
+			r->bytes += (int64) slot->seg[s].npages * IDEM_FILTER_PAGE_BYTES;
 		}
-		values[0] = ObjectIdGetDatum(slot->relid);
-		values[1] = CStringGetTextDatum(filter_state_names[state]);
-		values[2] = Int64GetDatum(digests);
-		values[3] = Int64GetDatum(capacity);
-		values[4] = Int64GetDatum(bytes);
-		values[5] = Int32GetDatum((int32) nseg);
-		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		r->segments = (int32) nseg;
 	}
 	LWLockRelease(filter_shared->lock);
+
+	for (i = 0; i < nrows; i++)
+	{
+		Datum		values[6];
+		bool		nulls[6] = {false, false, false, false, false, false};
+
+		values[0] = ObjectIdGetDatum(rows[i].relid);
+		values[1] = CStringGetTextDatum(filter_state_names[rows[i].state]);
+		values[2] = Int64GetDatum(rows[i].digests);
+		values[3] = Int64GetDatum(rows[i].capacity);
+		values[4] = Int64GetDatum(rows[i].bytes);
+		values[5] = Int32GetDatum(rows[i].segments);
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+	}
+	pfree(rows);
 	return (Datum) 0;
 }

@@ -177,6 +177,7 @@ extern bool IdemPartitionFor(IdemLedger ledger, const pg_uuid_t *digest,
 extern bool IdemLanePartitionAt(IdemLedger ledger, int16 lane, TimestampTz t,
 								IdemPartition *out);
 extern bool IdemLedgerDefined(IdemLedger ledger);
+extern bool IdemIsLedgerRelation(Oid relid);
 extern List *IdemAllPartitions(IdemLedger ledger);
 extern Oid	IdemCreatePartition(IdemLedger ledger, const IdemLayout *layout,
 								int lane_number, bool far, TimestampTz at);
@@ -558,7 +559,9 @@ extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
 extern void IdemFilterOwnSql(bool begin);
 extern int	IdemFilterBuildDatabase(void);
-extern void IdemFilterForgetDatabases(const Oid *dbs, int ndbs);
+extern void IdemFilterForgetDatabase(void);
+extern void IdemFilterForgetDatabases(const Oid *dbs, int ndbs,
+									  TimestampTz listed_at);
 
 /* ----------------------------------------------------------------
  * Background workers (worker.c); only with shared_preload_libraries

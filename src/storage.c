@@ -761,6 +761,33 @@ IdemLanePartitionAt(IdemLedger ledger, int16 lane, TimestampTz t,
 }
 
 /*
+ * IdemIsLedgerRelation: is relid a ledger's table, or one of the partitions
+ * the ledger caches list (in whatever schema it lives)?
+ */
+bool
+IdemIsLedgerRelation(Oid relid)
+{
+	int			ledger;
+
+	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+	{
+		IdemLedgerCache *cache;
+
+		if (!IdemLedgerDefined(ledger))
+			continue;
+		cache = IdemGetLedgerCache(ledger);
+		if (!OidIsValid(cache->parent))
+			continue;
+		if (relid == cache->parent ||
+			(cache->npartitions > 0 &&
+			 bsearch(&relid, cache->relids, cache->npartitions, sizeof(Oid),
+					 IdemOidCmp) != NULL))
+			return true;
+	}
+	return false;
+}
+
+/*
  * IdemLedgerDefined tells whether this version of the extension has a table
  * for the ledger.
  */

@@ -256,19 +256,9 @@ IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
 	}
 	for (i = 0; i < def->nargs; i++)
 		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
-	/* the filters' hooks let this library's own statements through */
-	IdemFilterOwnSql(true);
-	PG_TRY();
-	{
-		rc = SPI_execute_snapshot(stmt_plans[which], values, nulls,
-								  GetLatestSnapshot(), InvalidSnapshot,
-								  false, false, 0);
-	}
-	PG_FINALLY();
-	{
-		IdemFilterOwnSql(false);
-	}
-	PG_END_TRY();
+	rc = SPI_execute_snapshot(stmt_plans[which], values, nulls,
+							  GetLatestSnapshot(), InvalidSnapshot,
+							  false, false, 0);
 	if (rc < 0)
 		elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
 	return (int) SPI_processed;

@@ -440,7 +440,7 @@ IdemLauncherListDatabases(HTAB *dbs)
 	table_close(rel, AccessShareLock);
 
 	IdemStatsForgetDatabases(all, nall, listed_at);
-	IdemFilterForgetDatabases(all, nall);
+	IdemFilterForgetDatabases(all, nall, listed_at);
 	CommitTransactionCommand();
 
 	hash_seq_init(&scan, dbs);
@@ -536,6 +536,10 @@ idem_worker_main(Datum main_arg)
 		idem_worker_shared->worker_found =
 			present ? IDEM_DB_PRESENT : IDEM_DB_ABSENT;
 	SpinLockRelease(&idem_worker_shared->mutex);
+
+	/* DROP EXTENSION: its filters go with it */
+	if (!present)
+		IdemFilterForgetDatabase();
 
 	if (present && !RecoveryInProgress() && IdemRestoreInProgress())
 		ereport(LOG,

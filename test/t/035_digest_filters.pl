@@ -184,6 +184,88 @@ $node->safe_psql('third', q{INSERT INTO idempotency.messages SELECT * FROM saved
 like(filter_states('third'), qr/^unusable=\d+$/, 'an INSERT into the ledger makes the filters UNUSABLE');
 is(write_batch('third', 'x', 1, 500), '0', 'ids inserted by hand are found');
 
+# an INSERT in a WITH clause (the statement is a SELECT)
+$node->safe_psql('postgres', q{CREATE DATABASE fourth});
+$node->safe_psql('fourth', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+	CREATE TABLE saved (LIKE idempotency.messages);
+});
+$node->safe_psql('fourth', qq{COPY saved FROM '$dump'});
+is(write_batch('fourth', 'y', 1, 100), '100', 'the fourth database takes its own ids');
+$node->safe_psql('fourth', q{
+	WITH w AS (INSERT INTO idempotency.messages SELECT * FROM saved RETURNING 1)
+	SELECT count(*) FROM w});
+like(filter_states('fourth'), qr/^unusable=\d+$/, 'an INSERT in a WITH clause makes the filters UNUSABLE');
+is(write_batch('fourth', 'x', 1, 500), '0', 'ids inserted by a WITH clause are found');
+
+# a partition moved to another schema, written there, moved back
+$node->safe_psql('fourth', 'SELECT idem_maintain()');
+like(filter_states('fourth'), qr/^ready=\d+$/, 'the fourth database has its filters again');
+my $part = $node->safe_psql('fourth', q{
+	SELECT tableoid::regclass FROM idempotency.messages GROUP BY 1 ORDER BY count(*) DESC LIMIT 1});
+(my $bare = $part) =~ s/^idempotency\.//;
+$node->safe_psql('fourth', qq{
+	TRUNCATE saved;
+	INSERT INTO saved SELECT * FROM $part;
+	DELETE FROM $part;
+	VACUUM $part;
+	ALTER TABLE $part SET SCHEMA public;});
+$node->safe_psql('fourth', 'SELECT idem_maintain()');
+like(filter_states('fourth'), qr/^ready=\d+$/, 'a partition moved out of the schema: filters rebuilt');
+$node->safe_psql('fourth', qq{INSERT INTO public.$bare SELECT * FROM saved});
+$node->safe_psql('fourth', qq{ALTER TABLE public.$bare SET SCHEMA idempotency});
+my $moved = $node->safe_psql('fourth', q{SELECT count(*) FROM saved});
+ok($moved > 0, "$moved rows written into a partition while it was in another schema");
+is($node->safe_psql('fourth', q{
+	SELECT count(*) FROM idem_consume_messages('c',
+		ARRAY(SELECT 'x' || g FROM generate_series(1, 500) g))}), '0',
+	'rows written into a ledger partition in another schema are found');
+
+# a COPY that is still reading while another session makes partitions: no
+# filter is made READY while an external write is under way (a statement
+# that routes rows through the ledger's table may see partitions made
+# after its start was noticed, and write into them)
+my $fifo = $node->basedir . '/copy.fifo';
+system('mkfifo', $fifo) == 0 or die "mkfifo: $!";
+chmod 0666, $fifo;
+$node->safe_psql('postgres', q{CREATE DATABASE fifth});
+$node->safe_psql('fifth', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+});
+$node->safe_psql('postgres', q{SELECT idem_consume_message('c', 'near-1')});
+my $near_row = $node->safe_psql('postgres', q{
+	SELECT m.expires_at || E'\t' || m.digest || E'\t' || m.role || E'\t' || m.lane
+	  FROM idempotency.messages m
+	  JOIN idempotency.export_messages(ARRAY['c']) e ON e.digest = m.digest
+	 ORDER BY m.expires_at DESC LIMIT 1});
+my $copier = $node->background_psql('fifth', on_error_stop => 0);
+$copier->query_until(qr/copying/, qq{
+	\\echo copying
+	COPY idempotency.messages FROM '$fifo';
+});
+open(my $fh, '>', $fifo) or die "open $fifo: $!";
+$fh->autoflush(1);
+is($node->safe_psql('fifth', q{
+	SELECT count(*) FROM idem_consume_messages('c',
+		ARRAY(SELECT 'far-' || g FROM generate_series(1, 100) g), '29 days')}),
+	'100', 'calls make the far partitions of every lane while the COPY runs');
+is($node->safe_psql('fifth', q{
+	SELECT count(*) FROM idempotency.filter_info() f
+	  JOIN idempotency.partitions p ON p.partition = f.partition
+	 WHERE f.state = 'ready' AND p.upper_bound > now() + interval '20 days'}), '0',
+	'no partition made while the COPY runs has a READY filter');
+print $fh "$near_row\n";
+close($fh);
+$copier->quit;
+$node->safe_psql('fifth', 'SELECT idem_maintain()');
+like(filter_states('fifth'), qr/^ready=\d+$/, 'once the COPY has ended, every filter is built');
+is($node->safe_psql('fifth', q{
+	SELECT count(*) FROM idem_consume_messages('c',
+		ARRAY(SELECT 'far-' || g FROM generate_series(1, 100) g), '29 days')}),
+	'0', 'the ids consumed while the COPY ran are found');
+
 # a subscription: no filters in its database while it exists
 $node->safe_psql('postgres', q{SET client_min_messages = error; CREATE PUBLICATION everything FOR ALL TABLES});
 my $connstr = $node->connstr('postgres');
