@@ -26,7 +26,7 @@ PROVE_TESTS = $(sort $(wildcard test/t/*.pl))
 
 TEST_PORT ?= 54391
 TEST_PORT_ISO ?= 54392
-TEST_PORT_ISO_PRELOAD ?= 54393
+TEST_PORT_ISO_PRELOAD ?= 54396
 
 # The isolation specs a second time, on a server that preloads the library
 # (test/idempotency-preload.conf): the digest filters of src/filter.c exist

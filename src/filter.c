@@ -83,7 +83,9 @@
 #include "access/xlog.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_subscription.h"
+#include "commands/extension.h"
 #include "commands/copy.h"
 #include "executor/executor.h"
 #include "funcapi.h"
@@ -96,6 +98,7 @@
 #include "storage/lwlock.h"
 #include "storage/shmem.h"
 #include "tcop/utility.h"
+#include "utils/acl.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/hsearch.h"
@@ -124,6 +127,9 @@ int			idem_filter_memory = 64 * 1024;
 /* slots: one per page of the pool, within these bounds */
 #define IDEM_FILTER_MIN_SLOTS		64
 #define IDEM_FILTER_MAX_SLOTS		16384
+/* external writes are counted per database, in this many buckets */
+#define IDEM_FILTER_DB_BUCKETS		64
+#define IdemFilterBucket(db)		((db) % IDEM_FILTER_DB_BUCKETS)
 
 typedef enum IdemFilterState
 {
@@ -177,8 +183,10 @@ typedef struct IdemFilterShared
 	int			npages;
 	pg_atomic_uint64 generation;	/* bumped when a slot is taken or freed */
 	pg_atomic_uint64 next_incarnation;
-	pg_atomic_uint64 external_seq;	/* external writes started */
-	pg_atomic_uint32 external_busy; /* transactions that ran them, open */
+	/* per database (bucket): external writes started, and open
+	 * transactions that ran one */
+	pg_atomic_uint64 external_seq[IDEM_FILTER_DB_BUCKETS];
+	pg_atomic_uint32 external_busy[IDEM_FILTER_DB_BUCKETS];
 	int			nfree;
 	/* followed by: int freelist[nslots], uint64 page_map[], slots[] */
 } IdemFilterShared;
@@ -203,7 +211,7 @@ static HTAB *filter_local = NULL;
 
 /* This backend: external writes in the current transaction, own SQL */
 static int	my_external_busy = 0;
-static int	own_sql_depth = 0;
+static const char *own_sql_text = NULL;
 static Oid	idem_nsp_cache = InvalidOid;
 static bool idem_nsp_cache_valid = false;
 
@@ -234,6 +242,7 @@ static void IdemFilterForgetSlots(Oid db, TimestampTz made_before,
 								  const Oid *keep, int nkeep);
 static bool IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest);
 static void IdemFilterNoteExternalWrite(void);
+static void IdemFilterSweepUnusable(void);
 static bool IdemFilterIsLedger(Oid relid);
 static bool IdemFilterHasSubscription(void);
 static uint64 IdemFilterSizeHint(Oid db, int ledger, int16 lane);
@@ -318,8 +327,11 @@ IdemFilterShmemInit(void)
 		filter_shared->npages = IdemFilterPages();
 		pg_atomic_init_u64(&filter_shared->generation, 1);
 		pg_atomic_init_u64(&filter_shared->next_incarnation, 1);
-		pg_atomic_init_u64(&filter_shared->external_seq, 0);
-		pg_atomic_init_u32(&filter_shared->external_busy, 0);
+		for (i = 0; i < IDEM_FILTER_DB_BUCKETS; i++)
+		{
+			pg_atomic_init_u64(&filter_shared->external_seq[i], 0);
+			pg_atomic_init_u32(&filter_shared->external_busy[i], 0);
+		}
 		filter_shared->nfree = filter_shared->nslots;
 		for (i = 0; i < filter_shared->nslots; i++)
 		{
@@ -400,26 +412,35 @@ IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue)
 /*
  * IdemFilterIsLedger: is relid a ledger's table or one of its partitions
  * (in whatever schema)?  Nothing to look up in a database without the
- * extension's schema.
+ * extension's schema; a relation only named like a ledger in a database
+ * without the extension is none.
  */
 static bool
 IdemFilterIsLedger(Oid relid)
 {
-	return OidIsValid(IdemFilterNamespace()) && IdemIsLedgerRelation(relid);
+	return OidIsValid(IdemFilterNamespace()) && IdemIsLedgerRelation(relid) &&
+		OidIsValid(get_extension_oid("idempotency", true));
 }
 
 /*
  * IdemFilterExecutorStart: a statement that may add rows to a ledger (an
- * INSERT, UPDATE or MERGE, or any statement with one in a WITH clause),
- * not run by this library, is an external write.  (A DELETE only removes
- * rows: a filter holding more digests than its partition is still exact.)
+ * INSERT, UPDATE or MERGE, or any statement with one in a WITH clause) is
+ * an external write: the library's own SQL never does that.  (A DELETE
+ * only removes rows: a filter holding more digests than its partition is
+ * still exact.)  Noted once the executor has started, so only for a role
+ * allowed to write (no row is written before ExecutorRun).
  */
 static void
 IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags)
 {
 	PlannedStmt *stmt = queryDesc->plannedstmt;
 
-	if (filter_shared != NULL && own_sql_depth == 0 && stmt != NULL &&
+	if (prev_ExecutorStart)
+		prev_ExecutorStart(queryDesc, eflags);
+	else
+		standard_ExecutorStart(queryDesc, eflags);
+
+	if (filter_shared != NULL && stmt != NULL &&
 		(eflags & EXEC_FLAG_EXPLAIN_ONLY) == 0 &&
 		(queryDesc->operation == CMD_INSERT ||
 		 queryDesc->operation == CMD_UPDATE ||
@@ -438,18 +459,15 @@ IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags)
 			}
 		}
 	}
-
-	if (prev_ExecutorStart)
-		prev_ExecutorStart(queryDesc, eflags);
-	else
-		standard_ExecutorStart(queryDesc, eflags);
 }
 
 /*
- * IdemFilterProcessUtility: COPY FROM into a ledger relation, ATTACH
- * PARTITION to a ledger's table, and moving a ledger relation to another
- * schema, not run by this library, are external writes; so are CREATE and
- * ALTER SUBSCRIPTION.
+ * IdemFilterProcessUtility: COPY FROM into a ledger relation (by a role
+ * that may insert there) is an external write, noted before it runs; so
+ * are, once they have run (and so were allowed), ATTACH PARTITION to a
+ * ledger's table, ALTER COLUMN TYPE of a ledger relation, and CREATE or
+ * ALTER SUBSCRIPTION.  The library's own DDL (its ATTACH of the
+ * partitions it makes) is recognised by its query text.
  */
 static void
 IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
@@ -458,38 +476,42 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 						 DestReceiver *dest, QueryCompletion *qc)
 {
 	Node	   *parsetree = pstmt->utilityStmt;
+	bool		note_after = false;
+	RangeVar   *alter = NULL;
 
-	if (filter_shared != NULL && own_sql_depth == 0)
+	if (filter_shared != NULL &&
+		!(own_sql_text != NULL && queryString == own_sql_text))
 	{
-		RangeVar   *target = NULL;
+		if (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from &&
+			((CopyStmt *) parsetree)->relation != NULL)
+		{
+			/* the table COPY will write, locked as COPY locks it */
+			Oid			relid = RangeVarGetRelidExtended(((CopyStmt *) parsetree)->relation,
+														 RowExclusiveLock,
+														 RVR_MISSING_OK,
+														 NULL, NULL);
 
-		if (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from)
-			target = ((CopyStmt *) parsetree)->relation;
+			if (OidIsValid(relid) && IdemFilterIsLedger(relid) &&
+				pg_class_aclcheck(relid, GetUserId(), ACL_INSERT) == ACLCHECK_OK)
+				IdemFilterNoteExternalWrite();
+		}
 		else if (IsA(parsetree, AlterTableStmt))
 		{
 			ListCell   *lc;
 
 			foreach(lc, ((AlterTableStmt *) parsetree)->cmds)
 			{
-				if (IsA(lfirst(lc), AlterTableCmd) &&
-					((AlterTableCmd *) lfirst(lc))->subtype == AT_AttachPartition)
-					target = ((AlterTableStmt *) parsetree)->relation;
+				AlterTableCmd *cmd = (AlterTableCmd *) lfirst(lc);
+
+				if (IsA(cmd, AlterTableCmd) &&
+					(cmd->subtype == AT_AttachPartition ||
+					 cmd->subtype == AT_AlterColumnType))
+					alter = ((AlterTableStmt *) parsetree)->relation;
 			}
 		}
-		else if (IsA(parsetree, AlterObjectSchemaStmt) &&
-				 ((AlterObjectSchemaStmt *) parsetree)->relation != NULL)
-			target = ((AlterObjectSchemaStmt *) parsetree)->relation;
 		else if (IsA(parsetree, CreateSubscriptionStmt) ||
 				 IsA(parsetree, AlterSubscriptionStmt))
-			IdemFilterNoteExternalWrite();
-
-		if (target != NULL)
-		{
-			Oid			relid = RangeVarGetRelid(target, NoLock, true);
-
-			if (OidIsValid(relid) && IdemFilterIsLedger(relid))
-				IdemFilterNoteExternalWrite();
-		}
+			note_after = true;
 	}
 
 	if (prev_ProcessUtility)
@@ -498,36 +520,64 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
+
+	/*
+	 * Before the transaction commits and its effect can be seen; the table
+	 * altered is found by its name now, which the command holds a lock on.
+	 */
+	if (alter != NULL)
+	{
+		Oid			relid = RangeVarGetRelid(alter, NoLock, true);
+
+		note_after = OidIsValid(relid) && IdemFilterIsLedger(relid);
+	}
+	if (note_after)
+		IdemFilterNoteExternalWrite();
 }
 
 /*
  * IdemFilterNoteExternalWrite makes every filter of this database
- * UNUSABLE, and keeps filters from being built anywhere until the current
- * transaction ends: its rows may go anywhere in the ledgers, and no filter
- * holds them.
+ * UNUSABLE, and keeps filters of this database from being made READY until
+ * the current transaction ends: its rows may go anywhere in the ledgers,
+ * and no filter holds them.
  */
 static void
 IdemFilterNoteExternalWrite(void)
 {
-	int			i;
+	int			b = IdemFilterBucket(MyDatabaseId);
 
 	if (my_external_busy == 0)
-		pg_atomic_fetch_add_u32(&filter_shared->external_busy, 1);
+		pg_atomic_fetch_add_u32(&filter_shared->external_busy[b], 1);
 	my_external_busy = 1;
-	pg_atomic_fetch_add_u64(&filter_shared->external_seq, 1);
+	pg_atomic_fetch_add_u64(&filter_shared->external_seq[b], 1);
 	pg_memory_barrier();
+	IdemFilterSweepUnusable();
+}
 
+/*
+ * IdemFilterSweepUnusable makes every filter of this database UNUSABLE.
+ * Under the lock (shared): a slot's database and state do not change while
+ * it is held (taking, finishing and freeing slots hold it exclusively), so
+ * a failed compare-and-swap can only mean another sweep made it UNUSABLE.
+ */
+static void
+IdemFilterSweepUnusable(void)
+{
+	int			i;
+
+	LWLockAcquire(filter_shared->lock, LW_SHARED);
 	for (i = 0; i < filter_shared->nslots; i++)
 	{
 		IdemFilterSlot *slot = &filter_slots[i];
 		uint32		state = pg_atomic_read_u32(&slot->state);
 
-		/* only from a state seen: a slot freed meanwhile stays free */
+		pg_read_barrier();
 		if ((state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING) &&
 			slot->db == MyDatabaseId)
 			(void) pg_atomic_compare_exchange_u32(&slot->state, &state,
 												  IDEM_FILTER_UNUSABLE);
 	}
+	LWLockRelease(filter_shared->lock);
 }
 
 /*
@@ -539,9 +589,11 @@ IdemFilterNoteExternalWrite(void)
 static bool
 IdemFilterExternalBusy(uint64 *seq)
 {
-	*seq = pg_atomic_read_u64(&filter_shared->external_seq);
+	int			b = IdemFilterBucket(MyDatabaseId);
+
+	*seq = pg_atomic_read_u64(&filter_shared->external_seq[b]);
 	pg_memory_barrier();
-	return pg_atomic_read_u32(&filter_shared->external_busy) > 0;
+	return pg_atomic_read_u32(&filter_shared->external_busy[b]) > 0;
 }
 
 static void
@@ -556,9 +608,9 @@ IdemFilterXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_PREPARE:
 			/* (a prepared transaction's rows are in the heap by now) */
 			if (my_external_busy > 0 && filter_shared != NULL)
-				pg_atomic_fetch_sub_u32(&filter_shared->external_busy, 1);
+				pg_atomic_fetch_sub_u32(&filter_shared->external_busy[IdemFilterBucket(MyDatabaseId)], 1);
 			my_external_busy = 0;
-			own_sql_depth = 0;
+			own_sql_text = NULL;
 			/* the local cache of slots, pruned now and then */
 			if (filter_local != NULL && hash_get_num_entries(filter_local) > 4096)
 			{
@@ -572,17 +624,16 @@ IdemFilterXactCallback(XactEvent event, void *arg)
 }
 
 /*
- * IdemFilterOwnSql brackets SQL this library runs itself (partition DDL,
- * the stream statements): the hooks let it through.  Pass true before,
- * false after (also on error: see the callers' PG_FINALLY).
+ * IdemFilterOwnSql names the query text of the DDL this library is about
+ * to run itself (the ATTACH of a partition it makes), which the utility
+ * hook lets through; NULL when it is done (also on error: see the caller's
+ * PG_FINALLY).  Only statements of that very text: anything they fire
+ * (an event trigger's SQL) is looked at as usual.
  */
 void
-IdemFilterOwnSql(bool begin)
+IdemFilterOwnSql(const char *sql)
 {
-	if (begin)
-		own_sql_depth++;
-	else if (own_sql_depth > 0)
-		own_sql_depth--;
+	own_sql_text = sql;
 }
 
 /* ----------------------------------------------------------------
@@ -957,7 +1008,7 @@ IdemFilterFinish(int s, uint64 incarnation, uint64 seq)
 	LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
 	if (pg_atomic_read_u64(&slot->incarnation) == incarnation)
 	{
-		if (pg_atomic_read_u64(&filter_shared->external_seq) == seq)
+		if (pg_atomic_read_u64(&filter_shared->external_seq[IdemFilterBucket(MyDatabaseId)]) == seq)
 			ready = pg_atomic_compare_exchange_u32(&slot->state, &expected,
 												   IDEM_FILTER_READY);
 		else
@@ -1101,6 +1152,8 @@ IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest)
 	slot = IdemFilterFind(relid, &incarnation);
 	if (slot == NULL || pg_atomic_read_u32(&slot->state) != IDEM_FILTER_READY)
 		return false;
+	/* the segments a READY filter was made with, at least */
+	pg_read_barrier();
 	has = IdemFilterTest(slot, digest);
 	pg_read_barrier();
 	/* freed meanwhile (its pages may hold another filter's bits): no answer */
@@ -1193,6 +1246,8 @@ IdemFilterHasSubscription(void)
 	ScanKeyData key;
 	bool		has;
 
+	/* what is committed now, not what a cached catalog snapshot saw */
+	InvalidateCatalogSnapshot();
 	rel = table_open(SubscriptionRelationId, AccessShareLock);
 	ScanKeyInit(&key, Anum_pg_subscription_subdbid, BTEqualStrategyNumber,
 				F_OIDEQ, ObjectIdGetDatum(MyDatabaseId));
@@ -1227,7 +1282,7 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 	if (rel == NULL)
 		return false;
 	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(rel)->natts) ||
-		IdemFilterExternalBusy(&seq))
+		IdemFilterExternalBusy(&seq) || IdemFilterHasSubscription())
 	{
 		relation_close(rel, AccessShareLock);
 		return false;
@@ -1322,18 +1377,7 @@ IdemFilterBuildDatabase(void)
 	if (IdemFilterHasSubscription())
 	{
 		/* none usable here (a subscription made before any was noticed) */
-		int			i;
-
-		for (i = 0; i < filter_shared->nslots; i++)
-		{
-			IdemFilterSlot *slot = &filter_slots[i];
-			uint32		state = pg_atomic_read_u32(&slot->state);
-
-			if ((state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING) &&
-				slot->db == MyDatabaseId)
-				(void) pg_atomic_compare_exchange_u32(&slot->state, &state,
-													  IDEM_FILTER_UNUSABLE);
-		}
+		IdemFilterSweepUnusable();
 		pfree(all);
 		return 0;
 	}

@@ -406,7 +406,8 @@ extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 								   TimestampTz now, LOCKMODE lockmode,
 								   IdemOpenPartition **open, int *capacity);
 extern void IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
-								  const IdemPartition *part, LOCKMODE lockmode);
+								  const IdemPartition *part, LOCKMODE lockmode,
+								  bool probe);
 extern void IdemClosePartitions(IdemOpenPartition *open, int nopen);
 extern void IdemOpenCacheInit(IdemOpenCache *cache);
 extern void IdemOpenCacheEnd(IdemOpenCache *cache);
@@ -422,7 +423,8 @@ extern bool IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid,
 extern void IdemSeeOwnWrites(void);
 
 /* Indexes of the partitions (indexes.c) */
-extern void IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode);
+extern void IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode,
+									 bool find_digest);
 extern void IdemClosePartitionIndexes(IdemOpenPartition *op);
 extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 								   IdemIndexUpdate which);
@@ -557,7 +559,7 @@ extern bool IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest);
 extern void IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest);
 extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
-extern void IdemFilterOwnSql(bool begin);
+extern void IdemFilterOwnSql(const char *sql);
 extern int	IdemFilterBuildDatabase(void);
 extern void IdemFilterForgetDatabase(void);
 extern void IdemFilterForgetDatabases(const Oid *dbs, int ndbs,

@@ -69,10 +69,13 @@ static void IdemInsertIndexEntriesExecutor(IdemOpenPartition *op,
  * with the partition); the others (the key ledger's recovery index, a
  * DBA's) are opened by IdemOpenAllIndexes when a write needs their
  * entries, so that a probe of a partition it does not write to pays for
- * one index only.
+ * one index only.  Without find_digest (a partition only written: a row
+ * fetched by its TID and updated, often with no index entry to add, or
+ * a new row's target), none is opened here.
  */
 void
-IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
+IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode,
+						 bool find_digest)
 {
 	List	   *indexoids = RelationGetIndexList(op->heap);
 	ListCell   *lc;
@@ -102,6 +105,10 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode)
 	foreach(lc, indexoids)
 		op->index_oids[n++] = lfirst_oid(lc);
 	list_free(indexoids);
+
+	/* a partition only written (not probed) opens its indexes when it must */
+	if (!find_digest)
+		return;
 
 	while (op->index == NULL && op->nopened < op->nindexes)
 	{

@@ -203,14 +203,14 @@ IdemExecAsOwner(const char *sql, int lock_timeout_ms)
 
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
-	IdemFilterOwnSql(true);
+	IdemFilterOwnSql(sql);
 	PG_TRY();
 	{
 		rc = SPI_execute(sql, false, 0);
 	}
 	PG_FINALLY();
 	{
-		IdemFilterOwnSql(false);
+		IdemFilterOwnSql(NULL);
 	}
 	PG_END_TRY();
 	if (rc < 0)

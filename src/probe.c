@@ -179,7 +179,7 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 			if (!locked[i])
 				continue;
 			IdemOpenPartitionRels(&(*open)[nopen], ledger, &parts[i],
-								  parts[i].ended ? AccessShareLock : lockmode);
+								  parts[i].ended ? AccessShareLock : lockmode, true);
 			nopen++;
 		}
 		pfree(parts);
@@ -236,12 +236,13 @@ IdemUnlockEnded(IdemPartition *parts, int n, bool *locked)
 
 /*
  * IdemOpenPartitionRels opens partition "part" of a ledger, which the caller
- * has locked in lock mode "lockmode", and its indexes, into "op", checking
- * that it has the ledger's columns.
+ * has locked in lock mode "lockmode", into "op", checking that it has the
+ * ledger's columns; with "probe", also its digest index (others, and
+ * without "probe" all of them, when a write needs their entries).
  */
 void
 IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
-					  const IdemPartition *part, LOCKMODE lockmode)
+					  const IdemPartition *part, LOCKMODE lockmode, bool probe)
 {
 	op->part = *part;
 	op->heap = table_open(part->relid, NoLock);
@@ -254,7 +255,7 @@ IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 				 errmsg("partition \"%s\" does not have the columns of table \"%s.%s\"",
 						RelationGetRelationName(op->heap),
 						IDEM_SCHEMA_NAME, IdemLedgerName(ledger))));
-	IdemOpenPartitionIndexes(op, lockmode);
+	IdemOpenPartitionIndexes(op, lockmode, probe);
 }
 
 /*
@@ -403,7 +404,7 @@ IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
 	cache->nentries++;
 	for (i = 0; i < n; i++)
 	{
-		IdemOpenPartitionRels(&entry->open[i], ledger, &parts[i], lockmode);
+		IdemOpenPartitionRels(&entry->open[i], ledger, &parts[i], lockmode, true);
 		entry->nopen++;
 	}
 	MemoryContextSwitchTo(oldcxt);
@@ -878,7 +879,8 @@ IdemOpFetchOwn(IdemOp *op, const IdemPartition *part, ItemPointer tid)
 
 	LockRelationOid(part->relid, RowExclusiveLock);
 	op->open = palloc(sizeof(IdemOpenPartition));
-	IdemOpenPartitionRels(&op->open[0], op->ledger, part, RowExclusiveLock);
+	IdemOpenPartitionRels(&op->open[0], op->ledger, part, RowExclusiveLock,
+						  false);
 	op->nopen = 1;
 	op->capacity = 1;
 	op->lockmode = RowExclusiveLock;
@@ -963,7 +965,7 @@ IdemOpFindTarget(IdemOp *op)
 		{
 			again.ended = false;
 			IdemOpenPartitionRels(&op->open[op->nopen], op->ledger, &again,
-								  op->lockmode);
+								  op->lockmode, false);
 			op->target = op->nopen++;
 			return true;
 		}

@@ -215,7 +215,7 @@ IdemFindLapsedIn(const IdemPartition *part, Oid role, text *scope,
 		UnlockRelationOid(part->relid, AccessShareLock);
 		return;
 	}
-	IdemOpenPartitionRels(&op, IDEM_LEDGER_KEYS, part, AccessShareLock);
+	IdemOpenPartitionRels(&op, IDEM_LEDGER_KEYS, part, AccessShareLock, true);
 	if (RelationGetDescr(op.heap)->natts >= Natts_keys)
 	{
 		slot = table_slot_create(op.heap, NULL);

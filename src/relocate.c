@@ -210,7 +210,7 @@ IdemMoveRow(IdemLedger ledger, IdemMisplaced *m)
 	table_close(from, NoLock);
 
 	LockRelationOid(target.relid, RowExclusiveLock);
-	IdemOpenPartitionRels(&op, ledger, &target, RowExclusiveLock);
+	IdemOpenPartitionRels(&op, ledger, &target, RowExclusiveLock, false);
 	values[Anum_ledger_lane - 1] = Int16GetDatum(m->lane);
 	/* in a partition made by this transaction: keep the key lock, as calls do */
 	if (!IdemInsertRow(&op, values, nulls, NULL))

@@ -249,7 +249,7 @@ IdemExportPartition(IdemLedger ledger, const IdemPartition *part,
 		UnlockRelationOid(part->relid, AccessShareLock);
 		return;
 	}
-	IdemOpenPartitionRels(&op, ledger, part, AccessShareLock);
+	IdemOpenPartitionRels(&op, ledger, part, AccessShareLock, true);
 	slot = table_slot_create(op.heap, NULL);
 
 	if (nprefixes < 0 || op.index == NULL)

@@ -45,7 +45,9 @@
 #   IDEM_PROVE_JOBS TAP tests run at once (prove -j; default 2)
 #   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
 #   DEMO_PORT       port of the demo cluster (default 54395; unix socket only)
-#   SUITE_TIMEOUT   seconds one suite may take (default 900)
+#   SUITE_TIMEOUT   seconds one suite may take (default 1800: a bound for a
+#                   hung suite; the tap suite takes 10 minutes on a quiet
+#                   2-core machine and more than 15 on a loaded one)
 #   KEEP_WORKDIR=1  keep the scratch directory (it is always kept on failure)
 #   IDEM_PROVE_TESTS  the TAP tests to run (default: every test/t/*.pl)
 #   IDEM_RESULTS    file to append one line per suite to: "SUITE STATUS SECONDS"
@@ -87,7 +89,7 @@ PROVE_JOBS=${IDEM_PROVE_JOBS:-2}
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 PGTAP_PORT=${PGTAP_PORT:-54393}
 DEMO_PORT=${DEMO_PORT:-54395}
-SUITE_TIMEOUT=${SUITE_TIMEOUT:-900}
+SUITE_TIMEOUT=${SUITE_TIMEOUT:-1800}
 
 for s in $SUITES; do
 	case " $ALL_SUITES " in

@@ -266,6 +266,51 @@ is($node->safe_psql('fifth', q{
 		ARRAY(SELECT 'far-' || g FROM generate_series(1, 100) g), '29 days')}),
 	'0', 'the ids consumed while the COPY ran are found');
 
+# user code that the library's own statements fire is looked at too: a
+# trigger on the stream positions (maintenance deletes unused ones each
+# run) that writes ledger rows once armed (the background worker's round
+# may fire it too, before or after: either way a write is a write)
+$node->safe_psql('postgres', q{CREATE DATABASE sixth});
+$node->safe_psql('sixth', q{
+	CREATE EXTENSION idempotency;
+	SELECT idem_maintain();
+	CREATE TABLE saved (LIKE idempotency.messages);
+	CREATE TABLE armed ();
+	CREATE FUNCTION sneak() RETURNS trigger LANGUAGE plpgsql AS $$
+	BEGIN
+		IF EXISTS (SELECT FROM public.armed) THEN
+			INSERT INTO idempotency.messages SELECT * FROM public.saved;
+			DELETE FROM public.saved;
+		END IF;
+		RETURN NULL;
+	END $$;
+	CREATE TRIGGER sneak AFTER DELETE ON idempotency.positions
+		FOR EACH STATEMENT EXECUTE FUNCTION sneak();
+});
+$node->safe_psql('sixth', qq{COPY saved FROM '$dump'});
+is(write_batch('sixth', 'y', 1, 100), '100', 'the sixth database takes its own ids');
+$node->safe_psql('sixth', 'SELECT idem_maintain()');
+like(filter_states('sixth'), qr/^ready=\d+$/, 'its filters are READY (the trigger is not armed)');
+$node->safe_psql('sixth', 'INSERT INTO armed DEFAULT VALUES');
+$node->safe_psql('sixth', 'SELECT idem_maintain()');
+is($node->safe_psql('sixth', 'SELECT count(*) FROM saved'), '0',
+	"maintenance's DELETE of unused positions fired the trigger");
+like(filter_states('sixth'), qr/^unusable=\d+$/,
+	'a write fired by the library\'s own statement makes the filters UNUSABLE');
+is(write_batch('sixth', 'x', 1, 500), '0', 'the ids the trigger wrote are found');
+
+# a role that may not write the ledgers cannot switch the filters off
+$node->safe_psql('sixth', q{
+	DROP TRIGGER sneak ON idempotency.positions;
+	SELECT idem_maintain();
+	CREATE ROLE watcher LOGIN IN ROLE pg_monitor;
+});
+like(filter_states('sixth'), qr/^ready=\d+$/, 'filters READY again');
+my ($rc, $out, $err) = $node->psql('sixth',
+	q{SET ROLE watcher; UPDATE idempotency.keys SET state = 'c' WHERE false});
+like($err, qr/permission denied/, 'a pg_monitor member may not update the key ledger');
+like(filter_states('sixth'), qr/^ready=\d+$/, 'and its refused statement leaves the filters READY');
+
 # a subscription: no filters in its database while it exists
 $node->safe_psql('postgres', q{SET client_min_messages = error; CREATE PUBLICATION everything FOR ALL TABLES});
 my $connstr = $node->connstr('postgres');

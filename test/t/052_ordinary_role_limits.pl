@@ -90,10 +90,24 @@ my $pinned = $node->safe_psql('postgres', q{
 	SELECT string_agg(c.oid::text, ',') FROM pg_class c
 	 WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind = 'r'
 	   AND c.relispartition});
-my @pinned = split /,/, $pinned;
-my $views = join '', map { "CREATE VIEW creep.pin_$_ AS SELECT '${_}'::regclass AS r;\n" } @pinned;
-is((($node->psql('postgres', "SET ROLE creep;\n$views"))[0]), 0,
-	'an ordinary role makes ' . scalar(@pinned) . ' views that depend on the partitions');
+# (a partition maintenance drops meanwhile, 1-second partitions, is
+# skipped: "referenced relation was concurrently dropped")
+my $views = $node->safe_psql('postgres', qq{
+	SET ROLE creep;
+	DO \$\$
+	DECLARE
+		r oid;
+	BEGIN
+		FOREACH r IN ARRAY '{$pinned}'::oid[] LOOP
+			BEGIN
+				EXECUTE format('CREATE VIEW creep.pin_%s AS SELECT %L::regclass AS r', r, r);
+			EXCEPTION WHEN undefined_object OR undefined_table THEN
+				NULL;
+			END;
+		END LOOP;
+	END \$\$;
+	SELECT count(*) FROM pg_views WHERE schemaname = 'creep' AND viewname LIKE 'pin\\_%'});
+ok($views > 0, "an ordinary role makes $views views that depend on the partitions");
 ok($node->poll_query_until('postgres',
 		"SELECT count(*) = 0 FROM pg_class WHERE oid IN ($pinned)"),
 	'maintenance drops every one of those partitions when it expires');

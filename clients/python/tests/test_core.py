@@ -186,10 +186,14 @@ def test_raw_bytes_and_repeated_headers(anyconn):
 
 def test_deadlock_is_retried(conn):
     """Two transactions lock two rows in opposite orders: the victim's
-    40P01 makes run_in_transaction run it again, and both succeed."""
+    40P01 makes run_in_transaction run it again, and both succeed, each
+    once.  (How many retries it takes depends on the machine: on a busy
+    one the victim's retry can take the first row again before the other
+    transaction, woken by the lock manager, got it, and deadlock again.)"""
     with psycopg.connect("user=%s" % APP_USER, autocommit=True) as c:
         c.execute("CREATE TABLE IF NOT EXISTS dl (id int PRIMARY KEY, n int)")
         c.execute("INSERT INTO dl VALUES (1, 0), (2, 0) ON CONFLICT DO NOTHING")
+        before = dict(c.execute("SELECT id, n FROM dl").fetchall())
     barrier = threading.Barrier(2, timeout=60)
     attempts = {"a": 0, "b": 0}
     errors = []
@@ -213,7 +217,13 @@ def test_deadlock_is_retried(conn):
     for t in ts:
         t.join(120)
     assert errors == []
-    assert sorted(attempts.values()) == [1, 2]
+    # a deadlock happened and was retried, within the attempts given
+    assert max(attempts.values()) >= 2
+    assert all(1 <= n <= 3 for n in attempts.values())
+    # each transaction's work committed exactly once
+    with psycopg.connect("user=%s" % APP_USER, autocommit=True) as c:
+        after = dict(c.execute("SELECT id, n FROM dl").fetchall())
+    assert after == {1: before[1] + 2, 2: before[2] + 2}
 
 
 def test_store_unavailable_is_classified():
