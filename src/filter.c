@@ -30,20 +30,27 @@
  *	  looks for the slot after the insert too: a writer that found no slot
  *	  had inserted before the slot existed, so the heap scan, which starts
  *	  after, sees its row.
- *	- Rows written by anything else (INSERT, UPDATE or MERGE, also in a
- *	  WITH clause, and COPY FROM, by a superuser or the storage owner;
- *	  pg_restore --data-only; ATTACH PARTITION to a ledger; moving a
- *	  partition to another schema) are noticed by an ExecutorStart and a
+ *	- Rows written by anything else are noticed by an ExecutorStart and a
  *	  ProcessUtility hook, for a ledger's table or any partition the ledger
- *	  caches list, in whatever schema: at the start of such a statement,
- *	  every filter of the database becomes UNUSABLE, and no filter is made
- *	  READY anywhere until the transaction that ran it has ended
- *	  (external_busy) nor by a build or creation that such a statement
- *	  overlapped (external_seq); the next maintenance round builds them
- *	  again.  Logical replication applies rows without either hook: a
- *	  database with a subscription gets no filters at all (CREATE and
- *	  ALTER SUBSCRIPTION count as external writes, so that no filter is
- *	  made before the new subscription is visible in pg_subscription).
+ *	  caches list, in whatever schema, in a database with the extension:
+ *	  INSERT, UPDATE or MERGE (also in a WITH clause) once the executor has
+ *	  checked their privileges, and COPY FROM by a role that may insert
+ *	  (pg_restore --data-only), before they write; ATTACH PARTITION to a
+ *	  ledger and ALTER COLUMN TYPE of one once they ran, before they
+ *	  commit.  Every filter of the database then becomes UNUSABLE, and no
+ *	  filter of that database is made READY until the transaction that ran
+ *	  the statement has ended (external_busy, per database) nor by a build
+ *	  or creation that such a statement overlapped (external_seq); the
+ *	  next maintenance round builds them again.  The library's own DDL
+ *	  (its ATTACH of a partition it made) is recognised by its query text;
+ *	  what it fires (a user's trigger) is looked at like any statement.
+ *	  Logical replication applies rows without either hook: a database
+ *	  with a subscription gets no filters at all (each build and creation
+ *	  looks for one; CREATE and ALTER SUBSCRIPTION count as external
+ *	  writes, so that no filter is made before the new subscription is
+ *	  visible in pg_subscription).  Tools that write rows from C without
+ *	  the executor or COPY (pglogical, pg_bulkload) are not seen: they
+ *	  need idempotency.filter_memory = 0 (doc/operations.md).
  *	- Standbys never use or build filters (WAL replay writes rows without
  *	  any of the above); a promoted standby builds them on its first
  *	  rounds.  A crash or restart loses them all; the worker builds them
