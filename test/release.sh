@@ -34,14 +34,25 @@
 #   (default 600) as the unprivileged role sqlsmith_user and as much again
 #   as a superuser, on each server of SQLSMITH_SERVERS (default
 #   "cassert 15 17 18": the assert-enabled 15, Debian's 15 on this machine,
-#   17 and 18 in their root file systems, test/lib/roots.sh).  Reports, per
-#   server and role, the queries run and per second, the errors by SQLSTATE
-#   class, server crashes ("terminated by signal" in the server log),
-#   assertion failures ("TRAP:"), FATAL and PANIC lines of sqlsmith's
+#   17 and 18 in their root file systems, test/lib/roots.sh), in each pass
+#   of SQLSMITH_PASSES (default "general extension"): the general pass
+#   offers sqlsmith the whole catalog (less a denylist), where it almost
+#   never calls the extension; the targeted one (extension) offers it only
+#   the extension's API, wrappers of the functions it cannot call as they
+#   are, a few functions that build their arguments, and views that call
+#   the API over a table of arguments (test/lib/sqlsmith_target.sql), so
+#   that most of its queries call the API with random arguments.  Reports,
+#   per server, role and pass, the queries run and per second, how many of
+#   them name the API, the calls of each of the extension's functions that
+#   returned (track_functions, counted across sqlsmith's resets of the
+#   statistics), the errors by SQLSTATE class (all, and those raised in the
+#   extension's code), server crashes ("terminated by signal" in the server
+#   log), assertion failures ("TRAP:"), FATAL and PANIC lines of sqlsmith's
 #   sessions, and internal errors (class XX) raised in the extension's own
-#   code; then amcheck over every ledger index and a check that the ledger
-#   still answers.  Fails on any crash, assertion failure, PANIC, internal
-#   error of the extension's code, or amcheck or ledger failure.
+#   code; then, per server, amcheck over every ledger index and a check
+#   that the ledger still answers.  Fails on any crash, assertion failure,
+#   PANIC, internal error of the extension's code, or amcheck or ledger
+#   failure.
 # amcheck: test/lib/amcheck_ledger.sql (bt_index_check with heapallindexed
 #   over every ledger index, each partition locked first) against the
 #   database named by PGHOST, PGPORT, PGDATABASE, PGUSER (a superuser), as
@@ -63,7 +74,7 @@
 #
 # Environment: VALGRIND_TIMING_SPECS, VALGRIND_REGRESS, VALGRIND_SPECS, VALGRIND_TIMEOUT (default 7200 s, a
 # bound for a hung run), DISCARD_CACHES_SECONDS, DISCARD_CACHES_REGRESS,
-# DISCARD_CACHES_SPECS, SQLSMITH_SECONDS, SQLSMITH_SERVERS, SQLSMITH_SEED
+# DISCARD_CACHES_SPECS, SQLSMITH_SECONDS, SQLSMITH_SERVERS, SQLSMITH_PASSES, SQLSMITH_SEED
 # (default: the time; each sqlsmith run prints its own), the settings of
 # test/lib/cassert.sh and test/lib/roots.sh, IDEM_RELEASE_PORT_BASE,
 # KEEP_WORKDIR.
@@ -98,6 +109,8 @@ DISCARD_CACHES_REGRESS=${DISCARD_CACHES_REGRESS:-consume keys maintain}
 DISCARD_CACHES_SPECS=${DISCARD_CACHES_SPECS:-cache_errors maintain_drop keys_nowait consume_boundary keys_boundary lookup_moves}
 SQLSMITH_SECONDS=${SQLSMITH_SECONDS:-600}
 SQLSMITH_SERVERS=${SQLSMITH_SERVERS:-cassert 15 17 18}
+# general: the whole catalog; extension: the extension's API (see the header)
+SQLSMITH_PASSES=${SQLSMITH_PASSES:-general extension}
 SQLSMITH_SEED=${SQLSMITH_SEED:-$(date +%s)}
 
 say() { printf '\n==== %s\n' "$*"; }
@@ -109,6 +122,8 @@ die() {
 WORK=""
 CHILD=""
 FAILED=0
+# background pollers (make sqlsmith's snapshots of the call counts)
+POLLERS=()
 
 # Long steps run in their own session, so that a signal to this script ends
 # the whole step (make, pg_regress, sqlsmith) before the servers are stopped.
@@ -130,6 +145,11 @@ cleanup() {
 		kill -KILL -- "-$CHILD" 2>/dev/null
 		wait "$CHILD" 2>/dev/null
 	fi
+	local p
+	for p in "${POLLERS[@]}"; do
+		kill "$p" 2>/dev/null
+		wait "$p" 2>/dev/null
+	done
 	cluster_stop_all || rc=1
 	if [ -n "$WORK" ]; then
 		cluster_stop_any_under "$WORK" || rc=1
@@ -350,13 +370,14 @@ gate_discard_caches() {
 # ---------------------------------------------------------------- sqlsmith
 # sqlsmith_one LABEL PORT STAGED: the sqlsmith runs against one server
 # ($PG_CONFIG's), with the extension built and installed already (into the
-# staging directory $WORK/stage when STAGED is 1); appends its figures to
-# $WORK/sqlsmith.results ("LABEL ROLE key=value ..." lines) and returns
-# non-zero if a gate failed.
+# staging directory $WORK/stage when STAGED is 1): for each pass of
+# SQLSMITH_PASSES, as sqlsmith_user and as a superuser.  Appends its figures
+# to $WORK/sqlsmith.results ("LABEL ROLE PASS key=value ..." lines) and
+# $WORK/sqlsmith.calls, and returns non-zero if a gate failed.
 sqlsmith_one() {
 	local label="$1" port="$2" staged="$3" dir conf=() major log db=smith
-	local role user seed out deadline left runs rc fails=0 secs n
-	local crashes traps panics fatals xx_ext classes off0 off1 amcheck calls0 calls
+	local pass role user seed out deadline left runs rc fails=0 secs n path xopts poller
+	local crashes traps panics fatals xx_ext classes ext_classes off0 off1 amcheck calls named
 	dir="$WORK/smith-$label"
 	major=$(deps_major)
 	log="$dir/postgresql.log"
@@ -401,81 +422,125 @@ sqlsmith_one() {
 		        (SELECT count(*) FROM idempotency.partitions), partitions_created, partitions_dropped)
 		   FROM idempotency.stats WHERE datname = current_database()")"
 
-	for role in sqlsmith_user superuser; do
-		user=$role
-		[ "$role" = superuser ] && user=$CLUSTER_USER
-		off0=$(stat -c %s "$log")
-		calls0=$(ext_calls "$dir" "$db")
-		deadline=$((SECONDS + SQLSMITH_SECONDS))
-		runs=0
-		# sqlsmith ends early when its connection breaks (a crash): it is
-		# started again, with the next seed, until the time is up
-		while left=$((deadline - SECONDS)) && [ "$left" -gt 0 ]; do
-			seed=$((SQLSMITH_SEED + runs))
-			runs=$((runs + 1))
-			out="$dir/sqlsmith-$role-$runs.out"
-			echo "$label, $role: sqlsmith --seed=$seed for ${left}s"
-			cluster_as_user timeout -s INT -k 30 "$left" sqlsmith --verbose --seed="$seed" \
-				--target="host=$dir/sock port=$port dbname=$db user=$user options='-csearch_path=sqlsmith_denylist,pg_catalog,public'" \
-				>"$out" 2>&1
-			rc=$?
-			if [ "$rc" -ne 124 ] && [ "$rc" -ne 0 ]; then
-				echo "$label, $role: sqlsmith ended early (exit $rc): $(tail -n 3 "$out" | tr '\n' ' ')"
-				# the server restarts after a crash: wait for it
-				cluster_as_user env PATH="$("$PG_CONFIG" --bindir):$PATH" \
-					pg_isready -q -t 120 -h "$dir/sock" -p "$port" || {
-					echo "release: the server did not come back"
-					return 1
-				}
-				sleep 1
+	for pass in $SQLSMITH_PASSES; do
+		case $pass in
+		general) xopts=() ;;
+		extension)
+			# what the targeted pass reads instead of the catalog, and
+			# the arguments of its calls (test/lib/sqlsmith_target.sql);
+			# catalog relations are left out of its queries
+			CLUSTER_DB=$db cluster_psql "$dir" -q -f "$SRC/test/lib/sqlsmith_target.sql" \
+				>"$dir/target.log" 2>&1 || {
+				cat "$dir/target.log"
+				return 1
+			}
+			xopts=(--exclude-catalog)
+			;;
+		*)
+			echo "release: unknown sqlsmith pass '$pass' (general extension)"
+			return 1
+			;;
+		esac
+		for role in sqlsmith_user superuser; do
+			user=$role
+			[ "$role" = superuser ] && user=$CLUSTER_USER
+			# the schema whose pg_proc sqlsmith reads instead of the catalog's
+			case $pass/$role in
+			general/*) path=sqlsmith_denylist ;;
+			extension/sqlsmith_user) path=sqlsmith_target_user ;;
+			extension/superuser) path=sqlsmith_target ;;
+			esac
+			off0=$(stat -c %s "$log")
+			calls="$dir/calls-$pass-$role"
+			: >"$calls"
+			ext_calls_poll "$dir" "$db" "$calls" &
+			poller=$!
+			POLLERS+=("$poller")
+			deadline=$((SECONDS + SQLSMITH_SECONDS))
+			runs=0
+			# sqlsmith ends early when its connection breaks (a crash): it
+			# is started again, with the next seed, until the time is up
+			while left=$((deadline - SECONDS)) && [ "$left" -gt 0 ]; do
+				seed=$((SQLSMITH_SEED + runs))
+				runs=$((runs + 1))
+				out="$dir/sqlsmith-$pass-$role-$runs.out"
+				echo "$label, $role, $pass pass: sqlsmith --seed=$seed for ${left}s"
+				# every query as it is sent (--dump-all-queries, on
+				# standard output) is read by api_named, which keeps only
+				# the count of those that name the extension's API
+				cluster_as_user timeout -s INT -k 30 "$left" sqlsmith --verbose --dump-all-queries \
+					--seed="$seed" "${xopts[@]}" \
+					--target="host=$dir/sock port=$port dbname=$db user=$user options='-csearch_path=$path,pg_catalog,public'" \
+					2>"$out" | api_named >"$out.named"
+				rc=${PIPESTATUS[0]}
+				if [ "$rc" -ne 124 ] && [ "$rc" -ne 0 ]; then
+					echo "$label, $role, $pass pass: sqlsmith ended early (exit $rc): $(tail -n 3 "$out" | tr '\n' ' ')"
+					# the server restarts after a crash: wait for it
+					cluster_as_user env PATH="$("$PG_CONFIG" --bindir):$PATH" \
+						pg_isready -q -t 120 -h "$dir/sock" -p "$port" || {
+						echo "release: the server did not come back"
+						return 1
+					}
+					sleep 1
+				fi
+			done
+			# the last counts of sqlsmith's backend are in once it has
+			# ended: a last poll after it
+			sleep 3
+			kill "$poller" 2>/dev/null
+			wait "$poller" 2>/dev/null
+			POLLERS=()
+			ext_calls_once "$dir" "$db" >>"$calls"
+			off1=$(stat -c %s "$log")
+			tail -c +$((off0 + 1)) "$log" | head -c $((off1 - off0)) >"$dir/server-$pass-$role.log"
+			secs=$SQLSMITH_SECONDS
+			# the queries of each sqlsmith run: the last of its reports
+			# ("queries: N", every 800 queries and when it ends; a run that
+			# lost its connection to a crash may not say)
+			n=0
+			for out in "$dir"/sqlsmith-"$pass"-"$role"-*.out; do
+				n=$((n + $(sed -n 's/^queries: \([0-9]*\)$/\1/p' "$out" | tail -n 1 | grep . || echo 0)))
+			done
+			named=$(cat "$dir"/sqlsmith-"$pass"-"$role"-*.out.named | awk '{q += $1; a += $2} END {printf "%d/%d", a, q}')
+			crashes=$(grep -c 'terminated by signal' "$dir/server-$pass-$role.log")
+			traps=$(grep -c 'TRAP:' "$dir/server-$pass-$role.log")
+			panics=$(grep -c ' PANIC: ' "$dir/server-$pass-$role.log")
+			# (sqlsmith's sessions are named sqlsmith::dut, sqlsmith::schema)
+			fatals=$(grep -Ec ' \[[0-9]+\] sqlsmith[^ ]* [0-9A-Z]{5} FATAL: ' "$dir/server-$pass-$role.log")
+			# errors of sqlsmith's sessions by SQLSTATE class
+			classes=$(sed -En 's/.* \[[0-9]+\] sqlsmith[^ ]* ([0-9A-Z]{2})[0-9A-Z]{3} ERROR: .*/\1/p' \
+				"$dir/server-$pass-$role.log" | sort | uniq -c | sort -rn | awk '{printf "%s%s:%s", sep, $2, $1; sep=","}')
+			# the errors raised in the extension's own code, by class, and
+			# the internal ones (XX) among them
+			ext_classes=$(errors_in_extension "$dir/server-$pass-$role.log" classes)
+			xx_ext=$(errors_in_extension "$dir/server-$pass-$role.log" xx)
+			printf '%s %s %s queries=%d seconds=%d qps=%d runs=%d naming_api=%s api_calls=%d crashes=%d traps=%d panics=%d fatals=%d xx_extension=%d errors=%s extension_errors=%s\n' \
+				"$label" "$role" "$pass" "$n" "$secs" "$((n / secs))" "$runs" "$named" \
+				"$(calls_total "$calls")" "$crashes" "$traps" "$panics" "$fatals" "$xx_ext" \
+				"${classes:-none}" "${ext_classes:-none}" >>"$WORK/sqlsmith.results"
+			printf '%s %s %s: %s\n' "$label" "$role" "$pass" "$(calls_total "$calls" each)" >>"$WORK/sqlsmith.calls"
+			tail -n 1 "$WORK/sqlsmith.results"
+			tail -n 1 "$WORK/sqlsmith.calls"
+			# the internal errors (class XX) of any code, for a look: the
+			# server's own are known sqlsmith findings, not the extension's
+			sed -En 's/.* \[[0-9]+\] sqlsmith[^ ]* (XX[0-9A-Z]{3}) ERROR: +XX[0-9A-Z]{3}: (.{0,100}).*/  \1 \2/p' \
+				"$dir/server-$pass-$role.log" | sort | uniq -c | sort -rn | head -n 10
+			if [ "$crashes" -ne 0 ] || [ "$traps" -ne 0 ] || [ "$panics" -ne 0 ] || [ "$xx_ext" -ne 0 ]; then
+				fails=1
+				grep -E -B2 -A12 'TRAP:|terminated by signal|PANIC: ' "$dir/server-$pass-$role.log" | head -n 120
+				errors_in_extension "$dir/server-$pass-$role.log" show | head -n 60
 			fi
 		done
-		off1=$(stat -c %s "$log")
-		calls=$(($(ext_calls "$dir" "$db") - calls0))
-		tail -c +$((off0 + 1)) "$log" | head -c $((off1 - off0)) >"$dir/server-$role.log"
-		secs=$SQLSMITH_SECONDS
-		# the queries of each sqlsmith run: the last of its reports
-		# ("queries: N", every 800 queries and when it ends; a run that lost
-		# its connection to a crash may not say)
-		n=0
-		for out in "$dir"/sqlsmith-"$role"-*.out; do
-			n=$((n + $(sed -n 's/^queries: \([0-9]*\)$/\1/p' "$out" | tail -n 1 | grep . || echo 0)))
-		done
-		crashes=$(grep -c 'terminated by signal' "$dir/server-$role.log")
-		traps=$(grep -c 'TRAP:' "$dir/server-$role.log")
-		panics=$(grep -c ' PANIC: ' "$dir/server-$role.log")
-		# (sqlsmith's sessions are named sqlsmith::dut, sqlsmith::schema)
-		fatals=$(grep -Ec ' \[[0-9]+\] sqlsmith[^ ]* [0-9A-Z]{5} FATAL: ' "$dir/server-$role.log")
-		# errors of sqlsmith's sessions by SQLSTATE class
-		classes=$(sed -En 's/.* \[[0-9]+\] sqlsmith[^ ]* ([0-9A-Z]{2})[0-9A-Z]{3} ERROR: .*/\1/p' \
-			"$dir/server-$role.log" | sort | uniq -c | sort -rn | awk '{printf "%s%s:%s", sep, $2, $1; sep=" "}')
-		# internal errors (XX) raised in the extension's own code: the
-		# LOCATION line that follows names a function of idempotency.so
-		xx_ext=$(xx_in_extension "$dir/server-$role.log")
-		printf '%s %s queries=%d seconds=%d qps=%d runs=%d ext_calls=%d crashes=%d traps=%d panics=%d fatals=%d xx_extension=%d errors=%s\n' \
-			"$label" "$role" "$n" "$secs" "$((n / secs))" "$runs" "$calls" "$crashes" "$traps" "$panics" \
-			"$fatals" "$xx_ext" "${classes:-none}" >>"$WORK/sqlsmith.results"
-		tail -n 1 "$WORK/sqlsmith.results"
-		# the internal errors (class XX) of any code, for a look: the
-		# server's own are known sqlsmith findings, not the extension's
-		sed -En 's/.* \[[0-9]+\] sqlsmith[^ ]* (XX[0-9A-Z]{3}) ERROR: +XX[0-9A-Z]{3}: (.{0,100}).*/  \1 \2/p' \
-			"$dir/server-$role.log" | sort | uniq -c | sort -rn | head -n 10
-		if [ "$crashes" -ne 0 ] || [ "$traps" -ne 0 ] || [ "$panics" -ne 0 ] || [ "$xx_ext" -ne 0 ]; then
-			fails=1
-			grep -E -B2 -A12 'TRAP:|terminated by signal|PANIC: ' "$dir/server-$role.log" | head -n 120
-			xx_in_extension "$dir/server-$role.log" show | head -n 60
-		fi
 	done
 
-	echo "$label: calls of the extension's functions (setup included): $(CLUSTER_DB=$db cluster_psql "$dir" -At -c \
-		"SELECT string_agg(funcname || ' ' || calls, ', ' ORDER BY calls DESC) FROM pg_stat_user_functions
-		  WHERE schemaname = 'idempotency' OR funcname LIKE 'idem\\_%'")"
 	# the ledger after the fuzzing: every index intact, and it still answers
 	amcheck=$(CLUSTER_DB=$db cluster_psql "$dir" -q -f "$SRC/test/lib/amcheck_ledger.sql" 2>&1)
 	if [[ "$amcheck" == *"NOTICE:  amcheck: "* ]] && [[ "$amcheck" != *ERROR* ]]; then
 		echo "$label: ${amcheck##*NOTICE:  }"
+		echo "$label amcheck: ${amcheck##*NOTICE:  }" >>"$WORK/sqlsmith.calls"
 	else
 		echo "$label: amcheck FAILED: $amcheck"
+		echo "$label amcheck: FAILED" >>"$WORK/sqlsmith.calls"
 		fails=1
 	fi
 	n=$(CLUSTER_DB=$db cluster_psql "$dir" -At -c \
@@ -484,41 +549,133 @@ sqlsmith_one() {
 		   FROM generate_series(1, 100) g" 2>&1)
 	if [ "$n" = 200 ]; then
 		echo "$label: the ledger still answers: 100 messages are duplicates, 100 keys replay"
+		echo "$label ledger: still answers (100 duplicates, 100 replays)" >>"$WORK/sqlsmith.calls"
 	else
 		echo "$label: the ledger after the fuzzing: want 200 duplicates and replays, got $n"
+		echo "$label ledger: FAILED ($n of 200)" >>"$WORK/sqlsmith.calls"
 		fails=1
 	fi
 	cluster_stop "$dir" || fails=1
 	return "$fails"
 }
 
-# ext_calls DIR DB: how many times the extension's functions (idem_* and
-# those of schema idempotency) have been called in DB (track_functions; the
-# counts of a backend are in once it has ended, as sqlsmith's have)
-ext_calls() {
-	CLUSTER_DB=$2 cluster_psql "$1" -At -c "SELECT pg_stat_clear_snapshot()" -c \
-		"SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions
-		  WHERE schemaname = 'idempotency' OR funcname LIKE 'idem\\_%'" | tail -n 1
+# The calls of the extension's functions (those of its pg_depend members:
+# the idem_* functions and those of schema idempotency, not the targeted
+# pass's wrappers) are counted from track_functions' statistics, which
+# count a call that returned (not one that ended in an error).  sqlsmith
+# may reset them (pg_stat_reset(), pg_stat_reset_single_function_counters())
+# and a crash discards them, so a poller takes a snapshot every second while
+# sqlsmith runs; calls_total adds up the counts between resets.  A line:
+# "<the database's stats_reset, or -> function=calls ...".  What a reset
+# loses: the calls counted since the snapshot before it (a second's).
+_EXT_CALLS_SQL="SELECT coalesce((SELECT extract(epoch FROM stats_reset)::text FROM pg_stat_database
+                                  WHERE datname = current_database()), '-')
+                       || ' ' || string_agg(p.proname || '=' || coalesce(pg_stat_get_function_calls(p.oid), 0),
+                                            ' ' ORDER BY p.proname)
+                  FROM pg_proc p
+                  JOIN pg_depend d ON d.classid = 'pg_proc'::regclass AND d.objid = p.oid AND d.deptype = 'e'
+                  JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'idempotency'"
+
+# ext_calls_once DIR DB: one snapshot line
+ext_calls_once() {
+	CLUSTER_DB=$2 cluster_psql "$1" -At -c "$_EXT_CALLS_SQL" 2>/dev/null
 }
 
-# xx_in_extension LOG [show]: how many errors of class XX in LOG carry a
-# LOCATION in a function of the extension's library (with "show", the lines)
-xx_in_extension() {
-	local log="$1" show="${2:-}" funcs="$WORK/idempotency.functions"
+# ext_calls_poll DIR DB FILE: a snapshot every second into FILE, until
+# killed (a failed one, while the server restarts after a crash, is skipped)
+ext_calls_poll() {
+	trap 'exit 0' TERM
+	while :; do
+		ext_calls_once "$1" "$2" >>"$3"
+		sleep 1
+	done
+}
+
+# calls_total FILE [each]: the calls since the first snapshot of FILE, summed
+# over the extension's functions (with "each": "function=calls ..." of those
+# called, most called first)
+calls_total() {
+	awk -v each="${2:-}" '
+		NF < 2 { next }
+		{
+			# a reset of the whole database: what was counted before it is in
+			if (NR > 1 && $1 != marker)
+				for (f in last) { acc[f] += last[f]; last[f] = 0 }
+			marker = $1
+			for (i = 2; i <= NF; i++) {
+				eq = index($i, "="); f = substr($i, 1, eq - 1); v = substr($i, eq + 1) + 0
+				if (!(f in base)) { base[f] = (NR == 1) ? v : 0; last[f] = base[f] }
+				# a reset of one function, or of all by a crash
+				if (v < last[f]) acc[f] += last[f]
+				last[f] = v
+			}
+		}
+		END {
+			for (f in last) { c = acc[f] + last[f] - base[f]; total += c; if (c > 0) out = out sprintf("%d %s\n", c, f) }
+			if (each == "") { print total + 0; exit }
+			n = split(out, lines, "\n"); s = ""
+			# most called first (a simple selection: 25 functions at most)
+			for (k = 1; k < n; k++) for (j = k + 1; j < n; j++) {
+				split(lines[k], a, " "); split(lines[j], b, " ")
+				if (b[1] + 0 > a[1] + 0) { t = lines[k]; lines[k] = lines[j]; lines[j] = t }
+			}
+			for (k = 1; k < n; k++) { split(lines[k], a, " "); s = s sep a[2] "=" a[1]; sep = " " }
+			print (s == "" ? "no call returned" : s)
+		}' "$1"
+}
+
+# api_named: reads the queries sqlsmith dumps (each ends with a line that
+# ends with ";") and prints "<queries> <those naming the API>": a function
+# of the extension (idem_*, idempotency.<function>), a wrapper of the
+# targeted pass (sqlsmith_target.*), a view that calls one (public.smith_*
+# but the table of arguments, idempotency.partitions, idempotency.stats)
+api_named() {
+	awk '
+		{ q = q "\n" $0 }
+		/;[[:space:]]*$/ {
+			n++
+			if (q ~ /[^a-z_]idem_[a-z_]+\(/ || q ~ /idempotency\.[a-z_]+\(/ || q ~ /sqlsmith_target\.[a-z_]+\(/ ||
+			    q ~ /public\.smith_(claim|complete|checkpoint|release|lookup|recover|consume|assign|advance|positions|sequence|maintain|relocate|import|export)/ ||
+			    q ~ /idempotency\.(partitions|stats)[^a-z_]/)
+				named++
+			q = ""
+		}
+		END { print n + 0, named + 0 }'
+}
+
+# errors_in_extension LOG MODE: the errors of sqlsmith's sessions in LOG
+# whose LOCATION is a function of the extension's library: "xx" counts the
+# internal ones (class XX), "classes" prints the count per SQLSTATE class
+# ("22:12,XX:1"), "show" prints the internal ones with their LOCATION
+errors_in_extension() {
+	local log="$1" mode="$2" funcs="$WORK/idempotency.functions"
 	nm --defined-only "$WORK/src/idempotency.so" 2>/dev/null |
 		awk '$2 ~ /^[Tt]$/ {print $3}' >"$funcs"
 	# an ERROR line, then its DETAIL, HINT, CONTEXT lines, then LOCATION
-	awk -v show="$show" -v funcs="$funcs" '
+	awk -v mode="$mode" -v funcs="$funcs" '
 		BEGIN { while ((getline f < funcs) > 0) ours[f] = 1 }
-		/ sqlsmith[^ ]* XX[0-9A-Z][0-9A-Z][0-9A-Z] ERROR: / { pending = $0; next }
+		/ sqlsmith[^ ]* [0-9A-Z][0-9A-Z][0-9A-Z][0-9A-Z][0-9A-Z] ERROR: / {
+			pending = $0
+			state = pending; sub(/ ERROR: .*/, "", state); sub(/.* /, "", state)
+			next
+		}
 		pending != "" && / LOCATION: / {
 			fn = $0; sub(/.* LOCATION: */, "", fn); sub(/,.*/, "", fn)
-			if (fn in ours) { count++; if (show != "") print pending "\n" $0 }
+			if (fn in ours) {
+				class = substr(state, 1, 2); byclass[class]++
+				if (class == "XX") { xx++; if (mode == "show") print pending "\n" $0 }
+			}
 			pending = ""
 			next
 		}
 		/ (ERROR|FATAL|PANIC|WARNING|LOG|STATEMENT): / { pending = "" }
-		END { if (show == "") print count + 0 }' "$log"
+		END {
+			if (mode == "xx") print xx + 0
+			if (mode == "classes") {
+				for (c in byclass) { s = s sep c ":" byclass[c]; sep = "," }
+				print (s == "" ? "none" : s)
+			}
+		}' "$log"
 }
 
 # The servers of SQLSMITH_SERVERS, one after the other.
@@ -528,11 +685,12 @@ gate_sqlsmith() {
 	deps_ensure sqlsmith binutils || exit 1
 	make_workdir
 	: >"$WORK/sqlsmith.results"
-	chown "$CLUSTER_USER:" "$WORK/sqlsmith.results"
+	: >"$WORK/sqlsmith.calls"
+	chown "$CLUSTER_USER:" "$WORK/sqlsmith.results" "$WORK/sqlsmith.calls"
 	for s in $SQLSMITH_SERVERS; do
 		port=$((PORT_BASE + 10 + n))
 		n=$((n + 1))
-		say "sqlsmith on $s: ${SQLSMITH_SECONDS}s as sqlsmith_user, ${SQLSMITH_SECONDS}s as a superuser"
+		say "sqlsmith on $s: passes $SQLSMITH_PASSES, each ${SQLSMITH_SECONDS}s as sqlsmith_user and ${SQLSMITH_SECONDS}s as a superuser"
 		case $s in
 		cassert)
 			cassert_ensure || {
@@ -557,8 +715,12 @@ gate_sqlsmith() {
 		rc=$?
 		[ "$rc" -eq 0 ] || FAILED=1
 	done
-	say "sqlsmith: summary (${SQLSMITH_SECONDS}s per role and server; seeds from $SQLSMITH_SEED)"
+	say "sqlsmith: summary (${SQLSMITH_SECONDS}s per role, pass and server; seeds from $SQLSMITH_SEED)"
+	# naming_api: queries that name the extension's API / queries;
+	# api_calls: calls of its functions that returned
 	column -t <"$WORK/sqlsmith.results" 2>/dev/null || cat "$WORK/sqlsmith.results"
+	say "sqlsmith: calls of each of the extension's functions that returned, per server, role and pass"
+	cat "$WORK/sqlsmith.calls"
 	[ "$FAILED" -eq 0 ] && echo "0 crashes, 0 assertion failures, no internal error of the extension, ledgers intact"
 }
 
@@ -576,10 +738,12 @@ sqlsmith_in_root() {
 		tar -C "$dir/tmp/idempotency-release-src" -xf - || return 1
 	root_mount "$dir" || return 1
 	root_run "$dir" env SQLSMITH_SECONDS="$SQLSMITH_SECONDS" SQLSMITH_SEED="$SQLSMITH_SEED" \
+		SQLSMITH_PASSES="$SQLSMITH_PASSES" \
 		IDEM_RELEASE_PORT_BASE="$port" PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
 		bash /tmp/idempotency-release-src/test/release.sh sqlsmith-here "$v"
 	rc=$?
 	cat "$dir/tmp/idempotency-release-src/sqlsmith.results" >>"$WORK/sqlsmith.results" 2>/dev/null
+	cat "$dir/tmp/idempotency-release-src/sqlsmith.calls" >>"$WORK/sqlsmith.calls" 2>/dev/null
 	root_umount "$dir" || rc=1
 	rm -rf --one-file-system "$dir/tmp/idempotency-release-src"
 	return "$rc"
@@ -591,11 +755,13 @@ gate_sqlsmith_here() {
 	deps_ensure sqlsmith binutils || exit 1
 	make_workdir
 	: >"$WORK/sqlsmith.results"
-	chown "$CLUSTER_USER:" "$WORK/sqlsmith.results"
+	: >"$WORK/sqlsmith.calls"
+	chown "$CLUSTER_USER:" "$WORK/sqlsmith.results" "$WORK/sqlsmith.calls"
 	build_extension || exit 1
 	sqlsmith_one "$label" "$PORT_BASE" 0
 	rc=$?
 	cp "$WORK/sqlsmith.results" "$SRC/sqlsmith.results"
+	cp "$WORK/sqlsmith.calls" "$SRC/sqlsmith.calls"
 	[ "$rc" -eq 0 ] || FAILED=1
 }
 
