@@ -634,9 +634,10 @@ api_named() {
 		{ q = q "\n" $0 }
 		/;[[:space:]]*$/ {
 			n++
+			v = q
+			gsub(/public\.smith_args/, "", v)
 			if (q ~ /[^a-z_]idem_[a-z_]+\(/ || q ~ /idempotency\.[a-z_]+\(/ || q ~ /sqlsmith_target\.[a-z_]+\(/ ||
-			    q ~ /public\.smith_(claim|complete|checkpoint|release|lookup|recover|consume|assign|advance|positions|sequence|maintain|relocate|import|export)/ ||
-			    q ~ /idempotency\.(partitions|stats)[^a-z_]/)
+			    v ~ /public\.smith_/ || q ~ /idempotency\.(partitions|stats)[^a-z_]/)
 				named++
 			q = ""
 		}

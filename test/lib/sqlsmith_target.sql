@@ -231,7 +231,14 @@ GRANT SELECT ON sqlsmith_target_user.pg_proc TO sqlsmith_user;
 -- functions keep their own privileges (none for PUBLIC but the API's).
 GRANT USAGE ON SCHEMA idempotency TO sqlsmith_user;
 
--- The arguments.
+-- The arguments.  The rows come in this order, which is the order a scan
+-- of the table (and of the views below) meets them in: sqlsmith's queries
+-- run in a transaction that is rolled back, so its own writes to the table
+-- never stay.  First the real keys, each with its scope and token, then
+-- rows of values the API takes, then rows of odd ones (empty, too long,
+-- negative, out of range, NULL, where the API answers with an error): a
+-- view's scan errs only once it reaches them, and a query that reads fewer
+-- rows (LIMIT, WHERE, TABLESAMPLE, a join) gets through.
 CREATE TABLE public.smith_args (
 	key text, scope text, consumer text, message_id text, stream text, producer text,
 	recovery_point text,
@@ -248,12 +255,14 @@ GRANT ALL ON public.smith_args TO sqlsmith_user;
 CREATE FUNCTION pg_temp.pick(anyarray, integer) RETURNS anyelement
 LANGUAGE sql IMMUTABLE AS 'SELECT $1[1 + $2 % array_length($1, 1)]';
 
-CREATE TEMP TABLE tokens AS
-SELECT k.key, k.scope, (SELECT token FROM idem_lookup(k.key, k.scope)) AS token
+-- the real keys of both roles (keys are per role), with their tokens
+CREATE TEMP TABLE tokens (key text, scope text, token bigint);
+GRANT ALL ON tokens TO sqlsmith_user;
+INSERT INTO tokens
+SELECT k.key, k.scope, (SELECT token FROM idem_lookup(k.key, k.scope))
   FROM (VALUES ('su-2p-1', 'two-phase'), ('su-2p-2', 'two-phase'), ('su-2p-3', 'two-phase'),
                ('su-2p-5', 'two-phase'), ('su-lapsed-1', 'two-phase'), ('su-target-1', 'target'),
                ('su-target-2', 'target')) AS k (key, scope);
-GRANT ALL ON tokens TO sqlsmith_user;
 SET ROLE sqlsmith_user;
 INSERT INTO tokens
 SELECT k.key, k.scope, (SELECT token FROM idem_lookup(k.key, k.scope))
@@ -262,122 +271,139 @@ SELECT k.key, k.scope, (SELECT token FROM idem_lookup(k.key, k.scope))
                ('user-target-1', 'target'), ('user-target-2', 'target')) AS k (key, scope);
 RESET ROLE;
 
--- first the real keys, each with its scope and token (the other columns
--- as below), then rows whose columns are drawn independently
-INSERT INTO public.smith_args (key, scope, token)
-SELECT key, scope, token FROM tokens;
-INSERT INTO public.smith_args
-SELECT pg_temp.pick(ARRAY['user-done-1', 'user-done-2', 'user-2p-1', 'user-2p-2', 'user-2p-3',
-                          'user-lapsed-1', 'user-target-1', 'user-target-2', 'su-2p-1', 'su-2p-2',
-                          'su-2p-5', 'su-lapsed-2', 'su-target-1', 'su-target-3', 'new-key-' || g,
-                          '', ' ', repeat('k', 3000), 'ключ-✓', E'a\nb', 'user-short-done-1'], g),
-       pg_temp.pick(ARRAY['', 'two-phase', 'target', 'other', repeat('s', 500), 'two-phase '], g),
-       pg_temp.pick(ARRAY['user-billing', 'user-batch', 'su-batch', 'user-consumer', 'su-consumer',
-                          'new-consumer', '', repeat('c', 2000)], g),
-       pg_temp.pick(ARRAY['msg-1', 'msg-2', 'msg-50', 'b-1', 'b-499', 'new-msg-' || g, '', E'\t'], g),
-       pg_temp.pick(ARRAY['orders', 'payments', '', repeat('t', 1000)], g),
-       pg_temp.pick(ARRAY['user-producer', 'su-producer', 'new-producer', ''], g),
-       pg_temp.pick(ARRAY['step-1', 'step-2', '', repeat('r', 5000)], g),
-       pg_temp.pick(ARRAY['{"n": 1}', '{"n": 1.0}', '{"n": 2}', '{}', '[]', 'null', '"s"', '0',
-                          '{"a": {"b": [1, 2.50, {"c": null}]}, "d": "e"}', '{"g": 3}',
-                          '123456789012345678901234567890.000000000001',
-                          '[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]'], g)::jsonb,
-       pg_temp.pick(ARRAY['{"charge": 1}', '{}', 'null', '[1, 2, 3]', '"ok"', '{"big": "' || repeat('x', 4000) || '"}'],
-                    g)::jsonb,
-       pg_temp.pick(ARRAY['{"Content-Type": "application/json"}', '{}', '[]', 'null', '{"a": 1}',
-                          '{"X-A": ["1", "2"]}', '"h"'], g)::jsonb,
-       pg_temp.pick(ARRAY[NULL, '0', '-1 second', '1 microsecond', '1 second', '2 seconds', '10 seconds',
-                          '1 minute', '1 hour', '1 day', '30 days', '31 days', '1000 years',
-                          '-1000 years', '1 mon'], g)::interval,
-       pg_temp.pick(ARRAY[NULL, '0', '-1 second', '1 second', '10 seconds', '10 minutes', '1 day',
-                          '100 years'], g)::interval,
-       CASE WHEN g % 3 = 0 THEN pg_temp.pick(ARRAY[0, -1, 1, 9223372036854775807, -9223372036854775808], g)
-            ELSE pg_temp.pick((SELECT array_agg(token ORDER BY key) FROM tokens WHERE token IS NOT NULL), g) END,
-       pg_temp.pick(ARRAY[1, 2, 0, -1, 9223372036854775807], g),
-       pg_temp.pick(ARRAY[1, 5, 6, 7, 100, 0, -1, 9223372036854775807], g),
-       pg_temp.pick(ARRAY[0, 9, 10, 11, 100, -1, 9223372036854775806], g),
-       pg_temp.pick(ARRAY[9, 10, 19, 20, 5, -1, 9223372036854775807], g),
-       pg_temp.pick(ARRAY[1, 2, 0, 3, -1, 9223372036854775807], g),
-       pg_temp.pick(ARRAY[200, 201, 204, 0, -1, 99, 100, 599, 600, 2147483647, -2147483648], g),
-       pg_temp.pick(ARRAY[0, 1, 2, 3, 11, -1, 2147483647], g),
-       pg_temp.pick(ARRAY['{0,1,2}', '{}', '{0,0}', '{-1}', '{2147483647}', '{1,NULL}', '{3,4,5,6,7,8,9}',
-                          NULL], g)::integer[],
-       pg_temp.pick(ARRAY['\x'::bytea, '\x00', decode(repeat('ff', 1000), 'hex'), convert_to('hello', 'UTF8'),
-                          NULL], g),
-       pg_temp.pick(ARRAY['{}', '{a,b,a}', '{msg-1,msg-2,new-1}', '{NULL}', '{""}', '{b-1,b-2,b-3}',
-                          NULL], g)::text[],
-       pg_temp.pick(ARRAY[true, false, NULL], g),
-       NULL, NULL, NULL, NULL
-  FROM generate_series(1, 60) g;
--- the other columns of the real keys' rows, from the rows after them
-UPDATE public.smith_args s
-   SET (consumer, message_id, stream, producer, recovery_point, request, response, headers, ttl,
-        lease, epoch, seq, first_offset, last_offset, generation, code, part, parts, raw, ids, wait)
-     = (SELECT consumer, message_id, stream, producer, recovery_point, request, response, headers, ttl,
-               lease, epoch, seq, first_offset, last_offset, generation, code, part, parts, raw, ids, wait
-          FROM public.smith_args o
-         WHERE o.key NOT IN (SELECT key FROM tokens) AND o.token IS NOT NULL
-         ORDER BY o.ctid OFFSET length(s.key) % 20 LIMIT 1)
- WHERE s.key IN (SELECT key FROM tokens);
-
--- exported records: as they are, and changed (another token, status,
--- expiry, digest, role)
+-- exported records, numbered: as they are first, then changed (another
+-- token, status, expiry, digest, role, position, sequence)
+CREATE TEMP TABLE records AS
 WITH xk AS (SELECT r, row_number() OVER () AS n FROM idempotency.export_keys() r LIMIT 40),
-     a AS (SELECT ctid, row_number() OVER () AS n FROM public.smith_args)
-UPDATE public.smith_args s SET k = CASE xk.n % 5
-           WHEN 0 THEN xk.r
-           WHEN 1 THEN ROW((xk.r).role, (xk.r).digest, (xk.r).expires_at, (xk.r).status, (xk.r).token + 1,
-                           (xk.r).claimed_at, (xk.r).lease_expires_at, (xk.r).fingerprint, (xk.r).recovery_point,
-                           (xk.r).response_code, (xk.r).response_body, (xk.r).kept_key, (xk.r).kept_scope,
-                           (xk.r).request, (xk.r).response_headers, (xk.r).response_raw)::idempotency.key_record
-           WHEN 2 THEN ROW((xk.r).role, (xk.r).digest, now() - interval '1 hour', 'completed', (xk.r).token,
-                           (xk.r).claimed_at, NULL, (xk.r).fingerprint, (xk.r).recovery_point, 200, '{}',
-                           (xk.r).kept_key, (xk.r).kept_scope, (xk.r).request, NULL, NULL)::idempotency.key_record
-           WHEN 3 THEN ROW('sqlsmith_user', gen_random_uuid(), now() + interval '1 day', 'claimed', 1,
-                           now(), now() + interval '1 minute', NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-                           NULL, NULL)::idempotency.key_record
-           ELSE ROW((xk.r).role, (xk.r).digest, (xk.r).expires_at, 'released', -5, (xk.r).claimed_at,
-                    (xk.r).lease_expires_at, '\x00', (xk.r).recovery_point, 700, '[]', (xk.r).kept_key,
-                    (xk.r).kept_scope, (xk.r).request, '{"h": 1}', '\xff')::idempotency.key_record END
-  FROM xk, a WHERE a.ctid = s.ctid AND a.n = xk.n;
-WITH xm AS (SELECT r, row_number() OVER () AS n FROM idempotency.export_messages() r LIMIT 40),
-     a AS (SELECT ctid, row_number() OVER () AS n FROM public.smith_args)
-UPDATE public.smith_args s SET m = CASE xm.n % 3
-           WHEN 0 THEN xm.r
-           WHEN 1 THEN ROW((xm.r).role, (xm.r).digest, now() - interval '1 day')::idempotency.message_record
-           ELSE ROW('sqlsmith_user', gen_random_uuid(), now() + interval '1000 years')::idempotency.message_record END
-  FROM xm, a WHERE a.ctid = s.ctid AND a.n = xm.n + 20;
-WITH xp AS (SELECT r, row_number() OVER () AS n FROM idempotency.export_positions() r),
-     a AS (SELECT ctid, row_number() OVER () AS n FROM public.smith_args)
-UPDATE public.smith_args s SET p = CASE xp.n % 2
-           WHEN 0 THEN xp.r
-           ELSE ROW((xp.r).role, (xp.r).consumer, (xp.r).stream, (xp.r).part, -1, (xp.r).generation + 1,
-                    (xp.r).updated_at)::idempotency.position_record END
-  FROM xp, a WHERE a.ctid = s.ctid AND a.n = xp.n + 40;
-WITH xq AS (SELECT r, row_number() OVER () AS n FROM idempotency.export_sequences() r),
-     a AS (SELECT ctid, row_number() OVER () AS n FROM public.smith_args)
-UPDATE public.smith_args s SET s = CASE xq.n % 2
-           WHEN 0 THEN xq.r
-           ELSE ROW((xq.r).role, (xq.r).consumer, (xq.r).producer, (xq.r).epoch - 1, (xq.r).seq + 100,
-                    (xq.r).updated_at)::idempotency.sequence_record END
-  FROM xq, a WHERE a.ctid = s.ctid AND a.n = xq.n + 50;
+     xm AS (SELECT r, row_number() OVER () AS n FROM idempotency.export_messages() r LIMIT 40),
+     xp AS (SELECT r, row_number() OVER () AS n FROM idempotency.export_positions() r),
+     xs AS (SELECT r, row_number() OVER () AS n FROM idempotency.export_sequences() r)
+SELECT g AS n,
+       (SELECT CASE WHEN g <= 25 THEN xk.r
+                    WHEN g % 4 = 0 THEN ROW((xk.r).role, (xk.r).digest, (xk.r).expires_at, (xk.r).status,
+                              (xk.r).token + 1, (xk.r).claimed_at, (xk.r).lease_expires_at, (xk.r).fingerprint,
+                              (xk.r).recovery_point, (xk.r).response_code, (xk.r).response_body, (xk.r).kept_key,
+                              (xk.r).kept_scope, (xk.r).request, (xk.r).response_headers,
+                              (xk.r).response_raw)::idempotency.key_record
+                    WHEN g % 4 = 1 THEN ROW((xk.r).role, (xk.r).digest, now() - interval '1 hour', 'completed',
+                              (xk.r).token, (xk.r).claimed_at, NULL, (xk.r).fingerprint, (xk.r).recovery_point, 200,
+                              '{}', (xk.r).kept_key, (xk.r).kept_scope, (xk.r).request, NULL,
+                              NULL)::idempotency.key_record
+                    WHEN g % 4 = 2 THEN ROW('sqlsmith_user', gen_random_uuid(), now() + interval '1 day', 'claimed', 1,
+                              now(), now() + interval '1 minute', NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                              NULL, NULL)::idempotency.key_record
+                    ELSE ROW((xk.r).role, (xk.r).digest, (xk.r).expires_at, 'released', -5, (xk.r).claimed_at,
+                             (xk.r).lease_expires_at, '\x00', (xk.r).recovery_point, 700, '[]', (xk.r).kept_key,
+                             (xk.r).kept_scope, (xk.r).request, '{"h": 1}', '\xff')::idempotency.key_record END
+          FROM xk WHERE xk.n = g) AS k,
+       (SELECT CASE WHEN g <= 25 THEN xm.r
+                    WHEN g % 2 = 0 THEN ROW((xm.r).role, (xm.r).digest, now() - interval '1 day')::idempotency.message_record
+                    ELSE ROW('sqlsmith_user', gen_random_uuid(), now() + interval '1000 years')::idempotency.message_record END
+          FROM xm WHERE xm.n = g) AS m,
+       (SELECT CASE WHEN g <= 4 THEN xp.r
+                    ELSE ROW((xp.r).role, (xp.r).consumer, (xp.r).stream, (xp.r).part, -1, (xp.r).generation + 1,
+                             (xp.r).updated_at)::idempotency.position_record END
+          FROM xp WHERE xp.n = g) AS p,
+       (SELECT CASE WHEN g <= 1 THEN xs.r
+                    ELSE ROW((xs.r).role, (xs.r).consumer, (xs.r).producer, (xs.r).epoch - 1, (xs.r).seq + 100,
+                             (xs.r).updated_at)::idempotency.sequence_record END
+          FROM xs WHERE xs.n = g) AS s
+  FROM generate_series(1, 40) g;
 
--- Views that call the API, one call per row of the arguments: sqlsmith
--- draws most of its FROM items from these (with their WHERE, LIMIT and
--- TABLESAMPLE, joins and subqueries), so that most queries call the API
--- even where its grammar puts no function call.  Security invoker: the
--- calls run as sqlsmith's role, on its own keys.  Those of the functions
--- that only a superuser may call are not granted to sqlsmith_user (nor
--- listed for it in information_schema.tables).
+INSERT INTO public.smith_args
+SELECT CASE WHEN t.key IS NOT NULL THEN t.key
+            WHEN NOT odd THEN pg_temp.pick(ARRAY['user-done-1', 'user-done-2', 'user-2p-1', 'user-2p-2',
+                                                 'user-2p-3', 'user-lapsed-1', 'user-target-1', 'su-2p-1',
+                                                 'su-2p-2', 'su-lapsed-2', 'su-target-1', 'new-key-' || g,
+                                                 'ключ-✓', E'a\nb', ' ', 'user-short-done-1'], g)
+            ELSE pg_temp.pick(ARRAY['', repeat('k', 3000), NULL], g) END,
+       CASE WHEN t.key IS NOT NULL THEN t.scope
+            WHEN NOT odd THEN pg_temp.pick(ARRAY['', 'two-phase', 'target', 'other', 'two-phase '], g)
+            ELSE pg_temp.pick(ARRAY[repeat('s', 500), NULL], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['user-billing', 'user-batch', 'su-batch', 'user-consumer',
+                                                 'su-consumer', 'new-consumer'], g)
+            ELSE pg_temp.pick(ARRAY['', repeat('c', 2000), NULL], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['msg-1', 'msg-2', 'msg-50', 'b-1', 'b-499', 'new-msg-' || g,
+                                                 E'\t'], g)
+            ELSE pg_temp.pick(ARRAY['', NULL, repeat('m', 3000)], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['orders', 'payments'], g)
+            ELSE pg_temp.pick(ARRAY['', repeat('t', 1000), NULL], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['user-producer', 'su-producer', 'new-producer'], g)
+            ELSE pg_temp.pick(ARRAY['', repeat('p', 1000), NULL], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['step-1', 'step-2', ''], g)
+            ELSE pg_temp.pick(ARRAY[repeat('r', 5000), NULL], g) END,
+       (CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['{"n": 1}', '{"n": 1.0}', '{"n": 2}', '{}', '[]', 'null', '"s"',
+                                                  '0', '{"a": {"b": [1, 2.50, {"c": null}]}, "d": "e"}', '{"g": 3}'], g)
+             ELSE pg_temp.pick(ARRAY['123456789012345678901234567890.000000000001',
+                                     repeat('[', 1000) || repeat(']', 1000),
+                                     '{"big": "' || repeat('x', 100000) || '"}'], g) END)::jsonb,
+       (CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['{"charge": 1}', '{}', 'null', '[1, 2, 3]', '"ok"', NULL], g)
+             ELSE pg_temp.pick(ARRAY['{"big": "' || repeat('x', 100000) || '"}', '-0.0'], g) END)::jsonb,
+       (CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['{"Content-Type": "application/json"}', '{}', '{"X-A": "1"}',
+                                                  NULL], g)
+             ELSE pg_temp.pick(ARRAY['[]', 'null', '{"a": 1}', '{"X-A": ["1", "2"]}', '"h"'], g) END)::jsonb,
+       (CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[NULL, '1 second', '2 seconds', '10 seconds', '1 minute',
+                                                  '1 hour', '1 day', '7 days'], g)
+             ELSE pg_temp.pick(ARRAY['0', '-1 second', '1000 years', '-1000 years', '1 microsecond', '1 mon'],
+                               g) END)::interval,
+       (CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[NULL, '1 second', '10 seconds', '10 minutes', '1 day'], g)
+             ELSE pg_temp.pick(ARRAY['0', '-1 second', '100 years'], g) END)::interval,
+       CASE WHEN t.key IS NOT NULL THEN t.token
+            WHEN NOT odd THEN pg_temp.pick((SELECT array_agg(token ORDER BY key) FROM tokens
+                                             WHERE token IS NOT NULL) || NULL::bigint, g)
+            ELSE pg_temp.pick(ARRAY[0, -1, 9223372036854775807, -9223372036854775808], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[1, 2, 3], g)
+            ELSE pg_temp.pick(ARRAY[0, -1, 9223372036854775807], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[1, 5, 6, 7, 100], g)
+            ELSE pg_temp.pick(ARRAY[0, -1, 9223372036854775807], g) END,
+       -- first and last offsets paired (lists of one length)
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[0, 10, 10, 20, 100], g)
+            ELSE pg_temp.pick(ARRAY[-1, 9223372036854775806], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[9, 10, 19, 29, 150], g)
+            ELSE pg_temp.pick(ARRAY[-1, 5, 9223372036854775807], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[1, 2, 3], g)
+            ELSE pg_temp.pick(ARRAY[0, -1, 9223372036854775807, NULL], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[200, 201, 204, 404, 500], g)
+            ELSE pg_temp.pick(ARRAY[0, -1, 99, 600, 2147483647, -2147483648], g) END,
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[0, 1, 2, 3, 11], g)
+            ELSE pg_temp.pick(ARRAY[-1, 2147483647], g) END,
+       (CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['{0,1,2}', '{}', '{0,0}', '{3,4,5,6,7,8,9}'], g)
+             ELSE pg_temp.pick(ARRAY['{-1}', '{2147483647}', '{1,NULL}', NULL], g) END)::integer[],
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[NULL, NULL, NULL, '\x00'::bytea, convert_to('hello', 'UTF8')], g)
+            ELSE pg_temp.pick(ARRAY['\x'::bytea, decode(repeat('ff', 100000), 'hex')], g) END,
+       (CASE WHEN NOT odd THEN pg_temp.pick(ARRAY['{}', '{a,b,a}', '{msg-1,msg-2,new-1}', '{b-1,b-2,b-3}', '{""}'], g)
+             ELSE pg_temp.pick(ARRAY['{NULL}', NULL], g) END)::text[],
+       CASE WHEN NOT odd THEN pg_temp.pick(ARRAY[true, false], g) END,
+       r.k, r.m, r.p, r.s
+  FROM (SELECT (row_number() OVER (ORDER BY t.key NULLS LAST, g))::integer AS g, t.key, t.scope, t.token, g > 45 AS odd
+          FROM generate_series(1, 60) g
+          LEFT JOIN (SELECT row_number() OVER (ORDER BY key) AS n, * FROM tokens) t ON t.n = g) AS a (g, key, scope, token, odd)
+  LEFT JOIN tokens t ON t.key = a.key
+  LEFT JOIN records r ON r.n = a.g
+ ORDER BY a.g;
+
+-- Views that call the API, one call (or a handler's calls) per row of the
+-- arguments: sqlsmith draws most of its FROM items from these (with their
+-- WHERE, LIMIT and TABLESAMPLE, joins and subqueries), so that most queries
+-- call the API even where its grammar puts no function call.  The plain
+-- ones pass a row's values as they are (a key of the other role, a stale
+-- token: an error, as a caller would get); the handler ones claim a row's
+-- key first and go on with the token they got, as an application does, so
+-- that completions, checkpoints and releases also succeed.  Security
+-- invoker: the calls run as sqlsmith's role, on its own keys.  Those of
+-- the functions that only a superuser may call are not granted to
+-- sqlsmith_user (nor listed for it in information_schema.tables).
 CREATE VIEW public.smith_claim WITH (security_invoker = true) AS
 SELECT a.key, a.scope, a.request, a.ttl, a.lease, a.wait, c.status, c.token, c.recovery_point,
        c.response_code, c.response_body, c.expires_at, c.response_headers, c.response_raw
   FROM public.smith_args a,
-       LATERAL pg_catalog.idem_claim(a.key, a.request, a.scope, a.ttl, a.lease, a.wait,
-                                     coalesce(a.wait, false) AND a.lease IS NOT NULL) c;
+       LATERAL pg_catalog.idem_claim(a.key, a.request, a.scope, a.ttl,
+                                     CASE WHEN a.lease <= coalesce(a.ttl, interval '1 minute') THEN a.lease END,
+                                     a.wait, coalesce(a.wait, false) AND a.lease <= coalesce(a.ttl, interval '1 minute')) c;
 CREATE VIEW public.smith_complete WITH (security_invoker = true) AS
 SELECT a.key, a.scope, a.token, a.code,
-       sqlsmith_target.idem_complete(a.key, a.code, a.response, a.scope, a.token, a.headers, a.raw) AS completed
+       sqlsmith_target.idem_complete(a.key, a.code, a.response, a.scope, a.token, a.headers,
+                                     CASE WHEN a.response IS NULL THEN a.raw END) AS completed
   FROM public.smith_args a;
 CREATE VIEW public.smith_checkpoint WITH (security_invoker = true) AS
 SELECT a.key, a.scope, a.token, a.recovery_point,
@@ -386,12 +412,35 @@ SELECT a.key, a.scope, a.token, a.recovery_point,
 CREATE VIEW public.smith_release WITH (security_invoker = true) AS
 SELECT a.key, a.scope, a.token, sqlsmith_target.idem_release(a.key, a.scope, a.token) AS released
   FROM public.smith_args a;
+-- a handler in the same transaction: claim, then complete (or release)
+CREATE VIEW public.smith_handle WITH (security_invoker = true) AS
+SELECT a.key, a.scope, a.code, c.status, c.token,
+       CASE WHEN c.status <> 'claimed' THEN NULL
+            WHEN a.code >= 500 THEN sqlsmith_target.idem_release(a.key, a.scope, c.token)
+            ELSE sqlsmith_target.idem_complete(a.key, a.code, a.response, a.scope, c.token, a.headers,
+                                               CASE WHEN a.response IS NULL THEN a.raw END) END AS finished
+  FROM public.smith_args a, LATERAL pg_catalog.idem_claim(a.key, a.request, a.scope, a.ttl) c;
+-- a two-phase handler: claim with a lease, checkpoint, then complete or
+-- release with the token
+CREATE VIEW public.smith_two_phase WITH (security_invoker = true) AS
+SELECT a.key, a.scope, a.recovery_point, c.status, c.token,
+       CASE WHEN c.status = 'claimed'
+            THEN sqlsmith_target.idem_checkpoint(a.key, a.recovery_point, a.scope, c.token) END AS checkpointed,
+       CASE WHEN c.status <> 'claimed' THEN NULL
+            WHEN a.wait THEN sqlsmith_target.idem_release(a.key, a.scope, c.token)
+            ELSE sqlsmith_target.idem_complete(a.key, a.code, a.response, a.scope, c.token, a.headers,
+                                               CASE WHEN a.response IS NULL THEN a.raw END) END AS finished
+  FROM public.smith_args a,
+       LATERAL pg_catalog.idem_claim(a.key, a.request, a.scope, greatest(a.ttl, interval '1 minute'),
+                                     least(coalesce(a.lease, interval '10 seconds'), interval '1 minute'),
+                                     false, a.wait) c;
 CREATE VIEW public.smith_lookup WITH (security_invoker = true) AS
 SELECT a.key AS looked_up, a.scope AS in_scope, l.*
   FROM public.smith_args a, LATERAL pg_catalog.idem_lookup(a.key, a.scope) l;
 CREATE VIEW public.smith_recover WITH (security_invoker = true) AS
 SELECT a.lease AS after, a.part AS max_keys, r.*
-  FROM public.smith_args a, LATERAL pg_catalog.idem_recover(a.lease, a.scope, a.part) r;
+  FROM public.smith_args a,
+       LATERAL pg_catalog.idem_recover(coalesce(a.lease, interval '1 second'), a.scope, a.part) r;
 CREATE VIEW public.smith_consume WITH (security_invoker = true) AS
 SELECT a.consumer, a.message_id, a.ttl, pg_catalog.idem_consume_message(a.consumer, a.message_id, a.ttl) AS first
   FROM public.smith_args a;
@@ -410,12 +459,13 @@ CREATE VIEW public.smith_positions WITH (security_invoker = true) AS
 SELECT a.consumer, a.stream AS of_stream, s.*
   FROM public.smith_args a, LATERAL pg_catalog.idem_positions(a.consumer, a.stream) s;
 CREATE VIEW public.smith_sequence WITH (security_invoker = true) AS
-SELECT a.consumer, a.producer, a.epoch, a.seq, a.wait AS strict,
-       pg_catalog.idem_sequence(a.consumer, a.producer, a.epoch, a.seq, a.wait) AS answer
+SELECT a.consumer, a.producer, a.epoch, a.seq,
+       pg_catalog.idem_sequence(a.consumer, a.producer, a.epoch, a.seq, false) AS answer
   FROM public.smith_args a;
 GRANT SELECT ON public.smith_claim, public.smith_complete, public.smith_checkpoint, public.smith_release,
-                public.smith_lookup, public.smith_recover, public.smith_consume, public.smith_consume_batch,
-                public.smith_assign, public.smith_advance, public.smith_positions, public.smith_sequence
+                public.smith_handle, public.smith_two_phase, public.smith_lookup, public.smith_recover,
+                public.smith_consume, public.smith_consume_batch, public.smith_assign, public.smith_advance,
+                public.smith_positions, public.smith_sequence
    TO sqlsmith_user;
 -- the superuser's
 CREATE VIEW public.smith_maintain AS
