@@ -122,8 +122,11 @@ die() {
 WORK=""
 CHILD=""
 FAILED=0
-# background pollers (make sqlsmith's snapshots of the call counts)
+# background pollers (make sqlsmith's snapshots of the call counts), and
+# background steps in sessions of their own (make discard-caches' parts)
 POLLERS=()
+BG_GROUPS=()
+DISCARD_PID=""
 
 # Long steps run in their own session, so that a signal to this script ends
 # the whole step (make, pg_regress, sqlsmith) before the servers are stopped.
@@ -148,6 +151,14 @@ cleanup() {
 	local p
 	for p in "${POLLERS[@]}"; do
 		kill "$p" 2>/dev/null
+		wait "$p" 2>/dev/null
+	done
+	for p in "${BG_GROUPS[@]}"; do
+		kill -TERM -- "-$p" 2>/dev/null
+	done
+	[ ${#BG_GROUPS[@]} -eq 0 ] || sleep 2
+	for p in "${BG_GROUPS[@]}"; do
+		kill -KILL -- "-$p" 2>/dev/null
 		wait "$p" 2>/dev/null
 	done
 	cluster_stop_all || rc=1
@@ -336,34 +347,132 @@ EOF
 }
 
 # ---------------------------------------------------------------- discard caches
+# discard_caches_inputs DIR: the gate's copies of the regress tests of
+# DISCARD_CACHES_REGRESS (DIR/sql, DIR/expected) and of the specs of
+# DISCARD_CACHES_SPECS (DIR/specs, DIR/expected), which turn
+# debug_discard_caches on for what is under test only: in a regress test,
+# from each CREATE EXTENSION on (it is turned off before each DROP
+# EXTENSION); in a spec, in every session's setup (the spec's own setup and
+# teardown, on isolationtester's control connection, run without).  The
+# expected outputs are the tests' own, with the SET and RESET lines where
+# psql echoes them; nothing else changes.
+discard_caches_inputs() {
+	local dir="$1" t
+	mkdir -p "$dir/sql" "$dir/expected" "$dir/specs" || return 1
+	for t in $DISCARD_CACHES_REGRESS; do
+		if [ ! -f "$SRC/sql/$t.sql" ] || [ ! -f "$SRC/expected/$t.out" ]; then
+			echo "release: no regress test $t"
+			return 1
+		fi
+		awk -v mode=sql "$_DISCARD_REGRESS_AWK" "$SRC/sql/$t.sql" >"$dir/sql/$t.sql" &&
+			awk -v mode=out "$_DISCARD_REGRESS_AWK" "$SRC/sql/$t.sql" "$SRC/expected/$t.out" \
+				>"$dir/expected/$t.out" || return 1
+	done
+	for t in $DISCARD_CACHES_SPECS; do
+		if [ ! -f "$SRC/specs/$t.spec" ] || [ ! -f "$SRC/expected/$t.out" ]; then
+			echo "release: no isolation spec $t"
+			return 1
+		fi
+		awk "$_DISCARD_SPEC_AWK" "$SRC/specs/$t.spec" >"$dir/specs/$t.spec" &&
+			cp "$SRC/expected/$t.out" "$dir/expected/$t.out" || return 1
+	done
+	chown -R "$CLUSTER_USER:" "$dir"
+}
+
+# a regress test's input (mode=sql) or expected output (mode=out, after the
+# input file): SET debug_discard_caches = 1 after each CREATE EXTENSION,
+# RESET before each DROP EXTENSION.  In the output, the SET goes where psql
+# echoes it: after the statement's own output (a NOTICE), before the echo of
+# the next input line that is not blank (psql does not echo those).
+# shellcheck disable=SC2016 # awk's $0, not the shell's
+_DISCARD_REGRESS_AWK='
+	BEGIN { on = "SET debug_discard_caches = 1;"; off = "RESET debug_discard_caches;" }
+	mode == "out" && FNR == NR {
+		if (after && $0 != "") { next_line[++n] = $0; after = 0 }
+		if ($0 ~ /^CREATE EXTENSION/) after = 1
+		next
+	}
+	{
+		if (mode == "out" && waiting && $0 == next_line[k]) { print on; waiting = 0 }
+		if ($0 ~ /^DROP EXTENSION/) print off
+		print
+		if ($0 ~ /^CREATE EXTENSION/) {
+			if (mode == "sql") print on
+			else { k++; waiting = 1 }
+		}
+	}
+	END { if (waiting) print on }'
+
+# a spec: SET debug_discard_caches = 1 in every session's setup (its own
+# setup, or one added); fails if a session was missed
+# shellcheck disable=SC2016 # awk's $0, not the shell's
+_DISCARD_SPEC_AWK='
+	BEGIN { dc = "SET debug_discard_caches = 1;" }
+	{
+		if (state == 1) {
+			if ($0 ~ /^[ \t]*(#.*)?$/) { print; next }
+			if ($0 ~ /^[ \t]*setup([ \t{]|$)/) state = 2
+			else { print "setup { " dc " }"; set++; state = 0 }
+		}
+		if (state == 2 && index($0, "{")) { sub(/\{/, "{ " dc " "); set++; state = 0 }
+		print
+		if ($0 ~ /^[ \t]*session[ \t]/) { state = 1; sessions++ }
+	}
+	END { if (set != sessions) { print "discard-caches: " sessions " sessions, " set " set" > "/dev/stderr"; exit 1 } }'
+
+# discard_part LOG MAKE-ARGS...: "make installcheck" in the scratch copy as
+# the test user, in the background and in a session of its own (BG_GROUPS, so
+# that cleanup ends the whole part), bounded by the budget; its pid in
+# DISCARD_PID
+discard_part() {
+	local log="$1"
+	shift
+	setsid runuser -u "$CLUSTER_USER" -- env -C "$WORK/src" PGCTLTIMEOUT=600 \
+		PGISOLATIONTIMEOUT="$DISCARD_CACHES_SECONDS" timeout -k 30 "$DISCARD_CACHES_SECONDS" \
+		make installcheck PG_CONFIG="$PG_CONFIG" "$@" >"$log" 2>&1 &
+	DISCARD_PID=$!
+	BG_GROUPS+=("$DISCARD_PID")
+}
+
 gate_discard_caches() {
-	local conf start left rc_r=0 rc_i=0 t_r t_i
+	local in start pid_r pid_i done_pid rc rc_r=1 rc_i=1 t_r=0 t_i=0 f
 	setup_cassert
-	conf="$WORK/discard_caches.conf"
-	echo "debug_discard_caches = 1" >"$conf"
-	chmod 644 "$conf"
+	in="$WORK/discard"
+	discard_caches_inputs "$in" || die "could not make the gate's copies of the tests"
 
 	start=$SECONDS
-	say "discard-caches: regress tests $DISCARD_CACHES_REGRESS (budget ${DISCARD_CACHES_SECONDS}s for the whole run)"
-	installcheck regress "$DISCARD_CACHES_SECONDS" ISOLATION= TAP_TESTS= REGRESS="$DISCARD_CACHES_REGRESS" \
-		TEST_PORT=$((PORT_BASE + 3)) EXTRA_REGRESS_OPTS="--temp-config=$conf"
-	rc_r=$?
-	t_r=$((SECONDS - start))
-	left=$((DISCARD_CACHES_SECONDS - t_r))
-	if [ "$left" -gt 0 ]; then
-		say "discard-caches: isolation specs $DISCARD_CACHES_SPECS (${left}s left)"
-		installcheck isolation "$left" REGRESS= TAP_TESTS= ISOLATION="$DISCARD_CACHES_SPECS" \
-			TEST_PORT_ISO=$((PORT_BASE + 4)) EXTRA_REGRESS_OPTS="--temp-config=$conf"
-		rc_i=$?
-	else
-		echo "release: the budget was spent before the isolation specs"
-		rc_i=124
-	fi
-	t_i=$((SECONDS - start - t_r))
-	say "discard-caches: summary (debug_discard_caches = 1)"
+	say "discard-caches: regress tests ($DISCARD_CACHES_REGRESS) and isolation specs ($DISCARD_CACHES_SPECS) at once, each on a server of its own, budget ${DISCARD_CACHES_SECONDS}s"
+	discard_part "$WORK/discard-regress.log" ISOLATION= TAP_TESTS= REGRESS="$DISCARD_CACHES_REGRESS" \
+		REGRESS_OPTS="--inputdir=$in --outputdir=output_discard_regress --temp-config=test/idempotency.conf --temp-instance=./tmp_check_discard_regress --port=$((PORT_BASE + 3))"
+	pid_r=$DISCARD_PID
+	discard_part "$WORK/discard-isolation.log" REGRESS= TAP_TESTS= ISOLATION="$DISCARD_CACHES_SPECS" \
+		ISOLATION_OPTS="--inputdir=$in --outputdir=output_discard_iso --temp-config=test/idempotency.conf --temp-instance=./tmp_check_discard_iso --port=$((PORT_BASE + 4))"
+	pid_i=$DISCARD_PID
+	for _ in 1 2; do
+		wait -n -p done_pid "$pid_r" "$pid_i"
+		rc=$?
+		if [ "$done_pid" = "$pid_r" ]; then
+			rc_r=$rc t_r=$((SECONDS - start))
+			echo "discard-caches: regress part ended in ${t_r}s (exit $rc)"
+		else
+			rc_i=$rc t_i=$((SECONDS - start))
+			echo "discard-caches: isolation part ended in ${t_i}s (exit $rc)"
+		fi
+	done
+	BG_GROUPS=()
+	for f in "$WORK/discard-regress.log" "$WORK/discard-isolation.log"; do
+		echo "---- ${f##*/}"
+		grep -E '^(ok|not ok|test |     [a-z_]+ |=====|\(using|# )|tests passed|failed' "$f" | tail -n 40
+	done
+	for rc in "$rc_r:$WORK/src/output_discard_regress" "$rc_i:$WORK/src/output_discard_iso"; do
+		[ "${rc%%:*}" -ne 0 ] || continue
+		[ "${rc%%:*}" -eq 124 ] && echo "release: ${rc#*:} timed out after ${DISCARD_CACHES_SECONDS}s"
+		[ -f "${rc#*:}/regression.diffs" ] && tail -n 300 "${rc#*:}/regression.diffs"
+	done
+	say "discard-caches: summary (debug_discard_caches = 1 in the tested sessions)"
 	printf 'regress:   %s in %d s (%s)\n' "$([ "$rc_r" -eq 0 ] && echo passed || echo FAILED)" "$t_r" "$DISCARD_CACHES_REGRESS"
 	printf 'isolation: %s in %d s (%s)\n' "$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" "$t_i" "$DISCARD_CACHES_SPECS"
-	printf 'total:     %d s of a %d s budget\n' "$((SECONDS - start))" "$DISCARD_CACHES_SECONDS"
+	printf 'total:     %d s (the parts ran at once, each with a %d s budget)\n' "$((SECONDS - start))" "$DISCARD_CACHES_SECONDS"
 	[ "$rc_r" -eq 0 ] && [ "$rc_i" -eq 0 ] || FAILED=1
 }
 
