@@ -26,8 +26,15 @@
 #   isolation specs that exercise the partition cache and its invalidation,
 #   on the assert-enabled server with debug_discard_caches = 1 (every cache
 #   entry dropped at every chance: a use of a stale relcache or syscache
-#   entry then fails at once).  DISCARD_CACHES_SECONDS (default 5400) is the
-#   budget of the whole run; past it, the run fails.
+#   entry then fails at once).  By default (DISCARD_CACHES_SCOPE=tested)
+#   only for what is under test: a regress test from its CREATE EXTENSION
+#   on, every session of a spec (the spec's setup and teardown, on
+#   isolationtester's control connection, go at normal speed: CREATE
+#   EXTENSION alone takes 25 s with the setting); the expected outputs are
+#   the tests' own.  DISCARD_CACHES_SCOPE=server sets it for the whole
+#   server instead, setup included.  The regress and the isolation part run
+#   at once, each on a server of its own; DISCARD_CACHES_SECONDS (default
+#   5400) is the budget of each: past it, the run fails.
 # sqlsmith: Debian's sqlsmith (random queries over every function and table
 #   of the catalog) against a database with the extension preloaded and a
 #   populated ledger (test/lib/sqlsmith_setup.sql), for SQLSMITH_SECONDS
@@ -74,7 +81,7 @@
 #
 # Environment: VALGRIND_TIMING_SPECS, VALGRIND_REGRESS, VALGRIND_SPECS, VALGRIND_TIMEOUT (default 7200 s, a
 # bound for a hung run), DISCARD_CACHES_SECONDS, DISCARD_CACHES_REGRESS,
-# DISCARD_CACHES_SPECS, SQLSMITH_SECONDS, SQLSMITH_SERVERS, SQLSMITH_PASSES, SQLSMITH_SEED
+# DISCARD_CACHES_SPECS, DISCARD_CACHES_SCOPE, SQLSMITH_SECONDS, SQLSMITH_SERVERS, SQLSMITH_PASSES, SQLSMITH_SEED
 # (default: the time; each sqlsmith run prints its own), the settings of
 # test/lib/cassert.sh and test/lib/roots.sh, IDEM_RELEASE_PORT_BASE,
 # KEEP_WORKDIR.
@@ -107,6 +114,11 @@ DISCARD_CACHES_SECONDS=${DISCARD_CACHES_SECONDS:-5400}
 # lane's boundary (consume_boundary, keys_boundary, lookup_moves)
 DISCARD_CACHES_REGRESS=${DISCARD_CACHES_REGRESS:-consume keys maintain}
 DISCARD_CACHES_SPECS=${DISCARD_CACHES_SPECS:-cache_errors maintain_drop keys_nowait consume_boundary keys_boundary lookup_moves}
+# tested: debug_discard_caches = 1 in the tested sessions only (from CREATE
+# EXTENSION on in a regress test, in every session of a spec; see
+# discard_caches_inputs); server: on the whole server, the tests' setup
+# (CREATE EXTENSION, the specs' setup and teardown) included
+DISCARD_CACHES_SCOPE=${DISCARD_CACHES_SCOPE:-tested}
 SQLSMITH_SECONDS=${SQLSMITH_SECONDS:-600}
 SQLSMITH_SERVERS=${SQLSMITH_SERVERS:-cassert 15 17 18}
 # general: the whole catalog; extension: the extension's API (see the header)
@@ -313,7 +325,7 @@ EOF
 		# after 300 s
 		as_user env PGCTLTIMEOUT=600 PGISOLATIONTIMEOUT=300 timeout -k 30 "$VALGRIND_TIMEOUT" \
 			make installcheck PG_CONFIG="$PG_CONFIG" REGRESS= TAP_TESTS= ISOLATION="$timing" \
-			ISOLATION_OPTS="--inputdir=test --outputdir=output_iso_timing --temp-config=test/idempotency.conf --temp-instance=./tmp_check_iso_timing --port=$((PORT_BASE + 5))" \
+			ISOLATION_OPTS="--inputdir=. --outputdir=output_iso_timing --temp-config=test/idempotency.conf --temp-instance=./tmp_check_iso_timing --port=$((PORT_BASE + 5))" \
 			EXTRA_REGRESS_OPTS="--bindir=$bin"
 		rc_t=$?
 	fi
@@ -435,28 +447,54 @@ discard_part() {
 }
 
 gate_discard_caches() {
-	local in start pid_r pid_i done_pid rc rc_r=1 rc_i=1 t_r=0 t_i=0 f
+	local in conf scope start pid_r pid_i done_pid rc round rc_r=1 rc_i=1 t_r=0 t_i=0 f
 	setup_cassert
-	in="$WORK/discard"
-	discard_caches_inputs "$in" || die "could not make the gate's copies of the tests"
+	case $DISCARD_CACHES_SCOPE in
+	tested)
+		# the gate's copies of the tests, on servers with the suites' settings
+		in="$WORK/discard"
+		discard_caches_inputs "$in" || die "could not make the gate's copies of the tests"
+		conf=test/idempotency.conf
+		scope="in the tested sessions"
+		;;
+	server)
+		# the tests as they are, on servers that discard caches everywhere
+		in=.
+		conf="$WORK/discard_caches.conf"
+		{
+			cat "$SRC/test/idempotency.conf"
+			echo "debug_discard_caches = 1"
+		} >"$conf" || exit 1
+		chmod 644 "$conf"
+		scope="on the whole server"
+		;;
+	*) die "DISCARD_CACHES_SCOPE: tested or server, not '$DISCARD_CACHES_SCOPE'" ;;
+	esac
 
 	start=$SECONDS
-	say "discard-caches: regress tests ($DISCARD_CACHES_REGRESS) and isolation specs ($DISCARD_CACHES_SPECS) at once, each on a server of its own, budget ${DISCARD_CACHES_SECONDS}s"
+	say "discard-caches: regress tests ($DISCARD_CACHES_REGRESS) and isolation specs ($DISCARD_CACHES_SPECS) at once, each on a server of its own, debug_discard_caches = 1 $scope, budget ${DISCARD_CACHES_SECONDS}s"
 	discard_part "$WORK/discard-regress.log" ISOLATION= TAP_TESTS= REGRESS="$DISCARD_CACHES_REGRESS" \
-		REGRESS_OPTS="--inputdir=$in --outputdir=output_discard_regress --temp-config=test/idempotency.conf --temp-instance=./tmp_check_discard_regress --port=$((PORT_BASE + 3))"
+		REGRESS_OPTS="--inputdir=$in --outputdir=output_discard_regress --temp-config=$conf --temp-instance=./tmp_check_discard_regress --port=$((PORT_BASE + 3))"
 	pid_r=$DISCARD_PID
 	discard_part "$WORK/discard-isolation.log" REGRESS= TAP_TESTS= ISOLATION="$DISCARD_CACHES_SPECS" \
-		ISOLATION_OPTS="--inputdir=$in --outputdir=output_discard_iso --temp-config=test/idempotency.conf --temp-instance=./tmp_check_discard_iso --port=$((PORT_BASE + 4))"
+		ISOLATION_OPTS="--inputdir=$in --outputdir=output_discard_iso --temp-config=$conf --temp-instance=./tmp_check_discard_iso --port=$((PORT_BASE + 4))"
 	pid_i=$DISCARD_PID
-	for _ in 1 2; do
-		wait -n -p done_pid "$pid_r" "$pid_i"
-		rc=$?
+	# the first part to end, then the other
+	wait -n -p done_pid "$pid_r" "$pid_i"
+	rc=$?
+	for round in 1 2; do
 		if [ "$done_pid" = "$pid_r" ]; then
 			rc_r=$rc t_r=$((SECONDS - start))
 			echo "discard-caches: regress part ended in ${t_r}s (exit $rc)"
+			done_pid=$pid_i
 		else
 			rc_i=$rc t_i=$((SECONDS - start))
 			echo "discard-caches: isolation part ended in ${t_i}s (exit $rc)"
+			done_pid=$pid_r
+		fi
+		if [ "$round" = 1 ]; then
+			wait "$done_pid"
+			rc=$?
 		fi
 	done
 	BG_GROUPS=()
@@ -469,7 +507,7 @@ gate_discard_caches() {
 		[ "${rc%%:*}" -eq 124 ] && echo "release: ${rc#*:} timed out after ${DISCARD_CACHES_SECONDS}s"
 		[ -f "${rc#*:}/regression.diffs" ] && tail -n 300 "${rc#*:}/regression.diffs"
 	done
-	say "discard-caches: summary (debug_discard_caches = 1 in the tested sessions)"
+	say "discard-caches: summary (debug_discard_caches = 1 $scope)"
 	printf 'regress:   %s in %d s (%s)\n' "$([ "$rc_r" -eq 0 ] && echo passed || echo FAILED)" "$t_r" "$DISCARD_CACHES_REGRESS"
 	printf 'isolation: %s in %d s (%s)\n' "$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" "$t_i" "$DISCARD_CACHES_SPECS"
 	printf 'total:     %d s (the parts ran at once, each with a %d s budget)\n' "$((SECONDS - start))" "$DISCARD_CACHES_SECONDS"
