@@ -447,7 +447,7 @@ discard_part() {
 }
 
 gate_discard_caches() {
-	local in conf scope start pid_r pid_i done_pid rc round rc_r=1 rc_i=1 t_r=0 t_i=0 f
+	local in conf preload_conf scope start pid_r pid_i done_pid rc round rc_r=1 rc_i=1 t_r=0 t_i=0 f d
 	setup_cassert
 	case $DISCARD_CACHES_SCOPE in
 	tested)
@@ -455,17 +455,23 @@ gate_discard_caches() {
 		in="$WORK/discard"
 		discard_caches_inputs "$in" || die "could not make the gate's copies of the tests"
 		conf=test/idempotency.conf
+		preload_conf=test/idempotency-preload.conf
 		scope="in the tested sessions"
 		;;
 	server)
 		# the tests as they are, on servers that discard caches everywhere
 		in=.
 		conf="$WORK/discard_caches.conf"
+		preload_conf="$WORK/discard_caches_preload.conf"
 		{
 			cat "$SRC/test/idempotency.conf"
 			echo "debug_discard_caches = 1"
 		} >"$conf" || exit 1
-		chmod 644 "$conf"
+		{
+			cat "$SRC/test/idempotency-preload.conf"
+			echo "debug_discard_caches = 1"
+		} >"$preload_conf" || exit 1
+		chmod 644 "$conf" "$preload_conf"
 		scope="on the whole server"
 		;;
 	*) die "DISCARD_CACHES_SCOPE: tested or server, not '$DISCARD_CACHES_SCOPE'" ;;
@@ -473,11 +479,17 @@ gate_discard_caches() {
 
 	start=$SECONDS
 	say "discard-caches: regress tests ($DISCARD_CACHES_REGRESS) and isolation specs ($DISCARD_CACHES_SPECS) at once, each on a server of its own, debug_discard_caches = 1 $scope, budget ${DISCARD_CACHES_SECONDS}s"
-	discard_part "$WORK/discard-regress.log" ISOLATION= TAP_TESTS= REGRESS="$DISCARD_CACHES_REGRESS" \
+	discard_part "$WORK/discard-regress.log" ISOLATION= ISOLATION_PRELOAD= TAP_TESTS= \
+		REGRESS="$DISCARD_CACHES_REGRESS" \
 		REGRESS_OPTS="--inputdir=$in --outputdir=output_discard_regress --temp-config=$conf --temp-instance=./tmp_check_discard_regress --port=$((PORT_BASE + 3))"
 	pid_r=$DISCARD_PID
+	# the specs twice, as make installcheck runs them: without preloading,
+	# and on a server that preloads the library (the digest filters in
+	# every probe, test/idempotency-preload.conf)
 	discard_part "$WORK/discard-isolation.log" REGRESS= TAP_TESTS= ISOLATION="$DISCARD_CACHES_SPECS" \
-		ISOLATION_OPTS="--inputdir=$in --outputdir=output_discard_iso --temp-config=$conf --temp-instance=./tmp_check_discard_iso --port=$((PORT_BASE + 4))"
+		ISOLATION_OPTS="--inputdir=$in --outputdir=output_discard_iso --temp-config=$conf --temp-instance=./tmp_check_discard_iso --port=$((PORT_BASE + 4))" \
+		ISOLATION_PRELOAD="$DISCARD_CACHES_SPECS" \
+		ISOLATION_PRELOAD_OPTS="--inputdir=$in --outputdir=output_discard_iso_preload --temp-config=$preload_conf --temp-instance=./tmp_check_discard_iso_preload --port=$((PORT_BASE + 5))"
 	pid_i=$DISCARD_PID
 	# the first part to end, then the other
 	wait -n -p done_pid "$pid_r" "$pid_i"
@@ -500,16 +512,17 @@ gate_discard_caches() {
 	BG_GROUPS=()
 	for f in "$WORK/discard-regress.log" "$WORK/discard-isolation.log"; do
 		echo "---- ${f##*/}"
-		grep -E '^(ok|not ok|test |     [a-z_]+ |=====|\(using|# )|tests passed|failed' "$f" | tail -n 40
+		grep -E '^(\+\+\+|ok|not ok|test |     [a-z_]+ |=====|\(using|# )|tests passed|failed' "$f" | tail -n 40
 	done
-	for rc in "$rc_r:$WORK/src/output_discard_regress" "$rc_i:$WORK/src/output_discard_iso"; do
-		[ "${rc%%:*}" -ne 0 ] || continue
-		[ "${rc%%:*}" -eq 124 ] && echo "release: ${rc#*:} timed out after ${DISCARD_CACHES_SECONDS}s"
-		[ -f "${rc#*:}/regression.diffs" ] && tail -n 300 "${rc#*:}/regression.diffs"
+	[ "$rc_r" -eq 124 ] && echo "release: the regress part timed out after ${DISCARD_CACHES_SECONDS}s"
+	[ "$rc_i" -eq 124 ] && echo "release: the isolation part timed out after ${DISCARD_CACHES_SECONDS}s"
+	for d in output_discard_regress output_discard_iso output_discard_iso_preload; do
+		[ -f "$WORK/src/$d/regression.diffs" ] && tail -n 300 "$WORK/src/$d/regression.diffs"
 	done
 	say "discard-caches: summary (debug_discard_caches = 1 $scope)"
 	printf 'regress:   %s in %d s (%s)\n' "$([ "$rc_r" -eq 0 ] && echo passed || echo FAILED)" "$t_r" "$DISCARD_CACHES_REGRESS"
-	printf 'isolation: %s in %d s (%s)\n' "$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" "$t_i" "$DISCARD_CACHES_SPECS"
+	printf 'isolation: %s in %d s (%s; without preloading, then preloaded)\n' \
+		"$([ "$rc_i" -eq 0 ] && echo passed || echo FAILED)" "$t_i" "$DISCARD_CACHES_SPECS"
 	printf 'total:     %d s (the parts ran at once, each with a %d s budget)\n' "$((SECONDS - start))" "$DISCARD_CACHES_SECONDS"
 	[ "$rc_r" -eq 0 ] && [ "$rc_i" -eq 0 ] || FAILED=1
 }

@@ -140,6 +140,11 @@ BEGIN
 	RETURN (SELECT jsonb_agg(to_jsonb(r)) FROM idempotency.partition_info() r
 	         WHERE r.table_name = partition_info.table_name OR partition_info.table_name IS NULL);
 END $$;
+CREATE FUNCTION sqlsmith_target.filter_info(ignored boolean)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN (SELECT jsonb_agg(to_jsonb(r)) FROM idempotency.filter_info() r);
+END $$;
 CREATE FUNCTION sqlsmith_target.stats_info(ignored boolean)
 RETURNS jsonb LANGUAGE plpgsql AS $$
 BEGIN
