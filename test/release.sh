@@ -836,7 +836,8 @@ api_named() {
 }
 
 # errors_in_extension LOG MODE: the errors of sqlsmith's sessions in LOG
-# whose LOCATION is a function of the extension's library: "xx" counts the
+# whose LOCATION is a function of the extension's library (one of its
+# symbols, or named as its functions are): "xx" counts the
 # internal ones (class XX), "classes" prints the count per SQLSTATE class
 # ("22:12,XX:1"), "show" prints the internal ones with their LOCATION
 errors_in_extension() {
@@ -853,7 +854,9 @@ errors_in_extension() {
 		}
 		pending != "" && / LOCATION: / {
 			fn = $0; sub(/.* LOCATION: */, "", fn); sub(/,.*/, "", fn)
-			if (fn in ours) {
+			# (a static function inlined is not among the symbols; every
+			# function of the extension is named Idem... or idem_...)
+			if (fn in ours || fn ~ /^(Idem|idem_)/) {
 				class = substr(state, 1, 2); byclass[class]++
 				if (class == "XX") { xx++; if (mode == "show") print pending "\n" $0 }
 			}
