@@ -81,7 +81,8 @@
 #
 # Environment: VALGRIND_TIMING_SPECS, VALGRIND_REGRESS, VALGRIND_SPECS, VALGRIND_TIMEOUT (default 7200 s, a
 # bound for a hung run), DISCARD_CACHES_SECONDS, DISCARD_CACHES_REGRESS,
-# DISCARD_CACHES_SPECS, DISCARD_CACHES_SCOPE, SQLSMITH_SECONDS, SQLSMITH_SERVERS, SQLSMITH_PASSES, SQLSMITH_SEED
+# DISCARD_CACHES_SPECS, DISCARD_CACHES_SCOPE, SQLSMITH_SECONDS, SQLSMITH_RUN_SECONDS,
+# SQLSMITH_SERVERS, SQLSMITH_PASSES, SQLSMITH_SEED
 # (default: the time; each sqlsmith run prints its own), the settings of
 # test/lib/cassert.sh and test/lib/roots.sh, IDEM_RELEASE_PORT_BASE,
 # KEEP_WORKDIR.
@@ -120,6 +121,9 @@ DISCARD_CACHES_SPECS=${DISCARD_CACHES_SPECS:-cache_errors maintain_drop keys_now
 # (CREATE EXTENSION, the specs' setup and teardown) included
 DISCARD_CACHES_SCOPE=${DISCARD_CACHES_SCOPE:-tested}
 SQLSMITH_SECONDS=${SQLSMITH_SECONDS:-600}
+# the length of one sqlsmith run within that (it reads the catalog when it
+# starts, and partitions it read are dropped within a minute)
+SQLSMITH_RUN_SECONDS=${SQLSMITH_RUN_SECONDS:-30}
 SQLSMITH_SERVERS=${SQLSMITH_SERVERS:-cassert 15 17 18}
 # general: the whole catalog; extension: the extension's API (see the header)
 SQLSMITH_PASSES=${SQLSMITH_PASSES:-general extension}
@@ -649,13 +653,18 @@ sqlsmith_one() {
 			POLLERS+=("$poller")
 			deadline=$((SECONDS + SQLSMITH_SECONDS))
 			runs=0
-			# sqlsmith ends early when its connection breaks (a crash): it
-			# is started again, with the next seed, until the time is up
+			# sqlsmith reads the catalog once, when it starts, and the
+			# ledger's partitions are made and dropped every 10 s: a run
+			# lasts SQLSMITH_RUN_SECONDS, then the next one starts (with the
+			# next seed) from the catalog as it is then.  One ends early
+			# when its connection breaks (a crash); the runs go on until
+			# the time is up.
 			while left=$((deadline - SECONDS)) && [ "$left" -gt 0 ]; do
 				seed=$((SQLSMITH_SEED + runs))
 				runs=$((runs + 1))
 				out="$dir/sqlsmith-$pass-$role-$runs.out"
-				echo "$label, $role, $pass pass: sqlsmith --seed=$seed for ${left}s"
+				[ "$left" -le "$SQLSMITH_RUN_SECONDS" ] || left=$SQLSMITH_RUN_SECONDS
+				[ "$runs" -gt 1 ] || echo "$label, $role, $pass pass: sqlsmith --seed=$seed.. for ${SQLSMITH_SECONDS}s, ${left}s a run"
 				# every query as it is sent (--dump-all-queries, on
 				# standard output) is read by api_named, which keeps only
 				# the count of those that name the extension's API
@@ -933,7 +942,7 @@ sqlsmith_in_root() {
 		tar -C "$dir/tmp/idempotency-release-src" -xf - || return 1
 	root_mount "$dir" || return 1
 	root_run "$dir" env SQLSMITH_SECONDS="$SQLSMITH_SECONDS" SQLSMITH_SEED="$SQLSMITH_SEED" \
-		SQLSMITH_PASSES="$SQLSMITH_PASSES" \
+		SQLSMITH_PASSES="$SQLSMITH_PASSES" SQLSMITH_RUN_SECONDS="$SQLSMITH_RUN_SECONDS" \
 		IDEM_RELEASE_PORT_BASE="$port" PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
 		bash /tmp/idempotency-release-src/test/release.sh sqlsmith-here "$v"
 	rc=$?
