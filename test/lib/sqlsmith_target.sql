@@ -21,10 +21,13 @@
 --     idem_recover, the stream functions, the exports: it leaves out every
 --     set-returning function) or an anonymous record (idem_maintain); the
 --     wrappers return true, the rows as one jsonb or array, or one row of
---     an export, which sqlsmith can then pass to the other functions;
+--     an export, which sqlsmith can then pass to the other functions (the
+--     few without parameters get one, ignored: sqlsmith picks a function
+--     without parameters two times in three, and those would crowd out
+--     the rest);
 --   - a few functions of the catalog that build their arguments: text,
 --     jsonb, interval, integers, bytea, arrays, timestamps, and a few
---     aggregates.
+--     aggregates (none without parameters, for the same reason).
 -- A materialized view, not a view: information_schema.tables, where
 -- sqlsmith finds the tables it queries, does not list materialized views.
 -- Types and operators stay those of the catalog: sqlsmith reads
@@ -41,6 +44,16 @@
 -- wanted type (or from the functions above), so these rows are what its
 -- calls mostly get.  The keys and message ids that release.sh checks at the
 -- end (su-done-*, su-billing) are not among them.
+--
+-- sqlsmith's grammar puts a function call in about one query in five
+-- whatever it is offered; the tables it queries are what makes most of its
+-- queries call the API: views over the arguments that call it once per row
+-- (below; the end of this file).
+--
+-- Measured with Debian's PostgreSQL 15 (a 2-minute dry run of 2,000
+-- queries): naming the API, 2 % of the general pass's queries, 21 % with
+-- the functions alone, 93 % (sqlsmith_user) and 80 % (superuser) with the
+-- views.
 
 \set ON_ERROR_STOP 1
 
