@@ -98,6 +98,9 @@ static bool IdemMustKeepKeyLock(Relation partition);
 static void IdemOpMakeTarget(IdemOp *op);
 static void IdemOpDeform(IdemOp *op, TupleDesc tupdesc);
 static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
+static bool IdemSamePartitions(IdemLedger ledger, const pg_uuid_t *digest,
+							   TimestampTz now, const IdemPartition *parts,
+							   int n);
 static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
 								const pg_uuid_t *digest, TimestampTz now,
 								LOCKMODE lockmode, IdemOpenPartition **open,
@@ -109,8 +112,11 @@ static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
  * checking that they have the ledger's columns, into *open, a palloc'd
  * array (of at least one element, so that a caller may put one partition
  * there itself).  Locking can deliver invalidations that change the set (a
- * partition was dropped or made), so it repeats until the set is stable.
- * Returns how many it opened.
+ * partition was dropped or made): when the ledger caches moved meanwhile,
+ * the set is read again, and if it is not the one locked, it starts over.
+ * (Starting over whenever they moved would never end where they always
+ * move: under debug_discard_caches, every lock taken and every read of the
+ * catalogs discards them.)  Returns how many it opened.
  *
  * A partition whose range has ended is probed only if a transaction that
  * may still be writing into it holds a lock on it, and then under a lock
@@ -162,7 +168,8 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 			else
 				LockRelationOid(parts[i].relid, AccessShareLock);
 		}
-		if (generation != IdemPartitionsGeneration())
+		if (generation != IdemPartitionsGeneration() &&
+			!IdemSamePartitions(ledger, digest, now, parts, n))
 		{
 			IdemUnlockEnded(parts, n, locked);
 			pfree(parts);
@@ -219,6 +226,28 @@ IdemMayHaveWriters(Oid relid)
 	holders = GetLockConflicts(&tag, RowExclusiveLock, &nholders);
 	pfree(holders);
 	return nholders == 0;
+}
+
+/*
+ * IdemSamePartitions: does the list of the partitions a key's live row can
+ * be in, read now (after the invalidations that locking them delivered),
+ * name the same partitions as parts[0..n-1]?
+ */
+static bool
+IdemSamePartitions(IdemLedger ledger, const pg_uuid_t *digest,
+				   TimestampTz now, const IdemPartition *parts, int n)
+{
+	IdemPartition *again;
+	int			m;
+	int			i;
+	bool		same;
+
+	m = IdemLivePartitionsForKey(ledger, digest, now, &again);
+	same = (m == n);
+	for (i = 0; same && i < n; i++)
+		same = (again[i].relid == parts[i].relid);
+	pfree(again);
+	return same;
 }
 
 /* releases the locks IdemOpenLivePartitions took on ended partitions */

@@ -44,7 +44,9 @@
 # directory and installed into the prefix, which is emptied first; the stamp
 # file (PREFIX/.idempotency-cassert, the settings the build was made with)
 # is written last, so an interrupted build is redone, not used.  A lock
-# file serialises two runs that would build at once.
+# file serialises two runs that would build at once.  A copy of a build
+# (cp -a PREFIX OTHER_DIR/pg15-VERSION, then IDEM_CASSERT_DIR=OTHER_DIR) is
+# used as it is, never built again (see cassert_ready).
 #
 # Settings (environment):
 #   IDEM_CASSERT_DIR       default /var/cache/idempotency/cassert
@@ -95,11 +97,18 @@ _cassert_settings() {
 	printf 'extensions=%s\n' "${_CASSERT_EXTENSIONS[*]}"
 }
 
+# A build copied to another IDEM_CASSERT_DIR counts as ready there:
+# PostgreSQL is relocatable (its programs find their files from where they
+# are), and the stamp's --prefix, the directory it was built for, is read
+# as the copy's.  (Its programs' run path still names the first directory's
+# lib, which a copy can do without: libpq is the only library of it they
+# load, and the system's serves as well.)
 cassert_ready() {
-	local stamp
-	stamp="$(cassert_prefix)/.idempotency-cassert"
+	local stamp prefix
+	prefix=$(cassert_prefix)
+	stamp="$prefix/.idempotency-cassert"
 	[ -f "$stamp" ] && [ "${IDEM_CASSERT_REFRESH:-0}" != 1 ] &&
-		[ "$(grep -v '^#' "$stamp")" = "$(_cassert_settings)" ]
+		[ "$(grep -v '^#' "$stamp" | sed "s|--prefix=[^ ]*|--prefix=$prefix|")" = "$(_cassert_settings)" ]
 }
 
 # Adds the deb-src line for bookworm (once), and reads the source indexes.
