@@ -78,7 +78,8 @@ endif
 dist:
 	bash $(srcdir)/tools/dist.sh
 
-ifdef ISOLATION_PRELOAD
+# (ifneq, not ifdef: ISOLATION_PRELOAD is "$(ISOLATION)" unexpanded)
+ifneq ($(strip $(ISOLATION_PRELOAD)),)
 installcheck: installcheck-isolation-preload
 endif
 .PHONY: installcheck-isolation-preload

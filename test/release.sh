@@ -250,7 +250,8 @@ installcheck() {
 	rc=$?
 	if [ "$rc" -ne 0 ]; then
 		[ "$rc" -eq 124 ] && echo "release: $name timed out after ${limit}s"
-		for f in "$WORK/src/regression.diffs" "$WORK/src/output_iso/regression.diffs"; do
+		for f in "$WORK/src/regression.diffs" "$WORK/src/output_iso/regression.diffs" \
+			"$WORK/src/output_iso_preload/regression.diffs"; do
 			[ -f "$f" ] && tail -n 300 "$f"
 		done
 	fi
@@ -328,7 +329,7 @@ EOF
 		# a step that waits for a partition that, late, it missed gives up
 		# after 300 s
 		as_user env PGCTLTIMEOUT=600 PGISOLATIONTIMEOUT=300 timeout -k 30 "$VALGRIND_TIMEOUT" \
-			make installcheck PG_CONFIG="$PG_CONFIG" REGRESS= TAP_TESTS= ISOLATION="$timing" \
+			make installcheck PG_CONFIG="$PG_CONFIG" REGRESS= TAP_TESTS= ISOLATION="$timing" ISOLATION_PRELOAD= \
 			ISOLATION_OPTS="--inputdir=. --outputdir=output_iso_timing --temp-config=test/idempotency.conf --temp-instance=./tmp_check_iso_timing --port=$((PORT_BASE + 5))" \
 			EXTRA_REGRESS_OPTS="--bindir=$bin"
 		rc_t=$?
