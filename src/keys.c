@@ -59,6 +59,7 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
+#include "utils/typcache.h"
 
 PG_FUNCTION_INFO_V1(idem_claim);
 PG_FUNCTION_INFO_V1(idem_complete);
@@ -507,29 +508,30 @@ static Datum
 IdemClaimResult(IdemClaim *claim, IdemOp *op)
 {
 	FunctionCallInfo fcinfo = claim->fcinfo;
-	TupleDesc	tupdesc = (TupleDesc) fcinfo->flinfo->fn_extra;
+	Oid			rettype = get_fn_expr_rettype(fcinfo->flinfo);
+	TupleDesc	tupdesc;
 	Datum		values[Natts_claim_result];
 	bool		nulls[Natts_claim_result];
 	const char *status = claim->status;
 	HeapTuple	tuple;
 
 	/*
-	 * The result's row type, once per call site: not for the backend's
-	 * life, as the type is made again by DROP and CREATE EXTENSION.
+	 * The result's row type (idempotency.claim_result: 6 or 8 columns, as
+	 * installed) from the type cache, by the type the call's expression
+	 * names: a prepared statement makes its function call anew at each
+	 * execution, so a per-call-site cache would not last, and a type made
+	 * again by DROP and CREATE EXTENSION has another OID.
 	 */
-	if (tupdesc == NULL)
-	{
-		MemoryContext oldcxt = MemoryContextSwitchTo(fcinfo->flinfo->fn_mcxt);
-		TupleDesc	desc;
-
-		if (get_call_result_type(fcinfo, NULL, &desc) != TYPEFUNC_COMPOSITE ||
-			(desc->natts != Natts_claim_result && desc->natts != 6))
-			elog(ERROR, "return type must be a row type of 6 or %d columns",
-				 Natts_claim_result);
-		tupdesc = BlessTupleDesc(CreateTupleDescCopy(desc));
-		fcinfo->flinfo->fn_extra = tupdesc;
-		MemoryContextSwitchTo(oldcxt);
-	}
+	if (OidIsValid(rettype) && rettype != RECORDOID)	/* a record before 0.2.0 */
+		tupdesc = lookup_rowtype_tupdesc(rettype, -1);
+	else if (get_call_result_type(fcinfo, NULL, &tupdesc) == TYPEFUNC_COMPOSITE)
+		PinTupleDesc(tupdesc = BlessTupleDesc(tupdesc));
+	else
+		tupdesc = NULL;
+	if (tupdesc == NULL ||
+		(tupdesc->natts != Natts_claim_result && tupdesc->natts != 6))
+		elog(ERROR, "return type must be a row type of 6 or %d columns",
+			 Natts_claim_result);
 
 	if (strcmp(status, "claimed") == 0)
 		IdemStatsAdd(IDEM_STAT_CLAIMS, 1);
@@ -566,6 +568,7 @@ IdemClaimResult(IdemClaim *claim, IdemOp *op)
 
 	/* the result type of the installed version: 6 or 8 columns */
 	tuple = heap_form_tuple(tupdesc, values, nulls);
+	ReleaseTupleDesc(tupdesc);
 	PG_RETURN_DATUM(HeapTupleGetDatum(tuple));
 }
 
