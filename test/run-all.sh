@@ -54,6 +54,13 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 VERSION_SUITES="regress isolation tap pgtap demo examples clients packaging cassert"
 # suites of VERSION_SUITES that run with this machine's major only
 HOST_ONLY_SUITES="cassert"
+# suites of VERSION_SUITES that run with one major only, the last of
+# PG_VERSIONS (18 by default, whose Debian root has Node.js and every
+# Python package the clients need, whatever this machine has): the client
+# libraries speak SQL, which the majors answer alike.  In the same way,
+# the other majors run only the tests whose outcome depends on the server
+# (IDEM_SERVER_SPECIFIC_ONLY=1, see test/run-suites.sh).
+ONE_MAJOR_SUITES="clients"
 CROSS_SUITES="upgrade"
 PG_VERSIONS=${PG_VERSIONS:-15 17 18}
 SUITES=${SUITES:-$VERSION_SUITES $CROSS_SUITES}
@@ -193,7 +200,8 @@ run_in_root() {
 	CURRENT_ROOT=$dir
 	# the bench scripts' smoke run (091_bench_smoke.pl) is the host's
 	root_run "$dir" env SUITES="$SUITES_OF_ROOT" IDEM_RESULTS="$inner_results" \
-		IDEM_BENCH_SMOKE=0 "${vendor_env[@]}" "${from_env[@]}" \
+		IDEM_BENCH_SMOKE=0 IDEM_SERVER_SPECIFIC_ONLY="${SERVER_SPECIFIC_ONLY:-0}" \
+		"${vendor_env[@]}" "${from_env[@]}" \
 		PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
 		bash /tmp/idempotency-src/test/run-suites.sh
 	rc=$?
@@ -205,6 +213,9 @@ run_in_root() {
 
 # ---------------------------------------------------------------- majors
 HOST_MAJOR=$(host_major)
+# the major that runs ONE_MAJOR_SUITES and every test of examples and packaging
+read -ra majors <<<"$PG_VERSIONS"
+ONE_MAJOR=${majors[${#majors[@]} - 1]}
 NEED_ROOTS=0
 for v in $PG_VERSIONS; do
 	[ "$v" = "$HOST_MAJOR" ] || NEED_ROOTS=1
@@ -217,17 +228,24 @@ fi
 if [ -n "$INNER_SUITES" ]; then
 	for v in $PG_VERSIONS; do
 		: >"$RESULTS.$v"
-		if [ "$v" = "$HOST_MAJOR" ]; then
+		if [ "$v" = "$ONE_MAJOR" ]; then
 			suites=$INNER_SUITES
+			specific=0
+		else
+			suites=$(without "$INNER_SUITES" "$ONE_MAJOR_SUITES")
+			specific=1
+		fi
+		if [ "$v" = "$HOST_MAJOR" ]; then
 			say "PostgreSQL $v (this machine)"
 			env SUITES="$suites" IDEM_RESULTS="$RESULTS.$v" \
+				IDEM_SERVER_SPECIFIC_ONLY=$specific \
 				PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
 				bash "$SRC/test/run-suites.sh"
 		else
-			suites=$(without "$INNER_SUITES" "$HOST_ONLY_SUITES")
+			suites=$(without "$suites" "$HOST_ONLY_SUITES")
 			if [ -n "$suites" ]; then
 				say "PostgreSQL $v (Debian $(root_suite "$v") root in $(root_dir "$v"))"
-				SUITES_OF_ROOT=$suites run_in_root "$v"
+				SUITES_OF_ROOT=$suites SERVER_SPECIFIC_ONLY=$specific run_in_root "$v"
 			fi
 		fi
 		record "$v" "$RESULTS.$v" "$suites"

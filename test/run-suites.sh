@@ -58,6 +58,14 @@
 #                   needs (Citus' sources) fails instead of being skipped
 #   IDEM_VENDOR_DIR, IDEM_CITUS_URL, IDEM_CITUS_CACHE: where Citus comes
 #                   from (test/lib/citus.sh)
+#   IDEM_SERVER_SPECIFIC_ONLY=1  leave out the tests whose outcome does not
+#                   depend on the server, which another run of the same
+#                   command makes: of examples and packaging, only
+#                   SERVER_SPECIFIC_TESTS run (Citus, built for each major,
+#                   and the Debian package); of tap, the PgBouncer and
+#                   Redis Streams tests skip themselves.  test/run-all.sh
+#                   sets it for every major but one, and the cassert suite
+#                   for its TAP part
 #   IDEM_UPGRADE_FROM  a major whose server is installed beside this one
 #                   (the 18 root has 17): the extension is built and
 #                   installed for it too, and the tap suite's pg_upgrade
@@ -81,6 +89,8 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 . "$SRC/test/lib/build.sh"
 
 ALL_SUITES="regress isolation tap pgtap demo examples clients packaging cassert"
+SERVER_SPECIFIC_TESTS=(examples/citus/test.sh test/packaging/10_debian.sh
+	test/packaging/30_prometheus.sh)
 SUITES=${SUITES:-$ALL_SUITES}
 # TAP tests run two at a time: most of their time is spent waiting (for
 # servers, workers, locks, timeouts), and each has its own servers, sockets
@@ -387,6 +397,18 @@ test_start() {
 	echo "---- $1"
 }
 
+# left_to_another_run TEST: true (and says so) when
+# IDEM_SERVER_SPECIFIC_ONLY=1 and TEST's outcome does not depend on the server
+left_to_another_run() {
+	local t
+	[ "${IDEM_SERVER_SPECIFIC_ONLY:-0}" = 1 ] || return 1
+	for t in "${SERVER_SPECIFIC_TESTS[@]}"; do
+		[ "$t" = "$1" ] && return 1
+	done
+	echo "---- $1: not run here (its outcome does not depend on the server; another major of this run runs it)"
+	return 0
+}
+
 tests_result() {
 	if [ "$TESTS_FAILED" -gt 0 ]; then
 		return 1
@@ -416,6 +438,7 @@ suite_examples() {
 		fi
 	fi
 	for t in "$WORK"/examples/*/test.sh; do
+		left_to_another_run "${t#"$WORK"/}" && continue
 		test_start "${t#"$WORK"/}"
 		start=$SECONDS
 		in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" IDEM_SKIP_FILE="$SKIP_FILE" \
@@ -450,6 +473,7 @@ suite_packaging() {
 		return 1
 	fi
 	for t in "$WORK"/test/packaging/*.sh; do
+		left_to_another_run "${t#"$WORK"/}" && continue
 		test_start "${t#"$WORK"/}"
 		start=$SECONDS
 		run_child timeout -k 30 "$SUITE_TIMEOUT" env SRC="$WORK" IDEM_SKIP_FILE="$SKIP_FILE" \
@@ -497,7 +521,7 @@ suite_cassert() {
 		regress) RUN_DIR=$CASSERT_WORK in_work make installcheck PG_CONFIG="$pgc" ISOLATION= TAP_TESTS= ;;
 		isolation) RUN_DIR=$CASSERT_WORK in_work make installcheck PG_CONFIG="$pgc" REGRESS= TAP_TESTS= ;;
 		tap)
-			RUN_DIR=$CASSERT_WORK in_work env IDEM_BENCH_SMOKE=0 \
+			RUN_DIR=$CASSERT_WORK in_work env IDEM_BENCH_SMOKE=0 IDEM_SERVER_SPECIFIC_ONLY=1 \
 				make installcheck PG_CONFIG="$pgc" REGRESS= ISOLATION= \
 				PROVE_FLAGS="--timer -j$PROVE_JOBS" ${IDEM_PROVE_TESTS:+PROVE_TESTS="$IDEM_PROVE_TESTS"}
 			;;

@@ -163,7 +163,10 @@ pkg_check "the library belongs to $PKG (dpkg -S: $owner)" test "$owner" = "$PKG"
 # --------------------------------------------------- 5. installed-package tests
 pkg_say "debian/tests/installcheck (autopkgtest) against the installed package"
 start=$SECONDS
+# (without the isolation specs' second, preloaded pass: the isolation
+# suite of this run has made it with the same code and major)
 if (cd "$T/pristine" && PGPORT=$(pkg_port 1) AUTOPKGTEST_TMP="$T" \
+	IDEM_INSTALLCHECK_MAKEVARS="ISOLATION_PRELOAD=" \
 	sh debian/tests/installcheck) >"$T/installcheck.log" 2>&1; then
 	grep -E '^(### |# |ok |not ok| *All [0-9]+ tests)|tests passed' "$T/installcheck.log" | tail -n 20
 	echo "ok: installcheck passed in $((SECONDS - start))s"

@@ -189,7 +189,9 @@ fi
 pkg_say "pgxn check $ARCHIVE (regression and isolation suites)"
 # "make installcheck" of the archive runs every suite of its Makefile; the
 # wrapper leaves out the TAP tests (minutes long; run by test/run-all.sh)
-printf '#!/bin/sh\nexec make TAP_TESTS= "$@"\n' >"$T/make-without-tap"
+# and the isolation specs' second, preloaded pass (the isolation suite of
+# this run has made it)
+printf '#!/bin/sh\nexec make TAP_TESTS= ISOLATION_PRELOAD= "$@"\n' >"$T/make-without-tap"
 chmod 755 "$T/make-without-tap"
 start=$SECONDS
 if as_user env TMPDIR="$T" pgxn check --pg_config "$PG_CONFIG" \
