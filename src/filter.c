@@ -371,7 +371,7 @@ IdemFilterDefineSettings(void)
 {
 	DefineCustomIntVariable("idempotency.filter_memory",
 							gettext_noop("Sets the shared memory of the digest filters that let calls skip partitions a new key cannot be in."),
-							gettext_noop("About 1.25 bytes per live key or message id; 0 turns the filters off. Used only with shared_preload_libraries."),
+							gettext_noop("About 2 bytes per live key or message id; 0 turns the filters off. Used only with shared_preload_libraries."),
 							&idem_filter_memory,
 							64 * 1024, 0, INT_MAX / 2,
 							PGC_POSTMASTER, GUC_UNIT_KB,
