@@ -324,15 +324,14 @@ while ($busy)
 # read yet (seen on 18: a CONTEXT line cut in the middle of a partition's
 # name).  A marker on stderr, written after everything else, says when all
 # of it is in.
-$_->{in} .= "\\warn STORM-END\n" for @s;
-my $drain_until = time + $PostgreSQL::Test::Utils::timeout_default;
-while (grep { $_->{err} !~ /^STORM-END$/m } @s)
+for my $h (@s)
 {
-	die 'a session did not write its stderr marker' if time > $drain_until;
-	$_->{run}->pump_nb for @s;
-	usleep(10_000);
+	$h->{in} .= "\\warn STORM-END\n";
+	pump_until($h->{run}, IPC::Run::timer($PostgreSQL::Test::Utils::timeout_default),
+		\$h->{err}, qr/^STORM-END$/m)
+	  or die 'a session did not write its stderr marker';
+	$h->{err} =~ s/^STORM-END\n//m;
 }
-$_->{err} =~ s/^STORM-END\n//m for @s;
 my $storm_err = join('', map { $_->{err} } @s);
 my @other;
 ($cancelled, $timeouts, @other) = classify(messages($storm_err));
