@@ -136,6 +136,8 @@ int			idem_filter_memory = 64 * 1024;
 #define IDEM_FILTER_MAX_SLOTS		16384
 /* external writes are counted per database, in this many buckets */
 #define IDEM_FILTER_DB_BUCKETS		64
+/* a full pool is logged at most this often (IdemFilterReportFull) */
+#define IDEM_FILTER_FULL_LOG_SECS	600
 #define IdemFilterBucket(db)		((db) % IDEM_FILTER_DB_BUCKETS)
 
 typedef enum IdemFilterState
@@ -194,6 +196,8 @@ typedef struct IdemFilterShared
 	 * transactions that ran one */
 	pg_atomic_uint64 external_seq[IDEM_FILTER_DB_BUCKETS];
 	pg_atomic_uint32 external_busy[IDEM_FILTER_DB_BUCKETS];
+	/* when a full pool was last logged (IdemFilterReportFull) */
+	pg_atomic_uint64 full_logged_at;
 	int			nfree;
 	/* followed by: int freelist[nslots], uint64 page_map[], slots[] */
 } IdemFilterShared;
@@ -238,6 +242,7 @@ static void IdemFilterXactCallback(XactEvent event, void *arg);
 static void IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue);
 static bool IdemFilterUsable(int16 lane);
 static IdemFilterSlot *IdemFilterFind(Oid relid, uint64 *incarnation);
+static void IdemFilterReportFull(int ledger, Oid relid);
 static int	IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 						   uint64 *incarnation);
 static bool IdemFilterFinish(int s, uint64 incarnation, uint64 seq);
@@ -334,6 +339,7 @@ IdemFilterShmemInit(void)
 		filter_shared->npages = IdemFilterPages();
 		pg_atomic_init_u64(&filter_shared->generation, 1);
 		pg_atomic_init_u64(&filter_shared->next_incarnation, 1);
+		pg_atomic_init_u64(&filter_shared->full_logged_at, 0);
 		for (i = 0; i < IDEM_FILTER_DB_BUCKETS; i++)
 		{
 			pg_atomic_init_u64(&filter_shared->external_seq[i], 0);
@@ -861,10 +867,17 @@ IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
 		{
 			uint32		state = pg_atomic_read_u32(&slot->state);
 
+			bool		made_unusable = false;
+			Oid			relid = slot->relid;
+			int			ledger = slot->ledger;
+
 			if (state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING)
-				(void) pg_atomic_compare_exchange_u32(&slot->state, &state,
-													  IDEM_FILTER_UNUSABLE);
+				made_unusable =
+					pg_atomic_compare_exchange_u32(&slot->state, &state,
+												   IDEM_FILTER_UNUSABLE);
 			LWLockRelease(filter_shared->lock);
+			if (made_unusable)
+				IdemFilterReportFull(ledger, relid);
 			return;
 		}
 		LWLockRelease(filter_shared->lock);
@@ -926,6 +939,37 @@ IdemFilterAddSegment(IdemFilterSlot *slot, uint64 items)
 }
 
 /*
+ * IdemFilterReportFull logs that partition "relid" of "ledger" goes
+ * without a filter because the pool has no room: at most once every
+ * IDEM_FILTER_FULL_LOG_SECS in the whole server, since maintenance tries
+ * again at each run.  LOG: the server's log, never the client; it neither
+ * reads the catalog nor raises an error (the caller may have just written
+ * its row).
+ */
+static void
+IdemFilterReportFull(int ledger, Oid relid)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	uint64		last = pg_atomic_read_u64(&filter_shared->full_logged_at);
+
+	/* (a clock stepped backwards logs again) */
+	if (last != 0 && (TimestampTz) last <= now &&
+		!TimestampDifferenceExceeds((TimestampTz) last, now,
+									IDEM_FILTER_FULL_LOG_SECS * 1000))
+		return;
+	/* one backend of those that see it at once */
+	if (!pg_atomic_compare_exchange_u64(&filter_shared->full_logged_at,
+										&last, (uint64) now))
+		return;
+	ereport(LOG,
+			(errmsg("idempotency.filter_memory is full"),
+			 errdetail("The partition with OID %u of the %s ledger in the database with OID %u has no digest filter; lookups in it read its index. This is logged at most once every %d minutes.",
+					   relid, ledger == IDEM_LEDGER_MESSAGES ? "messages" : "keys",
+					   MyDatabaseId, IDEM_FILTER_FULL_LOG_SECS / 60),
+			 errhint("Raise idempotency.filter_memory (2 to 3 bytes per live key or message id) and restart the server.")));
+}
+
+/*
  * IdemFilterTake gives partition "relid" of this database a slot, FILLING,
  * sized for "hint" digests, replacing any slot it had, and sets
  * *incarnation to the slot's.  Returns the slot, or -1 if there is no room
@@ -953,6 +997,7 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 	if (filter_shared->nfree == 0)
 	{
 		LWLockRelease(filter_shared->lock);
+		IdemFilterReportFull(ledger, relid);
 		return -1;
 	}
 	s = filter_freelist[--filter_shared->nfree];
@@ -974,6 +1019,7 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 			slot->db = InvalidOid;
 			filter_freelist[filter_shared->nfree++] = s;
 			LWLockRelease(filter_shared->lock);
+			IdemFilterReportFull(ledger, relid);
 			return -1;
 		}
 		hint /= 2;
@@ -987,6 +1033,7 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 	{
 		IdemFilterFreeSlot(s);
 		LWLockRelease(filter_shared->lock);
+		IdemFilterReportFull(ledger, relid);
 		return -1;
 	}
 	entry->slot = s;

@@ -349,6 +349,13 @@ my $without = $small->safe_psql('postgres', q{
 	   AND NOT EXISTS (SELECT FROM idempotency.filter_info() f
 					   WHERE f.partition = p.partition AND f.state = 'ready')});
 ok($without > 0, "a small pool: $without live partitions have no usable filter");
+# the server's log says so, with what to do, once for the whole storm
+my $small_log = slurp_file($small->logfile);
+my @full = ($small_log =~ /LOG:  idempotency\.filter_memory is full/g);
+is(scalar @full, 1, 'a small pool: the log says filter_memory is full, once');
+like($small_log,
+	qr/DETAIL:  The partition with OID \d+ of the messages ledger in the database with OID \d+ has no digest filter; lookups in it read its index\. This is logged at most once every 10 minutes\.\n.*HINT:  Raise idempotency\.filter_memory/,
+	'a small pool: the message names the partition and says what to do');
 is($small->safe_psql('postgres', q{
 	SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 's' || g FROM generate_series(1, 30000) g))}),
 	'0', 'a small pool: every redelivered id answers false');
