@@ -585,11 +585,10 @@ gate_discard_caches() {
 # to $WORK/sqlsmith.results ("LABEL ROLE PASS key=value ..." lines) and
 # $WORK/sqlsmith.calls, and returns non-zero if a gate failed.
 sqlsmith_one() {
-	local label="$1" port="$2" staged="$3" dir conf=() major log db=smith
+	local label="$1" port="$2" staged="$3" dir conf=() log db=smith
 	local pass role user seed out deadline left runs rc fails=0 secs n path xopts poller
 	local crashes traps panics fatals xx_ext classes ext_classes off0 off1 amcheck calls named
 	dir="$WORK/smith-$label"
-	major=$(deps_major)
 	log="$dir/postgresql.log"
 	conf=("shared_preload_libraries = 'idempotency'"
 		# partitions that end and are dropped every few seconds while

@@ -119,7 +119,6 @@ declare -A SUMMARY=()
 PASSED=0
 FAILED=0
 SKIPPED=0
-CURRENT_ROOT=""
 
 cleanup() {
 	local rc=$? v line
@@ -197,7 +196,6 @@ run_in_root() {
 	[ "$v" = 18 ] && from_env=(IDEM_UPGRADE_FROM=17)
 
 	root_mount "$dir" || return 1
-	CURRENT_ROOT=$dir
 	# the bench scripts' smoke run (091_bench_smoke.pl) is the host's
 	root_run "$dir" env SUITES="$SUITES_OF_ROOT" IDEM_RESULTS="$inner_results" \
 		IDEM_BENCH_SMOKE=0 IDEM_SERVER_SPECIFIC_ONLY="${SERVER_SPECIFIC_ONLY:-0}" \
@@ -205,7 +203,6 @@ run_in_root() {
 		PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
 		bash /tmp/idempotency-src/test/run-suites.sh
 	rc=$?
-	CURRENT_ROOT=""
 	root_umount "$dir" || rc=1
 	cp "$dir$inner_results" "$RESULTS.$v" 2>/dev/null
 	return "$rc"

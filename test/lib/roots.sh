@@ -76,12 +76,12 @@ root_mount() {
 }
 
 root_umount() {
-	local dir="$1" m pid left
+	local dir="$1" m proc left
 	[ -d "$dir" ] || return 0
 	# processes still running in the root (a server a test left behind)
-	for pid in $(ls /proc | grep -E '^[0-9]+$'); do
-		if [ "$(readlink "/proc/$pid/root" 2>/dev/null)" = "$dir" ]; then
-			kill -KILL "$pid" 2>/dev/null
+	for proc in /proc/[0-9]*; do
+		if [ "$(readlink "$proc/root" 2>/dev/null)" = "$dir" ]; then
+			kill -KILL "${proc#/proc/}" 2>/dev/null
 		fi
 	done
 	while IFS= read -r m; do
