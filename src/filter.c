@@ -866,7 +866,6 @@ IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
 			!IdemFilterAddSegment(slot, (uint64) seg->capacity * 2))
 		{
 			uint32		state = pg_atomic_read_u32(&slot->state);
-
 			bool		made_unusable = false;
 			Oid			relid = slot->relid;
 			int			ledger = slot->ledger;
@@ -995,11 +994,7 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
 	}
 	if (filter_shared->nfree == 0)
-	{
-		LWLockRelease(filter_shared->lock);
-		IdemFilterReportFull(ledger, relid);
-		return -1;
-	}
+		goto no_room;
 	s = filter_freelist[--filter_shared->nfree];
 	slot = &filter_slots[s];
 	Assert(pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE);
@@ -1018,9 +1013,7 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 			slot->relid = InvalidOid;
 			slot->db = InvalidOid;
 			filter_freelist[filter_shared->nfree++] = s;
-			LWLockRelease(filter_shared->lock);
-			IdemFilterReportFull(ledger, relid);
-			return -1;
+			goto no_room;
 		}
 		hint /= 2;
 	}
@@ -1032,15 +1025,18 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 	if (entry == NULL)
 	{
 		IdemFilterFreeSlot(s);
-		LWLockRelease(filter_shared->lock);
-		IdemFilterReportFull(ledger, relid);
-		return -1;
+		goto no_room;
 	}
 	entry->slot = s;
 	pg_memory_barrier();
 	pg_atomic_fetch_add_u64(&filter_shared->generation, 1);
 	LWLockRelease(filter_shared->lock);
 	return s;
+
+no_room:
+	LWLockRelease(filter_shared->lock);
+	IdemFilterReportFull(ledger, relid);
+	return -1;
 }
 
 /*
