@@ -336,15 +336,34 @@ SELECT is((SELECT count(*)::int FROM pg_temp.names WHERE idem_consume_message(na
           'mallory: ... and every message id is a duplicate the second time');
 RESET ROLE;
 SELECT has_table('public', 'idem_pgtap_victim', 'the victim table is still there');
+-- ledger partitions, told apart by what they are attached to (which ones
+-- the calls above make depends on the date), and their indexes: the digest
+-- index the extension makes, and the partitions of the ledger's own
+-- partitioned indexes
+CREATE TEMP VIEW ledger_partitions AS
+  SELECT c.oid, c.relname
+    FROM pg_class c JOIN pg_inherits h ON h.inhrelid = c.oid
+   WHERE h.inhparent IN ('idempotency.keys'::regclass, 'idempotency.messages'::regclass)
+     AND c.relkind = 'r'
+     AND c.relnamespace = 'idempotency'::regnamespace
+     AND c.relname ~ '^(keys|messages)_n[0-9]+_f?[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?$';
 SELECT is(ARRAY(SELECT c.relnamespace::regnamespace || '.' || c.relname
                   FROM pg_class c
                  WHERE c.oid NOT IN (SELECT oid FROM relations_before)
                    AND c.relnamespace <> 'pg_toast'::regnamespace
                    AND c.relpersistence <> 't'
-                   AND NOT (c.relnamespace = 'idempotency'::regnamespace
-                            AND c.relname ~ '^(keys|messages)_n[0-9]+_f?[0-9]+_[0-9]{8}_[0-9]{6}(_[0-9]{6})?(_digest_idx)?$')),
+                   AND c.oid NOT IN (SELECT oid FROM ledger_partitions)
+                   AND NOT EXISTS (SELECT FROM pg_index i JOIN ledger_partitions p ON p.oid = i.indrelid
+                                    WHERE i.indexrelid = c.oid
+                                      AND c.relnamespace = 'idempotency'::regnamespace
+                                      AND (c.relname = p.relname || '_digest_idx'
+                                           OR EXISTS (SELECT FROM pg_inherits hi
+                                                        JOIN pg_index pi ON pi.indexrelid = hi.inhparent
+                                                       WHERE hi.inhrelid = c.oid
+                                                         AND pi.indrelid IN ('idempotency.keys'::regclass,
+                                                                             'idempotency.messages'::regclass))))),
           ARRAY[]::text[],
-          'the only new relations are ledger partitions, named by the extension');
+          'the only new relations are ledger partitions, named by the extension, and their indexes');
 SELECT ok((SELECT count(*) > 0 FROM pg_class c
             WHERE c.oid NOT IN (SELECT oid FROM relations_before)
               AND c.relnamespace = 'idempotency'::regnamespace),
