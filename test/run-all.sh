@@ -51,9 +51,10 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # shellcheck source=test/lib/roots.sh
 . "$SRC/test/lib/roots.sh"
 
-VERSION_SUITES="regress isolation tap pgtap demo examples clients packaging cassert"
-# suites of VERSION_SUITES that run with this machine's major only
-HOST_ONLY_SUITES="cassert"
+VERSION_SUITES="regress isolation tap pgtap demo examples clients packaging cassert calendar"
+# suites of VERSION_SUITES that run with this machine's major only (the
+# calendar sweep's outcome depends on the date, not on the major)
+HOST_ONLY_SUITES="cassert calendar"
 # suites of VERSION_SUITES that run with one major only, the last of
 # PG_VERSIONS (18 by default, whose Debian root has Node.js and every
 # Python package the clients need, whatever this machine has): the client

@@ -22,7 +22,11 @@
 # isolation and TAP again, on the assert-enabled PostgreSQL 15 of
 # test/lib/cassert.sh, built from Debian 12's source package and cached under
 # /var/cache/idempotency/cassert; whatever PG_CONFIG names, and on Debian 12
-# only, so test/run-all.sh runs it with the host's major).  A test of examples or
+# only, so test/run-all.sh runs it with the host's major), calendar (CI's
+# part of the calendar sweep, test/calendar.sh with CALENDAR_MODE=ci: the
+# regress and pgTAP suites, and the worker's and expiry's TAP tests, at a
+# faked date that rotates from run to run and at a random one, printed;
+# test/run-all.sh runs it with the host's major).  A test of examples or
 # packaging passes with exit 0, and is skipped with exit 77 and its reason
 # (test/lib/skip.sh), which the summary shows.  A suite with no test files
 # is skipped, and so is one whose every test was skipped.
@@ -40,7 +44,7 @@
 # "make install" through sudo if you cannot write PostgreSQL's directories.
 #
 # Environment:
-#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples clients packaging cassert")
+#   SUITES          suites to run (default: "regress isolation tap pgtap demo examples clients packaging cassert calendar")
 #   PG_CONFIG       default /usr/lib/postgresql/15/bin/pg_config
 #   IDEM_PROVE_JOBS TAP tests run at once (prove -j; default 2)
 #   PGTAP_PORT      port of the pgTAP cluster (default 54393; unix socket only)
@@ -88,7 +92,7 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 # shellcheck source=test/lib/build.sh
 . "$SRC/test/lib/build.sh"
 
-ALL_SUITES="regress isolation tap pgtap demo examples clients packaging cassert"
+ALL_SUITES="regress isolation tap pgtap demo examples clients packaging cassert calendar"
 SERVER_SPECIFIC_TESTS=(examples/citus/test.sh test/packaging/10_debian.sh
 	test/packaging/30_prometheus.sh)
 SUITES=${SUITES:-$ALL_SUITES}
@@ -549,6 +553,12 @@ suite_cassert() {
 		esac
 	done
 	return "$rcs"
+}
+
+suite_calendar() {
+	have_files 'test/calendar.sh' || return 3
+	in_work env CALENDAR_MODE=ci ${CALENDAR_POINTS:+CALENDAR_POINTS="$CALENDAR_POINTS"} \
+		${CALENDAR_SEED:+CALENDAR_SEED="$CALENDAR_SEED"} bash test/calendar.sh
 }
 
 # ---------------------------------------------------------------- suites
