@@ -11,11 +11,14 @@
 #   CALENDAR_SEED=12345 CALENDAR_POINTS=random bash test/calendar.sh
 #
 # A point is an instant in UTC and a zone, INSTANT@ZONE.  Each point runs
-# with the clock of every process of the run (make, pg_regress, the servers,
-# psql, prove) moved by the same offset with libfaketime (Debian's
-# faketime; the monotonic clock is left alone, so waits and timeouts take
-# their real time), and the clock keeps running from there: a point just
-# before midnight crosses it while the suites run.  The zone is the
+# with the wall clock of every process of the run (pg_regress, the
+# servers, psql, prove) moved by the same offset, by an LD_PRELOAD library
+# of our own (test/lib/clockshift.c; libfaketime, which 027_clock_steps.pl
+# uses, answers the real clock to a signal handler that runs while the
+# process waits, so PostgreSQL's lock_timeout never fires when the clock
+# is moved forwards); the monotonic clock is left alone, so waits and
+# timeouts take their real time, and the clock keeps running from there:
+# a point just before midnight crosses it while the suites run.  The zone is the
 # server's TimeZone and log_timezone, and the sessions' (PGTZ, which
 # pg_regress and pg_isolation_regress would otherwise set to PST8PDT: a
 # launcher sets it again for psql and isolationtester).
@@ -89,14 +92,6 @@ die() {
 	exit 2
 }
 
-LIBFAKETIME=
-for d in /usr/lib/x86_64-linux-gnu /usr/lib/aarch64-linux-gnu /usr/lib64 /usr/lib /usr/local/lib; do
-	if [ -f "$d/faketime/libfaketime.so.1" ]; then
-		LIBFAKETIME=$d/faketime/libfaketime.so.1
-		break
-	fi
-done
-[ -n "$LIBFAKETIME" ] || die "libfaketime is not installed (Debian package faketime)"
 [ "$(id -u)" -ne 0 ] || die "run as an ordinary user (initdb refuses root)"
 
 # a point drawn from a seed: an instant from 2026-01-01 to 2040-12-31, on a
@@ -127,6 +122,10 @@ done
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/idem-calendar.XXXXXX") || exit 2
 trap 'cluster_stop_all; cluster_stop_any_under "$WORK"; rm -rf "$WORK"' EXIT
 trap 'exit 130' INT TERM
+chmod 755 "$WORK"
+# shellcheck source=test/lib/clockshift.sh
+. "$SRC/test/lib/clockshift.sh"
+CLOCKSHIFT=$(clockshift_build "$WORK/lib") || die "could not build test/lib/clockshift.c (needs a C compiler)"
 
 # one suite at the current point; the environment has the fake clock
 run_suite() {
@@ -208,11 +207,8 @@ for point in "${CHOSEN[@]}"; do
 		# starts, so that every suite starts at the point's instant
 		offset=$((target - $(date -u +%s)))
 		(
-			export LD_PRELOAD="$LIBFAKETIME${LD_PRELOAD:+ $LD_PRELOAD}"
-			export FAKETIME="$(printf '%+d' "$offset")"
-			export FAKETIME_DONT_FAKE_MONOTONIC=1 NO_FAKE_STAT=1 DONT_FAKE_MONOTONIC=1
-			# make compares file times: its clock stays real
-			export FAKETIME_SKIP_CMDS=make
+			export LD_PRELOAD="$CLOCKSHIFT${LD_PRELOAD:+ $LD_PRELOAD}"
+			export IDEM_CLOCK_OFFSET=$offset
 			export PGTZ=$zone
 			echo "---- $suite at $(date -u '+%F %T') UTC (faked)"
 			run_suite "$suite" "$tmp"

@@ -10,6 +10,9 @@
 #   make sqlsmith           sqlsmith on the assert-enabled 15 and on 15, 17,
 #                           18 (SQLSMITH_SECONDS per role and server,
 #                           default 600; SQLSMITH_SERVERS)
+#   make calendar           the calendar sweep (test/calendar.sh), as an
+#                           ordinary user: every suite that can depend on
+#                           the date at every point of its list (40 min)
 #   make amcheck            amcheck over every ledger index of the database
 #                           named by PGHOST, PGPORT, PGDATABASE
 
@@ -27,3 +30,11 @@ sqlsmith:
 
 amcheck:
 	$(RELEASE_SH) amcheck
+
+# The calendar sweep (test/calendar.sh): regress, pgTAP, isolation and the
+# worker's and expiry's TAP tests at every point of its list and a random
+# one, against the installed extension; as an ordinary user (it starts
+# servers).  CI runs a rotating part of it (the "calendar" suite).
+.PHONY: calendar
+calendar:
+	bash $(srcdir)/test/calendar.sh
