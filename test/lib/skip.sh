@@ -4,9 +4,9 @@
 # was skipped (test/run-suites.sh runs them: exit 77 counts as skipped, and
 # the reason goes into the summary).  Source it; it defines functions only.
 #
-#   skip_test REASON...         the test does not apply here (say, a newer
-#                               exporter than the one its file is written
-#                               for): print "SKIPPED: REASON", exit 77
+#   skip_test REASON...         the test does not apply here (say, to
+#                               this major): print "SKIPPED: REASON",
+#                               exit 77
 #   skip_unavailable REASON...  the test cannot run because something it
 #                               needs cannot be had on this machine (say, the
 #                               sources of Citus without network or a local

@@ -4,10 +4,23 @@
 # in Debian's prometheus-postgres-exporter, read back over HTTP.
 #
 # Run as root by test/run-suites.sh (suite "packaging") with SRC, PG_CONFIG
-# and CLUSTER_USER set.  The query file is written for the exporter's 0.11
-# (Debian 12, the host's PostgreSQL 15); newer exporters (trixie, sid) take
-# other flags and query-file semantics, so elsewhere the test is skipped
-# (exit 77) and says so.
+# and CLUSTER_USER set, on every major: with the exporter of the release
+# it runs on, 0.11.1 on Debian 12 (15), 0.17.1 in the trixie root (17),
+# 0.19.1 in the sid root (18).  The one query file serves them all; what
+# differs between the exporter's generations is taken into account here,
+# as doc/monitoring.md tells users to:
+#
+#   - the collectors a second exporter must switch off to export only the
+#     query file (0.11: database, bgwriter; 0.17 and 0.19 have more, and
+#     bgwriter became stat_bgwriter): every collector the exporter's --help
+#     shows as enabled by default gets --no-collector.NAME;
+#   - from 0.12 on, the multi-target endpoint /probe?target=DSN, the way
+#     upstream means to replace DATA_SOURCE_NAME lists: tested with a third
+#     exporter that has no DATA_SOURCE_NAME (0.11 has no /probe).
+#
+# IDEM_EXPORTER=/path/to/prometheus-postgres-exporter runs another binary
+# (say, one unpacked from a newer release's .deb) instead of
+# /usr/bin/prometheus-postgres-exporter, which is then not installed.
 #
 # A throwaway server preloads the library, with 2-second partitions and the
 # background worker napping (idempotency.naptime = 1d: it runs at start,
@@ -16,23 +29,27 @@
 # message ids), some of it with a 4-second ttl, so that partitions expire.
 # In app, a session holds the locks maintenance needs on both ledgers: the
 # expired partitions stay (maintenance is "stuck") and a maintenance run
-# fails (lock_timeout 100 ms).  Two
-# exporters run as CLUSTER_USER, connecting as a role with only pg_monitor
-# and listening on 127.0.0.1, in the two setups doc/monitoring.md describes:
-# the usual one (default metrics and the query file, DATA_SOURCE_NAME the
-# application database app) and one for several databases (only the query
-# file, one DSN per database: app and app2).  Then, fetching /metrics with
-# curl:
+# fails (lock_timeout 100 ms).  The exporters run as CLUSTER_USER,
+# connecting as a role with only pg_monitor and listening on 127.0.0.1, in
+# the set-ups doc/monitoring.md describes: the usual one (default metrics
+# and the query file, DATA_SOURCE_NAME the application database app), one
+# for several databases (only the query file, one DSN per database: app and
+# app2) and, from 0.12 on, one that has no DSN and is asked for one
+# database per request on /probe.  Then, fetching with curl:
 #
 #   1. quiet: every metric of the query file, for each database (and
 #      ledger), equals what idempotency.stats and idempotency.partitions
 #      say, read just before and just after the fetch (values that move
 #      with the clock, like the age of the oldest expired partition, must
-#      lie between the two), from both exporters; the counters equal the
-#      known load; app shows the failed run and an expired partition of a
+#      lie between the two), and no other idempotency series is exported:
+#      from the usual exporter (app), the second one (app and app2, in one
+#      fetch) and /probe (app, then app2); the counters equal the known
+#      load; app shows the failed run and an expired partition of a
 #      positive age; the exporters report no scrape or query-file error;
-#      every metric the alert rules use is exported.  A copy of the fetched
-#      metrics with one value changed is shown to fail the comparison.
+#      the second and the /probe exporters export nothing of the server but
+#      the query file's metrics; every metric the alert rules use is
+#      exported.  A copy of the fetched metrics with one value changed,
+#      and one with a series more, are shown to fail the comparison.
 #   2. under load (pgbench in app, in rounds until the fetches are done):
 #      three fetches, each after the load has committed more claims, each
 #      between the view's values before and after it, counters never going
@@ -42,9 +59,9 @@
 #
 # Every wait is for a condition, bounded by WAIT_SECONDS (default 300: the
 # bound is for a hung test, not for a slow machine).  On exit, pass or
-# fail: the exporter, pgbench, the lock-holding session and the server are
-# stopped.  Ports: IDEM_PACKAGING_PORT_BASE + 3 (server,
-# unix socket), + 4 and + 5 (the exporters, 127.0.0.1).
+# fail: the exporters, pgbench, the lock-holding session and the server are
+# stopped.  Ports: IDEM_PACKAGING_PORT_BASE + 3 (server, unix socket), + 4,
+# + 5 and + 6 (the exporters, 127.0.0.1).
 
 set -uo pipefail
 
@@ -55,19 +72,34 @@ set -uo pipefail
 . "$SRC/test/lib/deps.sh"
 # shellcheck source=test/lib/packaging.sh
 . "$SRC/test/lib/packaging.sh"
-# shellcheck source=test/lib/skip.sh
-. "$SRC/test/lib/skip.sh"
 
-deps_ensure prometheus-postgres-exporter curl perl || exit 1
-EXPORTER=/usr/bin/prometheus-postgres-exporter
+if [ -n "${IDEM_EXPORTER:-}" ]; then
+	deps_ensure curl perl || exit 1
+	EXPORTER=$IDEM_EXPORTER
+else
+	deps_ensure prometheus-postgres-exporter curl perl || exit 1
+	EXPORTER=/usr/bin/prometheus-postgres-exporter
+fi
 exporter_version=$("$EXPORTER" --version 2>&1 | sed -n 's/.*version \([0-9][0-9.]*\).*/\1/p' | head -n 1)
-case $exporter_version in
-0.11.*) ;;
-*)
-	skip_test "prometheus-postgres-exporter here is ${exporter_version:-unknown}; the query file is" \
-		"written for 0.11 (Debian 12), which this test runs against (see doc/monitoring.md)"
-	;;
-esac
+if [ -z "$exporter_version" ]; then
+	echo "30_prometheus: $EXPORTER --version names no version:"
+	"$EXPORTER" --version 2>&1 | head -n 5
+	exit 1
+fi
+# /probe (multi-target) came with 0.12
+HAS_PROBE=0
+if [ "$(printf '%s\n' 0.12 "$exporter_version" | sort -V | head -n 1)" = 0.12 ]; then
+	HAS_PROBE=1
+fi
+# --no-collector.NAME for every collector enabled by default: what a
+# second exporter needs to export nothing of the server but the query file
+mapfile -t NO_COLLECTORS < <("$EXPORTER" --help 2>&1 | perl -0777 -ne '
+	print "--no-collector.$1\n"
+	  while /--collector\.(\w+)\s+Enable the \w+ collector\s+\(default:\s+enabled\)/g')
+if [ ${#NO_COLLECTORS[@]} -eq 0 ]; then
+	echo "30_prometheus: $EXPORTER --help lists no collector enabled by default"
+	exit 1
+fi
 
 QUERIES=$SRC/contrib/prometheus/idempotency-queries.yaml
 ALERTS=$SRC/contrib/prometheus/idempotency-alerts.yml
@@ -78,9 +110,11 @@ DIR=$T/cluster
 PORT=$(pkg_port 3)
 HTTP=127.0.0.1:$(pkg_port 4)
 HTTP_MULTI=127.0.0.1:$(pkg_port 5)
+HTTP_PROBE=127.0.0.1:$(pkg_port 6)
 WAIT_SECONDS=${WAIT_SECONDS:-300}
 EXPORTER_PID=""
 MULTI_PID=""
+PROBE_PID=""
 BLOCKER_PID=""
 LOAD_PID=""
 
@@ -106,6 +140,7 @@ cleanup() {
 	touch "$T/stop"
 	stop_pid "$EXPORTER_PID"
 	stop_pid "$MULTI_PID"
+	stop_pid "$PROBE_PID"
 	stop_pid "$LOAD_PID"
 	stop_pid "$BLOCKER_PID"
 	cluster_stop_all || rc=1
@@ -239,6 +274,13 @@ SELECT 'idempotency_stats_' || m.name, 'datname=' || s.datname, m.value
                        ('consumed_total', s.consumed), ('duplicates_total', s.duplicates),
                        ('partitions_created_total', s.partitions_created),
                        ('partitions_dropped_total', s.partitions_dropped),
+                       ('holder_waits_total', s.holder_waits), ('recoveries_total', s.recoveries),
+                       ('positions_advanced_total', s.positions_advanced),
+                       ('stale_generations_total', s.stale_generations),
+                       ('sequence_duplicates_total', s.sequence_duplicates),
+                       ('sequence_gaps_total', s.sequence_gaps),
+                       ('sequences_fenced_total', s.sequences_fenced),
+                       ('streams_removed_total', s.streams_removed),
                        ('maintenance_runs_total', s.maintenance_runs),
                        ('last_maintenance_failed',
                         CASE WHEN s.last_maintenance_error IS NULL THEN 0 ELSE 1 END),
@@ -267,7 +309,9 @@ SQL
 
 # compare METRICS BEFORE AFTER: every line of the snapshots has its metric
 # in METRICS (same name, labels among the metric's), with a value between
-# the two snapshots' (1 ms of slack for timestamps printed as floats)
+# the two snapshots' (1 ms of slack for timestamps printed as floats), and
+# METRICS has no idempotency series besides (a metric the snapshots do not
+# know, or a database exported twice or not asked for)
 compare() {
 	perl -e '
 		my ($metrics, $before, $after) = @ARGV;
@@ -299,22 +343,28 @@ compare() {
 				$bad++;
 			}
 		}
+		my $exported = 0;
+		$exported += @{$m{$_}} for grep { /^idempotency_/ } keys %m;
+		if ($exported != $n) {
+			printf "   %d idempotency series exported, the views give %d\n", $exported, $n;
+			$bad++;
+		}
 		print "   compared $n values\n" unless $bad;
 		exit($bad ? 1 : 0);
 	' "$@"
 }
 
-# fetch DESCRIPTION OUT ADDRESS DB...: read the views, fetch /metrics into
-# OUT, read the views again, and compare.  A maintenance round between the
+# fetch DESCRIPTION OUT URL DB...: read the views, fetch URL (/metrics or
+# /probe) into OUT, read the views again, and compare.  A maintenance round between the
 # two reads (the worker's, see above) can drop partitions, and the values
 # would not lie between the two reads: then fetch again (at most 5 times).
 fetch() {
-	local desc="$1" out="$2" address="$3"
+	local desc="$1" out="$2" url="$3"
 	shift 3
 	for _ in 1 2 3 4 5; do
 		snapshot "$T/before.tsv" "$@"
-		scrape "$out" "$address" || {
-			pkg_fail "$desc: fetching /metrics from $address"
+		scrape "$out" "$url" || {
+			pkg_fail "$desc: fetching $url"
 			return 1
 		}
 		snapshot "$T/after.tsv" "$@"
@@ -339,64 +389,109 @@ metric() {
 		print "$v\n" if $ok;' "$1" "$2" "$3" | head -n 1
 }
 
-# scrape FILE [ADDRESS]
+# scrape FILE URL (an HTTP error status fails: the exporter answers 500
+# when it collects one series twice)
 scrape() {
-	curl -sS --fail --max-time 120 "http://${2:-$HTTP}/metrics" >"$1"
+	curl -sS --fail --max-time 120 "$2" >"$1"
+}
+
+# probe_url ADDRESS DB: the multi-target request for database DB, its DSN
+# in the URL form that /probe understands (it turns a key=value DSN into a
+# URL, which fails for a unix socket directory)
+probe_url() {
+	local target="postgresql:///$2?host=$DIR/sock&port=$PORT&user=prometheus"
+	printf 'http://%s/probe?target=%s\n' "$1" \
+		"$(perl -e '($_ = shift) =~ s/([^A-Za-z0-9._~-])/sprintf("%%%02X", ord $1)/ge; print' "$target")"
+}
+
+# server_metrics METRICS: the names of the series that are neither the
+# query file's nor the exporter's own (its scrapes, its process, Go)
+server_metrics() {
+	grep -v '^#' "$1" | sed 's/[{ ].*//' | sort -u |
+		grep -Ev '^(idempotency_|pg_exporter_|pg_up$|postgres_exporter_|go_|process_|promhttp_)'
 }
 
 # ------------------------------------------------------------ the exporters
-# start_exporter LOGFILE ADDRESS DSNS FLAGS...: prints its pid
+# start_exporter LOGFILE ADDRESS DSNS FLAGS...: prints its pid (DSNS
+# empty: no DATA_SOURCE_NAME)
 start_exporter() {
 	local log="$1" address="$2" dsns="$3"
 	shift 3
 	setpriv --reuid="$CLUSTER_USER" --regid="$CLUSTER_USER" --init-groups \
-		env -i PATH=/usr/bin:/bin HOME=/ DATA_SOURCE_NAME="$dsns" \
+		env -i PATH=/usr/bin:/bin HOME=/ ${dsns:+DATA_SOURCE_NAME="$dsns"} \
 		"$EXPORTER" --web.listen-address="$address" --extend.query-path="$QUERIES" \
 		--log.level=warn "$@" >"$log" 2>&1 7>&- &
 	echo $!
 }
 
-# wait_for_exporter PID ADDRESS LOG: until /metrics has idempotency metrics
-# (at most WAIT_SECONDS; gives up if the exporter exits)
+# wait_for_exporter PID URL LOG: until URL has idempotency metrics (at most
+# WAIT_SECONDS; gives up if the exporter exits)
 wait_for_exporter() {
-	local pid="$1" address="$2" log="$3" end=$((SECONDS + WAIT_SECONDS))
+	local pid="$1" url="$2" log="$3" end=$((SECONDS + WAIT_SECONDS))
 	while [ "$SECONDS" -lt "$end" ]; do
-		if scrape "$T/first.prom" "$address" 2>/dev/null && grep -q '^idempotency_' "$T/first.prom"; then
+		if scrape "$T/first.prom" "$url" 2>/dev/null && grep -q '^idempotency_' "$T/first.prom"; then
 			return 0
 		fi
 		kill -0 "$pid" 2>/dev/null || break
 		sleep 0.2
 	done
 	cat "$log"
-	curl -sS --max-time 30 "http://$address/metrics" | head -n 20
-	pkg_fail "the exporter on $address did not serve idempotency metrics"
+	curl -sS --max-time 30 "$url" | head -n 20
+	pkg_fail "the exporter at $url did not serve idempotency metrics"
 	return 1
 }
 
 dsn="host=$DIR/sock port=$PORT user=prometheus sslmode=disable"
+URL=http://$HTTP/metrics
+URL_MULTI=http://$HTTP_MULTI/metrics
 pkg_say "prometheus-postgres-exporter $exporter_version on $HTTP: default metrics, database app"
 EXPORTER_PID=$(start_exporter "$T/exporter.log" "$HTTP" "$dsn dbname=app")
-wait_for_exporter "$EXPORTER_PID" "$HTTP" "$T/exporter.log" || exit 1
+wait_for_exporter "$EXPORTER_PID" "$URL" "$T/exporter.log" || exit 1
 # several databases of one server: one DSN each, and only the query file
-# (the built-in metrics would be exported once per DSN, the same series twice)
-pkg_say "and on $HTTP_MULTI: the query file only, databases app and app2"
+# (0.11 would export the built-in metrics once per DSN, the same series
+# twice; later versions collect the server once, from the first DSN, which
+# the usual exporter does already)
+pkg_say "and on $HTTP_MULTI: the query file only, databases app and app2 (${NO_COLLECTORS[*]})"
 MULTI_PID=$(start_exporter "$T/multi.log" "$HTTP_MULTI" "$dsn dbname=app,$dsn dbname=app2" \
-	--disable-default-metrics --disable-settings-metrics \
-	--no-collector.database --no-collector.bgwriter)
-wait_for_exporter "$MULTI_PID" "$HTTP_MULTI" "$T/multi.log" || exit 1
+	--disable-default-metrics --disable-settings-metrics "${NO_COLLECTORS[@]}")
+wait_for_exporter "$MULTI_PID" "$URL_MULTI" "$T/multi.log" || exit 1
+# the multi-target way: no DSN, one database per request
+if [ "$HAS_PROBE" = 1 ]; then
+	pkg_say "and on $HTTP_PROBE: the query file only, no DSN, each database on /probe"
+	PROBE_PID=$(start_exporter "$T/probe.log" "$HTTP_PROBE" "" \
+		--disable-default-metrics --disable-settings-metrics "${NO_COLLECTORS[@]}")
+	wait_for_exporter "$PROBE_PID" "$(probe_url "$HTTP_PROBE" app)" "$T/probe.log" || exit 1
+else
+	pkg_say "(no /probe before 0.12: the multi-target set-up is not tested with $exporter_version)"
+fi
 
 # --------------------------------------------------------------- 1. quiet
 pkg_say "1. maintenance stuck and failed, no load"
 fetch "the second exporter: every metric of both databases equals the views' values" \
-	"$T/multi.prom" "$HTTP_MULTI" app app2
-fetch "every metric equals the views' values (stats, partitions)" "$T/quiet.prom" "$HTTP" app
-# a wrong value must be noticed
+	"$T/multi.prom" "$URL_MULTI" app app2
+fetch "every metric equals the views' values (stats, partitions)" "$T/quiet.prom" "$URL" app
+# a wrong value, and a series the views do not have, must be noticed
 perl -pe 's/^(idempotency_stats_claims_total\{[^}]*datname="app"[^}]*\}) (\S+)$/"$1 " . ($2 + 1)/e' \
 	"$T/quiet.prom" >"$T/wrong.prom"
 if compare "$T/wrong.prom" "$T/before.tsv" "$T/after.tsv" >/dev/null; then
 	pkg_fail "the comparison accepted a claims counter off by one"
 else
 	echo "ok: the comparison fails when one exported value is off by one"
+fi
+perl -ne 'print; print "$1app3$2\n" if /^(idempotency_stats_claims_total\{[^}]*datname=")app("[^}]*\} \S+)$/' \
+	"$T/quiet.prom" >"$T/extra.prom"
+if ! grep -q 'datname="app3"' "$T/extra.prom"; then
+	pkg_fail "could not add a series to the fetched metrics"
+elif compare "$T/extra.prom" "$T/before.tsv" "$T/after.tsv" >/dev/null; then
+	pkg_fail "the comparison accepted a series of a database it was not asked for"
+else
+	echo "ok: the comparison fails when one idempotency series is exported more"
+fi
+if [ "$HAS_PROBE" = 1 ]; then
+	for db in app app2; do
+		fetch "/probe, database $db: every metric equals the views' values" \
+			"$T/probe-$db.prom" "$(probe_url "$HTTP_PROBE" "$db")" "$db"
+	done
 fi
 
 expect() {
@@ -422,11 +517,20 @@ expect idempotency_stats_last_maintenance_failed datname=app2 0
 age=$(metric "$T/quiet.prom" idempotency_partitions_oldest_expired_age_seconds datname=app,ledger=messages)
 pkg_check "the oldest expired message partition of app has a positive age ($age s)" \
 	perl -e 'exit(!($ARGV[0] > 0))' "${age:-0}"
-for f in quiet multi; do
+# (the check below can fail: the usual exporter exports the server's)
+pkg_check "quiet: the usual exporter exports the server's metrics too ($(server_metrics "$T/quiet.prom" | wc -l) names)" \
+	test -n "$(server_metrics "$T/quiet.prom")"
+fetched=(quiet multi)
+[ "$HAS_PROBE" = 1 ] && fetched+=(probe-app probe-app2)
+for f in "${fetched[@]}"; do
 	pkg_check "$f: no scrape error (pg_exporter_last_scrape_error 0)" test \
 		"$(metric "$T/$f.prom" pg_exporter_last_scrape_error "")" = 0
 	pkg_check "$f: the query file loaded (pg_exporter_user_queries_load_error 0)" test \
 		"$(metric "$T/$f.prom" pg_exporter_user_queries_load_error "")" = 0
+	[ "$f" = quiet ] && continue
+	extra=$(server_metrics "$T/$f.prom" | head -n 5 | tr '\n' ' ')
+	pkg_check "$f: nothing of the server but the query file's metrics${extra:+ (also: $extra...)}" \
+		test -z "$extra"
 done
 absent=""
 for m in $(grep -o '\bidempotency_[a-z_]*' "$ALERTS" | sort -u); do
@@ -463,7 +567,7 @@ for i in 1 2 3; do
 		"SELECT claims > 41 + $prev FROM idempotency.stats WHERE datname = current_database()" \
 		"$LOAD_PID" || break
 	fetch "fetch $i under load: every metric between the views' values before and after" \
-		"$T/load$i.prom" "$HTTP" app
+		"$T/load$i.prom" "$URL" app
 	now=$(metric "$T/load$i.prom" idempotency_stats_claims_total datname=app)
 	pkg_check "fetch $i: claims_total went on from $((41 + prev)) to $now" \
 		perl -e 'exit(!($ARGV[0] > $ARGV[1]))' "${now:-0}" $((41 + prev))
@@ -482,14 +586,16 @@ LOAD_PID=""
 # ------------------------------------------------------- 3. maintenance back
 pkg_say "3. a successful maintenance run"
 psql_db app -c 'SELECT * FROM idem_maintain()' >/dev/null || pkg_fail "idem_maintain()"
-fetch "every metric equals the views' values" "$T/after.prom" "$HTTP" app
+fetch "every metric equals the views' values" "$T/after.prom" "$URL" app
 pkg_check "the failure flag is back to 0" test \
 	"$(metric "$T/after.prom" idempotency_stats_last_maintenance_failed datname=app)" = 0
 dropped=$(metric "$T/after.prom" idempotency_stats_partitions_dropped_total datname=app)
 pkg_check "the dropped partitions are counted ($dropped)" perl -e 'exit(!($ARGV[0] > 0))' "${dropped:-0}"
 
-if grep -qE 'idempotency_(stats|partitions)' "$T/exporter.log" "$T/multi.log"; then
-	grep -E 'idempotency_(stats|partitions)' "$T/exporter.log" "$T/multi.log" | head -n 5
+logs=("$T/exporter.log" "$T/multi.log")
+[ "$HAS_PROBE" = 1 ] && logs+=("$T/probe.log")
+if grep -qE 'idempotency_(stats|partitions)' "${logs[@]}"; then
+	grep -E 'idempotency_(stats|partitions)' "${logs[@]}" | head -n 5
 	pkg_fail "the exporter logged errors about the idempotency queries"
 fi
 
