@@ -39,6 +39,12 @@
 #                    and response_raw instead of a jsonb body (0.4.0 and later)
 #   advance          idem_advance() of the next 100 offsets of a partition
 #                    (0.4.0 and later)
+#   batch_raw        one new id of a plain INSERT ... SELECT ... ON CONFLICT
+#                    DO NOTHING RETURNING of 100 ids into the plain table
+#                    (CALLS a multiple of 100): the batch's baseline
+#   replay_ended     replay, while a partition of the key ledger has ended
+#                    and is not dropped yet (the state between a
+#                    partition's end and the maintenance run that drops it)
 #   advance_raw      the hand-written offsets table's upsert of the same
 #                    (INSERT ... ON CONFLICT DO UPDATE SET next_offset =
 #                    greatest(...))
@@ -55,6 +61,22 @@
 #                    the throughput bars (consume_prep / consume_raw_prep,
 #                    claim_complete_prep / claim_raw_prep, replay_prep /
 #                    replay_pl_prep)
+#
+# The clock and the locale are pinned, so that a count depends on the
+# build and its inputs only: every single-user server of a run starts at the
+# same instant, CALLGRIND_CLOCK (default 2030-01-16 12:00:00 UTC, a
+# Wednesday noon, far from the midnight at which daily partitions end and
+# begin), through test/lib/clockshift.c (an LD_PRELOAD library that moves
+# the wall clock; the clock runs on from there), and the cluster is made
+# with initdb --locale=C.UTF-8.  Unpinned, a
+# run that crosses the end of a partition measures the calls of the state
+# after it: until maintenance drops the ended partition, a call whose key
+# the filters do not rule out asks the lock manager whether a transaction
+# still writes there (src/probe.c, IdemMayHaveWriters), about 12,000
+# instructions more per replay (22,000 preloaded); and the plain tables'
+# text keys cost what the environment's locale makes them cost.
+# CALLGRIND_CLOCK=real runs on the real clock (and then the run says so);
+# building the library needs a C compiler.
 #
 # CALLGRIND_PRELOAD=1 runs the server with shared_preload_libraries =
 # 'idempotency' (digest filters, statistics), as production servers run
@@ -100,8 +122,26 @@ chmod 755 "$WORK"
 [ "$(id -u)" -ne 0 ] || chown postgres "$WORK"
 trap 'rm -rf "$WORK"' EXIT
 
-"${AS_USER[@]}" "$BINDIR/initdb" -D "$WORK/data" -A trust -U postgres >/dev/null ||
-	die "initdb failed"
+# the pinned clock: every server below starts at CALLGRIND_CLOCK
+CLOCK=${CALLGRIND_CLOCK:-2030-01-16 12:00:00 UTC}
+FAKE_ENV=()
+if [ "$CLOCK" != real ]; then
+	clock_epoch=$(date -u -d "$CLOCK" +%s) || die "CALLGRIND_CLOCK is not a date: $CLOCK"
+	# shellcheck source=test/lib/clockshift.sh
+	. "$REPO/test/lib/clockshift.sh"
+	clockshift=$(clockshift_build "$WORK/lib") ||
+		die "could not build test/lib/clockshift.c (needs a C compiler), or set CALLGRIND_CLOCK=real"
+fi
+# fake_clock EPOCH: FAKE_ENV for servers whose clock starts at EPOCH, and
+# runs on from there
+fake_clock() {
+	[ "$CLOCK" != real ] || return 0
+	FAKE_ENV=(env LD_PRELOAD="$clockshift" IDEM_CLOCK_START="$1" TZ=UTC)
+}
+fake_clock "${clock_epoch:-0}"
+
+"${AS_USER[@]}" "$BINDIR/initdb" -D "$WORK/data" -A trust -U postgres \
+	--locale=C.UTF-8 --encoding=UTF8 >/dev/null || die "initdb failed"
 
 # one single-user server run of a script; prints its total instruction count
 # ($3 = a name for the output file) or nothing when not under callgrind
@@ -109,13 +149,13 @@ single() {
 	local script="$1" tool="$2" name="$3" out
 	out="$WORK/$name.out"
 	if [ "$tool" = callgrind ]; then
-		"${AS_USER[@]}" valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg" \
+		"${AS_USER[@]}" "${FAKE_ENV[@]}" valgrind --tool=callgrind --callgrind-out-file="$WORK/$name.cg" \
 			"$BINDIR/postgres" --single -D "$WORK/data" -c fsync=off \
 			-c synchronous_commit=off "${PRELOAD_OPT[@]}" postgres <"$script" >"$out" 2>&1 ||
 			{ tail -n 20 "$out" >&2; die "the single-user server failed ($name)"; }
 		grep -E '^(summary|totals):' "$WORK/$name.cg" | head -n 1 | awk '{print $2}'
 	else
-		"${AS_USER[@]}" "$BINDIR/postgres" --single -D "$WORK/data" -c fsync=off \
+		"${AS_USER[@]}" "${FAKE_ENV[@]}" "$BINDIR/postgres" --single -D "$WORK/data" -c fsync=off \
 			"${PRELOAD_OPT[@]}" postgres <"$script" >"$out" 2>&1 ||
 			{ tail -n 20 "$out" >&2; die "the single-user server failed ($name)"; }
 	fi
@@ -136,6 +176,11 @@ statements() {
 			# one id of a batch of 100: a statement per 100 calls
 			if (((i - from) % 100 == 0)); then
 				echo "SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'b' || g FROM generate_series($i, $((i + 99))) g))"
+			fi
+			;;
+		batch_raw)
+			if (((i - from) % 100 == 0)); then
+				echo "WITH t AS (INSERT INTO plain_msg SELECT 'c', 'b' || g, now() + interval '7 days' FROM generate_series($i, $((i + 99))) g ON CONFLICT DO NOTHING RETURNING id) SELECT count(*) FROM t"
 			fi
 			;;
 		claim_complete)
@@ -200,7 +245,7 @@ statements() {
 			;;
 		advance) echo "SELECT count(*) FROM idem_advance('c', 's', 0, $((i * 100)), $((i * 100 + 99)))" ;;
 		advance_raw) echo "INSERT INTO plain_offsets VALUES ('c', 's', 0, $((i * 100 + 100))) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)" ;;
-		replay) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
+		replay | replay_ended) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
 		replay_raw) echo "SELECT status, code, body FROM plain_keys WHERE key = 'done$(((i - 1) % 500 + 1))' AND expires_at > now()" ;;
 		*) die "unknown workload $w" ;;
 		esac
@@ -238,6 +283,11 @@ single "$WORK/setup.sql" none setup
 
 : >"$OUT"
 say "# instructions per call (callgrind), $("$PG_CONFIG" --version), $CALLS calls per run"
+if [ "$CLOCK" = real ]; then
+	say "# clock: real (counts move when a run crosses the end of a partition), locale C.UTF-8"
+else
+	say "# clock: pinned at $(date -u -d "@$clock_epoch" '+%Y-%m-%d %H:%M:%S') UTC at each server start, locale C.UTF-8"
+fi
 say "# workload  instructions_per_call"
 base=1
 for w in $WORKLOADS; do
@@ -246,9 +296,30 @@ for w in $WORKLOADS; do
 	{ [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
 	  statements "$w" $((base + CALLS)) $((base + 3 * CALLS - 1)); } >"$WORK/$w-2.sql"
 	base=$((base + 3 * CALLS))
+	if [ "$w" = replay_ended ]; then
+		# a key ledger partition that ends a day before the clock: a
+		# key claimed two days earlier with a ttl of a day (nothing runs
+		# maintenance in between: the runs below find it ended)
+		[ "${CALLGRIND_PRELOAD:-0}" != 1 ] ||
+			die "replay_ended is measured without preloading (the runs start with idem_maintain(), which drops the ended partition)"
+		[ "$CLOCK" != real ] || die "replay_ended needs the pinned clock"
+		fake_clock $((clock_epoch - 2 * 86400))
+		{ echo "BEGIN"
+		  echo "SELECT status FROM idem_claim('aged', '{}', ttl => '1 day')"
+		  echo "SELECT idem_complete('aged', 200, '{}')"
+		  echo "COMMIT"; } >"$WORK/aged.sql"
+		single "$WORK/aged.sql" none aged
+		fake_clock "$clock_epoch"
+	fi
 	one=$(single "$WORK/$w-1.sql" callgrind "$w-1")
 	two=$(single "$WORK/$w-2.sql" callgrind "$w-2")
 	if [ -z "$one" ] || [ -z "$two" ]; then die "no instruction count for $w"; fi
+	if [ "$w" = replay_ended ]; then
+		# maintenance drops the ended partition: the workloads after
+		# this one are measured without it
+		echo "SELECT idem_maintain()" >"$WORK/drop-ended.sql"
+		single "$WORK/drop-ended.sql" none drop-ended
+	fi
 	if [ -n "${CALLGRIND_KEEP:-}" ]; then
 		mkdir -p "$CALLGRIND_KEEP"
 		cp "$WORK/$w-1.cg" "$WORK/$w-2.cg" "$CALLGRIND_KEEP/"
