@@ -5,7 +5,8 @@
 # bench/README.md are only as good as the scripts that make them.  So each
 # script (run.sh, scale.sh, bigtxn.sh, drop.sh, soak.sh, wait.sh,
 # features.sh, streams.sh, callgrind.sh) runs
-# here in its smoke mode, BENCH_SMOKE=1 (bench/lib.sh): the smallest sizes,
+# here in its smoke mode (bench/callgrind-ratios.sh runs in full in
+# test/t/090_instructions.pl, on every major), BENCH_SMOKE=1 (bench/lib.sh): the smallest sizes,
 # one round, windows of a second or two, seconds each.  It runs as the user
 # running the tests, against the installed extension (the scripts build
 # nothing here: BENCH_BUILD=0), with PG_CONFIG and PGBIN naming this
