@@ -23,15 +23,17 @@ SELECT count(DISTINCT lane) AS lanes, min(lanes) AS min_lanes, max(lanes) AS max
        bool_and(upper_bound - lower_bound = interval '1 day') AS day_wide,
        count(DISTINCT extract(hour FROM lower_bound AT TIME ZONE 'UTC')) AS distinct_start_hours
   FROM idempotency.partitions WHERE table_name = 'messages';
--- every lane covers [now, now + ttl) without gaps or overlaps
+-- every lane covers [now, now + ttl) without gaps or overlaps (the ttl is 86,400
+-- seconds: '24 hours', not '1 day', which is 23 or 25 hours on the day of a
+-- daylight-saving change in the session's TimeZone)
 SELECT count(*) AS lanes_not_covered
   FROM generate_series(0, 23) AS l(lane)
  WHERE NOT EXISTS (SELECT 1 FROM idempotency.partitions p
                     WHERE p.table_name = 'messages' AND p.lane = l.lane AND p.lower_bound <= now()
                       AND p.upper_bound > now())
     OR NOT EXISTS (SELECT 1 FROM idempotency.partitions p
-                    WHERE p.table_name = 'messages' AND p.lane = l.lane AND p.lower_bound <= now() + interval '1 day'
-                      AND p.upper_bound > now() + interval '1 day');
+                    WHERE p.table_name = 'messages' AND p.lane = l.lane AND p.lower_bound <= now() + interval '24 hours'
+                      AND p.upper_bound > now() + interval '24 hours');
 SELECT count(*) AS overlaps
   FROM idempotency.partitions a JOIN idempotency.partitions b
     ON a.table_name = b.table_name AND a.lanes = b.lanes AND a.lane = b.lane

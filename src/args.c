@@ -93,6 +93,21 @@ IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
 }
 
 /*
+ * IdemAddInterval: "t" plus the interval "span", as a duration: days of 24
+ * hours, and months and years of the calendar in UTC, whatever the
+ * session's TimeZone.  (timestamptz + interval counts days in the session's
+ * zone, so that on the day a daylight-saving change happens '1 day' is 23
+ * or 25 hours: a ttl or a lease must not depend on the client's zone.)
+ */
+TimestampTz
+IdemAddInterval(TimestampTz t, Datum span)
+{
+	return (TimestampTz) DatumGetTimestamp(DirectFunctionCall2(timestamp_pl_interval,
+															   TimestampGetDatum((Timestamp) t),
+															   span));
+}
+
+/*
  * IdemExpiresAt computes the expiry of a row written at "now" from the ttl
  * argument "argno" (an interval, or NULL for the default ttl setting named
  * "default_ttl_name"), checking that it is positive and within
@@ -117,9 +132,7 @@ IdemExpiresAt(FunctionCallInfo fcinfo, int argno, TimestampTz now,
 		return now + (int64) default_ttl * USECS_PER_SEC;
 	}
 
-	expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-														 TimestampTzGetDatum(now),
-														 PG_GETARG_DATUM(argno)));
+	expires_at = IdemAddInterval(now, PG_GETARG_DATUM(argno));
 	if (expires_at <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

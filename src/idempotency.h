@@ -128,6 +128,7 @@ extern text *IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno,
 extern text *IdemCheckScopeArg(FunctionCallInfo fcinfo, int argno,
 							   const char *argname);
 extern void IdemCheckKeyLength(int len, const char *argname);
+extern TimestampTz IdemAddInterval(TimestampTz t, Datum span);
 extern TimestampTz IdemExpiresAt(FunctionCallInfo fcinfo, int argno,
 								 TimestampTz now, int default_ttl,
 								 const char *default_ttl_name);

@@ -102,9 +102,7 @@ idem_recover(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("lease must not be null"),
 				 errhint("Pass the lease the recovered claims get.")));
-	if (DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-												TimestampTzGetDatum(now),
-												PG_GETARG_DATUM(0))) <= now)
+	if (IdemAddInterval(now, PG_GETARG_DATUM(0)) <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be a positive interval")));
