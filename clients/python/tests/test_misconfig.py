@@ -206,3 +206,57 @@ def test_idempotent_values_beyond_json(conn):
     with pytest.raises(idem.KeyMismatch):
         good(conn, {"id": key, "amount": 6})
     assert json.dumps(first.isoformat())
+
+
+def test_the_handlers_connection_is_the_connection():
+    """What connection(request) hands a handler tracks its calls, and is
+    otherwise the connection: isinstance, cursors as context managers,
+    savepoints, attributes; every awaited call counts as awaited."""
+    import asyncio
+    import psycopg
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from conftest import APP_USER
+    from pg_idempotency.asgi import IdempotencyMiddleware, connection
+
+    key = new_key()
+    seen = {}
+
+    async def endpoint(request):
+        conn = connection(request)
+        seen["isinstance"] = isinstance(conn, psycopg.AsyncConnection)
+        seen["autocommit"] = conn.autocommit
+        async with conn.cursor() as cur:
+            await cur.execute("INSERT INTO charges (key, amount) VALUES (%s, 1)", (key,))
+        async with conn.transaction():
+            await conn.execute("INSERT INTO charges (key, amount) VALUES (%s, 2)", (key,))
+        cur = await conn.execute("SELECT count(*) FROM charges WHERE key = %s", (key,))
+        seen["count"] = (await cur.fetchone())[0]
+        return JSONResponse({"ok": True}, status_code=201)
+
+    app = Starlette(routes=[Route("/c", endpoint, methods=["POST"])])
+    app.add_middleware(IdempotencyMiddleware, conninfo="user=%s" % APP_USER,
+                       anonymous=True)
+
+    async def call():
+        sent = []
+        messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+        async def receive():
+            return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+        async def send(msg):
+            sent.append(msg)
+        await app({"type": "http", "method": "POST", "path": "/c",
+                   "raw_path": b"/c", "query_string": b"", "root_path": "",
+                   "headers": [(b"idempotency-key", ('"%s"' % key).encode()),
+                               (b"content-type", b"application/json")],
+                   "scheme": "http", "server": ("t", 80), "client": ("c", 1),
+                   "http_version": "1.1", "asgi": {"version": "3.0"}},
+                  receive, send)
+        return sent
+    sent = asyncio.run(call())
+    assert sent[0]["status"] == 201, sent
+    assert seen == {"isinstance": True, "autocommit": False, "count": 2}
+    assert charges_for(key) == 2

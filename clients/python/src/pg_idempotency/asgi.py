@@ -239,7 +239,7 @@ def _sync_endpoints(routes: Any, policy: Policy, prefix: str = ""
             found.extend(_sync_endpoints(sub, policy, path))
             continue
         endpoint = getattr(route, "endpoint", None)
-        if endpoint is None:
+        if endpoint is None or "WebSocket" in type(route).__name__:
             continue
         methods = getattr(route, "methods", None) or policy.options.methods
         for method in sorted({m.upper() for m in methods}):
