@@ -2,12 +2,15 @@
 
 // examples/http-node/server.js -- the payments API of examples/http on
 // pg-idempotency's Express 5 middleware (clients/node).  POST /payments takes
-// an Idempotency-Key; the payment's INSERT, the claim of the key and the
-// stored response commit in one transaction, and a retry gets the stored
-// response back.  See README.md.
+// an API key (Authorization: Bearer) and an Idempotency-Key; the payment's
+// INSERT, the claim of the key and the stored response commit in one
+// transaction, and a retry gets the stored response back.  Keys are the
+// account's own: another account's reuse of one is its own payment.  See
+// README.md.
 //
 //   PGDATABASE=payments PGUSER=payments_app PORT=8080 node server.js
 //
+// PAYMENTS_API_KEYS: "key:account,..." (default sk_test_1:acct_1).
 // PAYMENTS_TEST_HOOKS=1 (test.sh): a request with `Test-Fail: after-insert`
 // throws after its INSERT.
 
@@ -17,7 +20,17 @@ const { idempotency } = require('pg-idempotency/express');
 
 const hooks = process.env.PAYMENTS_TEST_HOOKS === '1';
 const app = express();
-const idem = idempotency({ pool: new Pool() }); // connects with the PG* environment
+// the policy page the problem documents link to is mounted below
+const idem = idempotency({ pool: new Pool(), docsUrl: '/docs/idempotency' }); // connects with the PG* environment
+
+// stands for the service's authentication: req.user is the account, set before idem (it scopes the keys)
+const accounts = new Map((process.env.PAYMENTS_API_KEYS || 'sk_test_1:acct_1').split(',').map((p) => p.split(':')));
+function authenticate(req, res, next) {
+  const account = accounts.get((req.get('authorization') || '').replace(/^Bearer /, ''));
+  if (!account) return res.status(401).json({ title: 'an API key is required: Authorization: Bearer <key>' });
+  req.user = { id: account };
+  return next();
+}
 
 // the body is checked before the key is claimed: a client may fix it and retry with the same key
 function validPayment(req, res, next) {
@@ -27,7 +40,7 @@ function validPayment(req, res, next) {
 }
 
 app.get('/docs/idempotency', idem.docs); // the retention and key syntax the 4xx answers link to
-app.post('/payments', express.json(), validPayment, idem, async (req, res) => {
+app.post('/payments', authenticate, express.json(), validPayment, idem, async (req, res) => {
   const { amount, currency } = req.body;
   const { rows: [p] } = await req.idempotency.tx.query(
     'INSERT INTO payments (amount, currency, idempotency_key) VALUES ($1, $2, $3) RETURNING id, created_at',

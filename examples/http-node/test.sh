@@ -12,7 +12,9 @@
 #
 # Checks: a retry replays the stored status, Content-Type, Location, ETag
 # and body bytes with Idempotent-Replayed: true, and one payment is made; the key
-# reused with another body is 422; no key, a key over 255 bytes or two
+# reused with another body is 422 (a problem document under the policy
+# page); another account's reuse of a key is its own payment, and a
+# request without an API key is 401; no key, a key over 255 bytes or two
 # Idempotency-Key fields are 400 and write nothing (255 bytes is fine); a
 # body refused before the claim leaves the key unused; a handler that throws
 # after its INSERT answers 5xx, its INSERT rolled back and the key unused,
@@ -171,8 +173,8 @@ wait_sql() {
 }
 payments_for() { sql "SELECT count(*) FROM payments WHERE idempotency_key = '$1'"; }
 # lookup KEY EXPR: EXPR over idem_lookup() of KEY, as the server's role (the
-# middleware's scope is "METHOD path", no caller being set)
-lookup() { sql "SET ROLE payments_app; SELECT $2 FROM idem_lookup('$1', 'POST /payments')"; }
+# middleware's scope is [caller, method, route]: acct_1's keys)
+lookup() { sql "SET ROLE payments_app; SELECT $2 FROM idem_lookup('$1', '[\"acct_1\",\"POST\",\"/payments\"]')"; }
 # the last id the payments' identity gave out (rolled back INSERTs too)
 last_id() { sql "SELECT coalesce(pg_sequence_last_value(pg_get_serial_sequence('payments', 'id')), 0)"; }
 
@@ -182,6 +184,7 @@ start_server() {
 	local end
 	(cd "$APP" && exec env PGHOST="$DB/sock" PGPORT="$BASE" PGDATABASE=payments \
 		PGUSER=payments_app PGAPPNAME=payments-node PORT="$PORT" PAYMENTS_TEST_HOOKS=1 \
+		PAYMENTS_API_KEYS=sk_test_1:acct_1,sk_test_2:acct_2 \
 		"$NODE_BIN" server.js) >>"$WORK/server.log" 2>&1 &
 	SERVER_PID=$!
 	end=$((SECONDS + WAIT_SECONDS))
@@ -200,14 +203,15 @@ start_server() {
 }
 start_server || exit 1
 
-# post NAME BODY [CURL_ARG...]: POST /payments, save headers and body as
-# $R/NAME.hdr / $R/NAME.body, print the status code
+# post NAME BODY [CURL_ARG...]: POST /payments as the account of API_KEY
+# (default sk_test_1, acct_1), save headers and body as $R/NAME.hdr /
+# $R/NAME.body, print the status code
 post() {
 	local name=$1 body=$2
 	shift 2
 	curl -sS -o "$R/$name.body" -D "$R/$name.hdr" -w '%{http_code}' \
 		-X POST -H 'Content-Type: application/json' --data-binary "$body" \
-		"$@" "$URL/payments"
+		-H "Authorization: Bearer ${API_KEY-sk_test_1}" "$@" "$URL/payments"
 }
 # header NAME FIELD: value of a response header (last one), CR stripped
 header() {
@@ -254,7 +258,17 @@ check "the stored response is the bytes sent" "$(lookup k-1 "response_code || ' 
 echo "# the key again with another body"
 check "other body: 422" "$(post mismatch "$B2" -H 'Idempotency-Key: "k-1"')" 422
 check "422: a problem document" "$(header mismatch Content-Type)" application/problem+json
+check "422: its type, under the policy page" "$(field mismatch type)" /docs/idempotency#mismatch
 check "k-1: still one payment, of the first amount" "$(sql "SELECT string_agg(amount::text, ',') FROM payments WHERE idempotency_key = 'k-1'")" 1999
+
+# ---------------------------------------------------------------- accounts
+echo "# keys are per account: another account's reuse of a key is its own payment"
+check "acct_1, k-acct: 201" "$(post acct1 "$B1" -H 'Idempotency-Key: "k-acct"')" 201
+check "acct_2, the same key and body: 201, not a replay of acct_1's" \
+	"$(API_KEY=sk_test_2 post acct2 "$B1" -H 'Idempotency-Key: "k-acct"')/$(replayed acct2)/$(same_reply acct1 acct2)" 201//different
+check "k-acct: two payments" "$(payments_for k-acct)" 2
+check "no API key: 401, nothing written" \
+	"$(API_KEY='' post noauth "$B1" -H 'Idempotency-Key: "k-noauth"')/$(payments_for k-noauth)" 401/0
 
 # ---------------------------------------------------------------- 400
 echo "# missing or bad keys: 400, nothing written"

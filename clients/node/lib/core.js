@@ -10,6 +10,7 @@ const sql = require('./sql');
 const {
   mapError, isRetryable, isUnavailable, ProgrammingError, TransientError,
   StoreUnavailableError, ResponseTooLargeError, StaleTokenError,
+  KeyInProgressError, KeyMismatchError,
 } = require('./errors');
 
 const ISOLATION = {
@@ -211,6 +212,62 @@ async function run(opts, fn) {
   }
   if (!opts.pool) throw new TypeError('run needs { pool } or { client }');
   return inTransaction(opts.pool, opts, (tx) => claimAndRun(tx, opts, fn, false));
+}
+
+// idempotent(fn, opts): fn(tx, ...args) made to run once per key, returning
+// its value (stored as JSON with the business writes in one transaction)
+// and, for a key already done, the stored value without calling fn.
+//
+//   const charge = idempotent(async (tx, account, amount) => { ... return { id } },
+//     { pool, key: (account, amount, ref) => ref, request: (account, amount) => ({ account, amount }) });
+//   await charge('acct-1', 500, 'ref-42');
+//
+// opts.key(...args) selects the key (required); opts.request(...args) what
+// a reuse of the key is compared with (default: all the arguments; a reuse
+// with others throws KeyMismatchError); opts.serialize(value) turns fn's
+// value into JSON (default: JSON.stringify's rules; undefined is stored as
+// null) and opts.deserialize(json) back (default: as stored).  A key held
+// by a call in flight throws KeyInProgressError (with { wait: true }, it
+// waits for it).  Other options: pool or client, scope, ttl, wait,
+// waitTimeout, isolationLevel, retries (fn runs again on 40P01/40001: keep
+// it free of effects outside the database).
+function idempotent(fn, opts = {}) {
+  if (typeof fn !== 'function') throw new TypeError('idempotent needs a function');
+  if (!opts || typeof opts.key !== 'function') {
+    throw new TypeError('idempotent needs { key: (...args) => string }, the selection of the key');
+  }
+  if (!opts.pool && !opts.client) throw new TypeError('idempotent needs { pool } or { client }');
+  const serialize = opts.serialize || ((v) => v);
+  const deserialize = opts.deserialize || ((v) => v);
+  const requestOf = opts.request || ((...args) => args);
+  return async function idempotentCall(...args) {
+    const key = opts.key(...args);
+    if (typeof key !== 'string' || key === '') {
+      throw new TypeError('idempotent: opts.key(...args) must return a non-empty string');
+    }
+    let value;
+    const out = await run({ ...opts, key, request: requestOf(...args) }, async (tx) => {
+      value = await fn(tx, ...args);
+      let body = serialize(value);
+      if (body === undefined) body = null;
+      try {
+        if (JSON.stringify(body) === undefined) throw new TypeError('not JSON');
+      } catch (err) {
+        throw new TypeError(`idempotent: the value of ${fn.name || 'the function'} is not JSON ` +
+          `(${err.message}); give opts.serialize (and opts.deserialize) to store it`);
+      }
+      return { status: 200, body };
+    });
+    if (out.status === 'in_progress') throw new KeyInProgressError(`another call holds key ${JSON.stringify(key)}`);
+    if (out.status === 'mismatch') {
+      throw new KeyMismatchError(`key ${JSON.stringify(key)} was used with other arguments`);
+    }
+    if (out.replayed) {
+      const stored = out.response.body;
+      return deserialize(stored === undefined ? null : stored);
+    }
+    return value;
+  };
 }
 
 async function releaseQuietly(pool, key, scope, token) {
@@ -460,6 +517,7 @@ function streamConsumer(opts) {
 module.exports = {
   transaction,
   run,
+  idempotent,
   twoPhase,
   recoverLapsed,
   consume,

@@ -20,6 +20,19 @@ class IdempotencyError extends Error {
 // retried.
 class ProgrammingError extends IdempotencyError {}
 
+// The library is set up so that it cannot keep its contract: no caller to
+// scope a key by, a request body no parser read before the middleware.
+// HTTP: 500 (no-caller, misconfigured), and onError is told why.
+class ConfigurationError extends ProgrammingError {}
+
+// idempotent(): another call holds the key right now (idem_claim's
+// in_progress).
+class KeyInProgressError extends IdempotencyError {}
+
+// idempotent(): the key was used with other arguments (idem_claim's
+// mismatch).
+class KeyMismatchError extends IdempotencyError {}
+
 // 55006 "is stale": the key was taken over (its lease lapsed and another
 // caller claimed or recovered it); this holder must stop.
 class StaleTokenError extends IdempotencyError {}
@@ -112,6 +125,9 @@ function mapError(err) {
 module.exports = {
   IdempotencyError,
   ProgrammingError,
+  ConfigurationError,
+  KeyInProgressError,
+  KeyMismatchError,
   StaleTokenError,
   KeyBusyError,
   ResponseTooLargeError,

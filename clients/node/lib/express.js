@@ -4,13 +4,17 @@
 //
 //   app.post('/orders', express.json(), idempotency({ pool }), handler)
 //
-// Put it after the body parser (the parsed body is the request's
-// fingerprint).  For a claimed key the handler finds the open transaction in
-// req.idempotency.tx; what it sends is held back until the response is
-// stored and the transaction committed, then sent.  See README.md.
+// It goes after the authentication (the caller is part of the key's scope)
+// and after the body parser (the parsed body is part of the request's
+// fingerprint): a request with a body that no parser read is refused (500
+// misconfigured when a body parser follows the middleware, 415 when none
+// does), never fingerprinted without its body.  For a claimed key the
+// handler finds the open transaction in req.idempotency.tx; what it sends
+// is held back until the response is stored and the transaction committed,
+// then sent.  See README.md and ../http-behaviour.md.
 
 const http = require('node:http');
-const { HttpIdempotency } = require('./http');
+const { HttpIdempotency, splitTarget } = require('./http');
 
 function toBuffer(chunk, encoding) {
   if (Buffer.isBuffer(chunk)) return chunk;
@@ -114,14 +118,88 @@ function intercept(res, engine, session, onError) {
   };
 }
 
+const BODY_PARSERS = new Set(['jsonParser', 'urlencodedParser', 'rawParser', 'textParser']);
+
+// The route template that will handle a request the middleware sees before
+// routing (app.use): the app's router is walked with its layers' own
+// matchers (read only), nested routers included; null when none is found.
+function findRoute(stack, path, method, prefix) {
+  for (const layer of stack || []) {
+    if (!Array.isArray(layer.matchers)) continue;
+    let m = false;
+    for (const match of layer.matchers) {
+      m = match(path);
+      if (m) break;
+    }
+    if (!m) continue;
+    if (layer.route) {
+      const route = layer.route;
+      if (typeof route._handlesMethod !== 'function' || route._handlesMethod(method)) {
+        return prefix + String(route.path);
+      }
+      continue;
+    }
+    const sub = layer.handle && layer.handle.stack;
+    if (Array.isArray(sub) && typeof layer.rawPath === 'string') {
+      const mount = layer.slash ? '' : layer.rawPath.replace(/\/+$/, '');
+      const rest = path.slice(layer.slash ? 0 : String(m.path).length) || '/';
+      const found = findRoute(sub, rest.startsWith('/') ? rest : `/${rest}`, method, prefix + mount);
+      if (found) return found;
+    }
+  }
+  return null;
+}
+
+function routeOf(req, path) {
+  if (req.route && req.route.path !== undefined) return String(req.baseUrl || '') + String(req.route.path);
+  const router = req.app && req.app.router;
+  return (router && findRoute(router.stack, path, req.method.toLowerCase(), '')) || path;
+}
+
+// True when the request carries a body that nothing has read: no body
+// parser ran before the middleware, or none takes its Content-Type.
+function bodyUnread(req) {
+  if (req.body !== undefined || req.readableEnded) return false;
+  const length = req.headers['content-length'];
+  if (length !== undefined) return Number(length) > 0;
+  return req.headers['transfer-encoding'] !== undefined;
+}
+
+// True when a body parser comes after the middleware `mw` in the stack it
+// runs in (the route's, or the app's).
+function parserAfter(req, mw) {
+  const stacks = [req.route && req.route.stack, req.app && req.app.router && req.app.router.stack];
+  for (const stack of stacks) {
+    if (!Array.isArray(stack)) continue;
+    const i = stack.findIndex((layer) => layer.handle === mw);
+    if (i >= 0) return stack.slice(i + 1).some((layer) => BODY_PARSERS.has(layer.name));
+  }
+  return false;
+}
+
 function idempotency(options = {}) {
   const engine = options instanceof HttpIdempotency ? options : new HttpIdempotency(options);
+  const header = engine.header.toLowerCase();
   async function handle(req, res, next) {
+    const url = String(req.originalUrl || req.url);
+    const { path } = splitTarget(url);
+    const keyed = engine.keyOf !== null || (req.headersDistinct[header] || []).length > 0;
+    if (keyed && bodyUnread(req)) {
+      const reply = parserAfter(req, pgIdempotency)
+        ? engine.misconfigured(`${req.method} ${path}: the request body was not parsed before idempotency(); ` +
+          'mount it after express.json() (the body is part of the request\'s fingerprint)')
+        : engine.problem(415, 'unsupported-media-type', 'Unsupported Content-Type',
+          'The request body is of a type this operation does not read.');
+      sendRaw(res, reply, res.end);
+      return;
+    }
     const r = await engine.begin({
       req,
       method: req.method,
-      path: String(req.originalUrl || req.url).split('?')[0],
-      keyValues: req.headersDistinct['idempotency-key'],
+      url,
+      route: routeOf(req, path),
+      keyValues: req.headersDistinct[header],
+      contentType: req.headers['content-type'],
     });
     if (r.reply) {
       sendRaw(res, r.reply, res.end);
@@ -139,8 +217,8 @@ function idempotency(options = {}) {
     handle(req, res, next).catch(next);
   }
   pgIdempotency.engine = engine;
-  // GET handler publishing the policy (retention, key syntax, statuses):
-  // mount it at the docsUrl the problem documents link to.
+  // GET handler publishing the policy (retention, key syntax, scope): mount
+  // it where the docsUrl the problem documents link to says, if set.
   pgIdempotency.docs = function docs(req, res) {
     const body = Buffer.from(JSON.stringify(engine.docs()));
     res.statusCode = 200;

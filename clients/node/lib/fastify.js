@@ -2,9 +2,12 @@
 
 // Fastify 5 plugin: fastify.register(fastifyIdempotency, options), then
 // opt routes in with { config: { idempotency: true } } (or an object of
-// options for that route).  For a claimed key the handler finds the open
+// options for that route).  The claim is made in preHandler, after the body
+// is parsed and after onRequest/preValidation authentication (request.user
+// is the default caller).  For a claimed key the handler finds the open
 // transaction in request.idempotency.tx; the reply is stored in onSend,
-// before it is sent, and the transaction committed.  See README.md.
+// before it is sent, and the transaction committed.  See README.md and
+// ../http-behaviour.md.
 
 const { HttpIdempotency } = require('./http');
 
@@ -53,8 +56,10 @@ function fastifyIdempotency(fastify, options, done) {
     const r = await engine.begin({
       req: request,
       method: request.method,
-      path: String(request.url).split('?')[0],
-      keyValues: request.raw.headersDistinct['idempotency-key'],
+      url: request.url,
+      route: request.routeOptions && request.routeOptions.url,
+      keyValues: request.raw.headersDistinct[engine.header.toLowerCase()],
+      contentType: request.headers['content-type'],
     });
     if (r.reply) {
       sendReply(reply, r.reply);

@@ -1,31 +1,41 @@
 'use strict';
 
-// What the Express and Fastify adapters share: the Idempotency-Key field
+// What the Express and Fastify adapters share, as clients/http-behaviour.md
+// lays it down for both client libraries: the Idempotency-Key field
 // (draft-ietf-httpapi-idempotency-key-header: an RFC 8941 String, or a bare
-// token as Stripe-style clients send), the key's scope and the request's
-// fingerprint, the claim and the answers for each status, the stored
-// response and its replay, and the mapping of the extension's SQLSTATEs to
-// HTTP answers as RFC 9457 problem documents.  The adapters only capture
-// what the handler sends and send what this returns.
+// token as Stripe-style clients send), the key's scope (the caller, the
+// method and the route; refused when no caller can be established) and the
+// request's fingerprint (the method, path, query and body), the claim and
+// the answers for each status, the stored response and its replay, and the
+// mapping of the extension's SQLSTATEs to HTTP answers as RFC 9457 problem
+// documents.  The adapters only capture what the handler sends and send what
+// this returns.
 
 const crypto = require('node:crypto');
 const sql = require('./sql');
 const core = require('./core');
 const {
   mapError, isRetryable, isUnavailable, KeyBusyError, ResponseTooLargeError,
-  StaleTokenError, TransientError, sqlstate,
+  StaleTokenError, TransientError, ConfigurationError,
 } = require('./errors');
 
 const DEFAULT_REPLAY_HEADERS = [
   'content-type', 'content-language', 'content-disposition', 'content-encoding',
-  'location', 'etag', 'last-modified', 'link', 'vary', 'cache-control',
+  'location', 'etag', 'last-modified', 'link', 'cache-control', 'expires', 'vary',
 ];
 // never stored nor replayed, whatever the allowlist says: a cookie belongs
 // to one client; the others describe one connection or one transfer
 const NEVER_REPLAYED = new Set([
-  'set-cookie', 'content-length', 'transfer-encoding', 'connection', 'keep-alive',
-  'date', 'idempotent-replayed', 'trailer', 'upgrade',
+  'set-cookie', 'set-cookie2', 'content-length', 'transfer-encoding', 'connection',
+  'keep-alive', 'upgrade', 'trailer', 'te', 'proxy-authenticate', 'idempotent-replayed',
+  'date', 'server',
 ]);
+
+// the problem types' base when no docsUrl is set (RFC 9457 allows a URI
+// that is not dereferenceable; a tag URI never points at a missing page)
+const PROBLEM_TAG = 'tag:pg-idempotency,2026:';
+const MAX_SCOPE_BYTES = 255;
+const SERVER_ERRORS = new Set(['rollback', 'release', 'store']);
 
 const BARE_KEY_RE = /^[A-Za-z0-9._~:-]+$/;
 
@@ -39,7 +49,8 @@ class BadIdempotencyKeyError extends Error {
   }
 }
 
-// An RFC 8941 sf-string (section 4.2.5) making up all of raw, or null.
+// An RFC 8941 sf-string (section 4.2.5) at the start of raw: { value, rest }
+// (rest: what follows its closing quote), or null.
 function parseSfString(raw) {
   let out = '';
   for (let i = 1; i < raw.length; i++) {
@@ -49,7 +60,7 @@ function parseSfString(raw) {
       if (i >= raw.length || (raw[i] !== '"' && raw[i] !== '\\')) return null;
       out += raw[i];
     } else if (c === '"') {
-      return i === raw.length - 1 ? out : null;
+      return { value: out, rest: raw.slice(i + 1) };
     } else if (c >= ' ' && c <= '~') {
       out += c;
     } else {
@@ -59,57 +70,151 @@ function parseSfString(raw) {
   return null; // no closing quote
 }
 
+function multipleKeys(header) {
+  return new BadIdempotencyKeyError('multiple-keys', `More than one ${header}`,
+    `A request must carry one ${header} header field.`);
+}
+
 // The key carried by the Idempotency-Key field values of a request (an array
 // with one element per field line, as Node's headersDistinct has them).
-// Throws BadIdempotencyKeyError: missing, more than one field, malformed,
-// empty, too long (bytes; the extension's idempotency.max_key_length).
+// Throws BadIdempotencyKeyError: missing, more than one (two field lines, or
+// a list in one), malformed, empty, too long (bytes; the extension's
+// idempotency.max_key_length).
 function parseIdempotencyKey(values, options = {}) {
-  const maxKeyLength = options.maxKeyLength || 255;
+  const maxKeyBytes = options.maxKeyBytes || 255;
+  const header = options.header || 'Idempotency-Key';
   if (values === undefined || values === null) values = [];
   else if (!Array.isArray(values)) values = [values];
   if (values.length === 0) {
-    throw new BadIdempotencyKeyError('missing-key', 'Idempotency-Key is missing',
-      'This operation is idempotent and requires an Idempotency-Key request header field.');
+    throw new BadIdempotencyKeyError('missing-key', `${header} is missing`,
+      `This operation is idempotent and requires an ${header} request header field.`);
   }
-  if (values.length > 1) {
-    throw new BadIdempotencyKeyError('multiple-keys', 'More than one Idempotency-Key',
-      'A request must not carry more than one Idempotency-Key header field.');
-  }
+  if (values.length > 1) throw multipleKeys(header);
   const raw = String(values[0]).replace(/^[ \t]+|[ \t]+$/g, '');
   let key = null;
-  if (raw.startsWith('"')) key = parseSfString(raw);
-  else if (BARE_KEY_RE.test(raw)) key = raw;
+  if (raw.startsWith('"')) {
+    const sf = parseSfString(raw);
+    if (sf !== null) {
+      const rest = sf.rest.replace(/^[ \t]+/, '');
+      if (rest.startsWith(',')) throw multipleKeys(header);
+      if (rest === '') key = sf.value;
+    }
+  } else if (raw.includes(',')) {
+    throw multipleKeys(header);
+  } else if (BARE_KEY_RE.test(raw)) {
+    key = raw;
+  }
   if (key === null) {
-    throw new BadIdempotencyKeyError('malformed-key', 'Idempotency-Key is malformed',
-      'The Idempotency-Key must be a Structured Field String (RFC 8941), such as ' +
-      '"8e03978e-40d5-43e8-bc93-6894a57f9324", or a bare token of letters, digits and ._~:-');
+    throw new BadIdempotencyKeyError('malformed-key', `${header} is malformed`,
+      `The ${header} must be a Structured Field String (RFC 8941) of printable ASCII, such as ` +
+      '"8e03978e-40d5-43e8-bc93-6894a57f9324", or a bare value of letters, digits and ._~:-.');
   }
+  return checkKeyText(key, header, maxKeyBytes);
+}
+
+function checkKeyText(key, header, maxKeyBytes) {
   if (key === '') {
-    throw new BadIdempotencyKeyError('empty-key', 'Idempotency-Key is empty',
-      'The Idempotency-Key must not be empty.');
+    throw new BadIdempotencyKeyError('empty-key', `${header} is empty`,
+      `The ${header} must not be empty.`);
   }
-  if (Buffer.byteLength(key, 'utf8') > maxKeyLength) {
-    throw new BadIdempotencyKeyError('key-too-long', 'Idempotency-Key is too long',
-      `The Idempotency-Key must be at most ${maxKeyLength} characters long.`);
+  if (Buffer.byteLength(key, 'utf8') > maxKeyBytes) {
+    throw new BadIdempotencyKeyError('key-too-long', `${header} is too long`,
+      `The ${header} must be at most ${maxKeyBytes} bytes long.`);
   }
   return key;
 }
 
+// The default caller: req.user (Passport, @fastify/jwt and most
+// authentication middleware put the authenticated user there) by its id,
+// sub or username, or itself if it is a string or number; '' when none.
 function defaultCaller(req) {
   const u = req && req.user;
-  if (u === undefined || u === null) return '';
+  if (u === undefined || u === null || u === false) return '';
   if (typeof u === 'string' || typeof u === 'number' || typeof u === 'bigint') return String(u);
   const id = u.id !== undefined ? u.id : u.sub !== undefined ? u.sub : u.username;
   return id === undefined || id === null ? '' : String(id);
 }
 
-function defaultFingerprint(req) {
-  const body = req ? req.body : undefined;
-  if (body === undefined || body === null) return null;
-  if (Buffer.isBuffer(body) || body instanceof Uint8Array) {
-    return { sha256: crypto.createHash('sha256').update(body).digest('hex') };
+function sha256(bytes) {
+  return { sha256: crypto.createHash('sha256').update(bytes).digest('hex') };
+}
+
+function isJsonType(contentType) {
+  return /json/i.test(String(contentType || ''));
+}
+
+// A JSON value the extension can store as jsonb (no \u0000), else null.
+function storableJson(value) {
+  let text;
+  try {
+    text = JSON.stringify(value);
+  } catch (err) {
+    return null;
   }
-  return body;
+  if (text === undefined || text.includes('\\u0000')) return null;
+  return value;
+}
+
+// The body part of the fingerprint, as the parser left it in req.body: a
+// JSON body as JSON (key order and whitespace do not matter), any other
+// body by the SHA-256 of its bytes, no body as null.  Returns { json } or
+// { digest }.
+function bodyFingerprint(body, contentType) {
+  if (body === undefined || body === null) return { json: null };
+  if (typeof body === 'string' || Buffer.isBuffer(body) || body instanceof Uint8Array) {
+    const bytes = typeof body === 'string' ? Buffer.from(body, 'utf8') : body;
+    if (bytes.length === 0) return { json: null };
+    if (isJsonType(contentType)) {
+      try {
+        const parsed = storableJson(JSON.parse(Buffer.from(bytes).toString('utf8')));
+        if (parsed !== null) return { json: parsed };
+      } catch (err) {
+        // not JSON: by its bytes
+      }
+    }
+    return { digest: sha256(bytes) };
+  }
+  // parsed by express.json(), express.urlencoded() or Fastify
+  const json = storableJson(body);
+  return json !== null ? { json } : { digest: sha256(Buffer.from(String(JSON.stringify(body)), 'utf8')) };
+}
+
+// One dotted path ("card.last4", "items.0.sku") of a JSON value; null when
+// absent.
+function select(value, path) {
+  let v = value;
+  for (const seg of String(path).split('.')) {
+    if (Array.isArray(v) && /^[0-9]+$/.test(seg)) v = v[Number(seg)];
+    else if (v !== null && typeof v === 'object' && !Array.isArray(v) && Object.hasOwn(v, seg)) v = v[seg];
+    else return null;
+  }
+  return v === undefined ? null : v;
+}
+
+// The fingerprint's body: all of it, or the selected fields of a JSON
+// object (a body that is not one is taken whole).
+function bodyPart(fp, fields) {
+  if (fp.digest) return fp.digest;
+  const body = fp.json;
+  if (!fields || body === null || typeof body !== 'object' || Array.isArray(body)) return body;
+  const out = {};
+  for (const f of fields) out[f] = select(body, f);
+  return out;
+}
+
+function decodePath(p) {
+  try {
+    return decodeURIComponent(p);
+  } catch (err) {
+    return p;
+  }
+}
+
+// { path, query } of a request target ("/orders/1?a=b").
+function splitTarget(url) {
+  const s = String(url || '/');
+  const i = s.indexOf('?');
+  return i < 0 ? { path: decodePath(s), query: '' } : { path: decodePath(s.slice(0, i)), query: s.slice(i + 1) };
 }
 
 function toHeaderValue(v) {
@@ -129,21 +234,34 @@ class HttpIdempotency {
     this.required = options.required !== false;
     this.methods = options.methods === null ? null
       : new Set((options.methods || ['POST', 'PATCH']).map((m) => String(m).toUpperCase()));
+    this.header = options.header || 'Idempotency-Key';
+    this.keyOf = options.key || null;
+    if (this.keyOf !== null && typeof this.keyOf !== 'function') {
+      throw new TypeError('pg-idempotency: key must be a function of the request');
+    }
     this.caller = options.caller || defaultCaller;
+    this.anonymous = Boolean(options.anonymous);
     this.scope = options.scope || null;
-    this.fingerprint = options.fingerprint || defaultFingerprint;
+    this.fingerprint = options.fingerprint || null;
+    this.fingerprintFields = options.fingerprintFields ? [...options.fingerprintFields].map(String) : null;
+    if (this.fingerprint && this.fingerprintFields) {
+      throw new TypeError('pg-idempotency: give fingerprint or fingerprintFields, not both');
+    }
     this.wait = options.wait ? sql.durationMs(options.wait) : 0;
-    if (this.wait === null) throw new TypeError('pg-idempotency: wait must be milliseconds');
+    if (this.wait === null) throw new TypeError('pg-idempotency: wait must be milliseconds or a simple interval');
     this.lease = options.lease === undefined || options.lease === null ? null : options.lease;
     this.keepRequest = Boolean(options.keepRequest);
     const extra = (options.replayHeaders || []).map((h) => String(h).toLowerCase());
     this.replayHeaders = new Set([...DEFAULT_REPLAY_HEADERS, ...extra].filter((h) => !NEVER_REPLAYED.has(h)));
-    this.storeServerErrors = Boolean(options.storeServerErrors);
+    this.serverErrors = options.serverErrors === undefined ? 'rollback' : options.serverErrors;
+    if (!SERVER_ERRORS.has(this.serverErrors)) {
+      throw new TypeError("pg-idempotency: serverErrors is 'rollback', 'release' or 'store'");
+    }
     this.timeoutStatus = options.timeoutStatus === 503 ? 503 : 409;
     this.tooLargeStatus = options.tooLargeStatus === 413 ? 413 : 500;
     this.retryAfter = options.retryAfter === undefined ? 1 : options.retryAfter;
-    this.docsUrl = options.docsUrl === undefined ? '/docs/idempotency' : options.docsUrl;
-    this.maxKeyLength = options.maxKeyLength || 255;
+    this.docsUrl = options.docsUrl || null;
+    this.maxKeyBytes = options.maxKeyBytes || 255;
     this.isolationLevel = options.isolationLevel;
     this.retries = options.retries === undefined ? 3 : options.retries;
     this.onError = options.onError || ((err) => {
@@ -157,57 +275,77 @@ class HttpIdempotency {
 
   // ------------------------------------------------------------ answers
 
+  problemType(slug) {
+    return this.docsUrl ? `${this.docsUrl}#${slug}` : `${PROBLEM_TAG}${slug}`;
+  }
+
+  // An RFC 9457 problem document; 409 and 503 carry Retry-After.
   problem(status, slug, title, detail, extraHeaders = {}) {
-    const doc = { type: this.docsUrl ? `${this.docsUrl}#${slug}` : 'about:blank', title, status, detail };
+    const doc = {
+      type: this.problemType(slug), title, status, detail,
+      key_retention_seconds: Math.round(this.ttlMs / 1000),
+    };
     const headers = { 'content-type': 'application/problem+json', 'content-language': 'en' };
     if (this.docsUrl) headers.link = `<${this.docsUrl}>; rel="describedby"`;
+    if ((status === 409 || status === 503) && this.retryAfter !== null) {
+      headers['retry-after'] = String(this.retryAfter);
+    }
     Object.assign(headers, extraHeaders);
     return { status, headers, body: Buffer.from(JSON.stringify(doc)), problem: slug };
   }
 
-  retryAfterHeaders() {
-    return this.retryAfter === null ? {} : { 'retry-after': String(this.retryAfter) };
+  inProgress() {
+    return this.problem(409, 'in-progress', 'A request is outstanding for this Idempotency-Key',
+      `A request with the same ${this.header} for the same operation is being processed. Retry it later.`);
   }
 
-  inFlight(status = 409) {
-    if (status === 503) {
-      return this.problem(503, 'in-flight-timeout', 'A request is outstanding for this Idempotency-Key',
-        'A request with the same Idempotency-Key is still being processed and did not finish in time. Retry it later.',
-        this.retryAfterHeaders());
-    }
-    return this.problem(409, 'in-flight', 'A request is outstanding for this Idempotency-Key',
-      'A request with the same Idempotency-Key for the same operation is being processed. Retry it later.',
-      this.retryAfterHeaders());
+  busy() {
+    return this.problem(this.timeoutStatus, 'busy', 'The Idempotency-Key is busy',
+      `A request with the same ${this.header} for the same operation is being processed. Retry it later.`);
+  }
+
+  // 500, for a server that cannot keep the contract as it is set up: the
+  // client is told nothing was done, onError is told why
+  misconfigured(message) {
+    this.onError(new ConfigurationError(`pg-idempotency: ${message}`));
+    return this.problem(500, 'misconfigured', 'The server is misconfigured',
+      'The server cannot process this request as it is set up; nothing was done.');
+  }
+
+  noCaller(message) {
+    this.onError(new ConfigurationError(`pg-idempotency: ${message}`));
+    return this.problem(500, 'no-caller', 'The caller could not be established',
+      `This server scopes each ${this.header} by the authenticated caller and could not establish one ` +
+      'for this request; nothing was done.');
   }
 
   errorResponse(err) {
     const e = mapError(err);
     if (isUnavailable(e)) {
-      return this.problem(503, 'store-unavailable', 'Idempotency store unavailable',
-        'The request could not be recorded; nothing was done. Retry it later.', this.retryAfterHeaders());
+      return this.problem(503, 'unavailable', 'The idempotency store is unavailable',
+        'The request was not processed; retry it later.');
     }
     if (e instanceof KeyBusyError) {
-      return this.inFlight(e.code === '55006' ? 409 : this.timeoutStatus);
+      return e.code === '55006' ? this.inProgress() : this.busy();
     }
     if (e instanceof ResponseTooLargeError) {
-      return this.problem(this.tooLargeStatus, 'response-too-large', 'Response too large to be stored',
-        'The response is larger than the idempotency store keeps; the operation was rolled back and may be retried.');
+      return this.problem(this.tooLargeStatus, 'response-too-large', 'The response is too large to be stored',
+        'The response was larger than the store takes (idempotency.max_response_bytes). Nothing was done; ' +
+        'the request can be retried.');
     }
     if (e instanceof TransientError || isRetryable(e)) {
-      return this.problem(503, 'transient', 'Transient conflict',
-        'The operation was rolled back because of a conflict with another transaction. Retry it.',
-        this.retryAfterHeaders());
+      return this.problem(503, 'conflict', 'The request conflicted with another one; retry it',
+        'The request was not processed; retry it later.');
     }
     if (e instanceof StaleTokenError) {
-      return this.problem(409, 'taken-over', 'The request was taken over',
-        'This request took longer than its lease and another request for the same Idempotency-Key took it over.');
+      return this.problem(409, 'taken-over', 'The claim was taken over',
+        `This request took longer than its lease and another request for the same ${this.header} took it over.`);
     }
-    if (sqlstate(e) === '22P05') {
-      return this.problem(400, 'request-unsupported', 'Request cannot be fingerprinted',
-        'The request body holds characters that cannot be stored (such as \\u0000).');
+    if (e instanceof ConfigurationError) {
+      return this.misconfigured(e.message.replace(/^pg-idempotency: /, ''));
     }
     this.onError(e);
-    return this.problem(500, 'internal', 'Internal error', 'The request failed; nothing was done.');
+    return this.problem(500, 'internal', 'Internal error', 'The request failed and changed nothing.');
   }
 
   pickHeaders(headers) {
@@ -231,7 +369,7 @@ class HttpIdempotency {
       body = c.responseRaw;
     } else if (c.responseBody !== null && c.responseBody !== undefined) {
       body = Buffer.from(JSON.stringify(c.responseBody));
-      if (!headers['content-type']) headers['content-type'] = 'application/json; charset=utf-8';
+      if (!headers['content-type']) headers['content-type'] = 'application/json';
     } else {
       body = Buffer.alloc(0);
     }
@@ -244,65 +382,119 @@ class HttpIdempotency {
       case 'completed':
         return this.replayOf(c);
       case 'in_progress':
-        return this.inFlight(409);
+        return this.inProgress();
       case 'mismatch':
-        return this.problem(422, 'key-reused', 'Idempotency-Key is already used',
-          'This Idempotency-Key was used with a different request. A key must not be reused for a different request.');
+        return this.problem(422, 'mismatch', 'Idempotency-Key is already used for another request',
+          `This ${this.header} was used with a different request. A key must not be reused for another request.`);
       default:
         throw new Error(`unexpected idem_claim status ${c.status}`);
     }
   }
 
+  // The published policy: the same document as the Python adapters'.
   docs() {
+    const waitSeconds = this.wait ? this.wait / 1000 : null;
+    let fingerprint = 'the method, path, query and body';
+    if (this.fingerprint) fingerprint = 'set by the application';
+    else if (this.fingerprintFields) fingerprint = `the method, path, query and the body's ${this.fingerprintFields.join(', ')}`;
     return {
-      header: 'Idempotency-Key',
+      header: this.header,
+      methods: this.methods === null ? null : [...this.methods].sort(),
       required: this.required,
-      methods: this.methods === null ? null : [...this.methods],
-      key_syntax: 'an RFC 8941 String ("..."), or a bare token of letters, digits and ._~:-',
-      max_key_length: this.maxKeyLength,
+      key_format: this.keyOf ? 'set by the application'
+        : `an RFC 8941 String of 1-${this.maxKeyBytes} bytes of printable ASCII, or a bare value of [A-Za-z0-9._~:-]`,
+      max_key_bytes: this.maxKeyBytes,
+      key_scope: this.scope ? 'set by the application' : 'the authenticated caller, the method and the route',
+      anonymous: this.anonymous,
+      fingerprint,
       key_retention_seconds: Math.round(this.ttlMs / 1000),
-      key_scope: this.scope ? 'set by the application' : 'the authenticated caller, the method and the path',
-      concurrent_requests: this.wait
-        ? `wait up to ${this.wait} ms for the first request, then ${this.timeoutStatus}`
-        : '409 with Retry-After',
-      replay: 'the stored status, body and headers, with Idempotent-Replayed: true',
-      replayed_headers: [...this.replayHeaders],
-      server_errors: this.storeServerErrors ? 'stored and replayed' : 'not stored: a retry runs again',
+      concurrent_duplicate: waitSeconds === null ? '409 with Retry-After'
+        : `waits up to ${waitSeconds} s for the first request, then ${this.timeoutStatus}`,
+      wait_seconds: waitSeconds,
+      replay_header: 'Idempotent-Replayed: true',
+      replayed_headers: [...this.replayHeaders].sort(),
+      server_errors: this.serverErrors,
     };
   }
 
   // ------------------------------------------------------------ the flow
 
-  scopeFor(req, method, path) {
+  // The scope of a request's key: [caller, method, route] as JSON, or
+  // "METHOD route" for an anonymous request where anonymous is allowed;
+  // null when no caller can be established and anonymous requests are not
+  // allowed.  Over 255 bytes: its SHA-256.
+  scopeFor(req, method, route, path) {
     const caller = String(this.caller(req) ?? '');
-    let scope = this.scope
-      ? String(this.scope(req, { caller, method, path }))
-      : `${method} ${path}${caller ? ` ${caller}` : ''}`;
-    if (Buffer.byteLength(scope, 'utf8') > this.maxKeyLength) {
+    let scope;
+    if (this.scope) {
+      const s = this.scope(req, { caller, method, route, path });
+      scope = s === undefined || s === null ? '' : String(s);
+      if (scope === '' && !this.anonymous) return null;
+    } else if (caller !== '') {
+      scope = JSON.stringify([caller, method, route]);
+    } else if (this.anonymous) {
+      scope = `${method} ${route}`;
+    } else {
+      return null;
+    }
+    if (Buffer.byteLength(scope, 'utf8') > MAX_SCOPE_BYTES) {
       scope = `sha256:${crypto.createHash('sha256').update(scope).digest('hex')}`;
     }
     return scope;
   }
 
-  // begin({ req, method, path, keyValues }) → { reply } or { session }.
-  // A session's `view` is what the handler sees as req.idempotency.
-  async begin({ req, method, path, keyValues }) {
+  // The request's fingerprint: { method, path, query, body }, or what the
+  // fingerprint option makes of the request.  One that the store cannot
+  // keep as jsonb (a \u0000) is kept by the SHA-256 of its JSON text.
+  fingerprintOf(req, method, path, query, contentType) {
+    if (this.fingerprint) {
+      const fp = this.fingerprint(req);
+      if (fp === undefined || fp === null) return null;
+      return storableJson(fp) !== null ? fp : sha256(Buffer.from(String(JSON.stringify(fp)), 'utf8'));
+    }
+    const body = bodyPart(bodyFingerprint(req ? req.body : undefined, contentType), this.fingerprintFields);
+    return { method, path, query, body };
+  }
+
+  keyFor(req, keyValues) {
+    if (!this.keyOf) return parseIdempotencyKey(keyValues, { maxKeyBytes: this.maxKeyBytes, header: this.header });
+    const k = this.keyOf(req);
+    if (k === undefined || k === null) return parseIdempotencyKey([], { header: this.header });
+    return checkKeyText(String(k), this.header, this.maxKeyBytes);
+  }
+
+  // begin({ req, method, url, route, keyValues, contentType }) → { reply }
+  // or { session }.  url: the request target (path and query); route: the
+  // route template that handles it (its path when unknown).  A session's
+  // `view` is what the handler sees as req.idempotency.
+  async begin({ req, method, url, route, keyValues, contentType }) {
     let key = null;
+    const m = String(method).toUpperCase();
     try {
-      key = parseIdempotencyKey(keyValues, { maxKeyLength: this.maxKeyLength });
+      key = this.keyFor(req, keyValues);
     } catch (err) {
-      if (!(err instanceof BadIdempotencyKeyError)) throw err;
+      if (!(err instanceof BadIdempotencyKeyError)) return { reply: this.errorResponse(err) };
       if (err.slug !== 'missing-key' || this.required) {
         return { reply: this.problem(400, err.slug, err.title, err.detail) };
       }
     }
-    let scope;
-    let request;
-    try {
-      scope = key === null ? '' : this.scopeFor(req, String(method).toUpperCase(), path);
-      request = key === null ? null : this.fingerprint(req);
-    } catch (err) {
-      return { reply: this.errorResponse(err) };
+    let scope = '';
+    let request = null;
+    if (key !== null) {
+      const { path, query } = splitTarget(url);
+      try {
+        scope = this.scopeFor(req, m, route || path, path);
+        if (scope === null) {
+          return {
+            reply: this.noCaller(`no caller for ${m} ${path}: the caller option (default: req.user's id) ` +
+              'found none. Put the authentication before the idempotency middleware, or set caller to ' +
+              'what identifies the client; only an API without authentication sets anonymous: true.'),
+          };
+        }
+        request = this.fingerprintOf(req, m, path, query, contentType);
+      } catch (err) {
+        return { reply: this.errorResponse(err) };
+      }
     }
     if (this.lease !== null && key !== null) return this.beginTwoPhase(key, scope, request);
     return this.beginTransaction(key, scope, request);
@@ -403,19 +595,23 @@ class HttpIdempotency {
   async finish(session, captured) {
     if (session.done) return captured;
     session.done = true;
-    const serverError = captured.status >= 500 && !this.storeServerErrors;
+    const serverError = captured.status >= 500 && this.serverErrors !== 'store';
     if (session.mode === 'two-phase') return this.finishTwoPhase(session, captured, serverError);
     const { client } = session;
     let broken;
     try {
-      if (serverError) {
+      if (serverError && this.serverErrors === 'rollback') {
         broken = await core.rollback(client);
         return captured;
       }
       if (session.mode === 'transaction') {
-        await sql.complete(client, session.key, {
-          status: captured.status, headers: this.pickHeaders(captured.headers), raw: captured.body,
-        }, { scope: session.scope });
+        if (serverError) {
+          await sql.release(client, session.key, { scope: session.scope });
+        } else {
+          await sql.complete(client, session.key, {
+            status: captured.status, headers: this.pickHeaders(captured.headers), raw: captured.body,
+          }, { scope: session.scope });
+        }
       }
       await client.query('COMMIT');
       return captured;
@@ -474,4 +670,6 @@ module.exports = {
   parseIdempotencyKey,
   BadIdempotencyKeyError,
   DEFAULT_REPLAY_HEADERS,
+  PROBLEM_TAG,
+  splitTarget,
 };

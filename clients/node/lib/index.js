@@ -28,6 +28,7 @@ exports.sequence = sql.sequence;
 // helpers
 exports.transaction = core.transaction;
 exports.run = core.run;
+exports.idempotent = core.idempotent;
 exports.twoPhase = core.twoPhase;
 exports.recoverLapsed = core.recoverLapsed;
 exports.consume = core.consume;
@@ -39,6 +40,9 @@ exports.HttpIdempotency = http.HttpIdempotency;
 // errors
 exports.IdempotencyError = errors.IdempotencyError;
 exports.ProgrammingError = errors.ProgrammingError;
+exports.ConfigurationError = errors.ConfigurationError;
+exports.KeyInProgressError = errors.KeyInProgressError;
+exports.KeyMismatchError = errors.KeyMismatchError;
 exports.StaleTokenError = errors.StaleTokenError;
 exports.KeyBusyError = errors.KeyBusyError;
 exports.ResponseTooLargeError = errors.ResponseTooLargeError;

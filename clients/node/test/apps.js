@@ -2,9 +2,10 @@
 
 // The same small orders API on Express 5 and on Fastify 5, with the
 // middleware in several configurations, one route each.  Test-only request
-// headers: x-user (the authenticated caller), x-test-gate (hold the handler
-// after its INSERT until the test opens that gate), x-test-status: 500
-// (answer 500 after the INSERT), x-test-throw (throw after the INSERT).
+// headers: x-user (the authenticated caller; "tester" without it, none with
+// x-anonymous: 1), x-test-gate (hold the handler after its INSERT until the
+// test opens that gate), x-test-status: 500 (answer 500 after the INSERT),
+// x-test-throw (throw after the INSERT).
 
 const express = require('express');
 const Fastify = require('fastify');
@@ -29,7 +30,13 @@ const ROUTES = {
   '/orders-2p': { lease: 60000, wait: 60000, keepRequest: true },
   '/orders-2p-short': { lease: 1000, keepRequest: true },
   '/optional': { required: false },
-  '/stored-5xx': { storeServerErrors: true },
+  '/stored-5xx': { serverErrors: 'store' },
+  '/released-5xx': { serverErrors: 'release' },
+  '/anonymous': { anonymous: true },
+  '/documented': { docsUrl: 'https://docs.example/idempotency' },
+  '/selected': { fingerprintFields: ['item', 'card.last4'] },
+  '/webhook': { key: (req) => req.headers['webhook-id'] },
+  '/items/:id/refund': {},
   '/declined': {},
   '/export': { replayHeaders: ['x-custom', 'set-cookie'] },
   '/big': {},
@@ -47,7 +54,7 @@ async function business(path, idem, headers, body, ctx) {
   if (path.startsWith('/orders-2p')) await idem.checkpoint('before-insert');
   const { rows } = await db.query(
     'INSERT INTO orders (route, key, item, caller) VALUES ($1, $2, $3, $4) RETURNING id',
-    [path, idem ? idem.key : null, body && body.item, headers['x-user'] || null]);
+    [path, idem ? idem.key : null, body && body.item, ctx.callerOf(headers)]);
   const id = Number(rows[0].id);
   if (gate) {
     if (ctx.onGate) ctx.onGate(gate);
@@ -76,17 +83,22 @@ async function business(path, idem, headers, body, ctx) {
   return { status: 201, headers: { location: `/orders/${id}` }, body: { id, item: body && body.item, recoveryPoint } };
 }
 
+function callerOf(headers) {
+  if (headers['x-anonymous'] === '1') return null;
+  return headers['x-user'] || 'tester';
+}
+
 async function expressApp(ctx) {
   const app = express();
   app.use((req, res, next) => {
-    const u = req.get('x-user');
+    const u = callerOf(req.headers);
     if (u) req.user = { id: u };
     next();
   });
   const json = express.json({ limit: '16kb' });
   let docs = null;
   for (const [path, opts] of Object.entries(ROUTES)) {
-    const mw = idempotency({ pool: ctx.pool, ...opts });
+    const mw = idempotency({ pool: ctx.pool, onError: ctx.onError, ...opts });
     docs = docs || mw.docs;
     app.post(path, json, mw, async (req, res) => {
       const out = await business(path, req.idempotency, req.headers, req.body, ctx);
@@ -120,10 +132,10 @@ async function expressApp(ctx) {
 async function fastifyApp(ctx) {
   const app = Fastify({ bodyLimit: 16 * 1024 });
   app.addHook('onRequest', async (request) => {
-    const u = request.headers['x-user'];
+    const u = callerOf(request.headers);
     if (u) request.user = { id: u };
   });
-  app.register(fastifyIdempotency, { pool: ctx.pool });
+  app.register(fastifyIdempotency, { pool: ctx.pool, onError: ctx.onError, docsRoute: '/docs/idempotency' });
   for (const [path, opts] of Object.entries(ROUTES)) {
     app.post(path, { config: { idempotency: { ...opts } } }, async (request, reply) => {
       const out = await business(path, request.idempotency, request.headers, request.body, ctx);
@@ -140,7 +152,8 @@ async function fastifyApp(ctx) {
 }
 
 function buildApp(framework, ctx) {
-  return framework === 'express' ? expressApp(ctx) : fastifyApp(ctx);
+  const c = { callerOf, ...ctx };
+  return framework === 'express' ? expressApp(c) : fastifyApp(c);
 }
 
-module.exports = { buildApp, SCHEMA, ROUTES };
+module.exports = { buildApp, SCHEMA, ROUTES, callerOf };

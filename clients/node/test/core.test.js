@@ -217,6 +217,68 @@ describe('core', () => {
     });
   });
 
+  describe('idempotent (a function made to run once per key)', () => {
+    it('returns the function\'s value, and for a key done before the stored value without calling it', async () => {
+      let calls = 0;
+      const charge = idem.idempotent(async (tx, account, amount, ref) => {
+        calls++;
+        const { rows } = await tx.query('INSERT INTO charges (key, amount) VALUES ($1, $2) RETURNING id', [ref, amount]);
+        return { id: Number(rows[0].id), account, amount };
+      }, {
+        pool,
+        key: (account, amount, ref) => ref,
+        request: (account, amount) => ({ account, amount }), // not the reference
+      });
+      const ref = uid();
+      const first = await charge('acct-1', 500, ref);
+      assert.equal(first.amount, 500);
+      assert.deepEqual(await charge('acct-1', 500, ref), first);
+      assert.equal(calls, 1);
+      assert.equal(await count('charges', 'key = $1', [ref]), 1);
+      await assert.rejects(charge('acct-1', 900, ref), idem.KeyMismatchError);
+    });
+
+    it('a value that is not JSON is refused, nothing kept; serialize and deserialize store it', async () => {
+      const ref = uid();
+      const bad = idem.idempotent(async (tx) => {
+        await tx.query('INSERT INTO charges (key, amount) VALUES ($1, 1)', [ref]);
+        return { at: 10n };
+      }, { pool, key: () => ref });
+      await assert.rejects(bad(), (err) => err instanceof TypeError && /serialize/.test(err.message));
+      assert.equal(await count('charges', 'key = $1', [ref]), 0, 'rolled back');
+      const at = new Date('2026-01-02T03:04:05Z');
+      const good = idem.idempotent(async () => ({ at }), {
+        pool,
+        key: () => ref,
+        serialize: (v) => ({ at: v.at.toISOString() }),
+        deserialize: (j) => ({ at: new Date(j.at) }),
+      });
+      assert.equal((await good()).at.getTime(), at.getTime());
+      const again = await good();
+      assert.ok(again.at instanceof Date, 'the replay is deserialized');
+      assert.equal(again.at.getTime(), at.getTime());
+    });
+
+    it('a key held by a call in flight is KeyInProgressError', async () => {
+      const ref = uid();
+      let release;
+      const held = new Promise((r) => { release = r; });
+      let entered;
+      const inside = new Promise((r) => { entered = r; });
+      const slow = idem.idempotent(async () => {
+        entered();
+        await held;
+        return 'done';
+      }, { pool, key: () => ref });
+      const first = slow();
+      await inside;
+      await assert.rejects(slow(), idem.KeyInProgressError);
+      release();
+      assert.equal(await first, 'done');
+      assert.equal(await slow(), 'done');
+    });
+  });
+
   describe('twoPhase', () => {
     it('claims and commits, calls out, completes with the token (with beforeComplete\'s writes)', async () => {
       const key = uid();

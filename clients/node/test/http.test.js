@@ -7,6 +7,11 @@ const { describe, it, before, after } = require('node:test');
 const assert = require('node:assert/strict');
 const { appPool, uid, request, waitFor, makeGates } = require('./helpers');
 const { buildApp, SCHEMA } = require('./apps');
+const { ConfigurationError } = require('../lib');
+
+const TAG = 'tag:pg-idempotency,2026:';
+// the scope of the test app's default caller on a route
+const scopeOf = (route, caller = 'tester') => JSON.stringify([caller, 'POST', route]);
 const { startChild } = require('./fixtures/child');
 const { lookup } = require('../lib');
 
@@ -16,13 +21,14 @@ for (const framework of ['express', 'fastify']) {
     let watch; // its own connection: the app's pool may be all taken by waiting requests
     let app;
     let gates;
+    const errors = [];
 
     before(async () => {
       pool = appPool(12);
       watch = appPool(1);
       await pool.query(SCHEMA);
       gates = makeGates();
-      app = await buildApp(framework, { pool, gates });
+      app = await buildApp(framework, { pool, gates, onError: (err) => errors.push(err) });
     });
     after(async () => {
       await app.close();
@@ -57,7 +63,7 @@ for (const framework of ['express', 'fastify']) {
       assert.equal(retry.headers['content-type'], first.headers['content-type']);
       assert.equal(await rowsFor(key), 1);
       // the key lives for the advertised retention (24 hours by default)
-      const r = await lookup(pool, key, { scope: 'POST /orders' });
+      const r = await lookup(pool, key, { scope: scopeOf('/orders') });
       assert.equal(r.status, 'completed');
       assert.equal((r.expiresAt - r.claimedAt) / 1000, 86400);
     });
@@ -68,10 +74,11 @@ for (const framework of ['express', 'fastify']) {
       const res = await post('/orders', sq(key), { item: 'ink' });
       assert.equal(res.status, 422);
       assert.equal(res.headers['content-type'], 'application/problem+json');
-      assert.equal(res.headers.link, '</docs/idempotency>; rel="describedby"');
+      assert.equal(res.headers.link, undefined, 'no Link without docsUrl');
       const doc = res.json();
-      assert.equal(doc.type, '/docs/idempotency#key-reused');
+      assert.equal(doc.type, `${TAG}mismatch`);
       assert.equal(doc.status, 422);
+      assert.equal(doc.key_retention_seconds, 86400);
       assert.equal(await rowsFor(key), 1);
       assert.equal(await rowsForItem('ink'), 0);
       const again = await post('/orders', sq(key), { item: 'pen' });
@@ -86,7 +93,8 @@ for (const framework of ['express', 'fastify']) {
         ['256 characters', sq(long), 'key-too-long'],
         ['256 characters, bare', long, 'key-too-long'],
         ['two header fields', [sq(uid()), sq(uid())], 'multiple-keys'],
-        ['one field with two values', `${sq(uid())}, ${sq(uid())}`, 'malformed-key'],
+        ['one field with two values', `${sq(uid())}, ${sq(uid())}`, 'multiple-keys'],
+        ['one field with two bare values', `${uid()},${uid()}`, 'multiple-keys'],
         ['invalid characters (bare)', 'k y@z', 'malformed-key'],
         ['invalid characters (braces)', '{k}', 'malformed-key'],
         ['unterminated string', '"k-2', 'malformed-key'],
@@ -99,7 +107,7 @@ for (const framework of ['express', 'fastify']) {
         const res = await post('/orders', key, { item });
         assert.equal(res.status, 400, what);
         assert.equal(res.headers['content-type'], 'application/problem+json', what);
-        assert.equal(res.json().type, `/docs/idempotency#${slug}`, what);
+        assert.equal(res.json().type, `${TAG}${slug}`, what);
         assert.equal(await rowsForItem(item), 0, `${what}: no order`);
       }
       // nothing claimed either: the longest legal key, then a retry of it
@@ -123,7 +131,7 @@ for (const framework of ['express', 'fastify']) {
       assert.equal(await rowsFor(key), 2);
       const again = await post('/orders', sq(key), { item: 'tea' }, { 'x-user': 'bob' });
       assert.deepEqual(again.body, b.body);
-      assert.equal((await lookup(pool, key, { scope: 'POST /orders alice' })).status, 'completed');
+      assert.equal((await lookup(pool, key, { scope: scopeOf('/orders', 'alice') })).status, 'completed');
     });
 
     it('20 parallel requests with one key make one order; the others get 409 or the replay', async () => {
@@ -142,7 +150,7 @@ for (const framework of ['express', 'fastify']) {
       for (const r of res) {
         if (r.status === 409) {
           assert.equal(r.headers['retry-after'], '1');
-          assert.equal(r.json().type, '/docs/idempotency#in-flight');
+          assert.equal(r.json().type, `${TAG}in-progress`);
         } else {
           assert.equal(r.status, 201);
           assert.deepEqual(r.body, fresh[0].body);
@@ -182,6 +190,7 @@ for (const framework of ['express', 'fastify']) {
         assert.equal(dup.status, status, path);
         assert.equal(dup.headers['retry-after'], '1');
         assert.equal(dup.headers['content-type'], 'application/problem+json');
+        assert.equal(dup.json().type, `${TAG}busy`);
         gates.open(gate);
         assert.equal((await first).status, 201);
         assert.equal(await rowsFor(key), 1);
@@ -194,7 +203,7 @@ for (const framework of ['express', 'fastify']) {
         const failed = await post('/orders', sq(key), { item: 'vase' }, header);
         assert.equal(failed.status, 500);
         assert.equal(await rowsFor(key), 0, 'the INSERT rolled back');
-        assert.equal(await lookup(pool, key, { scope: 'POST /orders' }), null, 'no key recorded');
+        assert.equal(await lookup(pool, key, { scope: scopeOf('/orders') }), null, 'no key recorded');
         const retry = await post('/orders', sq(key), { item: 'vase' });
         assert.equal(retry.status, 201);
         assert.equal(retry.headers['idempotent-replayed'], undefined);
@@ -234,7 +243,7 @@ for (const framework of ['express', 'fastify']) {
       assert.equal(retry.headers['set-cookie'], undefined, 'Set-Cookie is never replayed');
       assert.equal(retry.headers['x-other'], undefined, 'not in the allowlist');
       assert.equal(retry.headers['content-length'], String(first.body.length));
-      const stored = await lookup(pool, key, { scope: 'POST /export' });
+      const stored = await lookup(pool, key, { scope: scopeOf('/export') });
       assert.ok(stored.responseRaw.equals(first.body));
       assert.equal(stored.responseHeaders['set-cookie'], undefined);
     });
@@ -244,9 +253,9 @@ for (const framework of ['express', 'fastify']) {
         const key = uid();
         const res = await post(path, sq(key), { item: 'huge' });
         assert.equal(res.status, status, path);
-        assert.equal(res.json().type, '/docs/idempotency#response-too-large');
+        assert.equal(res.json().type, `${TAG}response-too-large`);
         assert.equal(await rowsFor(key), 0, 'the business write rolled back');
-        assert.equal(await lookup(pool, key, { scope: `POST ${path}` }), null);
+        assert.equal(await lookup(pool, key, { scope: scopeOf(path) }), null);
       }
     });
 
@@ -255,7 +264,7 @@ for (const framework of ['express', 'fastify']) {
       const res = await post('/orders', sq(key), { item: 'y'.repeat(20 * 1024) });
       assert.equal(res.status, 413);
       assert.equal(await rowsFor(key), 0);
-      assert.equal(await lookup(pool, key, { scope: 'POST /orders' }), null);
+      assert.equal(await lookup(pool, key, { scope: scopeOf('/orders') }), null);
     });
 
     it('without required, a request without a key runs in a transaction without dedup', async () => {
@@ -326,7 +335,7 @@ for (const framework of ['express', 'fastify']) {
       } finally {
         await child.kill();
       }
-      const stuck = await lookup(pool, key, { scope: 'POST /orders-2p-short' });
+      const stuck = await lookup(pool, key, { scope: scopeOf('/orders-2p-short') });
       assert.equal(stuck.status, 'in_progress');
       assert.equal(stuck.recoveryPoint, 'before-insert');
       const res = await waitFor('the lease to lapse', async () => {
@@ -339,13 +348,92 @@ for (const framework of ['express', 'fastify']) {
       assert.equal(replay.headers['idempotent-replayed'], 'true');
     });
 
-    it('publishes its policy, with the retention, where the problem documents link', async () => {
+    it('publishes its policy, with the retention', async () => {
       const res = await request(`${app.url}/docs/idempotency`, { method: 'GET' });
       assert.equal(res.status, 200);
       const doc = res.json();
       assert.equal(doc.key_retention_seconds, 86400);
-      assert.equal(doc.max_key_length, 255);
+      assert.equal(doc.max_key_bytes, 255);
       assert.equal(doc.header, 'Idempotency-Key');
+      assert.equal(doc.key_scope, 'the authenticated caller, the method and the route');
+    });
+
+    it('with docsUrl, problem types and a Link point at it', async () => {
+      const res = await post('/documented', undefined, { item: 'x' });
+      assert.equal(res.status, 400);
+      assert.equal(res.json().type, 'https://docs.example/idempotency#missing-key');
+      assert.equal(res.headers.link, '<https://docs.example/idempotency>; rel="describedby"');
+    });
+
+    it('refuses a request whose caller cannot be established: 500 no-caller, onError told, nothing done', async () => {
+      const key = uid();
+      const before = errors.length;
+      const res = await post('/orders', sq(key), { item: 'ghost' }, { 'x-anonymous': '1' });
+      assert.equal(res.status, 500);
+      assert.equal(res.json().type, `${TAG}no-caller`);
+      assert.equal(await rowsFor(key), 0);
+      assert.equal(errors.length, before + 1);
+      assert.ok(errors[before] instanceof ConfigurationError);
+      assert.match(errors[before].message, /no caller for POST \/orders/);
+      // nothing was claimed: the caller's own request runs
+      assert.equal((await post('/orders', sq(key), { item: 'ghost' })).status, 201);
+    });
+
+    it('with anonymous: true, requests without a caller share the route\'s keys', async () => {
+      const key = uid();
+      const a = await post('/anonymous', sq(key), { item: 'anon' }, { 'x-anonymous': '1' });
+      assert.equal(a.status, 201);
+      const b = await post('/anonymous', sq(key), { item: 'anon' }, { 'x-anonymous': '1' });
+      assert.equal(b.headers['idempotent-replayed'], 'true');
+      assert.deepEqual(b.body, a.body);
+      assert.equal((await lookup(pool, key, { scope: 'POST /anonymous' })).status, 'completed');
+      // an authenticated caller still has keys of its own
+      const c = await post('/anonymous', sq(key), { item: 'anon' }, { 'x-user': 'carol' });
+      assert.equal(c.headers['idempotent-replayed'], undefined);
+      assert.equal(await rowsFor(key), 2);
+    });
+
+    it('scopes a key by the route template: another path of the route is 422', async () => {
+      const key = uid();
+      assert.equal((await post('/items/1/refund', sq(key), { item: 'r' })).status, 201);
+      const other = await post('/items/2/refund', sq(key), { item: 'r' });
+      assert.equal(other.status, 422);
+      assert.equal(other.json().type, `${TAG}mismatch`);
+      assert.equal((await lookup(pool, key, { scope: scopeOf('/items/:id/refund') })).status, 'completed');
+      // the query string is part of the request too
+      const k2 = uid();
+      assert.equal((await post('/orders?amount=5', sq(k2), { item: 'q' })).status, 201);
+      assert.equal((await post('/orders?amount=500', sq(k2), { item: 'q' })).status, 422);
+    });
+
+    it('fingerprintFields: only the selected fields of the body make the request', async () => {
+      const key = uid();
+      const first = await post('/selected', sq(key), { item: 'pen', card: { last4: '4242' }, sent_at: 1 });
+      assert.equal(first.status, 201);
+      const later = await post('/selected', sq(key), { sent_at: 2, card: { last4: '4242', brand: 'x' }, item: 'pen' });
+      assert.equal(later.headers['idempotent-replayed'], 'true', 'a client timestamp is not compared');
+      const other = await post('/selected', sq(key), { item: 'pen', card: { last4: '1111' }, sent_at: 1 });
+      assert.equal(other.status, 422);
+    });
+
+    it('the key option takes the key from elsewhere (a webhook-id header)', async () => {
+      const id = uid('msg');
+      const first = await post('/webhook', undefined, { item: 'hook' }, { 'webhook-id': id });
+      assert.equal(first.status, 201);
+      const again = await post('/webhook', undefined, { item: 'hook' }, { 'webhook-id': id });
+      assert.equal(again.headers['idempotent-replayed'], 'true');
+      assert.equal((await post('/webhook', undefined, { item: 'hook' })).status, 400, 'missing');
+      assert.equal(await rowsFor(id), 1);
+    });
+
+    it("serverErrors: 'release' keeps the handler's writes and frees the key", async () => {
+      const key = uid();
+      assert.equal((await post('/released-5xx', sq(key), { item: 'rel' }, { 'x-test-status': '500' })).status, 500);
+      assert.equal(await rowsFor(key), 1, 'the write committed');
+      assert.equal((await lookup(pool, key, { scope: scopeOf('/released-5xx') })).status, 'released');
+      const retry = await post('/released-5xx', sq(key), { item: 'rel' });
+      assert.equal(retry.status, 201);
+      assert.equal(retry.headers['idempotent-replayed'], undefined);
     });
   });
 }

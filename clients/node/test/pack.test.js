@@ -27,9 +27,10 @@ function installedVersion(name) {
   return JSON.parse(fs.readFileSync(path.join(PKG_DIR, 'node_modules', name, 'package.json'), 'utf8')).version;
 }
 
-// The code block that follows <!-- quickstart:NAME --> in a README.
-function quickstart(readme, name) {
-  const m = new RegExp(`<!-- quickstart:${name} -->\\s*\`\`\`[a-z]*\\n([\\s\\S]*?)\`\`\``).exec(readme);
+// The code block that follows <!-- quickstart:NAME --> (or the marker) in a
+// README.
+function quickstart(readme, name, marker = new RegExp(`<!-- quickstart:${name} -->`)) {
+  const m = new RegExp(`${marker.source}\\s*\`\`\`[a-z]*\\n([\\s\\S]*?)\`\`\``).exec(readme);
   assert.ok(m, `README has the ${name} quickstart`);
   return m[1];
 }
@@ -67,11 +68,21 @@ describe('npm pack, installed into a scratch app', () => {
 
   it('packs the library, its declarations, README and LICENSE, and nothing of the tests', () => {
     const files = sh('tar', ['tzf', tarball]).split('\n').filter(Boolean);
-    for (const f of ['package.json', 'README.md', 'LICENSE', 'lib/index.js', 'lib/express.js',
+    for (const f of ['package.json', 'README.md', 'CHANGELOG.md', 'LICENSE', 'lib/index.js', 'lib/express.js',
       'lib/fastify.js', 'types/index.d.ts', 'types/express.d.ts', 'types/fastify.d.ts']) {
       assert.ok(files.includes(`package/${f}`), f);
     }
     assert.deepEqual(files.filter((f) => /test|node_modules|\.tgz$/.test(f)), []);
+  });
+
+  it('the README installs what npm pack makes, by the name and version it has', () => {
+    const text = fs.readFileSync(path.join(PKG_DIR, 'README.md'), 'utf8');
+    const { version } = JSON.parse(fs.readFileSync(path.join(PKG_DIR, 'package.json'), 'utf8'));
+    const block = quickstart(text, 'install', /<!-- install -->/);
+    assert.match(block, /^npm pack\b/m);
+    assert.ok(text.includes(`npm install /path/to/pg-idempotency-${version}.tgz pg`), 'the install line');
+    assert.equal(path.basename(tarball), `pg-idempotency-${version}.tgz`);
+    assert.ok(!/^npm install pg-idempotency\b/m.test(text), 'never from the registry, where the name is not ours');
   });
 
   it('installs, and the README quickstarts run as written', async () => {
@@ -107,16 +118,23 @@ describe('npm pack, installed into a scratch app', () => {
             .then(() => true, () => false), { interval: 50 });
           const item = uid(framework);
           const key = `"${uid()}"`;
-          const first = await request(url, { headers: { 'idempotency-key': key }, body: { item } });
+          // the Express quickstart authenticates (its token), Fastify's is anonymous
+          const auth = { authorization: 'Bearer alice-token' };
+          const first = await request(url, { headers: { 'idempotency-key': key, ...auth }, body: { item } });
           assert.equal(first.status, 201, framework);
           assert.equal(first.json().item, item);
-          const retry = await request(url, { headers: { 'idempotency-key': key }, body: { item } });
+          const retry = await request(url, { headers: { 'idempotency-key': key, ...auth }, body: { item } });
           assert.equal(retry.status, 201);
           assert.equal(retry.headers['idempotent-replayed'], 'true');
           assert.deepEqual(retry.body, first.body);
-          const nokey = await request(url, { body: { item } });
+          const nokey = await request(url, { headers: auth, body: { item } });
           assert.equal(nokey.status, 400);
           assert.equal(nokey.headers['content-type'], 'application/problem+json');
+          assert.equal(nokey.json().type, 'tag:pg-idempotency,2026:missing-key');
+          if (framework === 'express') {
+            const stranger = await request(url, { headers: { 'idempotency-key': key }, body: { item } });
+            assert.equal(stranger.status, 401, 'the authentication runs first');
+          }
           const { rows } = await appDb.query('SELECT count(*)::int AS n FROM orders WHERE item = $1', [item]);
           assert.equal(rows[0].n, 1, `${framework}: one order`);
         } finally {
@@ -139,13 +157,14 @@ describe('npm pack, installed into a scratch app', () => {
 
     // an ES module importing the named exports
     const esm = sh(process.execPath, ['--input-type=module', '-e', `
-      import { run, twoPhase, consume, StaleTokenError, streamConsumer, StaleGenerationError } from 'pg-idempotency';
+      import { run, twoPhase, consume, StaleTokenError, streamConsumer, StaleGenerationError, idempotent,
+        ConfigurationError } from 'pg-idempotency';
       import { idempotency } from 'pg-idempotency/express';
       import { fastifyIdempotency } from 'pg-idempotency/fastify';
       console.log([run, twoPhase, consume, StaleTokenError, streamConsumer, StaleGenerationError, idempotency,
-        fastifyIdempotency].map((f) => typeof f).join(' '));
+        fastifyIdempotency, idempotent, ConfigurationError].map((f) => typeof f).join(' '));
     `], { cwd: app });
-    assert.equal(esm.trim(), Array(8).fill('function').join(' '));
+    assert.equal(esm.trim(), Array(10).fill('function').join(' '));
 
     // the declarations, from the installed package
     fs.writeFileSync(path.join(app, 'tsconfig.json'), JSON.stringify({

@@ -6,7 +6,7 @@ import type { HttpOptions, IdempotencyContext } from './index';
 export { HttpIdempotency } from './index';
 
 export interface FastifyIdempotencyOptions extends HttpOptions {
-  /** Path of the GET route that publishes the policy (default: docsUrl when it is a path); false: none. */
+  /** Path of the GET route that publishes the policy (default: docsUrl when it is a path, else none); false: none. */
   docsRoute?: string | false;
 }
 

@@ -184,6 +184,25 @@ export type Work = (tx: ClientBase, ctx: RunContext) => Promise<StoredResponse |
 
 export function run(options: RunOptions, fn: Work): Promise<Outcome>;
 
+export type IdempotentOptions<A extends unknown[]> = TransactionOptions & {
+  /** Selects the key from the arguments. */
+  key: (...args: A) => string;
+  /** What a reuse of the key is compared with (default: the arguments). */
+  request?: (...args: A) => unknown;
+  scope?: string;
+  ttl?: Duration;
+  wait?: boolean;
+  waitTimeout?: Duration;
+  /** The function's value as JSON to store (default: as it is). */
+  serialize?: (value: any) => unknown;
+  /** The stored JSON back, on a replay (default: as stored). */
+  deserialize?: (json: any) => any;
+} & ({ pool: Pool; client?: undefined } | { client: ClientBase; pool?: undefined });
+
+/** fn made to run once per key: returns its value, or for a key done before the stored value. */
+export function idempotent<A extends unknown[], T>(fn: (tx: ClientBase, ...args: A) => Promise<T>,
+  options: IdempotentOptions<A>): (...args: A) => Promise<T>;
+
 export interface HolderContext {
   key: string;
   scope: string;
@@ -306,12 +325,21 @@ export interface HttpOptions {
   required?: boolean;
   /** Methods that take a key (default ['POST', 'PATCH']; null: every method). */
   methods?: string[] | null;
-  /** The authenticated caller (default: req.user.id / .sub / .username, or req.user as a string). */
+  /** The header field of the key (default 'Idempotency-Key'). */
+  header?: string;
+  /** Takes the key from the request instead of the header field (null/undefined: missing). */
+  key?: (req: any) => string | null | undefined;
+  /** The authenticated caller (default: req.user.id / .sub / .username, or req.user as a string); none: refused. */
   caller?: (req: any) => string | number | null | undefined;
-  /** The whole scope (default: 'METHOD /path caller'). */
-  scope?: (req: any, parts: { caller: string; method: string; path: string }) => string;
-  /** The JSON value fingerprinted (default: the parsed body). */
+  /** Default false: a request whose caller cannot be established is refused (500 no-caller); true: such
+   * requests share the route's keys (for an API without authentication). */
+  anonymous?: boolean;
+  /** The whole scope (default: [caller, method, route] as JSON); empty: refused unless anonymous. */
+  scope?: (req: any, parts: { caller: string; method: string; route: string; path: string }) => string | null | undefined;
+  /** The JSON value fingerprinted (default: { method, path, query, body }). */
   fingerprint?: (req: any) => unknown;
+  /** Dotted paths of the JSON body's fields the fingerprint keeps instead of the whole body. */
+  fingerprintFields?: string[];
   /** Wait this long for a request in flight with the same key instead of answering 409 at once. */
   wait?: Duration | false;
   /** Two-phase mode: commit the claim before the handler runs, with this lease. */
@@ -319,21 +347,21 @@ export interface HttpOptions {
   keepRequest?: boolean;
   /** Response headers stored and replayed besides the defaults (Set-Cookie never is). */
   replayHeaders?: string[];
-  /** Default false: 5xx answers are not stored, the work rolls back, a retry runs again. */
-  storeServerErrors?: boolean;
+  /** 5xx answers: 'rollback' (default: nothing kept), 'release' (the writes commit, the key is freed), 'store'. */
+  serverErrors?: 'rollback' | 'release' | 'store';
   /** Answer to 55P03/57014 and to a wait past its bound (default 409). */
   timeoutStatus?: 409 | 503;
   /** Answer to a response over idempotency.max_response_bytes, 54000 (default 500). */
   tooLargeStatus?: 500 | 413;
   /** Retry-After seconds on 409 and 503 (default 1; null: none). */
   retryAfter?: number | null;
-  /** Where the policy is published: problem types and Link headers point there (default '/docs/idempotency'). */
+  /** Where your policy page is: problem types and a Link header point there (default: none; types are tag: URIs). */
   docsUrl?: string | null;
   /** Longest key, in bytes (the extension's idempotency.max_key_length, default 255). */
-  maxKeyLength?: number;
+  maxKeyBytes?: number;
   isolationLevel?: IsolationLevel;
   retries?: number;
-  /** Called with unexpected errors (default: console.error). */
+  /** Called with unexpected errors and misconfigurations (default: console.error). */
   onError?: (err: unknown) => void;
 }
 
@@ -351,16 +379,20 @@ export interface HttpSession {
 export class HttpIdempotency {
   constructor(options: HttpOptions);
   applies(method: string): boolean;
-  begin(input: { req: unknown; method: string; path: string; keyValues: string[] | string | undefined }):
+  begin(input: {
+    req: unknown; method: string; url: string; route?: string; keyValues: string[] | string | undefined;
+    contentType?: string;
+  }):
     Promise<{ reply: HttpResponse; session?: undefined } | { session: HttpSession; reply?: undefined }>;
   finish(session: HttpSession, captured: HttpResponse): Promise<HttpResponse>;
   abandon(session: HttpSession): Promise<void>;
   problem(status: number, slug: string, title: string, detail: string, extraHeaders?: Record<string, string>): HttpResponse;
-  /** The published policy (retention, key syntax, statuses), as served at docsUrl. */
+  /** The published policy (retention, key format, scope), the same document as the Python adapters'. */
   docs(): Record<string, unknown>;
 }
 
-export function parseIdempotencyKey(values: string[] | string | undefined, options?: { maxKeyLength?: number }): string;
+export function parseIdempotencyKey(values: string[] | string | undefined,
+  options?: { maxKeyBytes?: number; header?: string }): string;
 
 // ------------------------------------------------------------ errors
 
@@ -369,6 +401,12 @@ export class IdempotencyError extends Error {
   code?: string;
 }
 export class ProgrammingError extends IdempotencyError {}
+/** The library is set up so that it cannot keep its contract (no caller, a body no parser read). */
+export class ConfigurationError extends ProgrammingError {}
+/** idempotent(): another call holds the key. */
+export class KeyInProgressError extends IdempotencyError {}
+/** idempotent(): the key was used with other arguments. */
+export class KeyMismatchError extends IdempotencyError {}
 export class StaleTokenError extends IdempotencyError {}
 export class KeyBusyError extends IdempotencyError {}
 export class ResponseTooLargeError extends IdempotencyError {}

@@ -33,9 +33,9 @@ def test_valid_keys(values, key):
     (['"x" trailing'], "malformed-key"),
     (['"' + "k" * 256 + '"'], "key-too-long"),
     (["k" * 256], "key-too-long"),
-    (['"a"', '"b"'], "repeated-key"),
-    (['"a", "b"'], "repeated-key"),
-    (["a,b"], "repeated-key"),
+    (['"a"', '"b"'], "multiple-keys"),
+    (['"a", "b"'], "multiple-keys"),
+    (["a,b"], "multiple-keys"),
 ])
 def test_bad_keys(values, problem):
     with pytest.raises(BadKey) as e:

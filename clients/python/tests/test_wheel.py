@@ -30,6 +30,8 @@ if kind == "django":
     from django.urls import path
     settings.configure(
         SECRET_KEY="quickstart", ALLOWED_HOSTS=["*"], ROOT_URLCONF="__main__",
+        # as a new project has it: a POST view without @csrf_exempt is 403
+        MIDDLEWARE=["django.middleware.csrf.CsrfViewMiddleware"],
         DATABASES={"default": {"ENGINE": "django.db.backends.postgresql",
                                "NAME": os.environ["PGDATABASE"],
                                "USER": os.environ["PGUSER"],
@@ -123,6 +125,18 @@ def orders(role, item=None):
                   (item,))
 
 
+def test_readme_installs_the_wheel_it_builds(venv):
+    """The README's commands are the ones this module runs (build, venv,
+    pip install of the wheel by its file name), and it never sends readers
+    to PyPI, where the name is not the project's."""
+    py, env, qs, wheel, role = venv
+    text = open(os.path.join(CLIENT_DIR, "README.md"), encoding="utf-8").read()
+    assert "python3 -m build --no-isolation --wheel" in text
+    assert "python3 -m venv --system-site-packages venv" in text
+    assert ("venv/bin/pip install --no-index /path/to/%s" % wheel.name) in text
+    assert not re.search(r"^pip install pg-idempotency", text, re.M)
+
+
 def test_installed_from_the_wheel(venv):
     py, env, qs, wheel, role = venv
     r = subprocess.run([py, "-c", "import pg_idempotency, os; "
@@ -192,12 +206,21 @@ def test_app_quickstart(venv, name, kind):
         wait_until(up, "the %s quickstart answers" % name)
         item = "item-" + uuid.uuid4().hex
         body = json.dumps({"item": item}).encode()
+        # the FastAPI quickstart authenticates (its token); the others are
+        # anonymous
+        auth = [("Authorization", "Bearer alice-token")]
         key = [("Idempotency-Key", '"%s"' % uuid.uuid4())]
-        first = request(port, "/orders", body, key)
+        first = request(port, "/orders", body, key + auth)
         assert first.status == 201 and not first.replayed, first
-        again = request(port, "/orders", body, key)
+        again = request(port, "/orders", body, key + auth)
         assert again.status == 201 and again.replayed and again.body == first.body
-        assert request(port, "/orders", body, []).status == 400
+        nokey = request(port, "/orders", body, auth)
+        assert nokey.status == 400
+        assert nokey.json()["type"] == "tag:pg-idempotency,2026:missing-key"
+        if name == "fastapi":
+            stranger = request(port, "/orders", body, key)
+            assert stranger.status == 500 and not stranger.replayed
+            assert stranger.json()["type"] == "tag:pg-idempotency,2026:no-caller"
         assert orders(role, item) == 1
     finally:
         proc.terminate()

@@ -9,7 +9,7 @@ import {
   run, twoPhase, recoverLapsed, consume, claim, complete, lookup, transaction,
   StaleTokenError, ResponseTooLargeError, Outcome,
   assign, advance, positions, sequence, streamConsumer, StreamConsumer, StaleGenerationError, SequenceGapError,
-  Seek, OffsetRange, Position, SequenceAnswer,
+  Seek, OffsetRange, Position, SequenceAnswer, idempotent, KeyMismatchError, ConfigurationError,
 } from 'pg-idempotency';
 import { idempotency } from 'pg-idempotency/express';
 import { fastifyIdempotency } from 'pg-idempotency/fastify';
@@ -100,7 +100,20 @@ async function streams(generation: number, records: LogRecord[]): Promise<void> 
 }
 
 const app = express();
-const mw = idempotency({ pool, ttl: '24 hours', wait: 5000, timeoutStatus: 503, replayHeaders: ['x-request-id'] });
+const mw = idempotency({
+  pool, ttl: '24 hours', wait: 5000, timeoutStatus: 503, replayHeaders: ['x-request-id'], serverErrors: 'release',
+  fingerprintFields: ['amount', 'currency'], caller: (req) => req.user?.id, anonymous: false, maxKeyBytes: 255,
+});
+const hook = idempotency({ pool, key: (req) => req.get('webhook-id'), docsUrl: 'https://docs.example/idempotency' });
+void hook;
+const charge = idempotent(async (tx, account: string, amount: number) => {
+  await tx.query('SELECT 1');
+  return { account, amount, at: new Date() };
+}, {
+  pool, key: (account, amount) => `${account}-${amount}`, serialize: (v) => ({ ...v, at: v.at.toISOString() }),
+  deserialize: (j) => ({ ...j, at: new Date(j.at) }),
+});
+void charge('acct-1', 5).then((r) => r.at.getTime()).catch((e) => e instanceof KeyMismatchError || e instanceof ConfigurationError);
 app.get('/docs/idempotency', mw.docs);
 app.post('/orders', express.json(), mw, async (req, res) => {
   const tx = req.idempotency?.tx;

@@ -22,18 +22,20 @@ from .core import (Claim, advance, assign, checkpoint, claim, claim_key,
                    complete, consume_message, consume_messages, idempotent,
                    lookup, positions, recover, release, run_in_transaction,
                    sequence)
-from .errors import (Busy, ClaimNotResolved, IdempotencyError, KeyInProgress,
-                     KeyMismatch, ProgrammingError, ResponseTooLarge,
-                     RetryableConflict, SequenceGap, StaleGeneration,
-                     StaleToken, StoreUnavailable, classify, sqlstate_of)
+from .errors import (Busy, ClaimNotResolved, ConfigurationError,
+                     IdempotencyError, KeyInProgress, KeyMismatch, NoCaller,
+                     ProgrammingError, ResponseTooLarge, RetryableConflict,
+                     SequenceGap, StaleGeneration, StaleToken,
+                     StoreUnavailable, classify, sqlstate_of)
 from .twophase import Operation, Recoverer, two_phase
 
 __version__ = "0.4.0"
 
 __all__ = [
     "AsyncPsycopgRunner", "AsyncRunner", "Busy", "Claim", "ClaimNotResolved",
-    "ClaimResult", "DbapiRunner", "DjangoRunner", "IdempotencyError",
-    "KeyInProgress", "KeyMismatch", "KeyRecord", "OffsetRange", "Operation",
+    "ClaimResult", "ConfigurationError", "DbapiRunner", "DjangoRunner",
+    "IdempotencyError", "KeyInProgress", "KeyMismatch", "KeyRecord",
+    "NoCaller", "OffsetRange", "Operation",
     "Position", "ProgrammingError", "PsycopgRunner", "RawJson", "Recovered",
     "Recoverer", "ResponseTooLarge", "RetryableConflict", "Runner",
     "SequenceAnswer", "SequenceGap", "StaleGeneration", "StaleToken",

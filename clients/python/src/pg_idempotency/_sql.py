@@ -236,6 +236,8 @@ def async_runner_for(obj: Any) -> AsyncRunner:
     """The AsyncRunner for a psycopg.AsyncConnection (or an AsyncRunner)."""
     if isinstance(obj, AsyncPsycopgRunner):
         return obj
+    if type(obj).__module__ == "pg_idempotency.asgi":
+        obj = obj.__wrapped__           # connection(request)
     mod = type(obj).__module__
     if (mod.startswith("psycopg.") or mod == "psycopg") and \
             type(obj).__name__.startswith("Async"):

@@ -17,7 +17,8 @@ from ._protocol import (ClaimResult, Headers, KeyRecord, OffsetRange,
                         Position, Recovered, SequenceAnswer, StoredResponse)
 from ._sql import AsyncRunner, Interval, async_runner_for
 from .consumer import record_offset
-from .core import Wait, _default_request, _replay_value, wait_bounds
+from .core import (Wait, _default_request, _replay_value, _to_json,
+                   wait_bounds)
 from .errors import (ClaimNotResolved, KeyInProgress, KeyMismatch,
                      ProgrammingError, RetryableConflict, classify)
 
@@ -234,32 +235,47 @@ def idempotent(fn: Optional[Callable[..., Any]] = None, *, scope: str = "",
                ttl: Optional[Interval] = None, wait: Wait = False,
                request: Optional[Callable[..., Any]] = None,
                key_arg: str = "idempotency_key",
+               key: Optional[Callable[..., str]] = None,
+               serialize: Optional[Callable[[Any], Any]] = None,
+               deserialize: Optional[Callable[[Any], Any]] = None,
                attempts: int = 3) -> Any:
     """As core.idempotent(), for a coroutine function."""
     def deco(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
         async def wrapper(conn: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                key = kwargs.pop(key_arg)
-            except KeyError:
-                raise TypeError("%s() needs the keyword argument %s"
-                                % (f.__name__, key_arg)) from None
+            if key is not None:
+                k = key(*args, **kwargs)
+                if not isinstance(k, str) or k == "":
+                    raise TypeError("%s(): key(...) must return a non-empty "
+                                    "string, not %r" % (f.__name__, k))
+            else:
+                try:
+                    k = kwargs.pop(key_arg)
+                except KeyError:
+                    raise TypeError("%s() needs the keyword argument %s"
+                                    % (f.__name__, key_arg)) from None
             req = request(*args, **kwargs) if request \
                 else _default_request(args, kwargs)
             runner = async_runner_for(conn)
 
             async def once() -> Any:
-                async with claim_key(runner, key, req, scope=scope, ttl=ttl,
+                async with claim_key(runner, k, req, scope=scope, ttl=ttl,
                                      wait=wait) as c:
                     if c.replayed:
+                        if deserialize is not None:
+                            stored = c.response
+                            return deserialize(stored.body
+                                               if stored is not None
+                                               else None)
                         return _replay_value(c.response)
                     result = await f(conn, *args, **kwargs)
-                    if isinstance(result, StoredResponse):
+                    if serialize is None and isinstance(result,
+                                                        StoredResponse):
                         await c.complete(result.code, result.body,
                                          headers=result.headers,
                                          raw=result.raw)
                     else:
-                        await c.complete(200, result)
+                        await c.complete(200, _to_json(f, result, serialize))
                     return result
             return await run_in_transaction(runner, once, attempts=attempts)
         return wrapper

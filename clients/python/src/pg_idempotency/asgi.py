@@ -3,6 +3,7 @@ ASGI middleware (Starlette, FastAPI, any ASGI app) on psycopg 3's
 AsyncConnection:
 
     app.add_middleware(IdempotencyMiddleware, conninfo="dbname=shop")
+    app.add_middleware(AuthenticationMiddleware, backend=...)  # runs first
 
     @app.post("/orders")
     async def create(request: Request):
@@ -13,17 +14,36 @@ For each request that takes a key, the middleware reads the body, takes a
 connection, opens a transaction, claims the key and runs the app inside
 it; the handler's SQL on connection(request) is part of that transaction,
 and the response is stored with it and sent after COMMIT (so the response
-is buffered).  The handler must use ``async def``.
+is buffered).
+
+What would break that contract is refused, never run:
+
+- a handler that is not ``async def`` (FastAPI and Starlette run it in a
+  thread, where the connection's calls are coroutines nobody awaits): a
+  route the middleware applies to whose endpoint is synchronous is a
+  ConfigurationError when the middleware stack is built (at start-up);
+  connection(request) called outside the event loop raises it too;
+- a database call the handler does not await (``connection(request)
+  .execute(...)`` without ``await``: the write never happens): the
+  transaction rolls back and the answer is 500 (misconfigured);
+- Starlette's AuthenticationMiddleware inside this one (added before it:
+  Starlette runs the last added first), which would leave every request
+  without its caller: a ConfigurationError at start-up; a request whose
+  caller cannot be established is refused with 500 (no-caller) unless
+  ``anonymous=True``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
+import inspect
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List,
                     Optional, Tuple)
 
 from ._sql import AsyncPsycopgRunner
-from .errors import IdempotencyError, classify
+from .errors import ConfigurationError, IdempotencyError, classify
 from .http import Options, Policy, RequestInfo, Response
 
 Scope = Dict[str, Any]
@@ -33,13 +53,87 @@ Send = Callable[[Dict[str, Any]], Awaitable[None]]
 _STATE_KEY = "pg_idempotency"
 
 
+class _Tracked:
+    """
+    A connection (or cursor) as the handler sees it: every call that
+    returns a coroutine is remembered, so that the middleware can tell,
+    once the handler answered, whether one was never awaited (a database
+    call that never happened).  Attributes and other calls pass through;
+    a cursor it returns is tracked too.
+    """
+
+    __slots__ = ("__wrapped__", "_pending")
+
+    def __init__(self, target: Any, pending: List[Any]) -> None:
+        object.__setattr__(self, "__wrapped__", target)
+        object.__setattr__(self, "_pending", pending)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> Any:         # isinstance() sees the connection
+        return type(self.__wrapped__)
+
+    def _wrap(self, value: Any) -> Any:
+        if inspect.iscoroutine(value):
+            pending = self._pending
+            if len(pending) >= 64:
+                pending[:] = [c for c in pending
+                              if inspect.getcoroutinestate(c) ==
+                              inspect.CORO_CREATED]
+            pending.append(value)
+            return value
+        if value is not self.__wrapped__ and hasattr(value, "execute") and \
+                hasattr(value, "fetchone"):
+            return _Tracked(value, self._pending)
+        return value
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.__wrapped__, name)
+        if not callable(attr) or name.startswith("__"):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._wrap(attr(*args, **kwargs))
+        return call
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.__wrapped__, name, value)
+
+    async def __aenter__(self) -> Any:
+        got = await self.__wrapped__.__aenter__()
+        return self if got is self.__wrapped__ else got
+
+    async def __aexit__(self, *exc: Any) -> Any:
+        return await self.__wrapped__.__aexit__(*exc)
+
+    def __aiter__(self) -> Any:
+        return self.__wrapped__.__aiter__()
+
+    def __repr__(self) -> str:
+        return repr(self.__wrapped__)
+
+
+def _dropped(pending: List[Any]) -> List[str]:
+    """The names of the tracked coroutines that were never awaited (and
+    closes them, so that Python does not warn about them again)."""
+    names = []
+    for coro in pending:
+        if inspect.getcoroutinestate(coro) == inspect.CORO_CREATED:
+            names.append(getattr(coro, "__qualname__", repr(coro)))
+            coro.close()
+    pending.clear()
+    return names
+
+
 class RequestContext:
     """What the handler gets: the connection in its transaction, the key
     and its scope."""
 
-    def __init__(self, connection: Any, key: str) -> None:
-        self.connection = connection
+    def __init__(self, connection: Any, key: str, scope: str = "") -> None:
+        self._pending: List[Any] = []
+        self.connection = _Tracked(connection, self._pending)
         self.key = key
+        self.scope = scope
 
 
 def context(request_or_scope: Any) -> Optional[RequestContext]:
@@ -54,8 +148,18 @@ def context(request_or_scope: Any) -> Optional[RequestContext]:
 
 def connection(request_or_scope: Any) -> Any:
     """The psycopg AsyncConnection whose transaction holds the request's
-    claim: run the business write on it.  LookupError when the request
-    runs without a key."""
+    claim: run the business write on it, and await every call.
+    LookupError when the request runs without a key; ConfigurationError
+    when called outside the event loop (from a handler that is not
+    ``async def``)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise ConfigurationError(
+            "connection(request) was called outside the event loop: a "
+            "handler that is not `async def` runs in a thread, where the "
+            "connection's calls are coroutines nobody awaits. Declare it "
+            "`async def` and await its database calls.") from None
     ctx = context(request_or_scope)
     if ctx is None:
         raise LookupError("this request runs without an Idempotency-Key "
@@ -65,7 +169,7 @@ def connection(request_or_scope: Any) -> Any:
 
 def caller_from_scope(scope: Scope) -> str:
     """The default caller: an authenticated scope["user"] (Starlette's
-    AuthenticationMiddleware) by its identity, else "" (anonymous)."""
+    AuthenticationMiddleware) by its identity, else "" (none)."""
     user = scope.get("user")
     if user is None or not getattr(user, "is_authenticated", False):
         return ""
@@ -114,6 +218,92 @@ def _match(routes: Any, scope: Scope, prefix: str) -> Optional[str]:
     return None
 
 
+# ---------------------------------------------------------------- start-up
+
+def _is_async(fn: Any) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return asyncio.iscoroutinefunction(fn) or \
+        asyncio.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+def _sync_endpoints(routes: Any, policy: Policy, prefix: str = ""
+                    ) -> List[str]:
+    """The routes (of a Starlette or FastAPI router, mounts included) the
+    policy applies to whose endpoint for such a method is synchronous."""
+    found: List[str] = []
+    for route in routes or ():
+        path = prefix + str(getattr(route, "path", ""))
+        sub = getattr(route, "routes", None)
+        if sub and not hasattr(route, "endpoint"):
+            found.extend(_sync_endpoints(sub, policy, path))
+            continue
+        endpoint = getattr(route, "endpoint", None)
+        if endpoint is None or "WebSocket" in type(route).__name__:
+            continue
+        methods = getattr(route, "methods", None) or policy.options.methods
+        for method in sorted({m.upper() for m in methods}):
+            if not policy.applies(method, path):
+                continue
+            fn = endpoint
+            if inspect.isclass(endpoint):       # Starlette's HTTPEndpoint
+                fn = getattr(endpoint, method.lower(), None)
+                if fn is None:
+                    continue
+            elif not (inspect.isfunction(endpoint) or
+                      inspect.ismethod(endpoint) or
+                      isinstance(endpoint, functools.partial)):
+                continue                        # an ASGI app of its own
+            if not _is_async(fn):
+                found.append("%s %s (%s)" % (
+                    method, path, getattr(fn, "__qualname__", repr(fn))))
+    return found
+
+
+def check_app(app: Any, policy: Policy) -> None:
+    """
+    Refuse (ConfigurationError) an app the middleware cannot keep its
+    contract in: Starlette's AuthenticationMiddleware inside it (it would
+    run after it, and every request would be without its caller), or a
+    route it applies to whose endpoint is not ``async def``.  APP is what
+    the middleware wraps: the rest of the middleware stack and the router.
+    """
+    try:
+        from starlette.middleware.authentication import \
+            AuthenticationMiddleware
+    except ImportError:                     # pragma: no cover
+        AuthenticationMiddleware = ()       # type: ignore[misc,assignment]
+    node = app
+    routes = None
+    for _ in range(64):
+        if node is None:
+            break
+        if AuthenticationMiddleware and \
+                isinstance(node, AuthenticationMiddleware):
+            raise ConfigurationError(
+                "AuthenticationMiddleware runs after IdempotencyMiddleware, "
+                "so no request has its caller when its key is claimed. "
+                "Add IdempotencyMiddleware first and AuthenticationMiddleware "
+                "after it (Starlette runs the last added first).")
+        router = getattr(node, "router", None)
+        if getattr(node, "routes", None) is not None and \
+                not hasattr(node, "app"):
+            routes = node.routes
+            break
+        if router is not None and getattr(router, "routes", None) is not None:
+            routes = router.routes
+            break
+        node = getattr(node, "app", None)
+    sync = _sync_endpoints(routes, policy) if routes else []
+    if sync:
+        raise ConfigurationError(
+            "IdempotencyMiddleware applies to routes whose handler is not "
+            "`async def`: %s. FastAPI and Starlette run such a handler in a "
+            "thread, where connection(request) cannot be awaited; declare "
+            "it `async def` (or leave the route out with methods= or "
+            "applies=)." % ", ".join(sync))
+
+
 class IdempotencyMiddleware:
     """
     ASGI middleware.  Connections come from POOL (anything whose
@@ -134,6 +324,7 @@ class IdempotencyMiddleware:
         self.connect = connect
         self.conninfo = conninfo
         self.policy = Policy(Options(**options))
+        check_app(app, self.policy)
 
     @contextlib.asynccontextmanager
     async def _connection(self) -> AsyncIterator[Any]:
@@ -171,27 +362,36 @@ class IdempotencyMiddleware:
         values = [v.decode("latin-1") for k, v in scope.get("headers", [])
                   if k.lower() == hname]
         try:
-            key = policy.key_of(values)
-            if key is None:
-                await self.app(scope, receive, send)
-                return
+            key = None
+            if o.key is None:
+                key = policy.key_of(values)
+                if key is None:
+                    await self.app(scope, receive, send)
+                    return
             length = _content_length(scope)
             policy.check_length(length)
             body = await _read_body(receive, o.max_body_bytes, policy)
+            caller = o.caller(scope) if o.caller else caller_from_scope(scope)
+            info = RequestInfo(
+                method=method, path=path, route=route_of(scope),
+                query=scope.get("query_string", b"").decode("latin-1"),
+                caller=str(caller) if caller else "",
+                content_type=_header(scope, b"content-type"), body=body,
+                native=scope,
+                headers=[(k.decode("latin-1"), v.decode("latin-1"))
+                         for k, v in scope.get("headers", [])])
+            key, key_scope, request = policy.prepare(info, key)
         except IdempotencyError as e:
             await _send(send, policy.error_response(e), method)
             return
         except _Disconnected:
             return
-        info = RequestInfo(
-            method=method, path=path, route=route_of(scope),
-            query=scope.get("query_string", b"").decode("latin-1"),
-            caller=(o.caller(scope) if o.caller else caller_from_scope(scope)),
-            content_type=_header(scope, b"content-type"), body=body,
-            native=scope)
+        if key is None:             # the key option found none: no key
+            await self.app(scope, _replaying(receive, body), send)
+            return
         try:
             async with self._connection() as conn:
-                ctx = RequestContext(conn, key)
+                ctx = RequestContext(conn, key, key_scope)
                 runner = AsyncPsycopgRunner(conn)
 
                 async def call() -> Response:
@@ -199,14 +399,37 @@ class IdempotencyMiddleware:
                     state = scope.setdefault("state", {})
                     if isinstance(state, dict):
                         state[_STATE_KEY] = ctx
-                    return await _run_app(self.app, scope, receive, body)
-                resp = await policy.handle_async(runner, info, key, call)
+                    resp = await _run_app(self.app, scope, receive, body)
+                    dropped = _dropped(ctx._pending)
+                    if dropped:
+                        raise ConfigurationError(
+                            "%s %s: the handler did not await %s on "
+                            "connection(request); that call never ran, so "
+                            "its response is not stored. Await every "
+                            "database call." % (method, path,
+                                                ", ".join(dropped)))
+                    return resp
+                resp = await policy.handle_async(runner, key, key_scope,
+                                                 request, call)
         except Exception as e:  # noqa: BLE001 -- answered or re-raised
             mapped = classify(e)
             if mapped is None or not mapped.http_status:
                 raise
             resp = policy.error_response(mapped)
         await _send(send, resp, method)
+
+
+def _replaying(receive: Receive, body: bytes) -> Receive:
+    """RECEIVE with BODY, already read, as the request's body."""
+    sent = False
+
+    async def replay() -> Dict[str, Any]:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+    return replay
 
 
 class _Disconnected(Exception):
@@ -244,15 +467,7 @@ async def _read_body(receive: Receive, limit: int, policy: Policy) -> bytes:
 async def _run_app(app: Any, scope: Scope, receive: Receive,
                    body: bytes) -> Response:
     """Run the app with BODY as its request body; capture its response."""
-    sent_body = False
-
-    async def replay_receive() -> Dict[str, Any]:
-        nonlocal sent_body
-        if not sent_body:
-            sent_body = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
+    replay_receive = _replaying(receive, body)
     status = 500
     headers: List[Tuple[str, str]] = []
     chunks: List[bytes] = []

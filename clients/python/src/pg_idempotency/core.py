@@ -311,6 +311,9 @@ def idempotent(fn: Optional[Callable[..., Any]] = None, *, scope: str = "",
                ttl: Optional[Interval] = None, wait: Wait = False,
                request: Optional[Callable[..., Any]] = None,
                key_arg: str = "idempotency_key",
+               key: Optional[Callable[..., str]] = None,
+               serialize: Optional[Callable[[Any], Any]] = None,
+               deserialize: Optional[Callable[[Any], Any]] = None,
                attempts: int = 3) -> Any:
     """
     Decorator: FN(conn, *args, **kwargs) runs once per key.  Call it with
@@ -323,45 +326,85 @@ def idempotent(fn: Optional[Callable[..., Any]] = None, *, scope: str = "",
 
         charge(conn, "acct-1", 100, idempotency_key="k-1")
 
+    or have KEY select it from the arguments (AWS Powertools'
+    event_key_jmespath), and REQUEST select what a reuse of the key is
+    compared with (payload_validation_jmespath):
+
+        @idempotent(key=lambda order: order["id"],
+                    request=lambda order: {"amount": order["amount"],
+                                           "currency": order["currency"]})
+        def pay(conn, order): ...
+
     FN's return value is stored (JSON, as response code 200) with the
     business write in one transaction and returned; a later call with the
-    key returns the stored value without calling FN.  FN may return a
-    StoredResponse to choose the code, headers or raw bytes; the replay
-    then returns a StoredResponse too.  The fingerprint is
-    REQUEST(*args, **kwargs), by default the arguments themselves: a call
-    with the key and other arguments raises KeyMismatch.  When CONN has no
-    open transaction, one is opened and committed, and a deadlock or
-    serialization failure runs FN again (ATTEMPTS in all).
+    key returns the stored value without calling FN.  SERIALIZE turns the
+    value into JSON (say, a datetime into its isoformat()) and DESERIALIZE
+    the stored JSON back on a replay (Powertools' output serializer); a
+    value that is not JSON without them is a TypeError, and nothing is
+    kept.  FN may return a StoredResponse to choose the code, headers or
+    raw bytes; the replay then returns a StoredResponse too.  The
+    fingerprint is REQUEST(*args, **kwargs), by default the arguments
+    themselves: a call with the key and other arguments raises
+    KeyMismatch; a call while another holds the key, KeyInProgress.  When
+    CONN has no open transaction, one is opened and committed, and a
+    deadlock or serialization failure runs FN again (ATTEMPTS in all).
     """
     def deco(f: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(f)
         def wrapper(conn: Any, *args: Any, **kwargs: Any) -> Any:
-            try:
-                key = kwargs.pop(key_arg)
-            except KeyError:
-                raise TypeError("%s() needs the keyword argument %s"
-                                % (f.__name__, key_arg)) from None
+            if key is not None:
+                k = key(*args, **kwargs)
+                if not isinstance(k, str) or k == "":
+                    raise TypeError("%s(): key(...) must return a non-empty "
+                                    "string, not %r" % (f.__name__, k))
+            else:
+                try:
+                    k = kwargs.pop(key_arg)
+                except KeyError:
+                    raise TypeError("%s() needs the keyword argument %s"
+                                    % (f.__name__, key_arg)) from None
             req = request(*args, **kwargs) if request \
                 else _default_request(args, kwargs)
             runner = runner_for(conn)
 
             def once() -> Any:
-                with claim_key(runner, key, req, scope=scope, ttl=ttl,
+                with claim_key(runner, k, req, scope=scope, ttl=ttl,
                                wait=wait) as c:
                     if c.replayed:
+                        if deserialize is not None:
+                            stored = c.response
+                            return deserialize(stored.body
+                                               if stored is not None
+                                               else None)
                         return _replay_value(c.response)
                     result = f(conn, *args, **kwargs)
-                    if isinstance(result, StoredResponse):
+                    if serialize is None and isinstance(result,
+                                                        StoredResponse):
                         c.complete(result.code, result.body,
                                    headers=result.headers, raw=result.raw)
                     else:
-                        c.complete(200, result)
+                        c.complete(200, _to_json(f, result, serialize))
                     return result
             return run_in_transaction(runner, once, attempts=attempts)
         return wrapper
     if fn is not None:
         return deco(fn)
     return deco
+
+
+def _to_json(f: Callable[..., Any], value: Any,
+             serialize: Optional[Callable[[Any], Any]]) -> Any:
+    """VALUE as the JSON to store (through SERIALIZE when given); a
+    TypeError naming the hook when it is not JSON."""
+    import json
+    out = serialize(value) if serialize is not None else value
+    try:
+        json.dumps(out, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise TypeError("%s() returned a value that is not JSON (%s); give "
+                        "@idempotent(serialize=..., deserialize=...) to "
+                        "store it" % (f.__name__, e)) from e
+    return out
 
 
 def _replay_value(resp: Optional[StoredResponse]) -> Any:

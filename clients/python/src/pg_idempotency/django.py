@@ -14,7 +14,12 @@ or, per view:
     def create_order(request): ...
 
 Option ``using`` names the database alias (default "default").  The
-caller defaults to request.user's primary key when authenticated.
+caller defaults to request.user's primary key when authenticated; a
+request without one is refused (500 no-caller) unless ``anonymous`` is
+True.  The middleware must come after Django's AuthenticationMiddleware
+(and RemoteUserMiddleware): listed before them, it is refused at start-up
+(ConfigurationError).  Views taking a key need ``@csrf_exempt`` (or a
+CSRF token) like any POST view.
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._sql import DjangoRunner
-from .errors import IdempotencyError
+from .errors import ConfigurationError, IdempotencyError
 from .http import Options, Policy, RequestInfo, Response
+
+#: Django's middleware that set request.user
+_AUTH_MIDDLEWARE = ("django.contrib.auth.middleware.AuthenticationMiddleware",
+                    "django.contrib.auth.middleware.RemoteUserMiddleware")
 
 
 def caller_from_request(request: Any) -> str:
@@ -33,6 +42,39 @@ def caller_from_request(request: Any) -> str:
     if user is not None and getattr(user, "is_authenticated", False):
         return str(user.pk)
     return ""
+
+
+def check_middleware_order(middleware: Any, ours: type) -> None:
+    """ConfigurationError when an authentication middleware of Django's
+    (or a subclass) comes after OURS in MIDDLEWARE: every request would
+    reach the idempotency middleware without its user."""
+    from django.utils.module_loading import import_string
+    classes = []
+    for path in middleware:
+        try:
+            classes.append((path, import_string(path)))
+        except Exception:  # noqa: BLE001 -- Django reports it itself
+            classes.append((path, None))
+    from django.apps import apps
+    auth = []
+    if apps.is_installed("django.contrib.auth"):
+        for name in _AUTH_MIDDLEWARE:
+            try:
+                auth.append(import_string(name))
+            except ImportError:         # pragma: no cover
+                pass
+    seen_ours = None
+    for path, cls in classes:
+        if cls is not None and isinstance(cls, type) and \
+                issubclass(cls, ours):
+            seen_ours = seen_ours or path
+        elif seen_ours and (path in _AUTH_MIDDLEWARE or (
+                cls is not None and isinstance(cls, type) and
+                any(issubclass(cls, a) for a in auth))):
+            raise ConfigurationError(
+                "%s comes after %s in MIDDLEWARE, so no request has its user "
+                "when its key is claimed; list the idempotency middleware "
+                "after it." % (path, seen_ours))
 
 
 def _route(request: Any) -> str:
@@ -97,24 +139,31 @@ class _Handler:
             body = request.body
             if len(body) > o.max_body_bytes:
                 raise policy.too_large_body()
-            key = policy.key_of([raw] if raw is not None else [])
+            key = None
+            if o.key is None:
+                key = policy.key_of([raw] if raw is not None else [])
+                if key is None:
+                    return view()
+            caller = o.caller(request) if o.caller \
+                else caller_from_request(request)
+            info = RequestInfo(
+                method=request.method, path=request.path,
+                route=_route(request),
+                query=request.META.get("QUERY_STRING", ""),
+                caller=str(caller) if caller else "",
+                content_type=request.META.get("CONTENT_TYPE", ""), body=body,
+                native=request, headers=list(request.headers.items()))
+            key, scope, fingerprint = policy.prepare(info, key)
             if key is None:
                 return view()
         except IdempotencyError as e:
             return _to_django(policy.error_response(e))
-        info = RequestInfo(
-            method=request.method, path=request.path, route=_route(request),
-            query=request.META.get("QUERY_STRING", ""),
-            caller=(o.caller(request) if o.caller
-                    else caller_from_request(request)),
-            content_type=request.META.get("CONTENT_TYPE", ""), body=body,
-            native=request)
         request.idempotency_key = key
 
         def call() -> Response:
             return _from_django(view())
         try:
-            resp = policy.handle(self.runner, info, key, call)
+            resp = policy.handle(self.runner, key, scope, fingerprint, call)
         except IdempotencyError as e:
             resp = policy.error_response(e)
         return resp.native if resp.native is not None else _to_django(resp)
@@ -133,6 +182,8 @@ class IdempotencyMiddleware:
     def __init__(self, get_response: Callable[[Any], Any]) -> None:
         from django.conf import settings
         self.get_response = get_response
+        check_middleware_order(getattr(settings, "MIDDLEWARE", None) or (),
+                               IdempotencyMiddleware)
         policy, using = _options(getattr(settings, "PG_IDEMPOTENCY", {}))
         self.handler = _Handler(policy, using)
 
@@ -155,3 +206,19 @@ def idempotent(view: Optional[Callable[..., Any]] = None,
     if view is not None:
         return deco(view)
     return deco
+
+
+def policy_view(**options: Any) -> Callable[[Any], Any]:
+    """A view publishing the policy document of the middleware or
+    decorator with these OPTIONS (default: settings.PG_IDEMPOTENCY):
+
+        path("idempotency", policy_view())
+    """
+    def idempotency_policy(request: Any) -> Any:
+        if options:
+            policy, _ = _options(options)
+        else:
+            from django.conf import settings
+            policy, _ = _options(getattr(settings, "PG_IDEMPOTENCY", {}))
+        return _to_django(policy.policy_response())
+    return idempotency_policy

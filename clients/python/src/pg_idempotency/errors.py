@@ -85,7 +85,7 @@ class StaleToken(IdempotencyError):
     taken over after the lease lapsed, or another transaction is writing it.
     """
     http_status = 409
-    problem = "stale"
+    problem = "taken-over"
     title = "The claim was taken over"
 
 
@@ -123,6 +123,31 @@ class ProgrammingError(IdempotencyError):
 
 class ClaimNotResolved(ProgrammingError):
     """2D000: a same-transaction claim neither completed nor released."""
+
+
+class ConfigurationError(ProgrammingError):
+    """
+    The library is set up so that it cannot keep its contract: an ASGI
+    handler that is not ``async def`` or that drops a database call
+    without awaiting it, an authentication middleware that runs after the
+    idempotency middleware.  Raised at start-up where it can be seen
+    then; at request time an HTTP adapter answers 500 (misconfigured),
+    rolls back, and logs the message on the "pg_idempotency" logger.
+    """
+    problem = "misconfigured"
+    title = "The server is misconfigured"
+
+
+class NoCaller(ConfigurationError):
+    """
+    The request's caller could not be established (the caller function,
+    by default the framework's authenticated user, found none) and the
+    adapter is not set to take anonymous requests: HTTP 500 (no-caller),
+    nothing done.  A library that scopes keys by caller never falls back
+    to a scope shared by all callers.
+    """
+    problem = "no-caller"
+    title = "The caller could not be established"
 
 
 _RETRYABLE = {"40P01", "40001"}

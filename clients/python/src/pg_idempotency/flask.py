@@ -12,8 +12,11 @@ connection(); the response goes out after COMMIT.
 CONNECT is a callable returning a psycopg Connection (closed after the
 request) or a context manager yielding one (psycopg_pool's
 ``pool.connection``).  Other keyword arguments are Options fields.  The
-caller defaults to the HTTP Basic user name (request.authorization), else
-"" (anonymous): pass caller=lambda request: ... for your authentication.
+caller defaults to the HTTP Basic user name (request.authorization): pass
+caller=lambda request: ... for your authentication (Flask has none of its
+own; g.user as a before_request hook sets it, say).  A request without a
+caller is refused (500 no-caller) unless ``anonymous=True``.
+policy_view(**options) is a view publishing the policy document.
 """
 
 from __future__ import annotations
@@ -106,20 +109,26 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                 body = request.get_data(cache=True)
                 if len(body) > o.max_body_bytes:
                     raise policy.too_large_body()
-                key = policy.key_of(request.headers.getlist(o.header))
+                key = None
+                if o.key is None:
+                    key = policy.key_of(request.headers.getlist(o.header))
+                    if key is None:
+                        return fn(*args, **kwargs)
+                caller = o.caller(request) if o.caller \
+                    else caller_from_request(request)
+                rule = request.url_rule
+                info = RequestInfo(
+                    method=request.method, path=request.path,
+                    route=rule.rule if rule is not None else request.path,
+                    query=request.query_string.decode("latin-1"),
+                    caller=str(caller) if caller else "",
+                    content_type=request.content_type or "", body=body,
+                    native=request, headers=list(request.headers.items()))
+                key, scope, fingerprint = policy.prepare(info, key)
                 if key is None:
                     return fn(*args, **kwargs)
             except IdempotencyError as e:
                 return _to_flask(policy.error_response(e))
-            rule = request.url_rule
-            info = RequestInfo(
-                method=request.method, path=request.path,
-                route=rule.rule if rule is not None else request.path,
-                query=request.query_string.decode("latin-1"),
-                caller=(o.caller(request) if o.caller
-                        else caller_from_request(request)),
-                content_type=request.content_type or "", body=body,
-                native=request)
             try:
                 with _open(connect, conninfo) as conn:
                     def call() -> Response:
@@ -133,7 +142,8 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                         return Response(rv.status_code,
                                         list(rv.headers.items()),
                                         rv.get_data(), native=rv)
-                    resp = policy.handle(PsycopgRunner(conn), info, key, call)
+                    resp = policy.handle(PsycopgRunner(conn), key, scope,
+                                         fingerprint, call)
             except Exception as e:  # noqa: BLE001 -- answered or re-raised
                 mapped = classify(e)
                 if mapped is None or not mapped.http_status:
@@ -144,3 +154,18 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
     if view is not None:
         return deco(view)
     return deco
+
+
+def policy_view(**options: Any) -> Callable[[], Any]:
+    """A Flask view that publishes the policy document of the decorator
+    with these OPTIONS (the same keyword arguments):
+
+        app.add_url_rule("/idempotency", view_func=policy_view(**OPTIONS))
+    """
+    options = {k: v for k, v in options.items()
+               if k not in ("connect", "conninfo")}
+    policy = Policy(Options(**options))
+
+    def idempotency_policy() -> Any:
+        return _to_flask(policy.policy_response())
+    return idempotency_policy

@@ -1,13 +1,18 @@
 """
 HTTP conventions shared by the framework adapters (asgi.py, django.py,
-flask.py), after draft-ietf-httpapi-idempotency-key-header:
+flask.py), as clients/http-behaviour.md lays them down for both client
+libraries, after draft-ietf-httpapi-idempotency-key-header:
 
 - the key is the Idempotency-Key field, an RFC 8941 String
   ("8e03978e-...") or a bare value of [A-Za-z0-9._~:-]; at most 255 bytes;
   missing (where required), empty, malformed, too long or repeated: 400;
-- the scope is the authenticated caller + method + route, the fingerprint
-  the method, path, query and body (a JSON body as JSON: key order and
-  whitespace do not matter);
+- the scope is the authenticated caller + method + route; a request whose
+  caller cannot be established is refused (500 no-caller) unless
+  anonymous requests are allowed (anonymous=True: they share the scope
+  "METHOD route");
+- the fingerprint is the method, path, query and body (a JSON body as
+  JSON: key order and whitespace do not matter; fingerprint_fields selects
+  some of its fields);
 - same transaction: the claim, the handler's writes and the stored response
   commit together; the response is sent after COMMIT;
 - in flight: 409 with Retry-After (or, with ``wait``, the duplicate waits
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import (Any, Awaitable, Callable, Dict, FrozenSet, List,
@@ -36,8 +42,17 @@ from . import aio
 from . import core
 from ._protocol import RawJson, StoredResponse
 from ._sql import AsyncRunner, Interval, Runner, interval_seconds
-from .errors import (IdempotencyError, KeyInProgress, KeyMismatch,
-                     RetryableConflict, StoreUnavailable, classify)
+from .errors import (ConfigurationError, IdempotencyError, KeyInProgress,
+                     KeyMismatch, NoCaller, RetryableConflict,
+                     StoreUnavailable, classify)
+
+#: where the adapters log what makes them answer 500 (no-caller,
+#: misconfigured): the client is told only that nothing was done
+log = logging.getLogger("pg_idempotency")
+
+#: the problem types' base when no docs_url is set (RFC 9457 allows a URI
+#: that is not dereferenceable; a tag URI never points at a missing page)
+PROBLEM_TAG = "tag:pg-idempotency,2026:"
 
 #: What a bare (unquoted) key may contain.
 BARE_KEY = re.compile(r"[A-Za-z0-9._~:-]+")
@@ -82,6 +97,20 @@ class RequestInfo:
     content_type: str
     body: bytes
     native: Any = None
+    #: the request's header fields, (name, value) pairs as received
+    headers: Sequence[Tuple[str, str]] = ()
+
+    def header(self, name: str) -> Optional[str]:
+        """The value of the header field NAME (case-insensitive), or None."""
+        low = name.lower()
+        for k, v in self.headers:
+            if k.lower() == low:
+                return v
+        return None
+
+    def json(self) -> Any:
+        """The body parsed as JSON (ValueError if it is not)."""
+        return _strict_json(self.body)
 
 
 class BadKey(IdempotencyError):
@@ -157,6 +186,17 @@ def parse_key(values: Sequence[str], max_bytes: int = 255,
                      "of printable ASCII, such as "
                      "\"8e03978e-40d5-43e8-bc93-6894a57f9324\", or a bare "
                      "value of letters, digits and ._~:-." % header)
+    return check_key_text(key, max_bytes, header)
+
+
+def _more_than_one(header: str) -> BadKey:
+    return BadKey("multiple-keys", "More than one %s" % header,
+                  "A request must carry one %s header field." % header)
+
+
+def check_key_text(key: str, max_bytes: int = 255,
+                   header: str = "Idempotency-Key") -> str:
+    """KEY if it is not empty and at most MAX_BYTES long; else BadKey."""
     if key == "":
         raise BadKey("empty-key", "%s is empty" % header,
                      "The %s must not be empty." % header)
@@ -167,49 +207,78 @@ def parse_key(values: Sequence[str], max_bytes: int = 255,
     return key
 
 
-def _more_than_one(header: str) -> BadKey:
-    return BadKey("repeated-key", "More than one %s" % header,
-                  "A request must carry one %s header field." % header)
-
-
 def _strict_json(body: bytes) -> Any:
     def no_constant(name: str) -> Any:
         raise ValueError(name)
     return json.loads(body.decode("utf-8"), parse_constant=no_constant)
 
 
-def default_fingerprint(info: RequestInfo) -> Any:
+_NO_JSON = object()
+
+
+def _sha256(data: bytes) -> Dict[str, str]:
+    return {"sha256": hashlib.sha256(data).hexdigest()}
+
+
+def _json_body(info: RequestInfo) -> Any:
+    """The body as JSON the store can keep, or _NO_JSON."""
+    if not info.body or "json" not in info.content_type.lower():
+        return _NO_JSON
+    try:
+        parsed = _strict_json(info.body)
+        text = json.dumps(parsed, ensure_ascii=False, allow_nan=False)
+        text.encode("utf-8")            # no lone surrogates
+    except (ValueError, UnicodeError, RecursionError):
+        return _NO_JSON
+    return _NO_JSON if "\\u0000" in text else parsed
+
+
+def _select(value: Any, path: str) -> Any:
+    """One dotted path ("card.last4", "items.0.sku") of a JSON value; None
+    when absent."""
+    v = value
+    for seg in path.split("."):
+        if isinstance(v, list) and seg.isdigit() and int(seg) < len(v):
+            v = v[int(seg)]
+        elif isinstance(v, dict) and seg in v:
+            v = v[seg]
+        else:
+            return None
+    return v
+
+
+def fingerprint_of(info: RequestInfo,
+                   fields: Optional[Sequence[str]] = None) -> Any:
     """
     The request fingerprint: method, path, query and body.  A JSON body is
-    kept as JSON (the extension compares canonical jsonb: key order,
-    whitespace and a number's written scale do not matter); any other body
-    by its SHA-256.
+    kept as JSON (the extension compares canonical jsonb: key order and
+    whitespace do not matter), or only its FIELDS (dotted paths) when given
+    and the body is a JSON object; any other body by its SHA-256; no body
+    as None.
     """
-    doc: Dict[str, Any] = {"method": info.method, "path": info.path,
-                           "query": info.query}
+    parsed = _json_body(info)
     body: Any
-    if info.body and "json" in info.content_type.lower():
-        try:
-            parsed = _strict_json(info.body)
-            text = json.dumps(parsed, ensure_ascii=False, allow_nan=False)
-            text.encode("utf-8")            # no lone surrogates
-            if "\\u0000" not in text:
-                body = parsed
-            else:
-                body = {"sha256": hashlib.sha256(info.body).hexdigest()}
-        except (ValueError, UnicodeError, RecursionError):
-            body = {"sha256": hashlib.sha256(info.body).hexdigest()}
+    if parsed is not _NO_JSON:
+        body = parsed
+        if fields is not None and isinstance(parsed, dict):
+            body = {f: _select(parsed, f) for f in fields}
     elif info.body:
-        body = {"sha256": hashlib.sha256(info.body).hexdigest()}
+        body = _sha256(info.body)
     else:
         body = None
-    doc["body"] = body
-    return doc
+    return {"method": info.method, "path": info.path, "query": info.query,
+            "body": body}
+
+
+def default_fingerprint(info: RequestInfo) -> Any:
+    """fingerprint_of(info): the method, path, query and whole body."""
+    return fingerprint_of(info)
 
 
 def default_scope(info: RequestInfo) -> str:
-    """caller + method + route; anonymous callers share "METHOD route".
-    Longer than 255 bytes: its SHA-256."""
+    """caller + method + route as JSON; "METHOD route" when there is no
+    caller (anonymous requests, where they are allowed).  Longer than 255
+    bytes: its SHA-256."""
     if info.caller:
         scope = json.dumps([info.caller, info.method, info.route],
                            ensure_ascii=False, separators=(",", ":"))
@@ -250,12 +319,22 @@ class Options:
     #: is released) or "store" (stored and replayed like any answer)
     server_errors: str = "rollback"
     replay_headers: Sequence[str] = DEFAULT_REPLAY_HEADERS
-    #: framework request -> the authenticated caller ("" for anonymous)
-    caller: Optional[Callable[[Any], str]] = None
-    #: RequestInfo -> scope text
-    scope: Callable[[RequestInfo], str] = default_scope
+    #: framework request -> the authenticated caller (None or "": none)
+    caller: Optional[Callable[[Any], Optional[str]]] = None
+    #: False (default): a request whose caller cannot be established is
+    #: refused (500 no-caller); True: it is anonymous, and anonymous
+    #: requests share the keys of a route (for APIs without authentication)
+    anonymous: bool = False
+    #: RequestInfo -> scope text (None or "": refused as no-caller unless
+    #: anonymous); default: caller + method + route
+    scope: Callable[[RequestInfo], Optional[str]] = default_scope
     #: RequestInfo -> JSON value (None: no fingerprint check)
     fingerprint: Optional[Callable[[RequestInfo], Any]] = default_fingerprint
+    #: dotted paths of the JSON body's fields the fingerprint keeps (with
+    #: the method, path and query) instead of the whole body
+    fingerprint_fields: Optional[Sequence[str]] = None
+    #: RequestInfo -> the key (None: missing), instead of the header field
+    key: Optional[Callable[[RequestInfo], Optional[str]]] = None
     #: where the idempotency policy is documented (Link, problem types)
     docs_url: Optional[str] = None
     #: serve the policy document (JSON) at this path (None: don't)
@@ -276,6 +355,15 @@ class Options:
             raise ValueError("never replayed: %s" % ", ".join(bad))
         self._replay = frozenset(h.lower() for h in self.replay_headers)
         self.ttl_seconds = int(interval_seconds(self.ttl))
+        if self.wait is not None:
+            self.wait = interval_seconds(self.wait)
+        if self.fingerprint_fields is not None:
+            if isinstance(self.fingerprint_fields, str):
+                raise ValueError("fingerprint_fields is a list of dotted paths")
+            if self.fingerprint is not default_fingerprint:
+                raise ValueError("give fingerprint or fingerprint_fields, "
+                                 "not both")
+            self.fingerprint_fields = tuple(self.fingerprint_fields)
 
 
 class Policy:
@@ -300,10 +388,71 @@ class Policy:
         o = self.options
         key = parse_key(values, o.max_key_bytes, o.header)
         if key is None and o.required:
-            raise BadKey("missing-key", "%s is missing" % o.header,
-                         "This operation is idempotent and requires an %s "
-                         "request header field." % o.header)
+            raise self._missing()
         return key
+
+    def _missing(self) -> BadKey:
+        o = self.options
+        return BadKey("missing-key", "%s is missing" % o.header,
+                      "This operation is idempotent and requires an %s "
+                      "request header field." % o.header)
+
+    def scope_for(self, info: RequestInfo) -> Optional[str]:
+        """The key's scope, or None when no caller can be established and
+        anonymous requests are not allowed."""
+        o = self.options
+        if o.scope is default_scope:
+            if not info.caller and not o.anonymous:
+                return None
+            return default_scope(info)
+        s = o.scope(info)
+        if s is None or s == "":
+            return "" if o.anonymous else None
+        s = str(s)
+        if len(s.encode("utf-8")) > 255:
+            s = "sha256:" + hashlib.sha256(s.encode("utf-8")).hexdigest()
+        return s
+
+    def request_of(self, info: RequestInfo) -> Any:
+        """The fingerprint to claim with (RawJson), or None."""
+        o = self.options
+        if o.fingerprint_fields is not None:
+            fp = fingerprint_of(info, o.fingerprint_fields)
+        else:
+            fp = o.fingerprint(info) if o.fingerprint else None
+        if fp is None or isinstance(fp, RawJson):
+            return fp
+        text = json.dumps(fp, ensure_ascii=False, allow_nan=False,
+                          separators=(",", ":"))
+        if "\\u0000" in text:         # not storable as jsonb: its digest
+            text = json.dumps(_sha256(text.encode("utf-8")))
+        return RawJson(text)
+
+    def prepare(self, info: RequestInfo, key: Optional[str]
+                ) -> Tuple[Optional[str], str, Any]:
+        """(key, scope, fingerprint) of a request whose header gave KEY
+        (or whose key option selects it from INFO).  Raises BadKey (400)
+        and NoCaller (500); key None: the request runs without one."""
+        o = self.options
+        if o.key is not None:
+            raw = o.key(info)
+            if raw is None:
+                if o.required:
+                    raise self._missing()
+                return None, "", None
+            key = check_key_text(str(raw), o.max_key_bytes, o.header)
+        if key is None:
+            return None, "", None
+        scope = self.scope_for(info)
+        if scope is None:
+            raise NoCaller(
+                "no caller for %s %s: the caller option (default: the "
+                "framework's authenticated user) found none. Put the "
+                "authentication before the idempotency middleware, or set "
+                "caller= to what identifies the client; only an API without "
+                "authentication sets anonymous=True." % (info.method,
+                                                         info.path))
+        return key, scope, self.request_of(info)
 
     def check_length(self, content_length: Optional[int]) -> None:
         if content_length is not None and \
@@ -319,11 +468,11 @@ class Policy:
     def problem_type(self, slug: str) -> str:
         if self.options.docs_url:
             return "%s#%s" % (self.options.docs_url, slug)
-        return "tag:pg-idempotency,2026:%s" % slug
+        return PROBLEM_TAG + slug
 
     def problem(self, status: int, slug: str, title: str, detail: str,
                 headers: Sequence[Tuple[str, str]] = ()) -> Response:
-        """An RFC 9457 problem document."""
+        """An RFC 9457 problem document; 409 and 503 carry Retry-After."""
         o = self.options
         doc = {"type": self.problem_type(slug), "title": title,
                "status": status, "detail": detail,
@@ -332,6 +481,8 @@ class Policy:
                 ("Content-Language", "en")]
         if o.docs_url:
             hdrs.append(("Link", '<%s>; rel="describedby"' % o.docs_url))
+        if status in (409, 503):
+            hdrs.append(("Retry-After", str(o.retry_after)))
         hdrs.extend(headers)
         body = json.dumps(doc, separators=(",", ":")).encode("utf-8")
         return Response(status, hdrs, body)
@@ -339,7 +490,6 @@ class Policy:
     def error_response(self, err: IdempotencyError) -> Response:
         o = self.options
         status = err.http_status or 500
-        headers: List[Tuple[str, str]] = []
         detail = err.detail
         if status == 409 and err.problem == "busy":
             status = o.busy_status
@@ -356,30 +506,59 @@ class Policy:
                       "must not be reused for another request." % o.header)
         if isinstance(err, (StoreUnavailable, RetryableConflict)):
             detail = "The request was not processed; retry it later."
-        if status in (409, 503):
-            headers.append(("Retry-After", str(o.retry_after)))
+        if err.problem == "taken-over":
+            detail = ("This request took longer than its lease and another "
+                      "request for the same %s took it over." % o.header)
         if status == 500:
             detail = "The request failed and changed nothing."
-        return self.problem(status, err.problem, err.title, detail, headers)
+        if isinstance(err, NoCaller):
+            log.error("pg_idempotency: %s", err.detail)
+            detail = ("This server scopes each %s by the authenticated "
+                      "caller and could not establish one for this "
+                      "request; nothing was done." % o.header)
+        elif isinstance(err, ConfigurationError):
+            log.error("pg_idempotency: %s", err.detail)
+            detail = ("The server cannot process this request as it is set "
+                      "up; nothing was done.")
+        return self.problem(status, err.problem, err.title, detail)
 
     def policy_document(self) -> Dict[str, Any]:
-        """The published policy: header, key format, scope, retention."""
+        """The published policy: the same document as the Node.js
+        adapters'."""
         o = self.options
+        if o.fingerprint_fields is not None:
+            fingerprint = ("the method, path, query and the body's %s"
+                           % ", ".join(o.fingerprint_fields))
+        elif o.fingerprint is default_fingerprint:
+            fingerprint = "the method, path, query and body"
+        else:
+            fingerprint = "set by the application"
+        wait = None if o.wait is None else float(o.wait)
+        if wait is not None and wait.is_integer():
+            wait = int(wait)
         return {
             "header": o.header,
             "methods": sorted(o.methods),
             "required": o.required,
-            "key_format": ("RFC 8941 String of 1-%d bytes of printable "
-                           "ASCII, or a bare value of [A-Za-z0-9._~:-]"
-                           % o.max_key_bytes),
-            "key_scope": "authenticated caller, method and route",
+            "key_format": ("set by the application" if o.key is not None
+                           else "an RFC 8941 String of 1-%d bytes of "
+                           "printable ASCII, or a bare value of "
+                           "[A-Za-z0-9._~:-]" % o.max_key_bytes),
+            "max_key_bytes": o.max_key_bytes,
+            "key_scope": ("the authenticated caller, the method and the "
+                          "route" if o.scope is default_scope
+                          else "set by the application"),
+            "anonymous": o.anonymous,
+            "fingerprint": fingerprint,
             "key_retention_seconds": o.ttl_seconds,
-            "concurrent_duplicate": ("409 Conflict with Retry-After"
-                                     if o.wait is None else
-                                     "waits up to %g s for the first "
-                                     "request, then 409" % o.wait),
+            "concurrent_duplicate": ("409 with Retry-After" if wait is None
+                                     else "waits up to %s s for the first "
+                                     "request, then %d" % (wait,
+                                                           o.busy_status)),
+            "wait_seconds": wait,
             "replay_header": "%s: true" % REPLAYED_HEADER,
-            "statuses": STATUS_TABLE,
+            "replayed_headers": sorted(o._replay),
+            "server_errors": o.server_errors,
         }
 
     def policy_response(self) -> Response:
@@ -415,25 +594,17 @@ class Policy:
 
     # ------------------------------------------------------------ flow
 
-    def scope_and_request(self, info: RequestInfo) -> Tuple[str, Any]:
-        o = self.options
-        fp = o.fingerprint(info) if o.fingerprint else None
-        if fp is not None and not isinstance(fp, RawJson):
-            fp = RawJson(json.dumps(fp, ensure_ascii=False, allow_nan=False,
-                                    separators=(",", ":")))
-        return o.scope(info), fp
-
     def _wait(self) -> core.Wait:
         return self.options.wait if self.options.wait is not None else False
 
-    def handle(self, runner: Runner, info: RequestInfo, key: str,
+    def handle(self, runner: Runner, key: str, scope: str, request: Any,
                call: Callable[[], Response]) -> Response:
         """
-        Run CALL (the handler) for a request with KEY in a transaction on
+        Run CALL (the handler) for a request with KEY (SCOPE and REQUEST,
+        the fingerprint, as prepare() made them) in a transaction on
         RUNNER with the claim and the completion; return the response to
         send (after the commit), a replay, or a problem document.
         """
-        scope, request = self.scope_and_request(info)
         outermost = not runner.in_transaction()
         attempt = 0
         while True:
@@ -485,12 +656,12 @@ class Policy:
                       raw=resp.body)
         return resp
 
-    async def handle_async(self, runner: AsyncRunner, info: RequestInfo,
-                           key: str, call: Callable[[], Awaitable[Response]]
+    async def handle_async(self, runner: AsyncRunner, key: str, scope: str,
+                           request: Any,
+                           call: Callable[[], Awaitable[Response]]
                            ) -> Response:
         """As handle(), for asyncio (psycopg.AsyncConnection)."""
         o = self.options
-        scope, request = self.scope_and_request(info)
         outermost = not runner.in_transaction()
         attempt = 0
         while True:
@@ -532,25 +703,3 @@ class _RolledBack(Exception):
     def __init__(self, response: Response) -> None:
         super().__init__("rolled back")
         self.response = response
-
-
-#: The status codes the adapters answer with (README's table).
-STATUS_TABLE: Dict[str, str] = {
-    "first request": "the handler's answer (stored with the business write "
-                     "in one transaction)",
-    "retry after completion": "the stored status, allowlisted headers and "
-                              "body bytes, with Idempotent-Replayed: true",
-    "no key (where required), empty, malformed, too long or repeated": "400",
-    "duplicate while the first request is in flight": "409 with Retry-After "
-                                                      "(or wait, then replay)",
-    "lock_timeout or statement_timeout (55P03, 57014)": "409 or 503 "
-                                                        "(busy_status)",
-    "key reused with a different request": "422",
-    "request body over max_body_bytes": "413",
-    "response over idempotency.max_response_bytes (54000)":
-        "500 or 413 (too_large_status); rolled back",
-    "deadlock or serialization failure (40P01, 40001)":
-        "retried; 503 when the attempts run out",
-    "database unreachable": "503 with Retry-After",
-    "5xx from the handler": "rolled back, not stored (server_errors)",
-}

@@ -38,8 +38,11 @@ def announce(port):
 
 def options():
     """Options of the adapters from the environment."""
+    # anonymous: most tests send no credentials (the callers' own scopes
+    # are tested with HTTP Basic users; the refusal of a request without
+    # a caller by test_conformance.py and test_misconfig.py)
     opts = {"ttl": 7200, "docs_url": "http://docs.example/idempotency",
-            "policy_path": "/idempotency"}
+            "policy_path": "/idempotency", "anonymous": True}
     if os.environ.get("IDEM_WAIT"):
         opts["wait"] = float(os.environ["IDEM_WAIT"])
     if os.environ.get("IDEM_TOO_LARGE_STATUS"):
