@@ -11,7 +11,7 @@
  * generation.  idempotency.sequences holds, per (role, consumer, producer),
  * the last sequence number seen and its epoch.  Both are small tables,
  * members of the extension whose rows pg_dump carries; rows unused for
- * idempotency.position_ttl are deleted by maintenance (IdemStreamsRemove).
+ * idempotency.position_ttl are deleted by maintenance (IdemStreamsMaintain).
  *
  * Every call takes a heavyweight lock on its row's identity (a hash of
  * role, consumer, stream and partition, or of role, consumer and producer)
@@ -20,8 +20,11 @@
  * and a rolled-back batch left the position where it was, so its records
  * are delivered and processed again.  Locks are taken in partition order,
  * so two assignments of overlapping partitions cannot deadlock.  Under the
- * lock, the row is read under a fresh snapshot (as committed, plus this
- * transaction's changes), and inserted or updated.
+ * lock, the row is read FOR UPDATE under a fresh snapshot (as committed,
+ * plus this transaction's changes), and inserted or updated.  The row lock
+ * keeps maintenance's DELETE of unused rows off a row a call has read
+ * (IdemStreamsMaintain), and every write checks that it wrote its row
+ * (IdemStreamWrote).
  *
  * The tables belong to the storage owner and are granted to nobody: the
  * statements run as that owner (privilege.c), are prepared once per
@@ -102,7 +105,7 @@ typedef struct IdemStreamStmtDef
 static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
 	[STMT_GET_POSITION] = {
 		"SELECT next_offset, generation, updated_at FROM idempotency.positions"
-		POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4",
+		POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4 FOR UPDATE",
 		4, {OIDOID, TEXTOID, TEXTOID, INT4OID}
 	},
 	[STMT_INSERT_POSITION] = {
@@ -127,7 +130,7 @@ static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
 		5, {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
 	},
 	[STMT_GET_SEQUENCE] = {
-		"SELECT epoch, seq FROM idempotency.sequences" SEQUENCE_WHERE,
+		"SELECT epoch, seq FROM idempotency.sequences" SEQUENCE_WHERE " FOR UPDATE",
 		3, {OIDOID, TEXTOID, TEXTOID}
 	},
 	[STMT_INSERT_SEQUENCE] = {
@@ -184,6 +187,8 @@ static void IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
 							const IdemPosition *old, bool has_next,
 							int64 next_offset, bool has_generation,
 							int64 generation, TimestampTz now);
+static void IdemStreamWrote(int processed, bool position, text *name,
+							int32 part);
 static void IdemCheckGeneration(const IdemPosition *pos, int64 generation,
 								text *stream, int32 part);
 static int64 IdemNonNegativeArg(FunctionCallInfo fcinfo, int argno,
@@ -308,8 +313,34 @@ IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
 	args[5] = Int64GetDatum(generation);
 	isnull[5] = !has_generation;
 	args[6] = TimestampTzGetDatum(now);
-	(void) IdemStreamExec(old->found ? STMT_UPDATE_POSITION : STMT_INSERT_POSITION,
-						  args, isnull);
+	IdemStreamWrote(IdemStreamExec(old->found ? STMT_UPDATE_POSITION : STMT_INSERT_POSITION,
+								   args, isnull),
+					true, stream, part);
+}
+
+/*
+ * IdemStreamWrote checks that a write of a position or sequence row (the
+ * UPDATE or INSERT after the row was read FOR UPDATE) wrote one row.  The
+ * row lock taken by the read keeps maintenance's DELETE away (it skips
+ * locked rows), so this cannot fail; if it ever did, the call would
+ * answer for a write that was not made (a range handed out twice, a
+ * sequence "new" twice), so it fails the transaction instead, with nothing
+ * recorded and the SQLSTATE that says "retry".
+ */
+static void
+IdemStreamWrote(int processed, bool position, text *name, int32 part)
+{
+	if (processed == 1)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 position ?
+			 errmsg("could not record the position of partition %d of stream \"%s\": its row was removed concurrently",
+					part, IdemKeyForMessage(text_to_cstring(name))) :
+			 errmsg("could not record the sequence of producer \"%s\": its row was removed concurrently",
+					IdemKeyForMessage(text_to_cstring(name))),
+			 errdetail("Nothing was recorded."),
+			 errhint("Retry the transaction.")));
 }
 
 /*
@@ -662,7 +693,8 @@ idem_sequence(PG_FUNCTION_ARGS)
 	if (IdemStreamExec(STMT_GET_SEQUENCE, args, NULL) == 0)
 	{
 		answer = "new";
-		(void) IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL);
+		IdemStreamWrote(IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL),
+						false, producer, 0);
 		write = false;
 	}
 	else
@@ -702,7 +734,8 @@ idem_sequence(PG_FUNCTION_ARGS)
 			answer = "gap";
 		}
 		if (write)
-			(void) IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL);
+			IdemStreamWrote(IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL),
+							false, producer, 0);
 	}
 	IdemStreamEnd(&save);
 	PG_RETURN_TEXT_P(cstring_to_text(answer));
@@ -715,6 +748,18 @@ idem_sequence(PG_FUNCTION_ARGS)
  * producers, like the ledgers), and deletes the positions and sequences
  * not used since "before" (idempotency.position_ttl ago).  Returns how many
  * rows went.
+ *
+ * A call reads its row FOR UPDATE (under its stream lock) and keeps that
+ * row lock until its transaction ends; the DELETE locks each row it
+ * deletes FOR UPDATE SKIP LOCKED.  So maintenance never deletes a row a
+ * call has read and is about to write (which then wrote nothing, and the
+ * call answered as if it had), and never waits for a busy stream: a row
+ * some transaction holds is skipped, and it is deleted by a later round if
+ * it is still unused then.  A call that comes to a row maintenance has
+ * deleted but not yet committed waits for maintenance's transaction, then
+ * finds no row (it was unused for the ttl) and starts the position or
+ * sequence anew.  Row locks take no room in the shared lock table,
+ * however many rows go.
  */
 uint64
 IdemStreamsMaintain(TimestampTz before)
@@ -722,26 +767,32 @@ IdemStreamsMaintain(TimestampTz before)
 	Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
 	Oid			positions = OidIsValid(nsp) ? get_relname_relid("positions", nsp) : InvalidOid;
 	Oid			sequences = OidIsValid(nsp) ? get_relname_relid("sequences", nsp) : InvalidOid;
+	const char *tables[] = {"positions", "sequences"};
+	char	   *cutoff;
 	StringInfoData sql;
 	uint64		removed = 0;
+	int			i;
 
 	if (!OidIsValid(positions) || !OidIsValid(sequences))
 		return 0;
 	IdemRestrictTableAcl(positions);
 	IdemRestrictTableAcl(sequences);
+	cutoff = quote_literal_cstr(timestamptz_to_str(before));
 	initStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "DELETE FROM idempotency.positions"
-					 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz",
-					 quote_literal_cstr(timestamptz_to_str(before)));
-	removed += IdemExecAsOwner(sql.data, 0);
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "DELETE FROM idempotency.sequences"
-					 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz",
-					 quote_literal_cstr(timestamptz_to_str(before)));
-	removed += IdemExecAsOwner(sql.data, 0);
+	for (i = 0; i < lengthof(tables); i++)
+	{
+		resetStringInfo(&sql);
+		appendStringInfo(&sql,
+						 "DELETE FROM idempotency.%s"
+						 " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+						 "SELECT ctid FROM idempotency.%s"
+						 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz"
+						 " FOR UPDATE SKIP LOCKED))",
+						 tables[i], tables[i], cutoff);
+		removed += IdemExecAsOwner(sql.data, 0);
+	}
 	pfree(sql.data);
+	pfree(cutoff);
 	IdemStatsAdd(IDEM_STAT_STREAMS_REMOVED, removed);
 	return removed;
 }
@@ -963,10 +1014,11 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 				   (DatumGetInt64(args[3]) == epoch && DatumGetInt64(args[4]) > seq)) ?
 			IDEM_IMPORT_REPLACED : IDEM_IMPORT_KEPT;
 	}
-	if (outcome == IDEM_IMPORT_INSERTED)
-		(void) IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL);
-	else if (outcome == IDEM_IMPORT_REPLACED)
-		(void) IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL);
+	if (outcome != IDEM_IMPORT_KEPT)
+		IdemStreamWrote(IdemStreamExec(outcome == IDEM_IMPORT_INSERTED ?
+									   STMT_INSERT_SEQUENCE : STMT_UPDATE_SEQUENCE,
+									   args, NULL),
+						false, DatumGetTextPP(args[2]), 0);
 	IdemStreamEnd(&save);
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));
 }
