@@ -54,8 +54,11 @@ SELECT part, next_offset, generation FROM idem_positions('billing', 'orders');
 SELECT * FROM idem_advance('billing', 'orders', 0, 500, 599, 2);
 SELECT * FROM idem_advance('billing', 'orders', 1, 0, 5, 3);
 SELECT part, next_offset, generation FROM idem_positions('billing', 'orders') WHERE part = 1;
--- unfenced (generation NULL): no check, the stored generation stays
-SELECT * FROM idem_advance('billing', 'orders', 1, 10, 19);
+-- without a generation (NULL) on a partition that has one stored: a zombie
+-- that leaves the argument out is refused with ID001 too, and changes
+-- nothing (before 0.4.0 was released, it was not fenced)
+SELECT pg_temp.try($$SELECT * FROM idem_advance('billing', 'orders', 1, 10, 19)$$);
+SELECT pg_temp.try($$SELECT * FROM idem_advance('billing', 'orders', 1, 10, 19, NULL)$$);
 SELECT part, next_offset, generation FROM idem_positions('billing', 'orders') WHERE part = 1;
 -- an unfenced stream never stores a generation
 SELECT * FROM idem_advance('billing', 'clicks', 7, 100, 199);

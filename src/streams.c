@@ -32,8 +32,9 @@
  *
  * A lower generation than the stored one (a consumer still working on a
  * partition that was assigned to another since: a zombie) is refused with
- * SQLSTATE ID001 and changes nothing; a strict sequence gap is refused with
- * ID002.
+ * SQLSTATE ID001 and changes nothing, and so is an advance without a
+ * generation of a partition that has one; a strict sequence gap is refused
+ * with ID002.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -191,6 +192,8 @@ static void IdemStreamWrote(int processed, bool position, text *name,
 							int32 part);
 static void IdemCheckGeneration(const IdemPosition *pos, int64 generation,
 								text *stream, int32 part);
+static void IdemRefuseUnfenced(const IdemPosition *pos, text *stream,
+							   int32 part);
 static int64 IdemNonNegativeArg(FunctionCallInfo fcinfo, int argno,
 								const char *argname);
 static int32 *IdemPartsArg(FunctionCallInfo fcinfo, int argno, int *nparts);
@@ -364,6 +367,27 @@ IdemCheckGeneration(const IdemPosition *pos, int64 generation, text *stream,
 			 errhint("Stop consuming this partition: another consumer owns it now.  Nothing was changed.")));
 }
 
+/*
+ * IdemRefuseUnfenced refuses an advance without a generation (NULL) of a
+ * partition that has one stored: only a caller that names the generation
+ * it was assigned can show it still owns the partition, and a zombie that
+ * left the argument out would otherwise go unfenced.  NULL counts as lower
+ * than every generation, so it is refused as stale (ID001).  A partition
+ * never fenced (no generation stored) takes unfenced advances.
+ */
+static void
+IdemRefuseUnfenced(const IdemPosition *pos, text *stream, int32 part)
+{
+	IdemStatsAdd(IDEM_STAT_STALE_GENERATIONS, 1);
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_STALE_GENERATION),
+			 errmsg("partition %d of stream \"%s\" is fenced, and no generation was given",
+					part, IdemKeyForMessage(text_to_cstring(stream))),
+			 errdetail("The partition was assigned with generation " INT64_FORMAT ".",
+					   pos->generation),
+			 errhint("Pass the generation of the assignment.  Nothing was changed.")));
+}
+
 /* a bigint argument that must not be NULL nor negative */
 static int64
 IdemNonNegativeArg(FunctionCallInfo fcinfo, int argno, const char *argname)
@@ -524,7 +548,9 @@ idem_assign(PG_FUNCTION_ARGS)
  * Moves the partition's position past last_offset, in the caller's
  * transaction, and returns the part of [first_offset, last_offset] at or
  * past the position, which the caller processes (no row: all of it was
- * processed already).  Offsets may skip; a gap is never an error.
+ * processed already).  Offsets may skip; a gap is never an error.  With a
+ * generation, refused if a higher one is stored; without (NULL), refused if
+ * any is stored.
  */
 Datum
 idem_advance(PG_FUNCTION_ARGS)
@@ -570,12 +596,12 @@ idem_advance(PG_FUNCTION_ARGS)
 	IdemGetPosition(role, consumer, stream, part, &pos);
 	if (fenced)
 		IdemCheckGeneration(&pos, generation, stream, part);
+	else if (pos.has_generation)
+		IdemRefuseUnfenced(&pos, stream, part);
 	fresh = !pos.has_next || last >= pos.next_offset;
 	has_generation = fenced || pos.has_generation;
 	if (fenced && pos.has_generation)
 		generation = Max(generation, pos.generation);
-	else if (!fenced)
-		generation = pos.generation;
 	IdemPutPosition(role, consumer, stream, part, &pos, true,
 					fresh ? last + 1 : pos.next_offset,
 					has_generation, generation, now);
