@@ -13,18 +13,20 @@
  * members of the extension whose rows pg_dump carries; rows unused for
  * idempotency.position_ttl are deleted by maintenance (IdemStreamsMaintain).
  *
- * Every call takes a heavyweight lock on its row's identity (a hash of
- * role, consumer, stream and partition, or of role, consumer and producer)
+ * Every call takes a heavyweight lock on its row's identity (the role, and
+ * a digest of consumer, stream and partition, or of consumer and producer)
  * and keeps it until its transaction ends: concurrent calls on one
  * partition wait for each other, a waiter then sees the committed outcome,
  * and a rolled-back batch left the position where it was, so its records
- * are delivered and processed again.  Locks are taken in partition order,
- * so two assignments of overlapping partitions cannot deadlock.  Under the
- * lock, the row is read FOR UPDATE under a fresh snapshot (as committed,
- * plus this transaction's changes), and inserted or updated.  The row lock
- * keeps maintenance's DELETE of unused rows off a row a call has read
- * (IdemStreamsMaintain), and every write checks that it wrote its row
- * (IdemStreamWrote).
+ * are delivered and processed again.  An assignment takes its locks in the
+ * order of their tags, so two assignments of overlapping partitions cannot
+ * deadlock.  The role's OID is a field of the tag of its own, so that no
+ * role can take a lock another role's calls need (IdemStreamLockTag).
+ * Under the lock, the row is read FOR UPDATE under a fresh snapshot (as
+ * committed, plus this transaction's changes), and inserted or updated.
+ * The row lock keeps maintenance's DELETE of unused rows off a row a call
+ * has read (IdemStreamsMaintain), and every write checks that it wrote its
+ * row (IdemStreamWrote).
  *
  * The tables belong to the storage owner and are granted to nobody: the
  * statements run as that owner (privilege.c), are prepared once per
@@ -48,7 +50,6 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -200,25 +201,51 @@ static int32 *IdemPartsArg(FunctionCallInfo fcinfo, int argno, int *nparts);
 static int	IdemCompareInt32(const void *a, const void *b);
 
 /*
- * IdemStreamLock takes, until the transaction ends, the lock on one
- * position (kind IDEM_LOCK_POSITION: consumer a, stream b, partition) or
- * one producer's sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b).
- * Distinct identities may share a lock (64 bits of hash): they then only
- * wait for each other.
+ * IdemStreamLockTag sets the tag of the lock on one position (kind
+ * IDEM_LOCK_POSITION: consumer a, stream b, partition) or one producer's
+ * sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b) of role "role":
+ * the role's OID and a SHA-256 digest of the rest (IdemSetStreamLockTag),
+ * so that no role can make its lock the same as another role's.  Distinct
+ * identities of one role may share a lock: they then only wait for each
+ * other.
  */
+static void
+IdemStreamLockTag(LOCKTAG *tag, uint32 kind, Oid role, text *a, text *b,
+				  int32 part)
+{
+	IdemSetStreamLockTag(tag, kind, role,
+						 VARDATA_ANY(a), VARSIZE_ANY_EXHDR(a),
+						 VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b), part);
+}
+
+/* takes a stream lock (IdemStreamLockTag) until the transaction ends */
+static void
+IdemStreamLockAcquire(const LOCKTAG *tag)
+{
+	(void) LockAcquire(tag, ExclusiveLock, false, false);
+}
+
+/* takes the lock on one position or sequence, until the transaction ends */
 static void
 IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part)
 {
-	uint64		h;
 	LOCKTAG		tag;
 
-	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(a),
-							VARSIZE_ANY_EXHDR(a), role);
-	h = hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(b),
-											  VARSIZE_ANY_EXHDR(b), part));
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
-						 kind);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	IdemStreamLockTag(&tag, kind, role, a, b, part);
+	IdemStreamLockAcquire(&tag);
+}
+
+/*
+ * IdemCompareLockTags orders the stream lock tags of one call (which
+ * differ in field3 only), so that every call takes its locks in one order.
+ */
+static int
+IdemCompareLockTags(const void *a, const void *b)
+{
+	uint32		x = ((const LOCKTAG *) a)->locktag_field3;
+	uint32		y = ((const LOCKTAG *) b)->locktag_field3;
+
+	return (x > y) - (x < y);
 }
 
 /* connects to SPI as the storage owner */
@@ -500,6 +527,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	int			nparts;
 	int64		generation;
 	IdemPosition *pos;
+	LOCKTAG    *tags;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemSavedUser save;
 	int			i;
@@ -512,9 +540,19 @@ idem_assign(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idem_assign()");
 	InitMaterializedSRF(fcinfo, 0);
 
+	/*
+	 * The partitions' locks, in the order of their tags: two assignments of
+	 * overlapping partitions take their common locks in the same order, so
+	 * they cannot deadlock, even where two partitions share a lock.
+	 */
 	pos = palloc(Max(nparts, 1) * sizeof(IdemPosition));
+	tags = palloc(Max(nparts, 1) * sizeof(LOCKTAG));
 	for (i = 0; i < nparts; i++)
-		IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, parts[i]);
+		IdemStreamLockTag(&tags[i], IDEM_LOCK_POSITION, role, consumer, stream,
+						  parts[i]);
+	qsort(tags, nparts, sizeof(LOCKTAG), IdemCompareLockTags);
+	for (i = 0; i < nparts; i++)
+		IdemStreamLockAcquire(&tags[i]);
 	IdemStreamBegin(&save);
 	for (i = 0; i < nparts; i++)
 	{
