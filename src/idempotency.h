@@ -590,6 +590,7 @@ extern void IdemCheckResponseHeaders(Datum headers);
  * Ordered streams: positions and producer sequences (streams.c)
  * ----------------------------------------------------------------
  */
+extern void IdemStreamsInit(void);
 extern uint64 IdemStreamsMaintain(TimestampTz before);
 
 /* ----------------------------------------------------------------

@@ -55,6 +55,7 @@
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -218,11 +219,121 @@ IdemStreamLockTag(LOCKTAG *tag, uint32 kind, Oid role, text *a, text *b,
 						 VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b), part);
 }
 
-/* takes a stream lock (IdemStreamLockTag) until the transaction ends */
+/*
+ * The stream locks the current transaction holds, counted by the
+ * subtransaction nesting level that took each first: a subtransaction that
+ * rolls back releases the locks it took, and gives them back to the count;
+ * one that commits hands them to its parent.  Outside a transaction, all
+ * zero.
+ */
+static int *stream_locks_at = NULL;	/* [level], in TopMemoryContext */
+static int	stream_locks_levels = 0;	/* allocated length */
+static int	stream_locks_held = 0;	/* the sum */
+
+static void IdemStreamLocksXactCallback(XactEvent event, void *arg);
+static void IdemStreamLocksSubXactCallback(SubXactEvent event,
+										   SubTransactionId mySubid,
+										   SubTransactionId parentSubid,
+										   void *arg);
+
+/* registers the transaction callbacks; called once from _PG_init */
+void
+IdemStreamsInit(void)
+{
+	RegisterXactCallback(IdemStreamLocksXactCallback, NULL);
+	RegisterSubXactCallback(IdemStreamLocksSubXactCallback, NULL);
+}
+
+static void
+IdemStreamLocksXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			if (stream_locks_levels > 0)
+				memset(stream_locks_at, 0, stream_locks_levels * sizeof(int));
+			stream_locks_held = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+IdemStreamLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+							   SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (level >= stream_locks_levels || stream_locks_at[level] == 0)
+		return;
+	switch (event)
+	{
+		case SUBXACT_EVENT_ABORT_SUB:
+			stream_locks_held -= stream_locks_at[level];
+			stream_locks_at[level] = 0;
+			break;
+		case SUBXACT_EVENT_COMMIT_SUB:
+			stream_locks_at[level - 1] += stream_locks_at[level];
+			stream_locks_at[level] = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * IdemStreamLockAcquire takes a stream lock (IdemStreamLockTag) until the
+ * transaction ends.
+ *
+ * Each lock takes an entry of the lock table every backend shares, for as
+ * long as the transaction lasts.  Unbounded, one transaction of one role
+ * (an idem_assign of 15,000 partitions, say) filled the table, and every
+ * other session's next lock failed (53200, out of shared memory), new
+ * connections included.  So a transaction may hold at most
+ * max_locks_per_transaction of them (PostgreSQL sizes the table for that
+ * many per backend): the next new one is refused with 53000, and only this
+ * transaction fails.  A lock it holds already is taken again freely.
+ */
 static void
 IdemStreamLockAcquire(const LOCKTAG *tag)
 {
-	(void) LockAcquire(tag, ExclusiveLock, false, false);
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (stream_locks_held >= max_locks_per_xact &&
+		!IdemLockHeldByMe(tag, ExclusiveLock))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("too many stream partitions and producers locked by this transaction"),
+				 errdetail("Each holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
+						   stream_locks_held, "max_locks_per_transaction"),
+				 errhint("Assign, advance, check or import fewer partitions and producers in one transaction, or raise \"%s\".",
+						 "max_locks_per_transaction")));
+	/* room to count it, before it is taken */
+	if (level >= stream_locks_levels)
+	{
+		int			n = Max(level + 1, 8);
+
+		if (stream_locks_at == NULL)
+			stream_locks_at = MemoryContextAllocZero(TopMemoryContext,
+													 n * sizeof(int));
+		else
+		{
+			stream_locks_at = repalloc(stream_locks_at, n * sizeof(int));
+			memset(stream_locks_at + stream_locks_levels, 0,
+				   (n - stream_locks_levels) * sizeof(int));
+		}
+		stream_locks_levels = n;
+	}
+	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+	{
+		stream_locks_at[level]++;
+		stream_locks_held++;
+	}
 }
 
 /* takes the lock on one position or sequence, until the transaction ends */

@@ -13,6 +13,16 @@
 #      a SHA-256 digest of the names: alice's calls go on, every stream
 #      lock carries its holder's role, and two roles using the very same
 #      names do not wait for each other.
+#   2. The shared lock table.  Each position or producer a transaction
+#      assigns, advances or checks keeps a lock until the transaction ends,
+#      in the lock table every session shares.  Until 0.4.0 was released
+#      nothing bounded them: mallory's open transaction took locks until
+#      the table was full, and alice's calls and new connections failed
+#      with 53200 (out of shared memory).  Now a transaction holds at most
+#      max_locks_per_transaction of them; mallory's next one is refused
+#      with 53000, while alice's calls and new connections go on.  The key
+#      locks of a batch (idem_consume_messages, many claims in one
+#      transaction) are not kept at all once the partitions exist.
 # Every lock wait here is bounded by lock_timeout: on the old code they
 # time out, on the new code nothing waits at all.
 
@@ -25,7 +35,11 @@ use Test::More;
 
 my $node = PostgreSQL::Test::Cluster->new('tenant_locks');
 $node->init;
+# a small lock table, (max_connections + autovacuum_max_workers + 1 +
+# max_worker_processes + max_wal_senders) * max_locks_per_transaction
 $node->append_conf('postgresql.conf', q{
+max_connections = 10
+max_locks_per_transaction = 64
 log_min_messages = warning
 });
 $node->start;
@@ -235,8 +249,66 @@ my ($ret, $out, $err) = $node->psql('postgres', q{
 is($err, '', 'alice uses the names mallory holds in an open transaction');
 is($out, "3\nnew", 'as her own');
 $mallory->query_safe('COMMIT');
-$mallory->quit;
 $alice->quit;
+
+# ---------------------------------------------------------------- 2
+# mallory takes stream locks in an open transaction, in ever smaller
+# chunks, until it can take no more: at its limit (53000), or (on the old
+# code) when the lock table is full (53200)
+$mallory->query_safe(q{
+	CREATE FUNCTION pg_temp.fill() RETURNS text LANGUAGE plpgsql AS $$
+	DECLARE
+		chunk int := 1000;
+		first int := 0;
+	BEGIN
+		LOOP
+			BEGIN
+				PERFORM idem_assign('fill', 'orders', ARRAY(SELECT generate_series(first, first + chunk - 1)), 1);
+				first := first + chunk;
+			EXCEPTION WHEN insufficient_resources OR out_of_memory THEN
+				IF chunk = 1 THEN
+					RETURN SQLSTATE || ' after ' || first || ' partitions';
+				END IF;
+				chunk := chunk / 10;
+			END;
+		END LOOP;
+	END $$});
+$mallory->query_safe('BEGIN');
+my $filled = $mallory->query_safe('SELECT pg_temp.fill()');
+my $limit = $mallory->query_safe('SHOW max_locks_per_transaction');
+is($filled, "53000 after $limit partitions",
+	'mallory is refused (53000) once its transaction holds max_locks_per_transaction stream locks');
+# (psql, not safe_psql: on the old code no new connection could be made)
+($ret, $out, $err) = $node->psql('postgres', q{
+	SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+	 WHERE l.locktype = 'advisory' AND a.usename = 'mallory'});
+is($out, $limit, 'and keeps holding them') or diag($err);
+($ret, $out, $err) = $node->psql('postgres', q{
+	SET lock_timeout = '5s';
+	SELECT count(*) FROM idem_assign('c', 'orders', ARRAY(SELECT generate_series(0, 9)), 2);
+	SELECT first_offset || '..' || last_offset FROM idem_advance('c', 'orders', 0, 20, 29, 2);
+	SELECT idem_sequence('c', 'producer', 1, 3);}, extra_params => [ '-U', 'alice' ]);
+is($err, '', 'meanwhile alice assigns ten partitions, advances one and checks a sequence, in a new connection');
+is($out, "10\n20..29\nnew", 'with her answers');
+$mallory->query_safe('ROLLBACK');
+$mallory->quit;
+
+# The key locks of a batch go as each id is recorded (the partitions are
+# made: a key written into a partition its own transaction made keeps its
+# lock, bounded as test/t/052_ordinary_role_limits.pl shows).
+$node->safe_psql('postgres', 'SELECT idem_maintain()');
+$mallory = $node->background_psql('postgres', extra_params => [ '-U', 'mallory' ]);
+$mallory->query_safe('BEGIN');
+is($mallory->query_safe(q{
+		SELECT count(*) FROM idem_consume_messages('batch', ARRAY(SELECT 'm' || g FROM generate_series(1, 5000) g))}),
+	'5000', 'mallory consumes a batch of 5,000 message ids in an open transaction');
+$mallory->query_safe(q{SELECT count(*) FROM (SELECT idem_claim('k' || g) FROM generate_series(1, 1000) g) s});
+is($node->safe_psql('postgres', q{
+		SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		 WHERE l.locktype = 'advisory' AND a.usename = 'mallory'}),
+	'0', 'and claims 1,000 keys: its transaction keeps no key lock');
+$mallory->query_safe('ROLLBACK');
+$mallory->quit;
 
 $node->stop;
 
