@@ -54,8 +54,11 @@ SELECT part, next_offset, generation FROM idem_positions('billing', 'orders');
 SELECT * FROM idem_advance('billing', 'orders', 0, 500, 599, 2);
 SELECT * FROM idem_advance('billing', 'orders', 1, 0, 5, 3);
 SELECT part, next_offset, generation FROM idem_positions('billing', 'orders') WHERE part = 1;
--- unfenced (generation NULL): no check, the stored generation stays
-SELECT * FROM idem_advance('billing', 'orders', 1, 10, 19);
+-- without a generation (NULL) on a partition that has one stored: a zombie
+-- that leaves the argument out is refused with ID001 too, and changes
+-- nothing (before 0.4.0 was released, it was not fenced)
+SELECT pg_temp.try($$SELECT * FROM idem_advance('billing', 'orders', 1, 10, 19)$$);
+SELECT pg_temp.try($$SELECT * FROM idem_advance('billing', 'orders', 1, 10, 19, NULL)$$);
 SELECT part, next_offset, generation FROM idem_positions('billing', 'orders') WHERE part = 1;
 -- an unfenced stream never stores a generation
 SELECT * FROM idem_advance('billing', 'clicks', 7, 100, 199);
@@ -160,6 +163,48 @@ SET ROLE regress_idem_stream_a;
 SELECT count(*) FROM idem_positions('billing', 'orders');
 RESET ROLE;
 SELECT count(*) AS touched FROM idempotency.positions WHERE part = 0 AND updated_at > now() - interval '1 day';
+
+-- ------------------------------------------------------------ locks
+-- Each position or producer a transaction assigns, advances, checks or
+-- imports keeps a lock, in the lock table every session shares, until the
+-- transaction ends: at most max_locks_per_transaction of them (before
+-- 0.4.0 was released, one idem_assign of 15,000 partitions filled the
+-- table, and other roles' calls and new connections failed with 53200).
+-- The next one is refused with 53000, and only this transaction fails.
+SET ROLE regress_idem_stream_a;
+SELECT current_setting('max_locks_per_transaction')::int AS budget \gset
+-- one assignment of more: refused, nothing stored
+SELECT pg_temp.try(format($$SELECT count(*) FROM idem_assign('wide', 'orders', ARRAY(SELECT generate_series(0, %s)), 1)$$, :budget));
+SELECT count(*) FROM idem_positions('wide', 'orders');
+BEGIN;
+-- a savepoint rolled back gives its locks back
+SAVEPOINT s;
+SELECT count(*) = :budget AS all_assigned FROM idem_assign('wide', 'orders', ARRAY(SELECT generate_series(1, :budget)), 1);
+ROLLBACK TO SAVEPOINT s;
+-- and so does every refusal caught in a subtransaction (the lock it took
+-- goes with it): here twice the budget of stale generations
+DO $$
+DECLARE
+  refused int := 0;
+BEGIN
+  FOR p IN 1..2 * current_setting('max_locks_per_transaction')::int LOOP
+    BEGIN
+      PERFORM idem_advance('billing', 'orders', 0, p, p, 1);
+    EXCEPTION WHEN SQLSTATE 'ID001' THEN
+      refused := refused + 1;
+    END;
+  END LOOP;
+  RAISE NOTICE 'refused and caught: % times the budget', refused / current_setting('max_locks_per_transaction')::int;
+END $$;
+SELECT count(*) = :budget AS all_assigned FROM idem_assign('wide', 'orders', ARRAY(SELECT generate_series(1001, 1000 + :budget)), 1);
+-- at the limit: a partition it holds is taken again, a new one is refused,
+-- and producer sequences count too
+SELECT * FROM idem_advance('wide', 'orders', 1001, 0, 9, 1);
+SELECT pg_temp.try($$SELECT * FROM idem_advance('wide', 'orders', 0, 0, 9, 1)$$);
+SELECT pg_temp.try($$SELECT idem_sequence('wide', 'producer', 1, 1)$$);
+COMMIT;
+SELECT count(*) = :budget AS all_kept FROM idem_positions('wide', 'orders');
+RESET ROLE;
 
 -- ------------------------------------------------------------ look-alikes
 -- The stream statements run as the storage owner.  A role that puts

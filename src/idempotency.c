@@ -142,6 +142,7 @@ _PG_init(void)
 
 	IdemStorageInit();
 	IdemOwnClaimsInit();
+	IdemStreamsInit();
 	IdemLibraryVersionInit();
 	IdemWaitInit();
 

@@ -117,6 +117,9 @@ IdemLaneValueOf(int lanes, int number, bool legacy)
 extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
+extern void IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role,
+								 const char *a, int alen,
+								 const char *b, int blen, int32 part);
 extern bytea *IdemFingerprint(Datum request, bytea **legacy);
 
 /* ----------------------------------------------------------------
@@ -588,6 +591,7 @@ extern void IdemCheckResponseHeaders(Datum headers);
  * Ordered streams: positions and producer sequences (streams.c)
  * ----------------------------------------------------------------
  */
+extern void IdemStreamsInit(void);
 extern uint64 IdemStreamsMaintain(TimestampTz before);
 
 /* ----------------------------------------------------------------

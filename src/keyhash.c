@@ -1,7 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * keyhash.c
- *	  Digests of keys, hash lanes and the lock tags derived from them.
+ *	  Digests of keys, hash lanes and the lock tags derived from them
+ *	  (and from stream names, for streams.c).
  *
  * A ledger row does not store the caller's key text: it stores a 16-byte
  * digest of the key's namespace (the consumer of a message, the scope of an
@@ -459,6 +460,15 @@ IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy)
  *
  * Distinct keys may share a tag (64 bits of hash); that only makes two
  * callers wait for each other for the length of a probe.
+ *
+ * No role can make its key's tag equal another role's on purpose (to stall
+ * that role's calls): the tag is 64 bits of SHA-256 over the key, combined
+ * with the role, so hitting a given tag (it is visible in pg_locks while
+ * held) takes about 2^63 hashes, and it is held for a probe only.  The
+ * form is not changed to the stream locks' one (role in a field of its
+ * own, IdemSetStreamLockTag): a backend still running an older library
+ * next to one running this one (before ALTER EXTENSION UPDATE, when both
+ * may claim) must take the same lock for the same key.
  */
 void
 IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
@@ -470,6 +480,40 @@ IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 	h ^= ((uint64) role * UINT64CONST(0x9E3779B97F4A7C15)) + (uint64) ledger;
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 IDEM_LOCK_KEY);
+}
+
+/*
+ * IdemSetStreamLockTag fills in the lock tag of one stream position (kind
+ * IDEM_LOCK_POSITION: consumer a, stream b, partition part) or one
+ * producer's sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b, part
+ * 0) of role "role".  The names are the caller's choice, so the tag must
+ * not be one another role can compute to equal this role's and so stall
+ * its calls (until 0.4.0 was released it was a Jenkins hash of the names,
+ * which is easily inverted): the role's OID is a field of the tag by
+ * itself, which no other role's tag can have, and the other field is 32
+ * bits of SHA-256 over the kind, the role, the partition and both names
+ * (a's length first, so that ("ab", "c") and ("a", "bc") differ).
+ *
+ * Two identities of one role may share a tag (one chance in 2^32 per
+ * pair); their calls then only wait for each other.  A role that makes
+ * its own names share a tag stalls only itself.
+ */
+void
+IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role, const char *a,
+					 int alen, const char *b, int blen, int32 part)
+{
+	uint32		head[4];
+	uint8		full[PG_SHA256_DIGEST_LENGTH];
+	uint32		h;
+
+	head[0] = pg_hton32((uint32) kind);
+	head[1] = pg_hton32((uint32) role);
+	head[2] = pg_hton32((uint32) part);
+	head[3] = pg_hton32((uint32) alen);
+	IdemSha256((const uint8 *) head, sizeof(head), (const uint8 *) a, alen,
+			   (const uint8 *) b, blen, full);
+	memcpy(&h, full, sizeof(h));
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) role, h, kind);
 }
 
 /*

@@ -11,17 +11,22 @@
  * generation.  idempotency.sequences holds, per (role, consumer, producer),
  * the last sequence number seen and its epoch.  Both are small tables,
  * members of the extension whose rows pg_dump carries; rows unused for
- * idempotency.position_ttl are deleted by maintenance (IdemStreamsRemove).
+ * idempotency.position_ttl are deleted by maintenance (IdemStreamsMaintain).
  *
- * Every call takes a heavyweight lock on its row's identity (a hash of
- * role, consumer, stream and partition, or of role, consumer and producer)
+ * Every call takes a heavyweight lock on its row's identity (the role, and
+ * a digest of consumer, stream and partition, or of consumer and producer)
  * and keeps it until its transaction ends: concurrent calls on one
  * partition wait for each other, a waiter then sees the committed outcome,
  * and a rolled-back batch left the position where it was, so its records
- * are delivered and processed again.  Locks are taken in partition order,
- * so two assignments of overlapping partitions cannot deadlock.  Under the
- * lock, the row is read under a fresh snapshot (as committed, plus this
- * transaction's changes), and inserted or updated.
+ * are delivered and processed again.  An assignment takes its locks in the
+ * order of their tags, so two assignments of overlapping partitions cannot
+ * deadlock.  The role's OID is a field of the tag of its own, so that no
+ * role can take a lock another role's calls need (IdemStreamLockTag).
+ * Under the lock, the row is read FOR UPDATE under a fresh snapshot (as
+ * committed, plus this transaction's changes), and inserted or updated.
+ * The row lock keeps maintenance's DELETE of unused rows off a row a call
+ * has read (IdemStreamsMaintain), and every write checks that it wrote its
+ * row (IdemStreamWrote).
  *
  * The tables belong to the storage owner and are granted to nobody: the
  * statements run as that owner (privilege.c), are prepared once per
@@ -29,8 +34,9 @@
  *
  * A lower generation than the stored one (a consumer still working on a
  * partition that was assigned to another since: a zombie) is refused with
- * SQLSTATE ID001 and changes nothing; a strict sequence gap is refused with
- * ID002.
+ * SQLSTATE ID001 and changes nothing, and so is an advance without a
+ * generation of a partition that has one; a strict sequence gap is refused
+ * with ID002.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -44,12 +50,12 @@
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
-#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
+#include "storage/lock.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/lsyscache.h"
@@ -102,7 +108,7 @@ typedef struct IdemStreamStmtDef
 static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
 	[STMT_GET_POSITION] = {
 		"SELECT next_offset, generation, updated_at FROM idempotency.positions"
-		POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4",
+		POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4 FOR UPDATE",
 		4, {OIDOID, TEXTOID, TEXTOID, INT4OID}
 	},
 	[STMT_INSERT_POSITION] = {
@@ -127,7 +133,7 @@ static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
 		5, {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
 	},
 	[STMT_GET_SEQUENCE] = {
-		"SELECT epoch, seq FROM idempotency.sequences" SEQUENCE_WHERE,
+		"SELECT epoch, seq FROM idempotency.sequences" SEQUENCE_WHERE " FOR UPDATE",
 		3, {OIDOID, TEXTOID, TEXTOID}
 	},
 	[STMT_INSERT_SEQUENCE] = {
@@ -184,33 +190,173 @@ static void IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
 							const IdemPosition *old, bool has_next,
 							int64 next_offset, bool has_generation,
 							int64 generation, TimestampTz now);
+static void IdemStreamWrote(int processed, bool position, text *name,
+							int32 part);
 static void IdemCheckGeneration(const IdemPosition *pos, int64 generation,
 								text *stream, int32 part);
+static void IdemRefuseUnfenced(const IdemPosition *pos, text *stream,
+							   int32 part);
 static int64 IdemNonNegativeArg(FunctionCallInfo fcinfo, int argno,
 								const char *argname);
 static int32 *IdemPartsArg(FunctionCallInfo fcinfo, int argno, int *nparts);
 static int	IdemCompareInt32(const void *a, const void *b);
 
 /*
- * IdemStreamLock takes, until the transaction ends, the lock on one
- * position (kind IDEM_LOCK_POSITION: consumer a, stream b, partition) or
- * one producer's sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b).
- * Distinct identities may share a lock (64 bits of hash): they then only
- * wait for each other.
+ * IdemStreamLockTag sets the tag of the lock on one position (kind
+ * IDEM_LOCK_POSITION: consumer a, stream b, partition) or one producer's
+ * sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b) of role "role":
+ * the role's OID and a SHA-256 digest of the rest (IdemSetStreamLockTag),
+ * so that no role can make its lock the same as another role's.  Distinct
+ * identities of one role may share a lock: they then only wait for each
+ * other.
  */
+static void
+IdemStreamLockTag(LOCKTAG *tag, uint32 kind, Oid role, text *a, text *b,
+				  int32 part)
+{
+	IdemSetStreamLockTag(tag, kind, role,
+						 VARDATA_ANY(a), VARSIZE_ANY_EXHDR(a),
+						 VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b), part);
+}
+
+/*
+ * The stream locks the current transaction holds, counted by the
+ * subtransaction nesting level that took each first: a subtransaction that
+ * rolls back releases the locks it took, and gives them back to the count;
+ * one that commits hands them to its parent.  Outside a transaction, all
+ * zero.
+ */
+static int *stream_locks_at = NULL;	/* [level], in TopMemoryContext */
+static int	stream_locks_levels = 0;	/* allocated length */
+static int	stream_locks_held = 0;	/* the sum */
+
+static void IdemStreamLocksXactCallback(XactEvent event, void *arg);
+static void IdemStreamLocksSubXactCallback(SubXactEvent event,
+										   SubTransactionId mySubid,
+										   SubTransactionId parentSubid,
+										   void *arg);
+
+/* registers the transaction callbacks; called once from _PG_init */
+void
+IdemStreamsInit(void)
+{
+	RegisterXactCallback(IdemStreamLocksXactCallback, NULL);
+	RegisterSubXactCallback(IdemStreamLocksSubXactCallback, NULL);
+}
+
+static void
+IdemStreamLocksXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			if (stream_locks_levels > 0)
+				memset(stream_locks_at, 0, stream_locks_levels * sizeof(int));
+			stream_locks_held = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+IdemStreamLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+							   SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (level >= stream_locks_levels || stream_locks_at[level] == 0)
+		return;
+	switch (event)
+	{
+		case SUBXACT_EVENT_ABORT_SUB:
+			stream_locks_held -= stream_locks_at[level];
+			stream_locks_at[level] = 0;
+			break;
+		case SUBXACT_EVENT_COMMIT_SUB:
+			stream_locks_at[level - 1] += stream_locks_at[level];
+			stream_locks_at[level] = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * IdemStreamLockAcquire takes a stream lock (IdemStreamLockTag) until the
+ * transaction ends.
+ *
+ * Each lock takes an entry of the lock table every backend shares, for as
+ * long as the transaction lasts.  Unbounded, one transaction of one role
+ * (an idem_assign of 15,000 partitions, say) filled the table, and every
+ * other session's next lock failed (53200, out of shared memory), new
+ * connections included.  So a transaction may hold at most
+ * max_locks_per_transaction of them (PostgreSQL sizes the table for that
+ * many per backend): the next new one is refused with 53000, and only this
+ * transaction fails.  A lock it holds already is taken again freely.
+ */
+static void
+IdemStreamLockAcquire(const LOCKTAG *tag)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (stream_locks_held >= max_locks_per_xact &&
+		!IdemLockHeldByMe(tag, ExclusiveLock))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("too many stream partitions and producers locked by this transaction"),
+				 errdetail("Each holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
+						   stream_locks_held, "max_locks_per_transaction"),
+				 errhint("Assign, advance, check or import fewer partitions and producers in one transaction, or raise \"%s\".",
+						 "max_locks_per_transaction")));
+	/* room to count it, before it is taken */
+	if (level >= stream_locks_levels)
+	{
+		int			n = Max(level + 1, 8);
+
+		if (stream_locks_at == NULL)
+			stream_locks_at = MemoryContextAllocZero(TopMemoryContext,
+													 n * sizeof(int));
+		else
+		{
+			stream_locks_at = repalloc(stream_locks_at, n * sizeof(int));
+			memset(stream_locks_at + stream_locks_levels, 0,
+				   (n - stream_locks_levels) * sizeof(int));
+		}
+		stream_locks_levels = n;
+	}
+	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+	{
+		stream_locks_at[level]++;
+		stream_locks_held++;
+	}
+}
+
+/* takes the lock on one position or sequence, until the transaction ends */
 static void
 IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part)
 {
-	uint64		h;
 	LOCKTAG		tag;
 
-	h = hash_bytes_extended((const unsigned char *) VARDATA_ANY(a),
-							VARSIZE_ANY_EXHDR(a), role);
-	h = hash_combine64(h, hash_bytes_extended((const unsigned char *) VARDATA_ANY(b),
-											  VARSIZE_ANY_EXHDR(b), part));
-	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
-						 kind);
-	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	IdemStreamLockTag(&tag, kind, role, a, b, part);
+	IdemStreamLockAcquire(&tag);
+}
+
+/*
+ * IdemCompareLockTags orders the stream lock tags of one call (which
+ * differ in field3 only), so that every call takes its locks in one order.
+ */
+static int
+IdemCompareLockTags(const void *a, const void *b)
+{
+	uint32		x = ((const LOCKTAG *) a)->locktag_field3;
+	uint32		y = ((const LOCKTAG *) b)->locktag_field3;
+
+	return (x > y) - (x < y);
 }
 
 /* connects to SPI as the storage owner */
@@ -308,8 +454,34 @@ IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
 	args[5] = Int64GetDatum(generation);
 	isnull[5] = !has_generation;
 	args[6] = TimestampTzGetDatum(now);
-	(void) IdemStreamExec(old->found ? STMT_UPDATE_POSITION : STMT_INSERT_POSITION,
-						  args, isnull);
+	IdemStreamWrote(IdemStreamExec(old->found ? STMT_UPDATE_POSITION : STMT_INSERT_POSITION,
+								   args, isnull),
+					true, stream, part);
+}
+
+/*
+ * IdemStreamWrote checks that a write of a position or sequence row (the
+ * UPDATE or INSERT after the row was read FOR UPDATE) wrote one row.  The
+ * row lock taken by the read keeps maintenance's DELETE away (it skips
+ * locked rows), so this cannot fail; if it ever did, the call would
+ * answer for a write that was not made (a range handed out twice, a
+ * sequence "new" twice), so it fails the transaction instead, with nothing
+ * recorded and the SQLSTATE that says "retry".
+ */
+static void
+IdemStreamWrote(int processed, bool position, text *name, int32 part)
+{
+	if (processed == 1)
+		return;
+	ereport(ERROR,
+			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+			 position ?
+			 errmsg("could not record the position of partition %d of stream \"%s\": its row was removed concurrently",
+					part, IdemKeyForMessage(text_to_cstring(name))) :
+			 errmsg("could not record the sequence of producer \"%s\": its row was removed concurrently",
+					IdemKeyForMessage(text_to_cstring(name))),
+			 errdetail("Nothing was recorded."),
+			 errhint("Retry the transaction.")));
 }
 
 /*
@@ -331,6 +503,27 @@ IdemCheckGeneration(const IdemPosition *pos, int64 generation, text *stream,
 			 errdetail("The partition was assigned with generation " INT64_FORMAT " since.",
 					   pos->generation),
 			 errhint("Stop consuming this partition: another consumer owns it now.  Nothing was changed.")));
+}
+
+/*
+ * IdemRefuseUnfenced refuses an advance without a generation (NULL) of a
+ * partition that has one stored: only a caller that names the generation
+ * it was assigned can show it still owns the partition, and a zombie that
+ * left the argument out would otherwise go unfenced.  NULL counts as lower
+ * than every generation, so it is refused as stale (ID001).  A partition
+ * never fenced (no generation stored) takes unfenced advances.
+ */
+static void
+IdemRefuseUnfenced(const IdemPosition *pos, text *stream, int32 part)
+{
+	IdemStatsAdd(IDEM_STAT_STALE_GENERATIONS, 1);
+	ereport(ERROR,
+			(errcode(ERRCODE_IDEM_STALE_GENERATION),
+			 errmsg("partition %d of stream \"%s\" is fenced, and no generation was given",
+					part, IdemKeyForMessage(text_to_cstring(stream))),
+			 errdetail("The partition was assigned with generation " INT64_FORMAT ".",
+					   pos->generation),
+			 errhint("Pass the generation of the assignment.  Nothing was changed.")));
 }
 
 /* a bigint argument that must not be NULL nor negative */
@@ -445,6 +638,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	int			nparts;
 	int64		generation;
 	IdemPosition *pos;
+	LOCKTAG    *tags;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemSavedUser save;
 	int			i;
@@ -457,9 +651,19 @@ idem_assign(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idem_assign()");
 	InitMaterializedSRF(fcinfo, 0);
 
+	/*
+	 * The partitions' locks, in the order of their tags: two assignments of
+	 * overlapping partitions take their common locks in the same order, so
+	 * they cannot deadlock, even where two partitions share a lock.
+	 */
 	pos = palloc(Max(nparts, 1) * sizeof(IdemPosition));
+	tags = palloc(Max(nparts, 1) * sizeof(LOCKTAG));
 	for (i = 0; i < nparts; i++)
-		IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, parts[i]);
+		IdemStreamLockTag(&tags[i], IDEM_LOCK_POSITION, role, consumer, stream,
+						  parts[i]);
+	qsort(tags, nparts, sizeof(LOCKTAG), IdemCompareLockTags);
+	for (i = 0; i < nparts; i++)
+		IdemStreamLockAcquire(&tags[i]);
 	IdemStreamBegin(&save);
 	for (i = 0; i < nparts; i++)
 	{
@@ -493,7 +697,9 @@ idem_assign(PG_FUNCTION_ARGS)
  * Moves the partition's position past last_offset, in the caller's
  * transaction, and returns the part of [first_offset, last_offset] at or
  * past the position, which the caller processes (no row: all of it was
- * processed already).  Offsets may skip; a gap is never an error.
+ * processed already).  Offsets may skip; a gap is never an error.  With a
+ * generation, refused if a higher one is stored; without (NULL), refused if
+ * any is stored.
  */
 Datum
 idem_advance(PG_FUNCTION_ARGS)
@@ -539,12 +745,12 @@ idem_advance(PG_FUNCTION_ARGS)
 	IdemGetPosition(role, consumer, stream, part, &pos);
 	if (fenced)
 		IdemCheckGeneration(&pos, generation, stream, part);
+	else if (pos.has_generation)
+		IdemRefuseUnfenced(&pos, stream, part);
 	fresh = !pos.has_next || last >= pos.next_offset;
 	has_generation = fenced || pos.has_generation;
 	if (fenced && pos.has_generation)
 		generation = Max(generation, pos.generation);
-	else if (!fenced)
-		generation = pos.generation;
 	IdemPutPosition(role, consumer, stream, part, &pos, true,
 					fresh ? last + 1 : pos.next_offset,
 					has_generation, generation, now);
@@ -662,7 +868,8 @@ idem_sequence(PG_FUNCTION_ARGS)
 	if (IdemStreamExec(STMT_GET_SEQUENCE, args, NULL) == 0)
 	{
 		answer = "new";
-		(void) IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL);
+		IdemStreamWrote(IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL),
+						false, producer, 0);
 		write = false;
 	}
 	else
@@ -702,7 +909,8 @@ idem_sequence(PG_FUNCTION_ARGS)
 			answer = "gap";
 		}
 		if (write)
-			(void) IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL);
+			IdemStreamWrote(IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL),
+							false, producer, 0);
 	}
 	IdemStreamEnd(&save);
 	PG_RETURN_TEXT_P(cstring_to_text(answer));
@@ -715,6 +923,18 @@ idem_sequence(PG_FUNCTION_ARGS)
  * producers, like the ledgers), and deletes the positions and sequences
  * not used since "before" (idempotency.position_ttl ago).  Returns how many
  * rows went.
+ *
+ * A call reads its row FOR UPDATE (under its stream lock) and keeps that
+ * row lock until its transaction ends; the DELETE locks each row it
+ * deletes FOR UPDATE SKIP LOCKED.  So maintenance never deletes a row a
+ * call has read and is about to write (which then wrote nothing, and the
+ * call answered as if it had), and never waits for a busy stream: a row
+ * some transaction holds is skipped, and it is deleted by a later round if
+ * it is still unused then.  A call that comes to a row maintenance has
+ * deleted but not yet committed waits for maintenance's transaction, then
+ * finds no row (it was unused for the ttl) and starts the position or
+ * sequence anew.  Row locks take no room in the shared lock table,
+ * however many rows go.
  */
 uint64
 IdemStreamsMaintain(TimestampTz before)
@@ -722,26 +942,32 @@ IdemStreamsMaintain(TimestampTz before)
 	Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
 	Oid			positions = OidIsValid(nsp) ? get_relname_relid("positions", nsp) : InvalidOid;
 	Oid			sequences = OidIsValid(nsp) ? get_relname_relid("sequences", nsp) : InvalidOid;
+	const char *tables[] = {"positions", "sequences"};
+	char	   *cutoff;
 	StringInfoData sql;
 	uint64		removed = 0;
+	int			i;
 
 	if (!OidIsValid(positions) || !OidIsValid(sequences))
 		return 0;
 	IdemRestrictTableAcl(positions);
 	IdemRestrictTableAcl(sequences);
+	cutoff = quote_literal_cstr(timestamptz_to_str(before));
 	initStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "DELETE FROM idempotency.positions"
-					 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz",
-					 quote_literal_cstr(timestamptz_to_str(before)));
-	removed += IdemExecAsOwner(sql.data, 0);
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "DELETE FROM idempotency.sequences"
-					 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz",
-					 quote_literal_cstr(timestamptz_to_str(before)));
-	removed += IdemExecAsOwner(sql.data, 0);
+	for (i = 0; i < lengthof(tables); i++)
+	{
+		resetStringInfo(&sql);
+		appendStringInfo(&sql,
+						 "DELETE FROM idempotency.%s"
+						 " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+						 "SELECT ctid FROM idempotency.%s"
+						 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz"
+						 " FOR UPDATE SKIP LOCKED))",
+						 tables[i], tables[i], cutoff);
+		removed += IdemExecAsOwner(sql.data, 0);
+	}
 	pfree(sql.data);
+	pfree(cutoff);
 	IdemStatsAdd(IDEM_STAT_STREAMS_REMOVED, removed);
 	return removed;
 }
@@ -963,10 +1189,11 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 				   (DatumGetInt64(args[3]) == epoch && DatumGetInt64(args[4]) > seq)) ?
 			IDEM_IMPORT_REPLACED : IDEM_IMPORT_KEPT;
 	}
-	if (outcome == IDEM_IMPORT_INSERTED)
-		(void) IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL);
-	else if (outcome == IDEM_IMPORT_REPLACED)
-		(void) IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL);
+	if (outcome != IDEM_IMPORT_KEPT)
+		IdemStreamWrote(IdemStreamExec(outcome == IDEM_IMPORT_INSERTED ?
+									   STMT_INSERT_SEQUENCE : STMT_UPDATE_SEQUENCE,
+									   args, NULL),
+						false, DatumGetTextPP(args[2]), 0);
 	IdemStreamEnd(&save);
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));
 }

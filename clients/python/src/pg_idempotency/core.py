@@ -145,8 +145,9 @@ def advance(conn: Any, consumer: str, stream: str, part: int,
     position past the batch FIRST_OFFSET..LAST_OFFSET and return the part
     of it not applied yet (None when all of it was).  Apply only that
     range in the same transaction; a rollback leaves the position where
-    it was.  GENERATION None is unfenced; a lower one than stored raises
-    StaleGeneration (ID001) and changes nothing.
+    it was.  GENERATION None is unfenced, for a partition that has no
+    generation stored; a lower one than stored (or None while one is
+    stored) raises StaleGeneration (ID001) and changes nothing.
     """
     return run(conn, P.advance(consumer, stream, part, first_offset,  # type: ignore[no-any-return]
                                last_offset, generation))
