@@ -19,8 +19,11 @@
  *	  lock when it reads the filter, so it sees the bits of every row of its
  *	  key that could be there.  Updates keep the digest (and the partition).
  *	- A partition the extension makes gets an empty READY filter when it is
- *	  made (IdemFilterCreated), before anyone can write into it, unless an
- *	  external write (below) is under way or overlaps its making.
+ *	  made (IdemFilterCreated), before anyone else can write into it, if
+ *	  it is empty (its heap has no page: whatever the library's DDL fired
+ *	  may have written rows into it before it was attached, unseen by the
+ *	  hooks below), unless an external write (below) is under way or
+ *	  overlaps its making.
  *	- A partition that existed before the server started (or before its
  *	  filter was lost) gets one from the background worker
  *	  (IdemFilterBuildDatabase): the slot is published first, as FILLING,
@@ -34,8 +37,10 @@
  *	  ProcessUtility hook, for a ledger's table or any partition the ledger
  *	  caches list, in whatever schema, in a database with the extension:
  *	  INSERT, UPDATE or MERGE (also in a WITH clause) once the executor has
- *	  checked their privileges, and COPY FROM by a role that may insert
- *	  (pg_restore --data-only), before they write; ATTACH PARTITION to a
+ *	  checked their privileges, and COPY FROM (pg_restore --data-only) once
+ *	  COPY has checked its privileges (ExecutorCheckPerms_hook: whatever
+ *	  granted them, a table's or a column's privilege, a role's membership
+ *	  or superuser), before they write; ATTACH PARTITION to a
  *	  ledger and ALTER COLUMN TYPE of one once they ran, before they
  *	  commit.  Every filter of the database then becomes UNUSABLE, and no
  *	  filter of that database is made READY until the transaction that ran
@@ -226,12 +231,25 @@ static const char *own_sql_text = NULL;
 static Oid	idem_nsp_cache = InvalidOid;
 static bool idem_nsp_cache_valid = false;
 
+/* This backend: inside a COPY FROM (see IdemFilterCheckPerms) */
+static bool in_copy_from = false;
+
 static ExecutorStart_hook_type prev_ExecutorStart = NULL;
+static ExecutorCheckPerms_hook_type prev_ExecutorCheckPerms = NULL;
 static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 
 PG_FUNCTION_INFO_V1(idem_filter_info);
 
 static void IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags);
+static bool IdemFilterCheckPerms(IDEM_CHECK_PERMS_PARAMS);
+static void IdemFilterNextProcessUtility(PlannedStmt *pstmt,
+										 const char *queryString,
+										 bool readOnlyTree,
+										 ProcessUtilityContext context,
+										 ParamListInfo params,
+										 QueryEnvironment *queryEnv,
+										 DestReceiver *dest,
+										 QueryCompletion *qc);
 static void IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 									 bool readOnlyTree,
 									 ProcessUtilityContext context,
@@ -397,6 +415,8 @@ IdemFilterPreloadInit(void)
 
 	prev_ExecutorStart = ExecutorStart_hook;
 	ExecutorStart_hook = IdemFilterExecutorStart;
+	prev_ExecutorCheckPerms = ExecutorCheckPerms_hook;
+	ExecutorCheckPerms_hook = IdemFilterCheckPerms;
 	prev_ProcessUtility = ProcessUtility_hook;
 	ProcessUtility_hook = IdemFilterProcessUtility;
 	RegisterXactCallback(IdemFilterXactCallback, NULL);
@@ -475,12 +495,65 @@ IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags)
 }
 
 /*
- * IdemFilterProcessUtility: COPY FROM into a ledger relation (by a role
- * that may insert there) is an external write, noted before it runs; so
- * are, once they have run (and so were allowed), ATTACH PARTITION to a
- * ledger's table, ALTER COLUMN TYPE of a ledger relation, and CREATE or
- * ALTER SUBSCRIPTION.  The library's own DDL (its ATTACH of the
- * partitions it makes) is recognised by its query text.
+ * IdemFilterCheckPerms, PostgreSQL's hook once the privileges a statement
+ * or a COPY needs on its relations have passed: inside a COPY FROM, a
+ * ledger relation that is to get rows (INSERT) is an external write, noted
+ * before COPY reads its first row.  Whatever let the role write (a table
+ * or a column privilege, a role it is a member of, superuser), the check
+ * has passed; a role that may not write is refused before this is called,
+ * and cannot switch the filters off.
+ */
+static bool
+IdemFilterCheckPerms(IDEM_CHECK_PERMS_PARAMS)
+{
+	bool		allowed = true;
+
+	if (prev_ExecutorCheckPerms)
+		allowed = IdemCallCheckPerms(prev_ExecutorCheckPerms);
+	if (allowed && in_copy_from && filter_shared != NULL)
+	{
+		ListCell   *lc;
+
+		foreach(lc, IDEM_CHECK_PERMS_LIST)
+		{
+			Oid			relid;
+			AclMode		required;
+
+			IdemCheckPermsEntry(lc, &relid, &required);
+			if ((required & ACL_INSERT) != 0 && OidIsValid(relid) &&
+				IdemFilterIsLedger(relid))
+			{
+				IdemFilterNoteExternalWrite();
+				break;
+			}
+		}
+	}
+	return allowed;
+}
+
+/* the ProcessUtility this library's hook wraps */
+static void
+IdemFilterNextProcessUtility(PlannedStmt *pstmt, const char *queryString,
+							 bool readOnlyTree, ProcessUtilityContext context,
+							 ParamListInfo params, QueryEnvironment *queryEnv,
+							 DestReceiver *dest, QueryCompletion *qc)
+{
+	if (prev_ProcessUtility)
+		prev_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+							params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
+
+/*
+ * IdemFilterProcessUtility: COPY FROM into a ledger relation is an
+ * external write, noted by IdemFilterCheckPerms once COPY's own privilege
+ * check has passed, before a row is written; so are, once they have run
+ * (and so were allowed), ATTACH PARTITION to a ledger's table, ALTER
+ * COLUMN TYPE of a ledger relation, and CREATE or ALTER SUBSCRIPTION.  The
+ * library's own DDL (its ATTACH of the partitions it makes) is recognised
+ * by its query text.
  */
 static void
 IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
@@ -490,6 +563,7 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 {
 	Node	   *parsetree = pstmt->utilityStmt;
 	bool		note_after = false;
+	bool		copy_from = false;
 	RangeVar   *alter = NULL;
 
 	if (filter_shared != NULL &&
@@ -497,17 +571,7 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	{
 		if (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from &&
 			((CopyStmt *) parsetree)->relation != NULL)
-		{
-			/* the table COPY will write, locked as COPY locks it */
-			Oid			relid = RangeVarGetRelidExtended(((CopyStmt *) parsetree)->relation,
-														 RowExclusiveLock,
-														 RVR_MISSING_OK,
-														 NULL, NULL);
-
-			if (OidIsValid(relid) && IdemFilterIsLedger(relid) &&
-				pg_class_aclcheck(relid, GetUserId(), ACL_INSERT) == ACLCHECK_OK)
-				IdemFilterNoteExternalWrite();
-		}
+			copy_from = true;
 		else if (IsA(parsetree, AlterTableStmt))
 		{
 			ListCell   *lc;
@@ -527,12 +591,29 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 			note_after = true;
 	}
 
-	if (prev_ProcessUtility)
-		prev_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-							params, queryEnv, dest, qc);
+	/*
+	 * COPY FROM: the privilege check COPY makes before it reads a row calls
+	 * IdemFilterCheckPerms, which notes the write if the table is a ledger
+	 */
+	if (copy_from)
+	{
+		bool		save = in_copy_from;
+
+		in_copy_from = true;
+		PG_TRY();
+		{
+			IdemFilterNextProcessUtility(pstmt, queryString, readOnlyTree,
+										 context, params, queryEnv, dest, qc);
+		}
+		PG_FINALLY();
+		{
+			in_copy_from = save;
+		}
+		PG_END_TRY();
+	}
 	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-								params, queryEnv, dest, qc);
+		IdemFilterNextProcessUtility(pstmt, queryString, readOnlyTree,
+									 context, params, queryEnv, dest, qc);
 
 	/*
 	 * Before the transaction commits and its effect can be seen; the table
@@ -1241,7 +1322,15 @@ IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest)
  * IdemFilterCreated gives a partition this transaction just made (and
  * nobody else can see yet) an empty READY filter, sized like its siblings,
  * unless the database has a subscription or an external write is under
- * way or overlaps the making of the filter (IdemFilterFinish).
+ * way or overlaps the making of the filter (IdemFilterFinish), or the
+ * partition is not empty.  It can be: between the library's CREATE TABLE
+ * and its ATTACH (which the hooks let through as the library's own),
+ * whatever that DDL fires (a superuser's event trigger) may have written
+ * rows into the table while it was not yet a ledger's, which no hook
+ * noticed.  Such a partition gets its filter from maintenance, built from
+ * its heap.  Nothing runs between the look at its size and the filter
+ * becoming READY, and no other transaction can write into it before this
+ * one commits.
  */
 void
 IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
@@ -1249,9 +1338,19 @@ IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
 	uint64		seq;
 	uint64		incarnation;
 	int			s;
+	Relation	rel;
+	bool		empty;
 
 	if (!IdemFilterUsable(lane) || !OidIsValid(relid) ||
 		IdemFilterExternalBusy(&seq) || IdemFilterHasSubscription())
+		return;
+	/* made by this transaction, which holds its lock */
+	rel = try_relation_open(relid, NoLock);
+	if (rel == NULL)
+		return;
+	empty = RelationGetNumberOfBlocks(rel) == 0;
+	relation_close(rel, NoLock);
+	if (!empty)
 		return;
 	s = IdemFilterTake(relid, lane, ledger,
 					   Max(IdemFilterSizeHint(MyDatabaseId, ledger, lane),

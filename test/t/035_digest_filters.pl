@@ -8,9 +8,14 @@
 #   - after a restart (shared memory lost) rows are still found, before and
 #     after maintenance builds the filters again from the heap, also while
 #     other sessions write into the partitions being built;
-#   - rows written by other means (COPY, INSERT ... SELECT as a superuser)
-#     make the database's filters UNUSABLE at once, and the next build
-#     includes them;
+#   - rows written by other means (COPY, INSERT ... SELECT as a superuser,
+#     a COPY by a role with INSERT on some columns only) make the
+#     database's filters UNUSABLE at once, and the next build includes
+#     them; a refused COPY changes nothing; maintenance takes column grants
+#     on the ledgers back;
+#   - rows a superuser's event trigger writes into a partition between the
+#     library's CREATE TABLE and its ATTACH are found (no empty READY
+#     filter for a partition that is not empty);
 #   - a database with a logical replication subscription gets no filters;
 #   - a pool too small for every partition leaves some without one, and
 #     every answer stays right; idempotency.filter_memory = 0 turns them off.
@@ -310,6 +315,94 @@ my ($rc, $out, $err) = $node->psql('sixth',
 	q{SET ROLE watcher; UPDATE idempotency.keys SET state = 'c' WHERE false});
 like($err, qr/permission denied/, 'a pg_monitor member may not update the key ledger');
 like(filter_states('sixth'), qr/^ready=\d+$/, 'and its refused statement leaves the filters READY');
+($rc, $out, $err) = $node->psql('sixth',
+	"SET ROLE watcher;\nCOPY idempotency.messages FROM STDIN;\n\\.\n");
+like($err, qr/permission denied/, 'nor COPY into the message ledger');
+like(filter_states('sixth'), qr/^ready=\d+$/, 'and its refused COPY leaves the filters READY');
+
+# COPY FROM into a ledger by a role whose only privilege is INSERT on the
+# columns it copies (COPY needs no more): noted once COPY's own privilege
+# check has passed, whatever granted it; maintenance then takes the column
+# grant back
+$node->safe_psql('postgres', q{
+	SELECT count(*) FROM idem_consume_messages('colc', ARRAY(SELECT 'col-' || g FROM generate_series(1, 50) g))});
+my $col_rows = $node->safe_psql('postgres', q{
+	SELECT string_agg(m.expires_at || E'\t' || m.digest || E'\t' || m.role || E'\t' || m.lane, E'\n')
+	  FROM idempotency.messages m
+	 WHERE m.digest IN (SELECT digest FROM idempotency.export_messages(ARRAY['colc']))});
+$node->safe_psql('sixth', q{
+	CREATE ROLE colcopy LOGIN;
+	GRANT USAGE ON SCHEMA idempotency TO colcopy;
+	GRANT INSERT (expires_at, digest, role, lane) ON idempotency.messages TO colcopy;
+});
+like(filter_states('sixth'), qr/^ready=\d+$/, 'filters READY before the column-privileged COPY');
+$node->safe_psql('sixth',
+	"SET ROLE colcopy;\nCOPY idempotency.messages (expires_at, digest, role, lane) FROM STDIN;\n$col_rows\n\\.\n");
+like(filter_states('sixth'), qr/^unusable=\d+$/,
+	'a COPY by a role with INSERT on some columns only makes the filters UNUSABLE');
+my $colc_again = q{
+	SELECT count(*) FROM idem_consume_messages('colc', ARRAY(SELECT 'col-' || g FROM generate_series(1, 50) g))};
+is($node->safe_psql('sixth', $colc_again), '0', 'the ids it copied are found');
+$node->safe_psql('sixth', 'SELECT idem_maintain()');
+is($node->safe_psql('sixth', q{
+	SELECT has_column_privilege('colcopy', 'idempotency.messages', 'digest', 'INSERT')}),
+	'f', 'maintenance takes the column grant back');
+like(filter_states('sixth'), qr/^ready=\d+$/, 'and builds the filters again');
+is($node->safe_psql('sixth', $colc_again), '0', 'with the copied ids in them');
+
+# a superuser's event trigger that writes rows into each partition the
+# library makes, after its CREATE TABLE and before its ATTACH (which the
+# hooks let through as the library's own): the rows are in the partition
+# before it is a ledger's, so it must not be given an empty READY filter
+$node->safe_psql('postgres', q{
+	SELECT count(*) FROM idem_consume_messages('evc', ARRAY(SELECT 'evt-' || g FROM generate_series(1, 20) g))});
+# each row with the name of its partition but the lower bound: the trigger
+# writes it into every new partition of that lane, at the partition's
+# lower bound (which fits whatever the day)
+my $evt_rows = $node->safe_psql('postgres', q{
+	SELECT string_agg(regexp_replace(m.tableoid::regclass::text, '^idempotency\.|[0-9]{8}_[0-9]{6}$', '', 'g')
+	                  || E'\t' || m.digest || E'\t' || m.role || E'\t' || m.lane, E'\n')
+	  FROM idempotency.messages m
+	 WHERE m.digest IN (SELECT digest FROM idempotency.export_messages(ARRAY['evc']))});
+$node->safe_psql('postgres', 'CREATE DATABASE seventh');
+# armed before the extension exists (the worker may maintain the database
+# as soon as CREATE EXTENSION commits)
+$node->safe_psql('seventh', q{
+BEGIN;
+CREATE TABLE saved (prefix text, digest uuid, role regrole, lane smallint);
+COPY saved FROM STDIN;
+} . $evt_rows . q{
+\.
+CREATE FUNCTION sneak_ddl() RETURNS event_trigger LANGUAGE plpgsql AS $$
+DECLARE
+	r record;
+	n text;
+BEGIN
+	FOR r IN SELECT * FROM pg_event_trigger_ddl_commands()
+			  WHERE command_tag = 'CREATE TABLE' AND schema_name = 'idempotency'
+				AND object_identity ~ '_[0-9]{8}_[0-9]{6}$'
+	LOOP
+		n := regexp_replace(r.object_identity, '^idempotency\.', '');
+		EXECUTE format('INSERT INTO %s SELECT $1 + interval ''1 second'', digest, role, lane FROM public.saved WHERE prefix = $2',
+					   r.object_identity)
+			USING to_timestamp(substring(n FROM '[0-9]{8}_[0-9]{6}$'), 'YYYYMMDD_HH24MISS')::timestamp AT TIME ZONE 'UTC',
+				  regexp_replace(n, '[0-9]{8}_[0-9]{6}$', '');
+	END LOOP;
+END $$;
+CREATE EVENT TRIGGER sneak_ddl ON ddl_command_end WHEN TAG IN ('CREATE TABLE')
+	EXECUTE FUNCTION sneak_ddl();
+CREATE EXTENSION idempotency;
+COMMIT;
+});
+$node->safe_psql('seventh', 'SELECT idem_maintain()');
+ok($node->safe_psql('seventh', q{
+	SELECT count(*) FROM idempotency.messages m JOIN saved s USING (digest)
+	 WHERE m.expires_at > now()}) > 0,
+	'the event trigger wrote live rows into partitions the library made');
+is($node->safe_psql('seventh', q{
+	SELECT count(*) FROM idem_consume_messages('evc', ARRAY(SELECT 'evt-' || g FROM generate_series(1, 20) g))}),
+	'0', 'every id the event trigger wrote is found');
+$node->safe_psql('seventh', 'DROP EVENT TRIGGER sneak_ddl');
 
 # a subscription: no filters in its database while it exists
 $node->safe_psql('postgres', q{SET client_min_messages = error; CREATE PUBLICATION everything FOR ALL TABLES});
