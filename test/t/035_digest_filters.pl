@@ -18,7 +18,9 @@
 #     filter for a partition that is not empty);
 #   - a database with a logical replication subscription gets no filters;
 #   - a pool too small for every partition leaves some without one, and
-#     every answer stays right; idempotency.filter_memory = 0 turns them off.
+#     every answer stays right; the log names the database holding it;
+#   - a database gives room back, down to its share, when another needs it;
+#   - idempotency.filter_memory = 0 turns them off.
 #
 # Each check asserts what the protocol promises (a redelivered id answers
 # false, a completed key replays), which a filter that missed a row would
@@ -40,10 +42,28 @@ idempotency.filter_memory = '8MB'
 log_min_messages = warning
 });
 $node->start;
-$node->safe_psql('postgres', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
-});
+
+# a maintenance round of our own, run to its end.  The worker's round (a
+# CREATE EXTENSION in any database wakes the launcher, which then visits
+# every database) makes idem_maintain() skip: wait for it to end, and run
+# ours again.
+sub maintain
+{
+	my ($n, $db) = @_;
+	foreach (1 .. 100)
+	{
+		my ($rc, $out, $err) = $n->psql($db, 'SELECT idem_maintain()', on_error_die => 1);
+		return unless $err =~ /already running/;
+		$n->poll_query_until($db, q{
+			SELECT NOT EXISTS (SELECT FROM pg_stat_activity
+							   WHERE datname = current_database()
+								 AND query = 'idempotency maintenance')})
+		  or die "the worker's maintenance round in $db did not end";
+	}
+	die "idem_maintain() in $db kept finding a round under way";
+}
+$node->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+maintain($node, 'postgres');
 
 # every live partition the extension made has a READY filter
 sub filter_states
@@ -105,7 +125,7 @@ ok($node->safe_psql('postgres', q{
 # ones maintenance builds from the heap
 $node->restart;
 check_answers('after a restart');
-$node->safe_psql('postgres', 'SELECT idem_maintain()');
+maintain($node, 'postgres');
 is(filter_states(), "ready=$live", 'maintenance builds a filter for every live partition');
 check_answers('with the filters built from the heap');
 
@@ -131,10 +151,10 @@ foreach my $w (1 .. 2)
 }
 foreach (1 .. 3)
 {
-	$node->safe_psql('postgres', 'SELECT idem_maintain()');
+	maintain($node, 'postgres');
 }
 $_->quit foreach @writers;
-$node->safe_psql('postgres', 'SELECT idem_maintain()');
+maintain($node, 'postgres');
 is(filter_states(), "ready=$live", 'every filter is READY after builds under concurrent writes');
 foreach my $w (1 .. 2)
 {
@@ -154,10 +174,8 @@ $node->safe_psql('postgres', qq{
 		TO '$dump';
 });
 $node->safe_psql('postgres', q{CREATE DATABASE other});
-$node->safe_psql('other', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
-});
+$node->safe_psql('other', 'CREATE EXTENSION idempotency');
+maintain($node, 'other');
 is(write_batch('other', 'y', 1, 100), '100', 'the other database takes its own ids');
 like(filter_states('other'), qr/^ready=\d+$/, 'its filters are READY');
 my $copy = $node->background_psql('other', on_error_stop => 1);
@@ -167,21 +185,21 @@ $copy->query_safe(qq{
 });
 like(filter_states('other'), qr/^unusable=\d+$/,
 	'a COPY into the ledger makes every filter of the database UNUSABLE at once');
-$node->safe_psql('other', 'SELECT idem_maintain()');
+maintain($node, 'other');
 like(filter_states('other'), qr/^unusable=\d+$/,
 	'no filter is built while the transaction that ran the COPY is open');
 $copy->query_safe('COMMIT');
 $copy->quit;
 is(write_batch('other', 'x', 1, 500), '0', 'the copied ids are found');
-$node->safe_psql('other', 'SELECT idem_maintain()');
+maintain($node, 'other');
 like(filter_states('other'), qr/^ready=\d+$/, 'once the COPY has ended, maintenance builds them again');
 is(write_batch('other', 'x', 1, 500), '0', 'the copied ids are in the rebuilt filters');
 
 # INSERT ... SELECT by a superuser, in a third database
 $node->safe_psql('postgres', q{CREATE DATABASE third});
+$node->safe_psql('third', 'CREATE EXTENSION idempotency');
+maintain($node, 'third');
 $node->safe_psql('third', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
 	CREATE TABLE saved (LIKE idempotency.messages);
 });
 $node->safe_psql('third', qq{COPY saved FROM '$dump'});
@@ -191,9 +209,9 @@ is(write_batch('third', 'x', 1, 500), '0', 'ids inserted by hand are found');
 
 # an INSERT in a WITH clause (the statement is a SELECT)
 $node->safe_psql('postgres', q{CREATE DATABASE fourth});
+$node->safe_psql('fourth', 'CREATE EXTENSION idempotency');
+maintain($node, 'fourth');
 $node->safe_psql('fourth', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
 	CREATE TABLE saved (LIKE idempotency.messages);
 });
 $node->safe_psql('fourth', qq{COPY saved FROM '$dump'});
@@ -205,7 +223,7 @@ like(filter_states('fourth'), qr/^unusable=\d+$/, 'an INSERT in a WITH clause ma
 is(write_batch('fourth', 'x', 1, 500), '0', 'ids inserted by a WITH clause are found');
 
 # a partition moved to another schema, written there, moved back
-$node->safe_psql('fourth', 'SELECT idem_maintain()');
+maintain($node, 'fourth');
 like(filter_states('fourth'), qr/^ready=\d+$/, 'the fourth database has its filters again');
 my $part = $node->safe_psql('fourth', q{
 	SELECT tableoid::regclass FROM idempotency.messages GROUP BY 1 ORDER BY count(*) DESC LIMIT 1});
@@ -216,7 +234,7 @@ $node->safe_psql('fourth', qq{
 	DELETE FROM $part;
 	VACUUM $part;
 	ALTER TABLE $part SET SCHEMA public;});
-$node->safe_psql('fourth', 'SELECT idem_maintain()');
+maintain($node, 'fourth');
 like(filter_states('fourth'), qr/^ready=\d+$/, 'a partition moved out of the schema: filters rebuilt');
 $node->safe_psql('fourth', qq{INSERT INTO public.$bare SELECT * FROM saved});
 $node->safe_psql('fourth', qq{ALTER TABLE public.$bare SET SCHEMA idempotency});
@@ -235,10 +253,8 @@ my $fifo = $node->basedir . '/copy.fifo';
 system('mkfifo', $fifo) == 0 or die "mkfifo: $!";
 chmod 0666, $fifo;
 $node->safe_psql('postgres', q{CREATE DATABASE fifth});
-$node->safe_psql('fifth', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
-});
+$node->safe_psql('fifth', 'CREATE EXTENSION idempotency');
+maintain($node, 'fifth');
 $node->safe_psql('postgres', q{SELECT idem_consume_message('c', 'near-1')});
 my $near_row = $node->safe_psql('postgres', q{
 	SELECT m.expires_at || E'\t' || m.digest || E'\t' || m.role || E'\t' || m.lane
@@ -264,7 +280,7 @@ is($node->safe_psql('fifth', q{
 print $fh "$near_row\n";
 close($fh);
 $copier->quit;
-$node->safe_psql('fifth', 'SELECT idem_maintain()');
+maintain($node, 'fifth');
 like(filter_states('fifth'), qr/^ready=\d+$/, 'once the COPY has ended, every filter is built');
 is($node->safe_psql('fifth', q{
 	SELECT count(*) FROM idem_consume_messages('c',
@@ -276,9 +292,9 @@ is($node->safe_psql('fifth', q{
 # run) that writes ledger rows once armed (the background worker's round
 # may fire it too, before or after: either way a write is a write)
 $node->safe_psql('postgres', q{CREATE DATABASE sixth});
+$node->safe_psql('sixth', 'CREATE EXTENSION idempotency');
+maintain($node, 'sixth');
 $node->safe_psql('sixth', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
 	CREATE TABLE saved (LIKE idempotency.messages);
 	CREATE TABLE armed ();
 	CREATE FUNCTION sneak() RETURNS trigger LANGUAGE plpgsql AS $$
@@ -294,10 +310,10 @@ $node->safe_psql('sixth', q{
 });
 $node->safe_psql('sixth', qq{COPY saved FROM '$dump'});
 is(write_batch('sixth', 'y', 1, 100), '100', 'the sixth database takes its own ids');
-$node->safe_psql('sixth', 'SELECT idem_maintain()');
+maintain($node, 'sixth');
 like(filter_states('sixth'), qr/^ready=\d+$/, 'its filters are READY (the trigger is not armed)');
 $node->safe_psql('sixth', 'INSERT INTO armed DEFAULT VALUES');
-$node->safe_psql('sixth', 'SELECT idem_maintain()');
+maintain($node, 'sixth');
 is($node->safe_psql('sixth', 'SELECT count(*) FROM saved'), '0',
 	"maintenance's DELETE of unused positions fired the trigger");
 like(filter_states('sixth'), qr/^unusable=\d+$/,
@@ -305,11 +321,9 @@ like(filter_states('sixth'), qr/^unusable=\d+$/,
 is(write_batch('sixth', 'x', 1, 500), '0', 'the ids the trigger wrote are found');
 
 # a role that may not write the ledgers cannot switch the filters off
-$node->safe_psql('sixth', q{
-	DROP TRIGGER sneak ON idempotency.positions;
-	SELECT idem_maintain();
-	CREATE ROLE watcher LOGIN IN ROLE pg_monitor;
-});
+$node->safe_psql('sixth', 'DROP TRIGGER sneak ON idempotency.positions');
+maintain($node, 'sixth');
+$node->safe_psql('sixth', 'CREATE ROLE watcher LOGIN IN ROLE pg_monitor');
 like(filter_states('sixth'), qr/^ready=\d+$/, 'filters READY again');
 my ($rc, $out, $err) = $node->psql('sixth',
 	q{SET ROLE watcher; UPDATE idempotency.keys SET state = 'c' WHERE false});
@@ -343,7 +357,7 @@ like(filter_states('sixth'), qr/^unusable=\d+$/,
 my $colc_again = q{
 	SELECT count(*) FROM idem_consume_messages('colc', ARRAY(SELECT 'col-' || g FROM generate_series(1, 50) g))};
 is($node->safe_psql('sixth', $colc_again), '0', 'the ids it copied are found');
-$node->safe_psql('sixth', 'SELECT idem_maintain()');
+maintain($node, 'sixth');
 is($node->safe_psql('sixth', q{
 	SELECT has_column_privilege('colcopy', 'idempotency.messages', 'digest', 'INSERT')}),
 	'f', 'maintenance takes the column grant back');
@@ -394,7 +408,7 @@ CREATE EVENT TRIGGER sneak_ddl ON ddl_command_end WHEN TAG IN ('CREATE TABLE')
 CREATE EXTENSION idempotency;
 COMMIT;
 });
-$node->safe_psql('seventh', 'SELECT idem_maintain()');
+maintain($node, 'seventh');
 ok($node->safe_psql('seventh', q{
 	SELECT count(*) FROM idempotency.messages m JOIN saved s USING (digest)
 	 WHERE m.expires_at > now()}) > 0,
@@ -410,11 +424,11 @@ my $connstr = $node->connstr('postgres');
 $node->safe_psql('third', qq{
 	CREATE SUBSCRIPTION sub CONNECTION \$c\$$connstr\$c\$ PUBLICATION everything
 		WITH (connect = false, enabled = false, create_slot = false, slot_name = NONE)});
-$node->safe_psql('third', 'SELECT idem_maintain()');
+maintain($node, 'third');
 unlike(filter_states('third'), qr/ready/, 'no filter is READY in a database with a subscription');
 is(write_batch('third', 'x', 1, 500), '0', 'the ids are still found');
 $node->safe_psql('third', q{DROP SUBSCRIPTION sub});
-$node->safe_psql('third', 'SELECT idem_maintain()');
+maintain($node, 'third');
 like(filter_states('third'), qr/^ready=\d+$/, 'filters come back once the subscription is gone');
 is(write_batch('third', 'x', 1, 500), '0', 'and hold the ids inserted by hand');
 
@@ -429,10 +443,8 @@ idempotency.filter_memory = '64kB'
 log_min_messages = warning
 });
 $small->start;
-$small->safe_psql('postgres', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
-});
+$small->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+maintain($small, 'postgres');
 is($small->safe_psql('postgres', q{
 	SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 's' || g FROM generate_series(1, 30000) g))}),
 	'30000', 'a small pool: 30,000 new ids consumed');
@@ -447,12 +459,61 @@ my $small_log = slurp_file($small->logfile);
 my @full = ($small_log =~ /LOG:  idempotency\.filter_memory is full/g);
 is(scalar @full, 1, 'a small pool: the log says filter_memory is full, once');
 like($small_log,
-	qr/DETAIL:  The partition with OID \d+ of the messages ledger in the database with OID \d+ has no digest filter; lookups in it read its index\. This is logged at most once every 10 minutes\.\n.*HINT:  Raise idempotency\.filter_memory/,
-	'a small pool: the message names the partition and says what to do');
+	qr/DETAIL:  The partition with OID \d+ of the messages ledger in database "postgres" has no digest filter; lookups in it read its index\. Database "postgres" holds the most of the pool: 64 kB of 64 kB, in 8 filters\. This is logged at most once every 10 minutes\.\n.*HINT:  Raise idempotency\.filter_memory/,
+	'a small pool: the message names the partition and the database holding the pool, and says what to do');
 is($small->safe_psql('postgres', q{
 	SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 's' || g FROM generate_series(1, 30000) g))}),
 	'0', 'a small pool: every redelivered id answers false');
 $small->stop;
+
+# the pool is shared fairly between databases: one alone may take all of
+# it, and gives room back, down to its share (the pool divided by the
+# databases holding filters), when another needs it
+my $shared = PostgreSQL::Test::Cluster->new('shared');
+$shared->init;
+$shared->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.naptime = '1d'
+idempotency.filter_memory = '128kB'
+log_min_messages = warning
+});
+$shared->start;
+# what each database holds: its filters and their bytes
+sub held
+{
+	my ($db) = @_;
+	return $shared->safe_psql($db, q{
+		SELECT count(*) || ' filters, ' || coalesce(sum(bytes), 0)::bigint / 1024 || ' kB'
+		  FROM idempotency.filter_info() WHERE state = 'ready'});
+}
+foreach my $db ('hog', 'fair')
+{
+	$shared->safe_psql('postgres', "CREATE DATABASE $db");
+}
+$shared->safe_psql('hog', 'CREATE EXTENSION idempotency');
+maintain($shared, 'hog');
+is(held('hog'), '16 filters, 128 kB', 'a database alone takes the whole pool (16 pages, one per filter)');
+like(slurp_file($shared->logfile),
+	qr/DETAIL:  The partition with OID \d+ of the messages ledger in database "hog" has no digest filter; lookups in it read its index\. Database "hog" holds the most of the pool: 128 kB of 128 kB, in 16 filters\./,
+	'the log of the full pool names the database that holds it');
+$shared->safe_psql('fair', 'CREATE EXTENSION idempotency');
+maintain($shared, 'fair');
+is(held('fair'), '8 filters, 64 kB', 'a second database gets its share of the pool');
+is(held('hog'), '8 filters, 64 kB', 'taken back from the first, down to its share');
+maintain($shared, 'hog');
+maintain($shared, 'fair');
+is(held('hog') . '; ' . held('fair'), '8 filters, 64 kB; 8 filters, 64 kB',
+	'neither takes room back from the other once both hold their share');
+foreach my $db ('hog', 'fair')
+{
+	is($shared->safe_psql($db, q{
+		SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'f' || g FROM generate_series(1, 2000) g))}),
+		'2000', "$db: new ids consumed");
+	is($shared->safe_psql($db, q{
+		SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'f' || g FROM generate_series(1, 2000) g))}),
+		'0', "$db: every redelivered id answers false");
+}
+$shared->stop;
 
 # idempotency.filter_memory = 0: no filters at all
 my $off = PostgreSQL::Test::Cluster->new('off');
@@ -463,9 +524,9 @@ idempotency.filter_memory = 0
 log_min_messages = warning
 });
 $off->start;
+$off->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+maintain($off, 'postgres');
 $off->safe_psql('postgres', q{
-	CREATE EXTENSION idempotency;
-	SELECT idem_maintain();
 	SELECT count(*) FROM idem_consume_messages('c', ARRAY['a', 'b']);
 });
 is($off->safe_psql('postgres', 'SELECT count(*) FROM idempotency.filter_info()'), '0',
