@@ -161,19 +161,6 @@ IdemRelationOidLockedByMe(Oid relid, LOCKMODE mode, bool orstronger)
 #endif
 
 /*
- * ACL checks on one kind of object: PostgreSQL 16 replaced
- * pg_namespace_aclcheck() and its siblings by object_aclcheck().  Callers
- * include utils/acl.h.
- */
-#if PG_VERSION_NUM >= 160000
-#define IdemNamespaceAclCheck(nspid, roleid, mode) \
-	object_aclcheck(NamespaceRelationId, (nspid), (roleid), (mode))
-#else
-#define IdemNamespaceAclCheck(nspid, roleid, mode) \
-	pg_namespace_aclcheck((nspid), (roleid), (mode))
-#endif
-
-/*
  * One backend's entry of this transaction's copy of the activity table,
  * by position (1 to pgstat_fetch_stat_numbackends()): PostgreSQL 16
  * renamed pgstat_fetch_stat_local_beentry() to

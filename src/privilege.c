@@ -384,13 +384,3 @@ IdemRestrictTableAcl(Oid relid)
 	pfree(sql.data);
 	pfree(grantees);
 }
-
-/*
- * IdemRoleMayCreateIn: may role "roleid" create objects in namespace
- * "nspid" (directly, or through the roles it inherits from)?
- */
-bool
-IdemRoleMayCreateIn(Oid roleid, Oid nspid)
-{
-	return IdemNamespaceAclCheck(nspid, roleid, ACL_CREATE) == ACLCHECK_OK;
-}
