@@ -93,6 +93,46 @@ IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
 }
 
 /*
+ * Adding an interval none of whose three parts (months, days, time) is
+ * longer than this many years to a time of this era cannot leave the
+ * timestamp range (4713 BC to 294276 AD).
+ */
+#define IDEM_INTERVAL_SANE_YEARS	2000
+
+/*
+ * IdemTimestampPlus returns "t" plus "span", as timestamptz + interval
+ * does, except that a sum outside the timestamp range (for which
+ * PostgreSQL raises 22008) is -infinity or +infinity instead: callers
+ * compare it with their bounds and refuse it with 22023, like any ttl or
+ * lease out of range.  An interval with a part of more than
+ * IDEM_INTERVAL_SANE_YEARS is not added at all: it is +infinity or
+ * -infinity by the sign of its length in days (a month a twelfth of 365.25)
+ * (an infinite interval of PostgreSQL 17 included).
+ */
+TimestampTz
+IdemTimestampPlus(TimestampTz t, const Interval *span)
+{
+	const int64 years = IDEM_INTERVAL_SANE_YEARS;
+
+	/* a part beyond the bound: out of every range a ttl or lease has */
+	if (span->month > years * MONTHS_PER_YEAR ||
+		span->month < -years * MONTHS_PER_YEAR ||
+		span->day > years * 366 || span->day < -years * 366 ||
+		span->time > years * 366 * USECS_PER_DAY ||
+		span->time < -years * 366 * USECS_PER_DAY)
+	{
+		/* months of 365.25 / 12 days: right unless the parts cancel to a day */
+		double		approx = (double) span->month * (DAYS_PER_YEAR / MONTHS_PER_YEAR) * USECS_PER_DAY +
+			(double) span->day * USECS_PER_DAY + (double) span->time;
+
+		return approx > 0 ? DT_NOEND : DT_NOBEGIN;
+	}
+	return DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
+												   TimestampTzGetDatum(t),
+												   IntervalPGetDatum(span)));
+}
+
+/*
  * IdemExpiresAt computes the expiry of a row written at "now" from the ttl
  * argument "argno" (an interval, or NULL for the default ttl setting named
  * "default_ttl_name"), checking that it is positive and within
@@ -117,9 +157,7 @@ IdemExpiresAt(FunctionCallInfo fcinfo, int argno, TimestampTz now,
 		return now + (int64) default_ttl * USECS_PER_SEC;
 	}
 
-	expires_at = DatumGetTimestampTz(DirectFunctionCall2(timestamptz_pl_interval,
-														 TimestampTzGetDatum(now),
-														 PG_GETARG_DATUM(argno)));
+	expires_at = IdemTimestampPlus(now, PG_GETARG_INTERVAL_P(argno));
 	if (expires_at <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -129,6 +129,7 @@ extern text *IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno,
 extern text *IdemCheckScopeArg(FunctionCallInfo fcinfo, int argno,
 							   const char *argname);
 extern void IdemCheckKeyLength(int len, const char *argname);
+extern TimestampTz IdemTimestampPlus(TimestampTz t, const Interval *span);
 extern TimestampTz IdemExpiresAt(FunctionCallInfo fcinfo, int argno,
 								 TimestampTz now, int default_ttl,
 								 const char *default_ttl_name);
