@@ -223,7 +223,8 @@ CREATE FUNCTION idempotency.stats_info(OUT dboid oid,
                                        OUT last_maintenance timestamptz,
                                        OUT last_maintenance_error text,
                                        OUT last_error_at timestamptz,
-                                       OUT stats_reset timestamptz)
+                                       OUT stats_reset timestamptz,
+                                       OUT maintenance_held_off text)
 RETURNS SETOF record
 AS 'MODULE_PATHNAME', 'idem_stats_info'
 LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
@@ -241,6 +242,7 @@ SELECT d.datname,
        s.streams_removed,
        s.maintenance_runs, s.last_maintenance,
        s.last_maintenance_error, s.last_error_at,
+       s.maintenance_held_off,
        s.stats_reset
   FROM idempotency.stats_info() AS s
   LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.dboid;

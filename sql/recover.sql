@@ -39,6 +39,9 @@ SELECT label, pg_temp.try(stmt) FROM (VALUES
 SELECT label, pg_temp.try(stmt) FROM (VALUES
   ('lease 0',          $$SELECT * FROM idem_recover('0')$$),
   ('lease negative',   $$SELECT * FROM idem_recover('-1 minute')$$),
+  ('lease over max_ttl', $$SELECT * FROM idem_recover('30 days 00:00:01')$$),
+  ('lease past the range', $$SELECT * FROM idem_recover('178000000 years')$$),
+  ('lease before the range', $$SELECT * FROM idem_recover('-178000000 years')$$),
   ('max_keys 0',       $$SELECT * FROM idem_recover('1 minute', NULL, 0)$$),
   ('empty scope: ok',  $$SELECT * FROM idem_recover('1 minute', '')$$)
 ) AS t(label, stmt);

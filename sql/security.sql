@@ -155,6 +155,26 @@ SELECT c.oid::regclass AS granted_relation, a.grantee::regrole, a.privilege_type
   FROM pg_class c, aclexplode(c.relacl) a
  WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p')
    AND a.grantee <> c.relowner;
+-- nor on any of their columns: a grant on some columns (enough for INSERT
+-- and COPY FROM of those) is taken back by maintenance like a table's
+GRANT INSERT (expires_at, digest, role, lane) ON idempotency.messages TO regress_idem_sec_mallory;
+SELECT try(format('GRANT SELECT (digest), UPDATE (state) ON %s TO regress_idem_sec_bob',
+                  :'key_partition')) AS granted_on_a_partition;
+CREATE TEMP VIEW ledger_column_grants AS
+SELECT c.oid::regclass::text ~ '_[0-9]{8}_' AS on_partition, a.attname,
+       g.grantee::regrole, g.privilege_type
+  FROM pg_class c
+  JOIN pg_attribute a ON a.attrelid = c.oid
+  CROSS JOIN LATERAL aclexplode(a.attacl) g
+ WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p')
+   AND g.grantee <> c.relowner;
+SELECT * FROM ledger_column_grants ORDER BY 1, 2, 3, 4;
+SELECT has_column_privilege('regress_idem_sec_mallory', 'idempotency.messages', 'digest', 'INSERT')
+       AS mallory_may_insert_digests;
+SELECT partitions_created >= 0 AS superuser_maintain FROM idem_maintain();
+SELECT count(*) AS column_grants_left FROM ledger_column_grants;
+SELECT has_column_privilege('regress_idem_sec_mallory', 'idempotency.messages', 'digest', 'INSERT')
+       AS mallory_may_insert_digests;
 -- pg_monitor reads the partitions view, not the ledgers: with USAGE on the
 -- schema, the tables' own privileges refuse it
 SET ROLE regress_idem_sec_monitor;

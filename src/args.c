@@ -93,18 +93,48 @@ IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno, const char *argname)
 }
 
 /*
- * IdemAddInterval: "t" plus the interval "span", as a duration: days of 24
- * hours, and months and years of the calendar in UTC, whatever the
- * session's TimeZone.  (timestamptz + interval counts days in the session's
- * zone, so that on the day a daylight-saving change happens '1 day' is 23
- * or 25 hours: a ttl or a lease must not depend on the client's zone.)
+ * Adding an interval none of whose three parts (months, days, time) is
+ * longer than this many years to a time of this era cannot leave the
+ * timestamp range (4713 BC to 294276 AD).
+ */
+#define IDEM_INTERVAL_SANE_YEARS	2000
+
+/*
+ * IdemTimestampPlus returns "t" plus "span" as a duration: days of 24 hours,
+ * and months and years of the calendar in UTC, whatever the session's
+ * TimeZone (timestamptz + interval counts days in the session's zone, so
+ * that on the day a daylight-saving change happens '1 day' is 23 or 25
+ * hours: a ttl or a lease must not depend on the client's zone).  A sum
+ * outside the timestamp range (for which PostgreSQL raises 22008) is
+ * -infinity or +infinity instead: callers
+ * compare it with their bounds and refuse it with 22023, like any ttl or
+ * lease out of range.  An interval with a part of more than
+ * IDEM_INTERVAL_SANE_YEARS is not added at all: it is +infinity or
+ * -infinity by the sign of its length in days (a month a twelfth of 365.25)
+ * (an infinite interval of PostgreSQL 17 included).
  */
 TimestampTz
-IdemAddInterval(TimestampTz t, Datum span)
+IdemTimestampPlus(TimestampTz t, const Interval *span)
 {
+	const int64 years = IDEM_INTERVAL_SANE_YEARS;
+
+	/* a part beyond the bound: out of every range a ttl or lease has */
+	if (span->month > years * MONTHS_PER_YEAR ||
+		span->month < -years * MONTHS_PER_YEAR ||
+		span->day > years * 366 || span->day < -years * 366 ||
+		span->time > years * 366 * USECS_PER_DAY ||
+		span->time < -years * 366 * USECS_PER_DAY)
+	{
+		/* months of 365.25 / 12 days: right unless the parts cancel to a day */
+		double		approx = (double) span->month * (DAYS_PER_YEAR / MONTHS_PER_YEAR) * USECS_PER_DAY +
+			(double) span->day * USECS_PER_DAY + (double) span->time;
+
+		return approx > 0 ? DT_NOEND : DT_NOBEGIN;
+	}
+	/* as a timestamp without time zone: the calendar of UTC */
 	return (TimestampTz) DatumGetTimestamp(DirectFunctionCall2(timestamp_pl_interval,
 															   TimestampGetDatum((Timestamp) t),
-															   span));
+															   IntervalPGetDatum(span)));
 }
 
 /*
@@ -132,7 +162,7 @@ IdemExpiresAt(FunctionCallInfo fcinfo, int argno, TimestampTz now,
 		return now + (int64) default_ttl * USECS_PER_SEC;
 	}
 
-	expires_at = IdemAddInterval(now, PG_GETARG_DATUM(argno));
+	expires_at = IdemTimestampPlus(now, PG_GETARG_INTERVAL_P(argno));
 	if (expires_at <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),

@@ -161,19 +161,6 @@ IdemRelationOidLockedByMe(Oid relid, LOCKMODE mode, bool orstronger)
 #endif
 
 /*
- * ACL checks on one kind of object: PostgreSQL 16 replaced
- * pg_namespace_aclcheck() and its siblings by object_aclcheck().  Callers
- * include utils/acl.h.
- */
-#if PG_VERSION_NUM >= 160000
-#define IdemNamespaceAclCheck(nspid, roleid, mode) \
-	object_aclcheck(NamespaceRelationId, (nspid), (roleid), (mode))
-#else
-#define IdemNamespaceAclCheck(nspid, roleid, mode) \
-	pg_namespace_aclcheck((nspid), (roleid), (mode))
-#endif
-
-/*
  * One backend's entry of this transaction's copy of the activity table,
  * by position (1 to pgstat_fetch_stat_numbackends()): PostgreSQL 16
  * renamed pgstat_fetch_stat_local_beentry() to
@@ -184,6 +171,46 @@ IdemRelationOidLockedByMe(Oid relid, LOCKMODE mode, bool orstronger)
 #define IdemLocalBackendStatus(i) pgstat_get_local_beentry_by_index(i)
 #else
 #define IdemLocalBackendStatus(i) pgstat_fetch_stat_local_beentry(i)
+#endif
+
+/*
+ * ExecutorCheckPerms_hook, which PostgreSQL calls once a statement's (or a
+ * COPY's) privileges on its relations have passed: PostgreSQL 16 moved
+ * what each relation needs out of the range table entries into a list of
+ * RTEPermissionInfo, which the hook gets beside the range table.  A hook
+ * here is declared with IDEM_CHECK_PERMS_PARAMS, calls the previous one
+ * with IdemCallCheckPerms(), and reads each relation asked about with
+ * IdemCheckPermsEntry() over IDEM_CHECK_PERMS_LIST: its OID (InvalidOid
+ * for an entry that is no relation) and the privileges it needs.
+ */
+#if PG_VERSION_NUM >= 160000
+#define IDEM_CHECK_PERMS_PARAMS \
+	List *rangeTable, List *permInfos, bool ereport_on_violation
+#define IdemCallCheckPerms(hook) \
+	((hook) (rangeTable, permInfos, ereport_on_violation))
+#define IDEM_CHECK_PERMS_LIST permInfos
+
+static inline void
+IdemCheckPermsEntry(const ListCell *lc, Oid *relid, AclMode *required)
+{
+	const RTEPermissionInfo *p = lfirst_node(RTEPermissionInfo, lc);
+
+	*relid = p->relid;
+	*required = p->requiredPerms;
+}
+#else
+#define IDEM_CHECK_PERMS_PARAMS List *rangeTable, bool ereport_on_violation
+#define IdemCallCheckPerms(hook) ((hook) (rangeTable, ereport_on_violation))
+#define IDEM_CHECK_PERMS_LIST rangeTable
+
+static inline void
+IdemCheckPermsEntry(const ListCell *lc, Oid *relid, AclMode *required)
+{
+	const RangeTblEntry *rte = lfirst_node(RangeTblEntry, lc);
+
+	*relid = rte->rtekind == RTE_RELATION ? rte->relid : InvalidOid;
+	*required = rte->requiredPerms;
+}
 #endif
 
 /*

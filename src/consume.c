@@ -110,7 +110,7 @@ IdemRecordStep(IdemOp *op, void *arg)
 	IdemRecord *rec = (IdemRecord *) arg;
 
 	if (rec->ttl != NULL)
-		op->expires_at = IdemAddInterval(op->now, IntervalPGetDatum(rec->ttl));
+		op->expires_at = IdemTimestampPlus(op->now, rec->ttl);
 	else if ((op->expires_at = rec->expires_at) <= op->now)
 		return IDEM_STEP_DONE;	/* an import that expired while it waited */
 

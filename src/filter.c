@@ -19,8 +19,11 @@
  *	  lock when it reads the filter, so it sees the bits of every row of its
  *	  key that could be there.  Updates keep the digest (and the partition).
  *	- A partition the extension makes gets an empty READY filter when it is
- *	  made (IdemFilterCreated), before anyone can write into it, unless an
- *	  external write (below) is under way or overlaps its making.
+ *	  made (IdemFilterCreated), before anyone else can write into it, if
+ *	  it is empty (its heap has no page: whatever the library's DDL fired
+ *	  may have written rows into it before it was attached, unseen by the
+ *	  hooks below), unless an external write (below) is under way or
+ *	  overlaps its making.
  *	- A partition that existed before the server started (or before its
  *	  filter was lost) gets one from the background worker
  *	  (IdemFilterBuildDatabase): the slot is published first, as FILLING,
@@ -34,8 +37,10 @@
  *	  ProcessUtility hook, for a ledger's table or any partition the ledger
  *	  caches list, in whatever schema, in a database with the extension:
  *	  INSERT, UPDATE or MERGE (also in a WITH clause) once the executor has
- *	  checked their privileges, and COPY FROM by a role that may insert
- *	  (pg_restore --data-only), before they write; ATTACH PARTITION to a
+ *	  checked their privileges, and COPY FROM (pg_restore --data-only) once
+ *	  COPY has checked its privileges (ExecutorCheckPerms_hook: whatever
+ *	  granted them, a table's or a column's privilege, a role's membership
+ *	  or superuser), before they write; ATTACH PARTITION to a
  *	  ledger and ALTER COLUMN TYPE of one once they ran, before they
  *	  commit.  Every filter of the database then becomes UNUSABLE, and no
  *	  filter of that database is made READY until the transaction that ran
@@ -72,6 +77,13 @@
  * never cleared; a partition's filter is freed when maintenance drops the
  * partition, or when the worker finds it gone.
  *
+ * The pool is shared fairly by the databases (IdemFilterReclaim): one alone
+ * may take all of it; when there is no room, a database holding less than
+ * its share (the pool's pages divided by the databases holding filters)
+ * frees the largest filter of the database holding the most, while that
+ * one holds more than its share.  What each database holds is counted in
+ * a table of IDEM_FILTER_MAX_DBS entries, with its name for the log.
+ *
  * Copyright (c) 2026, the idempotency authors
  *
  * IDENTIFICATION
@@ -94,6 +106,7 @@
 #include "catalog/pg_subscription.h"
 #include "commands/extension.h"
 #include "commands/copy.h"
+#include "commands/dbcommands.h"
 #include "executor/executor.h"
 #include "funcapi.h"
 #include "miscadmin.h"
@@ -136,6 +149,8 @@ int			idem_filter_memory = 64 * 1024;
 #define IDEM_FILTER_MAX_SLOTS		16384
 /* external writes are counted per database, in this many buckets */
 #define IDEM_FILTER_DB_BUCKETS		64
+/* databases that may hold filters at once (see IdemFilterDb) */
+#define IDEM_FILTER_MAX_DBS			256
 /* a full pool is logged at most this often (IdemFilterReportFull) */
 #define IDEM_FILTER_FULL_LOG_SECS	600
 #define IdemFilterBucket(db)		((db) % IDEM_FILTER_DB_BUCKETS)
@@ -167,11 +182,37 @@ typedef struct IdemFilterSlot
 	pg_atomic_uint32 nsegments; /* published after the segment is set up */
 	Oid			db;				/* fixed while the slot is taken */
 	Oid			relid;
+	int16		dbent;			/* its database's IdemFilterDb */
 	int16		lane;
 	uint8		ledger;
 	TimestampTz made_at;
 	IdemFilterSegment seg[IDEM_FILTER_MAX_SEGMENTS];
 } IdemFilterSlot;
+
+/*
+ * What one database holds of the pool, for the fair share (see
+ * IdemFilterReclaim) and the log of a full pool.  Under the lock; an entry
+ * is free (db InvalidOid) once its database holds no slot.
+ */
+typedef struct IdemFilterDb
+{
+	Oid			db;
+	int32		slots;
+	int32		pages;
+	NameData	name;			/* as its backends knew it */
+} IdemFilterDb;
+
+/* Why a partition goes without a filter, for IdemFilterReportFull */
+typedef struct IdemFilterNoRoom
+{
+	int			ledger;
+	Oid			relid;
+	NameData	db_name;		/* of the partition's database */
+	bool		too_many_dbs;	/* no IdemFilterDb entry left */
+	NameData	top_name;		/* the database holding the most pages */
+	int32		top_pages;
+	int32		top_slots;
+} IdemFilterNoRoom;
 
 typedef struct IdemFilterKey
 {
@@ -199,6 +240,7 @@ typedef struct IdemFilterShared
 	/* when a full pool was last logged (IdemFilterReportFull) */
 	pg_atomic_uint64 full_logged_at;
 	int			nfree;
+	IdemFilterDb dbs[IDEM_FILTER_MAX_DBS];
 	/* followed by: int freelist[nslots], uint64 page_map[], slots[] */
 } IdemFilterShared;
 
@@ -222,16 +264,30 @@ static HTAB *filter_local = NULL;
 
 /* This backend: external writes in the current transaction, own SQL */
 static int	my_external_busy = 0;
+static NameData my_db_name;		/* this database's, once IdemFilterTake ran */
 static const char *own_sql_text = NULL;
 static Oid	idem_nsp_cache = InvalidOid;
 static bool idem_nsp_cache_valid = false;
 
+/* This backend: inside a COPY FROM (see IdemFilterCheckPerms) */
+static bool in_copy_from = false;
+
 static ExecutorStart_hook_type prev_ExecutorStart = NULL;
+static ExecutorCheckPerms_hook_type prev_ExecutorCheckPerms = NULL;
 static ProcessUtility_hook_type prev_ProcessUtility = NULL;
 
 PG_FUNCTION_INFO_V1(idem_filter_info);
 
 static void IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags);
+static bool IdemFilterCheckPerms(IDEM_CHECK_PERMS_PARAMS);
+static void IdemFilterNextProcessUtility(PlannedStmt *pstmt,
+										 const char *queryString,
+										 bool readOnlyTree,
+										 ProcessUtilityContext context,
+										 ParamListInfo params,
+										 QueryEnvironment *queryEnv,
+										 DestReceiver *dest,
+										 QueryCompletion *qc);
 static void IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 									 bool readOnlyTree,
 									 ProcessUtilityContext context,
@@ -242,7 +298,13 @@ static void IdemFilterXactCallback(XactEvent event, void *arg);
 static void IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue);
 static bool IdemFilterUsable(int16 lane);
 static IdemFilterSlot *IdemFilterFind(Oid relid, uint64 *incarnation);
-static void IdemFilterReportFull(int ledger, Oid relid);
+static void IdemFilterNoteNoRoom(IdemFilterNoRoom *report, int ledger,
+								 Oid relid, int dbent);
+static void IdemFilterReportFull(const IdemFilterNoRoom *report);
+static int	IdemFilterDbEntry(void);
+static bool IdemFilterReclaim(int dbent, uint32 need);
+static bool IdemFilterGrow(IdemFilterSlot *slot, uint64 items,
+						   uint64 min_items);
 static int	IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 						   uint64 *incarnation);
 static bool IdemFilterFinish(int s, uint64 incarnation, uint64 seq);
@@ -346,6 +408,7 @@ IdemFilterShmemInit(void)
 			pg_atomic_init_u32(&filter_shared->external_busy[i], 0);
 		}
 		filter_shared->nfree = filter_shared->nslots;
+		memset(filter_shared->dbs, 0, sizeof(filter_shared->dbs));
 		for (i = 0; i < filter_shared->nslots; i++)
 		{
 			IdemFilterSlot *slot = &filter_slots[i];
@@ -397,6 +460,8 @@ IdemFilterPreloadInit(void)
 
 	prev_ExecutorStart = ExecutorStart_hook;
 	ExecutorStart_hook = IdemFilterExecutorStart;
+	prev_ExecutorCheckPerms = ExecutorCheckPerms_hook;
+	ExecutorCheckPerms_hook = IdemFilterCheckPerms;
 	prev_ProcessUtility = ProcessUtility_hook;
 	ProcessUtility_hook = IdemFilterProcessUtility;
 	RegisterXactCallback(IdemFilterXactCallback, NULL);
@@ -475,12 +540,65 @@ IdemFilterExecutorStart(QueryDesc *queryDesc, int eflags)
 }
 
 /*
- * IdemFilterProcessUtility: COPY FROM into a ledger relation (by a role
- * that may insert there) is an external write, noted before it runs; so
- * are, once they have run (and so were allowed), ATTACH PARTITION to a
- * ledger's table, ALTER COLUMN TYPE of a ledger relation, and CREATE or
- * ALTER SUBSCRIPTION.  The library's own DDL (its ATTACH of the
- * partitions it makes) is recognised by its query text.
+ * IdemFilterCheckPerms, PostgreSQL's hook once the privileges a statement
+ * or a COPY needs on its relations have passed: inside a COPY FROM, a
+ * ledger relation that is to get rows (INSERT) is an external write, noted
+ * before COPY reads its first row.  Whatever let the role write (a table
+ * or a column privilege, a role it is a member of, superuser), the check
+ * has passed; a role that may not write is refused before this is called,
+ * and cannot switch the filters off.
+ */
+static bool
+IdemFilterCheckPerms(IDEM_CHECK_PERMS_PARAMS)
+{
+	bool		allowed = true;
+
+	if (prev_ExecutorCheckPerms)
+		allowed = IdemCallCheckPerms(prev_ExecutorCheckPerms);
+	if (allowed && in_copy_from && filter_shared != NULL)
+	{
+		ListCell   *lc;
+
+		foreach(lc, IDEM_CHECK_PERMS_LIST)
+		{
+			Oid			relid;
+			AclMode		required;
+
+			IdemCheckPermsEntry(lc, &relid, &required);
+			if ((required & ACL_INSERT) != 0 && OidIsValid(relid) &&
+				IdemFilterIsLedger(relid))
+			{
+				IdemFilterNoteExternalWrite();
+				break;
+			}
+		}
+	}
+	return allowed;
+}
+
+/* the ProcessUtility this library's hook wraps */
+static void
+IdemFilterNextProcessUtility(PlannedStmt *pstmt, const char *queryString,
+							 bool readOnlyTree, ProcessUtilityContext context,
+							 ParamListInfo params, QueryEnvironment *queryEnv,
+							 DestReceiver *dest, QueryCompletion *qc)
+{
+	if (prev_ProcessUtility)
+		prev_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+							params, queryEnv, dest, qc);
+	else
+		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
+								params, queryEnv, dest, qc);
+}
+
+/*
+ * IdemFilterProcessUtility: COPY FROM into a ledger relation is an
+ * external write, noted by IdemFilterCheckPerms once COPY's own privilege
+ * check has passed, before a row is written; so are, once they have run
+ * (and so were allowed), ATTACH PARTITION to a ledger's table, ALTER
+ * COLUMN TYPE of a ledger relation, and CREATE or ALTER SUBSCRIPTION.  The
+ * library's own DDL (its ATTACH of the partitions it makes) is recognised
+ * by its query text.
  */
 static void
 IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
@@ -490,6 +608,7 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 {
 	Node	   *parsetree = pstmt->utilityStmt;
 	bool		note_after = false;
+	bool		copy_from = false;
 	RangeVar   *alter = NULL;
 
 	if (filter_shared != NULL &&
@@ -497,17 +616,7 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	{
 		if (IsA(parsetree, CopyStmt) && ((CopyStmt *) parsetree)->is_from &&
 			((CopyStmt *) parsetree)->relation != NULL)
-		{
-			/* the table COPY will write, locked as COPY locks it */
-			Oid			relid = RangeVarGetRelidExtended(((CopyStmt *) parsetree)->relation,
-														 RowExclusiveLock,
-														 RVR_MISSING_OK,
-														 NULL, NULL);
-
-			if (OidIsValid(relid) && IdemFilterIsLedger(relid) &&
-				pg_class_aclcheck(relid, GetUserId(), ACL_INSERT) == ACLCHECK_OK)
-				IdemFilterNoteExternalWrite();
-		}
+			copy_from = true;
 		else if (IsA(parsetree, AlterTableStmt))
 		{
 			ListCell   *lc;
@@ -527,12 +636,29 @@ IdemFilterProcessUtility(PlannedStmt *pstmt, const char *queryString,
 			note_after = true;
 	}
 
-	if (prev_ProcessUtility)
-		prev_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-							params, queryEnv, dest, qc);
+	/*
+	 * COPY FROM: the privilege check COPY makes before it reads a row calls
+	 * IdemFilterCheckPerms, which notes the write if the table is a ledger
+	 */
+	if (copy_from)
+	{
+		bool		save = in_copy_from;
+
+		in_copy_from = true;
+		PG_TRY();
+		{
+			IdemFilterNextProcessUtility(pstmt, queryString, readOnlyTree,
+										 context, params, queryEnv, dest, qc);
+		}
+		PG_FINALLY();
+		{
+			in_copy_from = save;
+		}
+		PG_END_TRY();
+	}
 	else
-		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
-								params, queryEnv, dest, qc);
+		IdemFilterNextProcessUtility(pstmt, queryString, readOnlyTree,
+									 context, params, queryEnv, dest, qc);
 
 	/*
 	 * Before the transaction commits and its effect can be seen; the table
@@ -863,24 +989,42 @@ IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
 		/* full: the next segment, unless another backend added it */
 		LWLockAcquire(filter_shared->lock, LW_EXCLUSIVE);
 		if (pg_atomic_read_u32(&slot->nsegments) == nseg &&
-			!IdemFilterAddSegment(slot, (uint64) seg->capacity * 2))
+			pg_atomic_read_u32(&slot->state) != IDEM_FILTER_FREE &&
+			!IdemFilterGrow(slot, (uint64) seg->capacity * 2,
+							(uint64) seg->capacity * 2))
 		{
 			uint32		state = pg_atomic_read_u32(&slot->state);
 			bool		made_unusable = false;
-			Oid			relid = slot->relid;
-			int			ledger = slot->ledger;
+			IdemFilterNoRoom report;
 
 			if (state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING)
 				made_unusable =
 					pg_atomic_compare_exchange_u32(&slot->state, &state,
 												   IDEM_FILTER_UNUSABLE);
+			if (made_unusable)
+				IdemFilterNoteNoRoom(&report, slot->ledger, slot->relid,
+									 slot->dbent);
 			LWLockRelease(filter_shared->lock);
 			if (made_unusable)
-				IdemFilterReportFull(ledger, relid);
+				IdemFilterReportFull(&report);
 			return;
 		}
 		LWLockRelease(filter_shared->lock);
 	}
+}
+
+/* the pages a slot's segments hold */
+static uint32
+IdemFilterSlotPages(IdemFilterSlot *slot)
+{
+	uint32		nseg = Min(pg_atomic_read_u32(&slot->nsegments),
+						   IDEM_FILTER_MAX_SEGMENTS);
+	uint32		pages = 0;
+	uint32		i;
+
+	for (i = 0; i < nseg; i++)
+		pages += slot->seg[i].npages;
+	return pages;
 }
 
 /*
@@ -932,21 +1076,192 @@ IdemFilterAddSegment(IdemFilterSlot *slot, uint64 items)
 	seg->capacity = (uint32) Min((uint64) npages * IDEM_FILTER_PAGE_ITEMS,
 								 (uint64) PG_UINT32_MAX / 2);
 	pg_atomic_init_u32(&seg->count, 0);
+	filter_shared->dbs[slot->dbent].pages += npages;
 	pg_write_barrier();
 	pg_atomic_write_u32(&slot->nsegments, nseg + 1);
 	return true;
 }
 
 /*
- * IdemFilterReportFull logs that partition "relid" of "ledger" goes
- * without a filter because the pool has no room: at most once every
- * IDEM_FILTER_FULL_LOG_SECS in the whole server, since maintenance tries
- * again at each run.  LOG: the server's log, never the client; it neither
- * reads the catalog nor raises an error (the caller may have just written
- * its row).
+ * IdemFilterGrow gives a slot a new segment for "items" digests or, if the
+ * pool has no run of pages that long, a smaller one, down to "min_items";
+ * when none fits, room is taken back from a database holding more than
+ * its share (IdemFilterReclaim) and it tries again.  Returns false if no
+ * segment could be added.  Called with the lock held exclusively.
+ */
+static bool
+IdemFilterGrow(IdemFilterSlot *slot, uint64 items, uint64 min_items)
+{
+	uint32		need = (uint32) Min((min_items + IDEM_FILTER_PAGE_ITEMS - 1) /
+									IDEM_FILTER_PAGE_ITEMS,
+									(uint64) filter_shared->npages);
+
+	items = Max(items, 1);
+	for (;;)
+	{
+		uint64		h;
+
+		for (h = items;; h /= 2)
+		{
+			if (IdemFilterAddSegment(slot, h))
+				return true;
+			if (h <= min_items || h <= IDEM_FILTER_PAGE_ITEMS)
+				break;
+		}
+		if (!IdemFilterReclaim(slot->dbent, Max(need, 1)))
+			return false;
+	}
+}
+
+/*
+ * IdemFilterDbEntry returns the index of this database's IdemFilterDb,
+ * made if it has none (named by my_db_name), or -1 if every entry is
+ * taken by a database that holds a slot.  Called with the lock held
+ * exclusively.
+ */
+static int
+IdemFilterDbEntry(void)
+{
+	int			free_entry = -1;
+	int			i;
+
+	for (i = 0; i < IDEM_FILTER_MAX_DBS; i++)
+	{
+		IdemFilterDb *e = &filter_shared->dbs[i];
+
+		if (e->db == MyDatabaseId)
+			return i;
+		/* (one left by a database whose slot could not be had is free) */
+		if ((!OidIsValid(e->db) || e->slots == 0) && free_entry < 0)
+			free_entry = i;
+	}
+	if (free_entry >= 0)
+	{
+		IdemFilterDb *e = &filter_shared->dbs[free_entry];
+
+		e->db = MyDatabaseId;
+		e->slots = 0;
+		e->pages = 0;
+		e->name = my_db_name;
+	}
+	return free_entry;
+}
+
+/*
+ * IdemFilterReclaim makes room for database entry "dbent", which needs
+ * "need" more pages, when the pool has none: the pool is shared fairly
+ * between the databases that hold filters.  A database's share is the
+ * pool divided by the number of databases holding filters (counting this
+ * one).  If this one would stay within its share with "need" pages more,
+ * and the database holding the most pages holds more than its share, the
+ * largest filter of that database is freed (its partition is probed
+ * through its index until that database's maintenance builds the filter
+ * again, if it gets room).  So a database alone may take the whole pool,
+ * and gives room back, down to its share, as others need it; none takes
+ * room from a database within its share.  Returns true if it freed a
+ * filter.  Called with the lock held exclusively.
+ */
+static bool
+IdemFilterReclaim(int dbent, uint32 need)
+{
+	IdemFilterDb *me = &filter_shared->dbs[dbent];
+	int			top = -1;
+	int			holders = 0;
+	int32		share;
+	int			victim = -1;
+	uint32		victim_pages = 0;
+	IdemFilterKey key;
+	IdemFilterEntry *entry;
+	int			i;
+
+	for (i = 0; i < IDEM_FILTER_MAX_DBS; i++)
+	{
+		IdemFilterDb *e = &filter_shared->dbs[i];
+
+		if (!OidIsValid(e->db) || e->slots == 0)
+			continue;
+		holders++;
+		if (top < 0 || e->pages > filter_shared->dbs[top].pages)
+			top = i;
+	}
+	if (me->slots == 0)
+		holders++;
+	share = filter_shared->npages / Max(holders, 1);
+	if (top < 0 || top == dbent ||
+		filter_shared->dbs[top].pages <= share ||
+		(int64) me->pages + need > share)
+		return false;
+
+	/* the largest filter of that database */
+	for (i = 0; i < filter_shared->nslots; i++)
+	{
+		IdemFilterSlot *slot = &filter_slots[i];
+		uint32		pages;
+
+		if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE ||
+			slot->dbent != top)
+			continue;
+		pages = IdemFilterSlotPages(slot);
+		if (victim < 0 || pages > victim_pages)
+		{
+			victim = i;
+			victim_pages = pages;
+		}
+	}
+	if (victim < 0)
+		return false;
+	key.db = filter_slots[victim].db;
+	key.relid = filter_slots[victim].relid;
+	entry = hash_search(filter_hash, &key, HASH_FIND, NULL);
+	IdemFilterFreeSlot(victim);
+	if (entry != NULL && entry->slot == victim)
+		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
+	return true;
+}
+
+/*
+ * IdemFilterNoteNoRoom fills in *report, for IdemFilterReportFull, about
+ * partition "relid" of "ledger" of database entry "dbent" (-1: none could
+ * be had) left without a filter.  Called with the lock held.
  */
 static void
-IdemFilterReportFull(int ledger, Oid relid)
+IdemFilterNoteNoRoom(IdemFilterNoRoom *report, int ledger, Oid relid,
+					 int dbent)
+{
+	int			top = -1;
+	int			i;
+
+	memset(report, 0, sizeof(*report));
+	report->ledger = ledger;
+	report->relid = relid;
+	report->too_many_dbs = (dbent < 0);
+	report->db_name = dbent >= 0 ? filter_shared->dbs[dbent].name : my_db_name;
+	for (i = 0; i < IDEM_FILTER_MAX_DBS; i++)
+	{
+		IdemFilterDb *e = &filter_shared->dbs[i];
+
+		if (OidIsValid(e->db) && e->slots > 0 &&
+			(top < 0 || e->pages > filter_shared->dbs[top].pages))
+			top = i;
+	}
+	if (top >= 0)
+	{
+		report->top_name = filter_shared->dbs[top].name;
+		report->top_pages = filter_shared->dbs[top].pages;
+		report->top_slots = filter_shared->dbs[top].slots;
+	}
+}
+
+/*
+ * IdemFilterReportFull logs that a partition goes without a filter because
+ * the pool has no room for it, naming the database that holds the most of
+ * the pool: at most once every IDEM_FILTER_FULL_LOG_SECS in the whole
+ * server, since maintenance tries again at each run.  LOG: the server's
+ * log, never the client; it neither reads the catalog nor raises an error
+ * (the caller may have just written its row).
+ */
+static void
+IdemFilterReportFull(const IdemFilterNoRoom *report)
 {
 	TimestampTz now = GetCurrentTimestamp();
 	uint64		last = pg_atomic_read_u64(&filter_shared->full_logged_at);
@@ -960,19 +1275,35 @@ IdemFilterReportFull(int ledger, Oid relid)
 	if (!pg_atomic_compare_exchange_u64(&filter_shared->full_logged_at,
 										&last, (uint64) now))
 		return;
-	ereport(LOG,
-			(errmsg("idempotency.filter_memory is full"),
-			 errdetail("The partition with OID %u of the %s ledger in the database with OID %u has no digest filter; lookups in it read its index. This is logged at most once every %d minutes.",
-					   relid, ledger == IDEM_LEDGER_MESSAGES ? "messages" : "keys",
-					   MyDatabaseId, IDEM_FILTER_FULL_LOG_SECS / 60),
-			 errhint("Raise idempotency.filter_memory (2 to 3 bytes per live key or message id) and restart the server.")));
+	if (report->too_many_dbs)
+		ereport(LOG,
+				(errmsg("idempotency.filter_memory is full"),
+				 errdetail("The partition with OID %u of the %s ledger in database \"%s\" has no digest filter: at most %d databases hold filters at once. Lookups in it read its index. This is logged at most once every %d minutes.",
+						   report->relid,
+						   report->ledger == IDEM_LEDGER_MESSAGES ? "messages" : "keys",
+						   NameStr(report->db_name), IDEM_FILTER_MAX_DBS,
+						   IDEM_FILTER_FULL_LOG_SECS / 60)));
+	else
+		ereport(LOG,
+				(errmsg("idempotency.filter_memory is full"),
+				 errdetail("The partition with OID %u of the %s ledger in database \"%s\" has no digest filter; lookups in it read its index. Database \"%s\" holds the most of the pool: %d kB of %d kB, in %d filters. This is logged at most once every %d minutes.",
+						   report->relid,
+						   report->ledger == IDEM_LEDGER_MESSAGES ? "messages" : "keys",
+						   NameStr(report->db_name), NameStr(report->top_name),
+						   report->top_pages * (IDEM_FILTER_PAGE_BYTES / 1024),
+						   filter_shared->npages * (IDEM_FILTER_PAGE_BYTES / 1024),
+						   report->top_slots, IDEM_FILTER_FULL_LOG_SECS / 60),
+				 errhint("Raise idempotency.filter_memory (2 to 3 bytes per live key or message id, in all databases together) and restart the server.")));
 }
 
 /*
  * IdemFilterTake gives partition "relid" of this database a slot, FILLING,
- * sized for "hint" digests, replacing any slot it had, and sets
- * *incarnation to the slot's.  Returns the slot, or -1 if there is no room
- * (the partition then has no filter).  IdemFilterFinish makes it READY.
+ * sized for "hint" digests (or fewer, if the pool has no room for as
+ * many), replacing any slot it had, and sets *incarnation to the slot's.
+ * Room held by a database beyond its share may be taken back for it
+ * (IdemFilterReclaim).  Returns the slot, or -1 if there is no room (the
+ * partition then has no filter).  IdemFilterFinish makes it READY.  In a
+ * transaction (the first call reads this database's name).
  */
 static int
 IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
@@ -982,7 +1313,16 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 	IdemFilterEntry *entry;
 	bool		found;
 	int			s;
+	int			dbent;
 	IdemFilterSlot *slot;
+	IdemFilterNoRoom report;
+
+	if (NameStr(my_db_name)[0] == '\0')
+	{
+		char	   *name = get_database_name(MyDatabaseId);
+
+		namestrcpy(&my_db_name, name ? name : "?");
+	}
 
 	key.db = MyDatabaseId;
 	key.relid = relid;
@@ -993,29 +1333,35 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 		IdemFilterFreeSlot(entry->slot);
 		hash_search(filter_hash, &key, HASH_REMOVE, NULL);
 	}
-	if (filter_shared->nfree == 0)
+	dbent = IdemFilterDbEntry();
+	if (dbent < 0)
 		goto no_room;
+	while (filter_shared->nfree == 0)
+	{
+		if (!IdemFilterReclaim(dbent, 1))
+			goto no_room;
+	}
 	s = filter_freelist[--filter_shared->nfree];
 	slot = &filter_slots[s];
 	Assert(pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE);
 	slot->db = MyDatabaseId;
 	slot->relid = relid;
+	slot->dbent = (int16) dbent;
 	slot->lane = lane;
 	slot->ledger = (uint8) ledger;
 	slot->made_at = GetCurrentTimestamp();
 	pg_atomic_write_u32(&slot->nsegments, 0);
+	/* counted before it may take room back: it holds a slot */
+	filter_shared->dbs[dbent].slots++;
 	/* a smaller first segment if the pool has no run that long */
-	hint = Max(hint, 1);
-	while (!IdemFilterAddSegment(slot, hint))
+	if (!IdemFilterGrow(slot, hint, IDEM_FILTER_PAGE_ITEMS))
 	{
-		if (hint <= IDEM_FILTER_PAGE_ITEMS)
-		{
-			slot->relid = InvalidOid;
-			slot->db = InvalidOid;
-			filter_freelist[filter_shared->nfree++] = s;
-			goto no_room;
-		}
-		hint /= 2;
+		if (--filter_shared->dbs[dbent].slots == 0)
+			filter_shared->dbs[dbent].db = InvalidOid;
+		slot->relid = InvalidOid;
+		slot->db = InvalidOid;
+		filter_freelist[filter_shared->nfree++] = s;
+		goto no_room;
 	}
 	*incarnation = pg_atomic_fetch_add_u64(&filter_shared->next_incarnation, 1);
 	pg_atomic_write_u64(&slot->incarnation, *incarnation);
@@ -1034,8 +1380,9 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 	return s;
 
 no_room:
+	IdemFilterNoteNoRoom(&report, ledger, relid, dbent);
 	LWLockRelease(filter_shared->lock);
-	IdemFilterReportFull(ledger, relid);
+	IdemFilterReportFull(&report);
 	return -1;
 }
 
@@ -1086,6 +1433,19 @@ IdemFilterFreeSlot(int s)
 	if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE)
 		return;
 	Assert(filter_shared->nfree < filter_shared->nslots);
+	/* what its database holds */
+	{
+		IdemFilterDb *e = &filter_shared->dbs[slot->dbent];
+
+		e->pages -= (int32) IdemFilterSlotPages(slot);
+		if (--e->slots <= 0)
+		{
+			Assert(e->pages == 0);
+			e->db = InvalidOid;
+			e->slots = 0;
+			e->pages = 0;
+		}
+	}
 	pg_atomic_write_u64(&slot->incarnation,
 						pg_atomic_fetch_add_u64(&filter_shared->next_incarnation, 1));
 	pg_atomic_write_u32(&slot->state, IDEM_FILTER_FREE);
@@ -1241,7 +1601,15 @@ IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest)
  * IdemFilterCreated gives a partition this transaction just made (and
  * nobody else can see yet) an empty READY filter, sized like its siblings,
  * unless the database has a subscription or an external write is under
- * way or overlaps the making of the filter (IdemFilterFinish).
+ * way or overlaps the making of the filter (IdemFilterFinish), or the
+ * partition is not empty.  It can be: between the library's CREATE TABLE
+ * and its ATTACH (which the hooks let through as the library's own),
+ * whatever that DDL fires (a superuser's event trigger) may have written
+ * rows into the table while it was not yet a ledger's, which no hook
+ * noticed.  Such a partition gets its filter from maintenance, built from
+ * its heap.  Nothing runs between the look at its size and the filter
+ * becoming READY, and no other transaction can write into it before this
+ * one commits.
  */
 void
 IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
@@ -1249,9 +1617,19 @@ IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
 	uint64		seq;
 	uint64		incarnation;
 	int			s;
+	Relation	rel;
+	bool		empty;
 
 	if (!IdemFilterUsable(lane) || !OidIsValid(relid) ||
 		IdemFilterExternalBusy(&seq) || IdemFilterHasSubscription())
+		return;
+	/* made by this transaction, which holds its lock */
+	rel = try_relation_open(relid, NoLock);
+	if (rel == NULL)
+		return;
+	empty = RelationGetNumberOfBlocks(rel) == 0;
+	relation_close(rel, NoLock);
+	if (!empty)
 		return;
 	s = IdemFilterTake(relid, lane, ledger,
 					   Max(IdemFilterSizeHint(MyDatabaseId, ledger, lane),

@@ -83,6 +83,7 @@ typedef struct IdemDigest
 #define IDEM_LOCK_MAINTAIN	0x4946	/* one idem_maintain() run per database */
 #define IDEM_LOCK_POSITION	0x4947	/* one stream partition's position */
 #define IDEM_LOCK_SEQUENCE	0x4948	/* one producer's sequence */
+#define IDEM_LOCK_RESTORE	0x4952	/* a restore of the database (worker.c) */
 
 extern void IdemComputeDigest(const char *ns, int nslen,
 							  const char *key, int keylen,
@@ -131,7 +132,7 @@ extern text *IdemCheckKeyArg(FunctionCallInfo fcinfo, int argno,
 extern text *IdemCheckScopeArg(FunctionCallInfo fcinfo, int argno,
 							   const char *argname);
 extern void IdemCheckKeyLength(int len, const char *argname);
-extern TimestampTz IdemAddInterval(TimestampTz t, Datum span);
+extern TimestampTz IdemTimestampPlus(TimestampTz t, const Interval *span);
 extern TimestampTz IdemExpiresAt(FunctionCallInfo fcinfo, int argno,
 								 TimestampTz now, int default_ttl,
 								 const char *default_ttl_name);
@@ -223,7 +224,6 @@ extern Oid	IdemStorageOwner(void);
 extern void IdemBecomeStorageOwner(IdemSavedUser *save);
 extern void IdemRestoreUser(const IdemSavedUser *save);
 extern void IdemRestrictTableAcl(Oid relid);
-extern bool IdemRoleMayCreateIn(Oid roleid, Oid nspid);
 
 /* ----------------------------------------------------------------
  * The dedup protocol: key lock, dirty probe of live partitions, insert
@@ -545,6 +545,7 @@ extern Size IdemStatsShmemSize(void);
 extern void IdemStatsShmemInit(void);
 extern void IdemStatsAdd(IdemStat which, uint64 n);
 extern void IdemStatsMaintenanceRun(const char *error);
+extern void IdemStatsMaintenanceHeldOff(const char *reason);
 extern void IdemStatsForgetDatabases(const Oid *dbs, int ndbs,
 									 TimestampTz listed_at);
 extern void IdemStatsRequirePreload(const char *what);

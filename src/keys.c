@@ -208,7 +208,7 @@ IdemClaimClock(IdemClaim *claim, IdemOp *op)
 	claim->lease_until = 0;
 	if (!claim->has_lease)
 		return;
-	claim->lease_until = IdemAddInterval(op->now, PG_GETARG_DATUM(4));
+	claim->lease_until = IdemTimestampPlus(op->now, PG_GETARG_INTERVAL_P(4));
 	if (claim->lease_until <= op->now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
@@ -844,7 +844,7 @@ IdemRecoverKey(Oid role, const IdemDigest *digest, Datum lease,
 	if (taken)
 	{
 		out->lapsed_at = DatumGetTimestampTz(op.values[Anum_keys_lease_until - 1]);
-		lease_until = IdemAddInterval(op.now, lease);
+		lease_until = IdemTimestampPlus(op.now, DatumGetIntervalP(lease));
 		lease_until = Min(lease_until, IdemRowExpiry(&op));
 		op.values[Anum_keys_token - 1] =
 			Int64GetDatum(IdemNextToken(op.now,

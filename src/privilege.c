@@ -44,6 +44,7 @@
 
 #include "access/htup_details.h"
 #include "access/xact.h"
+#include "catalog/pg_attribute.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_authid.h"
 #include "catalog/pg_namespace.h"
@@ -268,13 +269,46 @@ IdemRestoreUser(const IdemSavedUser *save)
 }
 
 /*
+ * IdemAddGrantees appends to *grantees (of *n, room for *size) every
+ * grantee of "acl" but "owner" that is not there yet.
+ */
+static void
+IdemAddGrantees(Acl *acl, Oid owner, Oid **grantees, int *n, int *size)
+{
+	AclItem    *items = ACL_DAT(acl);
+	int			i;
+
+	for (i = 0; i < ACL_NUM(acl); i++)
+	{
+		Oid			grantee = items[i].ai_grantee;
+		int			j;
+
+		if (grantee == owner)
+			continue;
+		for (j = 0; j < *n; j++)
+			if ((*grantees)[j] == grantee)
+				break;
+		if (j < *n)
+			continue;
+		if (*n == *size)
+		{
+			*size *= 2;
+			*grantees = repalloc(*grantees, *size * sizeof(Oid));
+		}
+		(*grantees)[(*n)++] = grantee;
+	}
+}
+
+/*
  * IdemRestrictTableAcl takes back every privilege on table "relid" that is
- * held by anyone but its owner: the ledger tables are reached through the
- * extension's functions only, and hold every role's fingerprints, stored
- * responses and digests.  Whatever granted them (the storage owner's
- * default privileges when the table was made, a restore, a GRANT), they go.
- * Does nothing, and runs no SQL, when there is nothing to take back, as
- * for a table made without default privileges.
+ * held by anyone but its owner, on the table or on any of its columns: the
+ * ledger tables are reached through the extension's functions only, and
+ * hold every role's fingerprints, stored responses and digests.  Whatever
+ * granted them (the storage owner's default privileges when the table was
+ * made, a restore, a GRANT, on the table or on some columns), they go: a
+ * REVOKE on the table takes its grantees' column privileges too.  Does
+ * nothing, and runs no SQL, when there is nothing to take back, as for a
+ * table made without default privileges.
  */
 void
 IdemRestrictTableAcl(Oid relid)
@@ -283,66 +317,70 @@ IdemRestrictTableAcl(Oid relid)
 	Form_pg_class form;
 	Datum		datum;
 	bool		isnull;
-	Acl		   *acl;
-	AclItem    *items;
-	StringInfoData sql;
+	Oid			owner;
+	int16		natts;
+	AttrNumber	attnum;
+	Oid		   *grantees;
 	int			ngrantees = 0;
+	int			size = 8;
+	StringInfoData sql;
 	int			i;
 
 	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
 	if (!HeapTupleIsValid(tup))
 		return;					/* dropped meanwhile */
 	form = (Form_pg_class) GETSTRUCT(tup);
+	owner = form->relowner;
+	natts = form->relnatts;
+	grantees = palloc(size * sizeof(Oid));
+
+	/* the table's grantees (NULL: the default, the owner only) */
 	datum = SysCacheGetAttr(RELOID, tup, Anum_pg_class_relacl, &isnull);
-	if (isnull)
+	if (!isnull)
+		IdemAddGrantees(DatumGetAclP(datum), owner, &grantees, &ngrantees,
+						&size);
+
+	/* and its columns' */
+	for (attnum = 1; attnum <= natts; attnum++)
 	{
-		/* the default: the owner only */
+		HeapTuple	atttup = SearchSysCache2(ATTNUM, ObjectIdGetDatum(relid),
+											 Int16GetDatum(attnum));
+
+		if (!HeapTupleIsValid(atttup))
+			continue;
+		datum = SysCacheGetAttr(ATTNUM, atttup, Anum_pg_attribute_attacl,
+								&isnull);
+		if (!isnull)
+			IdemAddGrantees(DatumGetAclP(datum), owner, &grantees,
+							&ngrantees, &size);
+		ReleaseSysCache(atttup);
+	}
+
+	if (ngrantees == 0)
+	{
 		ReleaseSysCache(tup);
+		pfree(grantees);
 		return;
 	}
 
-	acl = DatumGetAclPCopy(datum);
-	items = ACL_DAT(acl);
 	initStringInfo(&sql);
 	appendStringInfo(&sql, "REVOKE ALL ON TABLE %s.%s FROM ",
 					 quote_identifier(get_namespace_name(form->relnamespace)),
 					 quote_identifier(NameStr(form->relname)));
-	for (i = 0; i < ACL_NUM(acl); i++)
+	ReleaseSysCache(tup);
+	for (i = 0; i < ngrantees; i++)
 	{
-		Oid			grantee = items[i].ai_grantee;
-		int			j;
-
-		if (grantee == form->relowner)
-			continue;
-		/* each grantee once */
-		for (j = 0; j < i; j++)
-			if (items[j].ai_grantee == grantee)
-				break;
-		if (j < i)
-			continue;
-		if (ngrantees++ > 0)
+		if (i > 0)
 			appendStringInfoString(&sql, ", ");
-		if (grantee == ACL_ID_PUBLIC)
+		if (grantees[i] == ACL_ID_PUBLIC)
 			appendStringInfoString(&sql, "PUBLIC");
 		else
 			appendStringInfoString(&sql,
-								   quote_identifier(GetUserNameFromId(grantee, false)));
+								   quote_identifier(GetUserNameFromId(grantees[i], false)));
 	}
 	appendStringInfoString(&sql, " CASCADE");
-	ReleaseSysCache(tup);
 
-	if (ngrantees > 0)
-		IdemExecAsOwner(sql.data, 0);
+	IdemExecAsOwner(sql.data, 0);
 	pfree(sql.data);
-	pfree(acl);
-}
-
-/*
- * IdemRoleMayCreateIn: may role "roleid" create objects in namespace
- * "nspid" (directly, or through the roles it inherits from)?
- */
-bool
-IdemRoleMayCreateIn(Oid roleid, Oid nspid)
-{
-	return IdemNamespaceAclCheck(nspid, roleid, ACL_CREATE) == ACLCHECK_OK;
+	pfree(grantees);
 }

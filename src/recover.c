@@ -92,6 +92,7 @@ idem_recover(PG_FUNCTION_ARGS)
 	text	   *scope = NULL;
 	int32		max_keys;
 	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz lease_until;
 	IdemLapsedList list = {NULL, 0, 0};
 	int			taken = 0;
 	int			i;
@@ -102,10 +103,18 @@ idem_recover(PG_FUNCTION_ARGS)
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("lease must not be null"),
 				 errhint("Pass the lease the recovered claims get.")));
-	if (IdemAddInterval(now, PG_GETARG_DATUM(0)) <= now)
+	lease_until = IdemTimestampPlus(now, PG_GETARG_INTERVAL_P(0));
+	if (lease_until <= now)
 		ereport(ERROR,
 				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
 				 errmsg("lease must be a positive interval")));
+	/* as idem_claim() bounds a lease, by the ttl it may have */
+	if (lease_until > now + (int64) idem_max_ttl * USECS_PER_SEC)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("lease exceeds \"%s\"", "idempotency.max_ttl"),
+				 errdetail("The limit is %d seconds.", idem_max_ttl),
+				 errhint("Pass a shorter lease, or raise \"%s\".", "idempotency.max_ttl")));
 	if (!PG_ARGISNULL(1))
 		scope = IdemCheckScopeArg(fcinfo, 1, "scope");
 	if (PG_ARGISNULL(2))

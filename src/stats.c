@@ -62,6 +62,8 @@ typedef struct IdemDbStats
 	TimestampTz last_error_at;	/* end of the last failed run, or 0 */
 	bool		last_run_failed;
 	char		last_error[IDEM_STATS_ERROR_LEN];
+	bool		held_off;		/* the worker's last round did not maintain */
+	char		held_off_reason[IDEM_STATS_ERROR_LEN];
 	TimestampTz stats_reset;
 	TimestampTz created_at;		/* when the entry was made */
 } IdemDbStats;
@@ -197,11 +199,31 @@ IdemStatsMaintenanceRun(const char *error)
 	entry->maintenance_runs++;
 	entry->last_maintenance = now;
 	entry->last_run_failed = (error != NULL);
+	entry->held_off = false;
 	if (error != NULL)
 	{
 		entry->last_error_at = now;
 		strlcpy(entry->last_error, error, sizeof(entry->last_error));
 	}
+	SpinLockRelease(&entry->mutex);
+}
+
+/*
+ * IdemStatsMaintenanceHeldOff records that the background worker's round
+ * left the current database alone, and why (shown until a maintenance
+ * run, the worker's or idem_maintain(), ends).
+ */
+void
+IdemStatsMaintenanceHeldOff(const char *reason)
+{
+	IdemDbStats *entry;
+
+	if (idem_stats == NULL || !OidIsValid(MyDatabaseId))
+		return;
+	entry = IdemDbStatsFor(MyDatabaseId, true);
+	SpinLockAcquire(&entry->mutex);
+	entry->held_off = true;
+	strlcpy(entry->held_off_reason, reason, sizeof(entry->held_off_reason));
 	SpinLockRelease(&entry->mutex);
 }
 
@@ -268,6 +290,8 @@ IdemDbStatsReset(IdemDbStats *entry, TimestampTz now)
 	entry->last_error_at = 0;
 	entry->last_run_failed = false;
 	entry->last_error[0] = '\0';
+	entry->held_off = false;
+	entry->held_off_reason[0] = '\0';
 	entry->stats_reset = now;
 	SpinLockRelease(&entry->mutex);
 }
@@ -294,8 +318,8 @@ idem_stats_info(PG_FUNCTION_ARGS)
 	hash_seq_init(&scan, idem_stats_hash);
 	for (;;)
 	{
-		Datum		values[IDEM_NUM_STATS + 7];
-		bool		nulls[IDEM_NUM_STATS + 7] = {false};
+		Datum		values[IDEM_NUM_STATS + 8];
+		bool		nulls[IDEM_NUM_STATS + 8] = {false};
 		uint64		total = 0;
 		int			i;
 		int			col = 0;
@@ -304,6 +328,8 @@ idem_stats_info(PG_FUNCTION_ARGS)
 		bool		last_run_failed;
 		char		last_error[IDEM_STATS_ERROR_LEN];
 		TimestampTz last_error_at;
+		bool		held_off;
+		char		held_off_reason[IDEM_STATS_ERROR_LEN];
 		TimestampTz stats_reset;
 
 		/* the databases, then the overflow entry */
@@ -337,6 +363,8 @@ idem_stats_info(PG_FUNCTION_ARGS)
 		last_run_failed = entry->last_run_failed;
 		memcpy(last_error, entry->last_error, sizeof(last_error));
 		last_error_at = entry->last_error_at;
+		held_off = entry->held_off;
+		memcpy(held_off_reason, entry->held_off_reason, sizeof(held_off_reason));
 		stats_reset = entry->stats_reset;
 		SpinLockRelease(&entry->mutex);
 
@@ -351,6 +379,14 @@ idem_stats_info(PG_FUNCTION_ARGS)
 		values[col] = TimestampTzGetDatum(last_error_at);
 		nulls[col++] = (last_error_at == 0);
 		values[col++] = TimestampTzGetDatum(stats_reset);
+		/* since 0.4.0: why the worker's last round held off, if it did */
+		if (rsinfo->setDesc->natts > col)
+		{
+			if (held_off)
+				values[col++] = CStringGetTextDatum(held_off_reason);
+			else
+				nulls[col++] = true;
+		}
 
 		/* the overflow row only when something landed there */
 		if (!OidIsValid(entry->dboid) && total == 0)

@@ -41,9 +41,10 @@
  * the database's owner need not be trusted, so every worker pins its own
  * settings first (privilege.c) and runs no SQL but the storage DDL.
  *
- * A database is left alone on a round while pg_restore is connected to it
- * (see IdemRestoreInProgress), and no launcher is registered in the
- * binary-upgrade mode pg_upgrade runs the new cluster in.
+ * A database is left alone on a round while a superuser's pg_restore is
+ * connected to it (see IdemRestoreInProgress; idempotency.stats says so),
+ * and no launcher is registered in the binary-upgrade mode pg_upgrade runs
+ * the new cluster in.
  *
  * The launcher and its workers start only once recovery has finished
  * (BgWorkerStart_RecoveryFinished): never on a standby, at once on a
@@ -84,6 +85,7 @@
 #include "catalog/pg_database.h"
 #include "commands/dbcommands.h"
 #include "commands/extension.h"
+#include "libpq/libpq-be.h"
 #include "miscadmin.h"
 #include "pgstat.h"
 #include "postmaster/bgworker.h"
@@ -97,6 +99,7 @@
 #include "storage/spin.h"
 #include "tcop/utility.h"
 #include "utils/backend_status.h"
+#include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
@@ -169,7 +172,9 @@ static void IdemLauncherDetach(int code, Datum arg);
 static void IdemLauncherListDatabases(HTAB *dbs);
 static void IdemLauncherRunWorker(IdemDbEntry *db);
 static void IdemWorkerConnect(Oid dboid);
-static bool IdemRestoreInProgress(void);
+static void IdemNoteRestore(Node *parsetree, ProcessUtilityContext context);
+static void IdemRestoreLockTag(LOCKTAG *tag);
+static bool IdemRestoreInProgress(char *reason, Size reason_len);
 static void IdemWorkerDefine(BackgroundWorker *worker, const char *function,
 							 const char *type, int restart_time);
 
@@ -231,7 +236,8 @@ IdemWorkerPreloadInit(void)
 
 /*
  * IdemProcessUtility notes a CREATE EXTENSION idempotency, so that the
- * launcher can be woken when it commits.
+ * launcher can be woken when it commits, and, once each statement has run,
+ * whether this session is a restore (IdemNoteRestore).
  */
 static void
 IdemProcessUtility(PlannedStmt *pstmt, const char *queryString,
@@ -260,6 +266,77 @@ IdemProcessUtility(PlannedStmt *pstmt, const char *queryString,
 	else
 		standard_ProcessUtility(pstmt, queryString, readOnlyTree, context,
 								params, queryEnv, dest, qc);
+
+	IdemNoteRestore(parsetree, context);
+}
+
+/*
+ * IdemNoteRestore keeps this session's share of its database's restore
+ * lock (IdemRestoreLockTag) while the session is a restore, which holds
+ * the worker off the database (IdemRestoreInProgress): a session of a
+ * superuser (its session user, whatever role it has set), named
+ * "pg_restore" now, by a name it gave itself: sent as application_name
+ * when it connected (pg_restore does, as does psql with
+ * PGAPPNAME=pg_restore), or set by a top-level SET application_name of its
+ * own.  Not a name the database's settings gave it (ALTER DATABASE ... SET
+ * application_name, which the database's owner may set, applies to every
+ * connection that sends no name of its own), nor one code it ran set (a
+ * function's SET clause or set_config()).  Looked at after each utility
+ * statement the session runs: pg_restore's first statements are SETs, run
+ * before it makes anything.  A session lock, taken without waiting (if the
+ * worker is looking at that moment, the next statement takes it); released
+ * when the session stops being a restore, or ends.
+ */
+static void
+IdemNoteRestore(Node *parsetree, ProcessUtilityContext context)
+{
+	static bool named_by_session = false;
+	static bool restore_lock_held = false;
+	bool		restoring;
+	LOCKTAG		tag;
+
+	if (!IsUnderPostmaster || MyBackendType != B_BACKEND ||
+		!OidIsValid(MyDatabaseId) || RecoveryInProgress())
+		return;
+
+	/* SET or RESET application_name (or RESET ALL) by the session itself */
+	if (context == PROCESS_UTILITY_TOPLEVEL && IsA(parsetree, VariableSetStmt))
+	{
+		VariableSetStmt *stmt = (VariableSetStmt *) parsetree;
+
+		if (stmt->kind == VAR_RESET_ALL ||
+			(stmt->name != NULL &&
+			 pg_strcasecmp(stmt->name, "application_name") == 0))
+			named_by_session = stmt->kind != VAR_RESET_ALL &&
+				stmt->kind != VAR_RESET && stmt->kind != VAR_SET_DEFAULT &&
+				application_name != NULL &&
+				strcmp(application_name, "pg_restore") == 0;
+	}
+
+	restoring = application_name != NULL &&
+		strcmp(application_name, "pg_restore") == 0 &&
+		(named_by_session ||
+		 (MyProcPort != NULL && MyProcPort->application_name != NULL &&
+		  strcmp(MyProcPort->application_name, "pg_restore") == 0)) &&
+		superuser_arg(GetSessionUserId());
+	if (restoring == restore_lock_held)
+		return;
+	IdemRestoreLockTag(&tag);
+	if (restoring)
+		restore_lock_held =
+			LockAcquire(&tag, ShareLock, true, true) != LOCKACQUIRE_NOT_AVAIL;
+	else
+	{
+		LockRelease(&tag, ShareLock, true);
+		restore_lock_held = false;
+	}
+}
+
+/* the lock a restore of this database holds (IdemNoteRestore) */
+static void
+IdemRestoreLockTag(LOCKTAG *tag)
+{
+	IdemSetLedgerLockTag(tag, 0, IDEM_LOCK_RESTORE);
 }
 
 /*
@@ -521,6 +598,7 @@ idem_worker_main(Datum main_arg)
 {
 	Oid			dboid = DatumGetObjectId(main_arg);
 	bool		present;
+	char		reason[128];
 
 	IdemWorkerConnect(dboid);
 
@@ -541,10 +619,15 @@ idem_worker_main(Datum main_arg)
 	if (!present)
 		IdemFilterForgetDatabase();
 
-	if (present && !RecoveryInProgress() && IdemRestoreInProgress())
+	if (present && !RecoveryInProgress() &&
+		IdemRestoreInProgress(reason, sizeof(reason)))
+	{
 		ereport(LOG,
 				(errmsg("idempotency worker: pg_restore is connected to database \"%s\", not maintaining it this round",
-						get_database_name(dboid))));
+						get_database_name(dboid)),
+				 errdetail("%s", reason)));
+		IdemStatsMaintenanceHeldOff(reason);
+	}
 	else if (present && !RecoveryInProgress())
 	{
 		int			created;
@@ -567,39 +650,55 @@ idem_worker_main(Datum main_arg)
  * restores the ledgers, maintenance must not touch them: it would make the
  * tables pg_restore is about to create, or partitions that overlap those
  * it is about to attach, or drop ended partitions before their rows are
- * loaded.  pg_restore names its connections "pg_restore".
- *
- * Any role can name its connection so, and stay connected: such a session
- * counts only if its role may create tables in schema idempotency (its
- * owner, a superuser, or a role they granted CREATE), as a restore of the
- * ledgers must.  An ordinary role cannot hold maintenance off.  Read from
- * the activity table in C: no SQL runs here with the database's settings.
+ * loaded.  A restore is a superuser's session that named itself
+ * "pg_restore" and holds the database's restore lock (IdemNoteRestore):
+ * the worker cannot take it.  Only a superuser can restore the ledgers
+ * (the extension is superuser = true, and its tables are granted to
+ * nobody), so no other role may hold maintenance off, and a name the
+ * database's owner gave every session (ALTER DATABASE ... SET
+ * application_name) is no restore.  If there is one, sets "reason" to
+ * what the statistics show: the session, from the activity table.  No SQL
+ * runs here with the database's settings.
  */
 static bool
-IdemRestoreInProgress(void)
+IdemRestoreInProgress(char *reason, Size reason_len)
 {
-	Oid			nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
-	int			nbackends = pgstat_fetch_stat_numbackends();
+	LOCKTAG		tag;
+	int			nbackends;
 	int			i;
 
+	IdemRestoreLockTag(&tag);
+	if (LockAcquire(&tag, ExclusiveLock, false, true) != LOCKACQUIRE_NOT_AVAIL)
+	{
+		LockRelease(&tag, ExclusiveLock, false);
+		return false;
+	}
+
+	/* which session: a superuser's named pg_restore, as the lock's holders are */
+	strlcpy(reason, "pg_restore is connected", reason_len);
+	nbackends = pgstat_fetch_stat_numbackends();
 	for (i = 1; i <= nbackends; i++)
 	{
 		LocalPgBackendStatus *local = IdemLocalBackendStatus(i);
 		PgBackendStatus *be;
+		const char *role;
 
 		if (local == NULL)
 			continue;
 		be = &local->backendStatus;
-		if (be->st_procpid == MyProcPid ||
-			be->st_backendType != B_BACKEND ||
+		if (be->st_backendType != B_BACKEND ||
 			be->st_databaseid != MyDatabaseId ||
 			be->st_appname == NULL ||
-			strcmp(be->st_appname, "pg_restore") != 0)
+			strcmp(be->st_appname, "pg_restore") != 0 ||
+			!superuser_arg(be->st_userid))
 			continue;
-		if (!OidIsValid(nspid) || IdemRoleMayCreateIn(be->st_userid, nspid))
-			return true;
+		role = GetUserNameFromId(be->st_userid, true);
+		snprintf(reason, reason_len,
+				 "pg_restore is connected (process %d, role %s)",
+				 be->st_procpid, role ? role : "?");
+		break;
 	}
-	return false;
+	return true;
 }
 
 /*

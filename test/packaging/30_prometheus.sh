@@ -288,6 +288,8 @@ SELECT 'idempotency_stats_' || m.name, 'datname=' || s.datname, m.value
                         coalesce(extract(epoch FROM s.last_maintenance), 0)),
                        ('last_error_timestamp_seconds',
                         coalesce(extract(epoch FROM s.last_error_at), 0)),
+                       ('maintenance_held_off',
+                        CASE WHEN s.maintenance_held_off IS NULL THEN 0 ELSE 1 END),
                        ('reset_timestamp_seconds', extract(epoch FROM s.stats_reset))) m(name, value)
  WHERE s.datname = current_database()
 UNION ALL
