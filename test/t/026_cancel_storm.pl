@@ -176,13 +176,14 @@ sub messages
 # What a cancel may print: its error, and where it landed, innermost first:
 # in the extension's own storage DDL (a partition made inline, or dropped
 # by idem_maintain()), in idem_maintain()'s removal of unused stream
-# positions and producer sequences (0.4.0), in the DO block's statements and expressions, in the
+# positions and producer sequences (0.4.0: the rows no call holds, FOR
+# UPDATE SKIP LOCKED), in the DO block's statements and expressions, in the
 # DO block itself (its statement block, entry or exit), in the compilation
 # of the DO block.  (PostgreSQL 18 names a PL/pgSQL expression "PL/pgSQL
 # expression", older majors "SQL expression".)  Anything else is reported.
 my $cancel_re = qr/^ERROR:  canceling statement due to (statement timeout|user request)$/;
 my $context_re = qr/^(?:SQL\ statement\ "(?:CREATE\ TABLE|DROP\ TABLE|REVOKE\ ALL\ ON\ TABLE)\ idempotency\.[^"]*"
-	               |SQL\ statement\ "DELETE\ FROM\ idempotency\.(?:positions|sequences)\ WHERE\ updated_at\ OPERATOR\(pg_catalog\.<\)\ '[^']*'::pg_catalog\.timestamptz"
+	               |SQL\ statement\ "DELETE\ FROM\ idempotency\.(?:positions|sequences)\ WHERE\ ctid\ OPERATOR\(pg_catalog\.=\)\ ANY\ \(ARRAY\(SELECT\ ctid\ FROM\ idempotency\.(?:positions|sequences)\ WHERE\ updated_at\ OPERATOR\(pg_catalog\.<\)\ '[^']*'::pg_catalog\.timestamptz\ FOR\ UPDATE\ SKIP\ LOCKED\)\)"
 	               |SQL\ statement\ "SELECT\ idem_complete\('s-\d+',\ 200\)"
 	               |(?:PL\/pgSQL|SQL)\ expression\ "\(SELECT\ status\ FROM\ idem_claim\('s-\d+',\ jsonb_build_object\('k',\ \d+\)\)\)\ =\ 'claimed'"
 	               |PL\/pgSQL\ function\ inline_code_block(?:\ line\ \d+\ at\ (?:statement\ block|IF|PERFORM)|\ during\ [a-z ]+)?
@@ -235,9 +236,9 @@ sub classify
 				q{ERROR:  canceling statement due to user request},
 				q{CONTEXT:  SQL statement "DROP TABLE idempotency.messages_n24_1_20261129_000000 CASCADE"},
 				q{ERROR:  canceling statement due to user request},
-				q{CONTEXT:  SQL statement "DELETE FROM idempotency.positions WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:10.702288+00'::pg_catalog.timestamptz"},
+				q{CONTEXT:  SQL statement "DELETE FROM idempotency.positions WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM idempotency.positions WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:10.702288+00'::pg_catalog.timestamptz FOR UPDATE SKIP LOCKED))"},
 				q{ERROR:  canceling statement due to statement timeout},
-				q{CONTEXT:  SQL statement "DELETE FROM idempotency.sequences WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:17.740602+00'::pg_catalog.timestamptz"},
+				q{CONTEXT:  SQL statement "DELETE FROM idempotency.sequences WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM idempotency.sequences WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:17.740602+00'::pg_catalog.timestamptz FOR UPDATE SKIP LOCKED))"},
 				q{ERROR:  canceling statement due to user request},
 				q{CONTEXT:  PL/pgSQL function inline_code_block line 1 at IF},
 				q{ERROR:  canceling statement due to statement timeout},
