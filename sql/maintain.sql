@@ -92,10 +92,12 @@ BEGIN
     PERFORM pg_sleep(0.05);
   END LOOP;
 END $$;
-SELECT clock_timestamp() AS before_maintain \gset
+-- (the clock as seconds since the epoch: a timestamp's text in the session's
+-- DateStyle names zones by abbreviations some cannot be read back from, SST)
+SELECT extract(epoch FROM clock_timestamp()) AS before_maintain \gset
 SELECT partitions_dropped > 0 AS dropped FROM idem_maintain();
 SELECT count(*) AS expired_left FROM idempotency.partitions
- WHERE upper_bound <= :'before_maintain';
+ WHERE upper_bound <= pg_catalog.to_timestamp(:'before_maintain'::float8);
 SELECT count(*) AS short_lived_rows FROM idempotency.messages m
   JOIN pg_class c ON c.oid = m.tableoid WHERE c.relname LIKE 'messages\_1\_%';
 -- the message can be consumed again

@@ -35,7 +35,7 @@
 # point is printed with the command that replays it.
 #
 # Suites at each point (CALENDAR_SUITES, default "regress pgtap isolation
-# tap"): regress (sql/, make installcheck), pgtap (test/pgtap/, on a
+# tap", and "regress pgtap tap" with CALENDAR_MODE=ci): regress (sql/, make installcheck), pgtap (test/pgtap/, on a
 # cluster of test/lib/cluster.sh), isolation (specs/, both passes) and tap
 # (CALENDAR_TAP_TESTS, default the worker's and the maintenance and expiry
 # tests: test/t/030_worker.pl, 032_worker_waits.pl and 035_digest_filters.pl;
@@ -66,7 +66,11 @@ SRC=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 
 export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
 MODE=${CALENDAR_MODE:-full}
-SUITES=${CALENDAR_SUITES:-regress pgtap isolation tap}
+if [ "$MODE" = ci ]; then
+	SUITES=${CALENDAR_SUITES:-regress pgtap tap}
+else
+	SUITES=${CALENDAR_SUITES:-regress pgtap isolation tap}
+fi
 TAP_TESTS=${CALENDAR_TAP_TESTS:-test/t/030_worker.pl test/t/032_worker_waits.pl test/t/035_digest_filters.pl}
 PORT=${CALENDAR_PORT:-55300}
 
