@@ -56,7 +56,17 @@ What the model allows is what the contract allows, and nothing else:
     statement that a cancel or timeout raced may end with 57014 or 55P03,
     one that waits under a timeout must; any statement of a SERIALIZABLE
     transaction may fail with 40001; the contract does not say which of
-    several errors of one bad import record is reported, so any of them.
+    several errors of one bad import record is reported, so any of them;
+  - pg_cancel_backend() sends a signal, which the backend acts on when it
+    next runs: on a busy machine that can be after the test has seen the
+    statement wait in pg_locks, so a statement a cancel raced may still
+    end with 57014 in a later round, where it waits or once woken, until
+    it answers (unless the cancel came before the statement was read,
+    which ignores it).  MODEL_LATE_CANCELS (a share, 0 to 1; 0 by default)
+    makes that happen: once a statement that such a round sends waits, its
+    backend is stopped (SIGSTOP) until the round has been observed, so the
+    script must run on the server's machine as the server's user;
+    --scenario late-cancel runs that interleaving alone (see late_cancel).
 Never two holders of one key, a completed key answering claimed, a consumed
 id answering true twice within its ttl, a stale token accepted, a wrong
 response replayed, a token that does not increase, a wrong SQLSTATE.
@@ -87,8 +97,10 @@ cannot be avoided, accepted and counted in the statistics:
 Usage:
   idem_model.py --dsn DSN [--seed N | --seeds 1,2,3] [--steps N]
                 [--sessions N] [--trace FILE] [--verbose]
+                [--scenario late-cancel]
 Environment: SEED, MODEL_SEEDS, MODEL_STEPS, MODEL_SESSIONS, MODEL_STRICT,
-  MODEL_CLOCK_TOL_MS (default 2), MODEL_SETTLE_SECONDS (default 60).
+  MODEL_CLOCK_TOL_MS (default 2), MODEL_SETTLE_SECONDS (default 60),
+  MODEL_LATE_CANCELS (default 0).
 Exit status: 0 no difference, 1 a difference (or the server got stuck),
   2 bad usage or setup, 77 psycopg is not importable.
 
@@ -106,6 +118,7 @@ import json
 import os
 import random
 import select
+import signal
 import struct
 import sys
 import time
@@ -1259,6 +1272,10 @@ class Driver:
         self.stats = {}
         self.step = 0
         self.strict = os.environ.get('MODEL_STRICT', '') not in ('', '0')
+        # the share of raced cancels acted on late (see hold_when_waiting),
+        # drawn apart from the seed's choices, which stay the same
+        self.late = float(os.environ.get('MODEL_LATE_CANCELS', 0) or 0)
+        self.late_rng = random.Random(f"late cancels {seed}")
 
     # -- setup
     def setup(self):
@@ -1437,18 +1454,62 @@ class Driver:
         return False
 
     # -- a round: send statements, observe, explain
-    def round(self, calls, cancel_after=None):
+    def round(self, calls, cancel_after=None, hold=False):
         """Sends calls (one per session) at once, then waits until the
-        server is quiescent and has the model explain what it sees."""
+        server is quiescent and has the model explain what it sees.  With
+        cancel_after, cancels that session's statement once sent; with hold
+        (the model says it waits), see hold_when_waiting."""
         t0 = now_us()
         for c in calls:
             c.step = self.step
             self.note(c.show(), self.touched(c))
             self.conns[c.sess].send(c.sql, c.params)
             self.inflight[c.sess] = c
+        held = None
         if cancel_after is not None:
+            if hold and self.late > 0 and self.late_rng.random() < self.late:
+                held = self.hold_when_waiting(cancel_after)
             self.mon.execute("SELECT pg_cancel_backend(%s)", (self.conns[cancel_after].pid,))
-        self.resolve(calls, t0)
+        try:
+            self.resolve(calls, t0)
+        finally:
+            if held is not None:
+                os.kill(held, signal.SIGCONT)
+
+    def hold_when_waiting(self, s):
+        """MODEL_LATE_CANCELS: once S<s>'s statement waits for another
+        session's transaction (pg_locks), stop its backend (SIGSTOP) until
+        the round has been observed, as a busy machine leaves a process
+        unscheduled for a while: the cancel sent next reaches a backend that
+        cannot act on it yet, and the test sees the statement wait.  Returns
+        the pid stopped, or None if the statement answered, or waits for
+        something else than a session, instead."""
+        pid = self.conns[s].pid
+        pg = self.conns[s].pg
+        deadline = time.monotonic() + self.settle
+        delay = 0.0002
+        while time.monotonic() < deadline:
+            pg.consume_input()
+            if not pg.is_busy():
+                return None
+            h = self.monitor_waits([pid]).get(pid)
+            if h in self.pid2s:
+                os.kill(pid, signal.SIGSTOP)
+                if self.monitor_waits([pid]).get(pid) == h:
+                    self.note(f"S{s}'s backend stopped until the round is observed")
+                    key = ('run', 'backends held for a cancel')
+                    self.stats[key] = self.stats.get(key, 0) + 1
+                    return pid
+                os.kill(pid, signal.SIGCONT)
+                return None
+            others = self.mon.execute(
+                "SELECT count(*) FROM unnest(pg_blocking_pids(%s)) AS h(pid) WHERE NOT h.pid = ANY(%s)",
+                (pid, list(self.pid2s))).fetchone()[0]
+            if others:
+                return None
+            select.select([pg.socket], [], [], delay)
+            delay = min(delay * 2, 0.02)
+        return None
 
     def resolve(self, newcalls, t0):
         obs = self.observe()
@@ -1497,8 +1558,11 @@ class Driver:
                             self.exported_keys = o[1].rows
                         elif o[1].ok and c.kind == 'export_messages':
                             self.exported_msgs = o[1].rows
-                for c in self.inflight.values():
-                    c.racy = set()      # a cancel that raced it is spent
+                # a statement that still waits keeps what may interrupt it:
+                # pg_cancel_backend() only sends a signal, which the backend
+                # acts on when it next runs; on a busy machine that can be
+                # after the test has seen it wait in pg_locks (or the cancel
+                # came before the statement was read, and was ignored)
                 for tag in tags + [('clock', n) for n in ch.notes]:
                     self.stats[tag] = self.stats.get(tag, 0) + 1
                 self.after_round(obs)
@@ -1521,6 +1585,12 @@ class Driver:
                 del w.blocked[s]
                 w.conts.pop(s, None)
                 runnable.append(('err', b[0], Err(b[0].armed, f"waits for S{b[1]}; cancelled")))
+            elif b[0].racy and ch.pick(2) == 1:
+                # a cancel sent in an earlier round, acted on only now
+                del w.blocked[s]
+                w.conts.pop(s, None)
+                tags.append(('run', 'cancels acted on late'))
+                runnable.append(('err', b[0], Err(b[0].racy, f"waits for S{b[1]}; cancelled late")))
         runnable += self.woken(w, ch)
         done = set()
         while runnable:
@@ -2320,7 +2390,7 @@ class Driver:
         q = rng.random()
         if q < 0.03:
             c.racy = {'57014'}
-            self.round([c], cancel_after=s)
+            self.round([c], cancel_after=s, hold=blocker is not None)
             return
         if q < 0.05:
             self.timeout_round(c, 'statement_timeout', None, ms=rng.choice([1, 2, 3]))
@@ -2469,6 +2539,51 @@ class Driver:
         self.finish()
         return time.monotonic() - t_start
 
+    def late_cancel(self):
+        """--scenario late-cancel: a cancel that the waiting statement's
+        backend acts on only after the test has seen it wait, every time
+        (seed 1's step 7211 in a CI run on a busy machine).  S3 claims a key
+        in its transaction; S2 claims it with wait => true and is cancelled
+        once it waits for S3, its backend held (see hold_when_waiting) until
+        the round has been observed; S3 then rolls back.  S2 must answer
+        57014, which the model must explain."""
+        t_start = time.monotonic()
+        self.late = 1.0
+        key = f'{self.tag}/late'
+        for sc in self.scopes:
+            self.universe.setdefault(digest(sc, key), ('k', sc, key))
+        holder, waiter = self.sess[-1], self.sess[-2]
+
+        def claim(s, wait):
+            sql = ("SELECT status, token, recovery_point, response_code, response_body::text, "
+                   + US.format('expires_at') + " FROM idem_claim($1::text, wait => $2::boolean)")
+            c = Call(s, 'claim', sql, [key, 'true' if wait else 'false'],
+                     key=key, scope='', fp=None, ttl=None, lease=None, wait=wait)
+            c.locks = {(self.w.txns[s].role, '', key)}
+            c.label = f"claim /{key}"
+            return c
+
+        def step(calls, **kw):
+            self.step += 1
+            self.round(calls, **kw)
+
+        for s in (holder, waiter):
+            step([self.ctl(s, 'begin', "BEGIN ISOLATION LEVEL READ COMMITTED", iso='rc', ro=False)])
+        step([claim(holder, False)])
+        c = claim(waiter, True)
+        c.racy = {'57014'}
+        step([c], cancel_after=waiter, hold=True)
+        if waiter not in self.inflight or not self.stats.get(('run', 'backends held for a cancel')):
+            raise Difference(f"late-cancel scenario: S{waiter}'s claim did not wait for S{holder} "
+                             "with its backend held")
+        step([self.ctl(holder, 'rollback', "ROLLBACK")])
+        answers = [t for st, t, _ in self.log if st == self.step and t.startswith(f"  S{waiter} -> ")]
+        if waiter in self.inflight or not any('ERROR 57014' in t for t in answers):
+            raise Difference(f"late-cancel scenario: S{waiter} did not answer 57014 once S{holder} "
+                             "rolled back")
+        self.finish()
+        return time.monotonic() - t_start
+
     def summary(self):
         """What the run exercised, per statement: the answers the model
         explained (errors by SQLSTATE), and what the clock decided."""
@@ -2521,6 +2636,8 @@ def main():
     ap.add_argument('--sessions', type=int, default=int(os.environ.get('MODEL_SESSIONS', 3)))
     ap.add_argument('--trace', default=None)
     ap.add_argument('--verbose', action='store_true')
+    ap.add_argument('--scenario', choices=['late-cancel'], default=None,
+                    help='one fixed interleaving instead of random rounds')
     args = ap.parse_args()
     if args.seed is not None:
         seeds = [args.seed]
@@ -2539,8 +2656,12 @@ def main():
         d = None
         try:
             d = Driver(args.dsn, seed, args.steps, args.sessions, tol, settle, args.verbose, trace)
-            secs = d.run()
-            print(f"seed {seed}: {args.steps} steps in {secs:.1f} s, no difference")
+            if args.scenario:
+                secs = d.late_cancel()
+                print(f"scenario {args.scenario}: {d.step} steps in {secs:.1f} s, no difference")
+            else:
+                secs = d.run()
+                print(f"seed {seed}: {args.steps} steps in {secs:.1f} s, no difference")
             print(d.summary())
         except Difference as e:
             status = 1
