@@ -31,7 +31,9 @@ model of the contract of doc/reference.md, written here:
     no cycle among those waits;
   - then the model explains what it sees: it tries every order in which the
     running statements may have taken effect (and the statements they woke
-    up, by ending, rolling back or failing), every way the clock may have
+    up, by ending, rolling back or failing; a failing statement aborts its
+    subtransaction as it ends, after what it read, so a statement racing it
+    may read before that), every way the clock may have
     fallen near an expiry or a lease's end (a statement's clock is
     somewhere between just before it was sent and just after its answer
     arrived, give or take MODEL_CLOCK_TOL_MS), every victim of a deadlock,
@@ -66,7 +68,9 @@ What the model allows is what the contract allows, and nothing else:
     makes that happen: once a statement that such a round sends waits, its
     backend is stopped (SIGSTOP) until the round has been observed, so the
     script must run on the server's machine as the server's user;
-    --scenario late-cancel runs that interleaving alone (see late_cancel).
+    --scenario late-cancel runs that interleaving alone (see late_cancel),
+    --scenario concurrent-errors the race of two errors that each read the
+    other's row (see concurrent_errors).
 Never two holders of one key, a completed key answering claimed, a consumed
 id answering true twice within its ttl, a stale token accepted, a wrong
 response replayed, a token that does not increase, a wrong SQLSTATE.
@@ -97,7 +101,7 @@ cannot be avoided, accepted and counted in the statistics:
 Usage:
   idem_model.py --dsn DSN [--seed N | --seeds 1,2,3] [--steps N]
                 [--sessions N] [--trace FILE] [--verbose]
-                [--scenario late-cancel]
+                [--scenario late-cancel|concurrent-errors]
 Environment: SEED, MODEL_SEEDS, MODEL_STEPS, MODEL_SESSIONS, MODEL_STRICT,
   MODEL_CLOCK_TOL_MS (default 2), MODEL_SETTLE_SECONDS (default 60),
   MODEL_LATE_CANCELS (default 0).
@@ -1596,6 +1600,15 @@ class Driver:
         while runnable:
             i = ch.pick(len(runnable))
             c = runnable.pop(i)
+            if isinstance(c, tuple) and c[0] == 'abort':
+                _, s, ends = c
+                trail.append(f"S{s}: its error ends {'the transaction' if ends else 'its level'}")
+                if ends:
+                    w.txns[s] = None
+                else:
+                    w.abort(s)
+                runnable += self.woken(w, ch)
+                continue
             if isinstance(c, tuple):
                 _, c, out = c
             else:
@@ -1658,10 +1671,10 @@ class Driver:
                 if res.ok or res.sqlstate not in out.sqlstate:
                     raise Prune(f"S{s} ({c.label}): model: {out.desc}; server: {res!r}")
                 w.conts.pop(s, None)
-                if out.ends:
-                    w.txns[s] = None
-                else:
-                    w.abort(s)
+                # the error aborts what it must as the statement ends, after
+                # what it read: another statement of the round may read its
+                # transaction's rows before that (at once by default)
+                runnable.insert(0, ('abort', s, out.ends))
             else:
                 if not res.ok:
                     raise Prune(f"S{s} ({c.label}): model: {out.desc}; server: {res!r}")
@@ -2549,40 +2562,92 @@ class Driver:
         57014, which the model must explain."""
         t_start = time.monotonic()
         self.late = 1.0
-        key = f'{self.tag}/late'
-        for sc in self.scopes:
-            self.universe.setdefault(digest(sc, key), ('k', sc, key))
+        key = self.fixed_key('late')
         holder, waiter = self.sess[-1], self.sess[-2]
-
-        def claim(s, wait):
-            sql = ("SELECT status, token, recovery_point, response_code, response_body::text, "
-                   + US.format('expires_at') + " FROM idem_claim($1::text, wait => $2::boolean)")
-            c = Call(s, 'claim', sql, [key, 'true' if wait else 'false'],
-                     key=key, scope='', fp=None, ttl=None, lease=None, wait=wait)
-            c.locks = {(self.w.txns[s].role, '', key)}
-            c.label = f"claim /{key}"
-            return c
-
-        def step(calls, **kw):
-            self.step += 1
-            self.round(calls, **kw)
-
         for s in (holder, waiter):
-            step([self.ctl(s, 'begin', "BEGIN ISOLATION LEVEL READ COMMITTED", iso='rc', ro=False)])
-        step([claim(holder, False)])
-        c = claim(waiter, True)
+            self.fixed_step([self.fixed_begin(s)])
+        self.fixed_step([self.fixed_claim(holder, key, False)])
+        c = self.fixed_claim(waiter, key, True)
         c.racy = {'57014'}
-        step([c], cancel_after=waiter, hold=True)
+        self.fixed_step([c], cancel_after=waiter, hold=True)
         if waiter not in self.inflight or not self.stats.get(('run', 'backends held for a cancel')):
             raise Difference(f"late-cancel scenario: S{waiter}'s claim did not wait for S{holder} "
                              "with its backend held")
-        step([self.ctl(holder, 'rollback', "ROLLBACK")])
-        answers = [t for st, t, _ in self.log if st == self.step and t.startswith(f"  S{waiter} -> ")]
-        if waiter in self.inflight or not any('ERROR 57014' in t for t in answers):
+        self.fixed_step([self.ctl(holder, 'rollback', "ROLLBACK")])
+        if waiter in self.inflight or self.answered(waiter) != '57014':
             raise Difference(f"late-cancel scenario: S{waiter} did not answer 57014 once S{holder} "
                              "rolled back")
         self.finish()
         return time.monotonic() - t_start
+
+    def concurrent_errors(self, tries=1000):
+        """--scenario concurrent-errors: two transactions each claim a key,
+        then each releases the other's key, both at once: 55006 (held by
+        another transaction), an error that aborts the transaction.  When
+        the two statements overlap, each reads the other's row before either
+        aborts, and both answer 55006 (seed 2 met it at step 5467 in a run on
+        PostgreSQL 15 with MODEL_LATE_CANCELS=1; the model then took the first
+        error's abort as immediate).
+        Repeated, with new keys, until that has happened."""
+        t_start = time.monotonic()
+        a, b = self.sess[0], self.sess[1]
+        for n in range(tries):
+            keys = {a: self.fixed_key(f'ce{n}a'), b: self.fixed_key(f'ce{n}b')}
+            for s in (a, b):
+                self.fixed_step([self.fixed_begin(s)])
+            for s in (a, b):
+                self.fixed_step([self.fixed_claim(s, keys[s], False)])
+            self.fixed_step([self.fixed_act(a, 'release', keys[b], 1),
+                             self.fixed_act(b, 'release', keys[a], 1)])
+            both = self.answered(a) == '55006' and self.answered(b) == '55006'
+            for s in (a, b):
+                self.fixed_step([self.ctl(s, 'rollback', "ROLLBACK")])
+            if both:
+                self.stats[('run', 'tries until both answered 55006')] = n + 1
+                self.finish()
+                return time.monotonic() - t_start
+        raise Difference(f"concurrent-errors scenario: the two releases never both answered 55006 "
+                         f"in {tries} tries")
+
+    # -- the scenarios' statements: fixed, no random choices
+    def fixed_key(self, name):
+        key = f'{self.tag}/{name}'
+        for sc in self.scopes:
+            self.universe.setdefault(digest(sc, key), ('k', sc, key))
+        return key
+
+    def fixed_step(self, calls, **kw):
+        self.step += 1
+        self.round(calls, **kw)
+
+    def fixed_begin(self, s):
+        return self.ctl(s, 'begin', "BEGIN ISOLATION LEVEL READ COMMITTED", iso='rc', ro=False)
+
+    def fixed_claim(self, s, key, wait):
+        sql = ("SELECT status, token, recovery_point, response_code, response_body::text, "
+               + US.format('expires_at') + " FROM idem_claim($1::text, wait => $2::boolean)")
+        c = Call(s, 'claim', sql, [key, 'true' if wait else 'false'],
+                 key=key, scope='', fp=None, ttl=None, lease=None, wait=wait)
+        c.locks = {(self.w.txns[s].role, '', key)}
+        c.label = f"claim /{key}"
+        return c
+
+    def fixed_act(self, s, op, key, token):
+        c = Call(s, op, f"SELECT idem_{op}($1::text, token => $2::bigint)", [key, token],
+                 key=key, scope='', token=token, op=op)
+        c.locks = {(self.w.txns[s].role, '', key)}
+        c.label = f"{op} /{key}"
+        return c
+
+    def answered(self, s):
+        """The SQLSTATE S<s> answered in this step ('' for rows, None if none)."""
+        for st, t, _ in reversed(self.log):
+            if st != self.step:
+                break
+            if t.startswith(f"  S{s} -> "):
+                m = re.match(r"  S\d+ -> ERROR (\w+):", t)
+                return m.group(1) if m else ''
+        return None
 
     def summary(self):
         """What the run exercised, per statement: the answers the model
@@ -2636,7 +2701,7 @@ def main():
     ap.add_argument('--sessions', type=int, default=int(os.environ.get('MODEL_SESSIONS', 3)))
     ap.add_argument('--trace', default=None)
     ap.add_argument('--verbose', action='store_true')
-    ap.add_argument('--scenario', choices=['late-cancel'], default=None,
+    ap.add_argument('--scenario', choices=['late-cancel', 'concurrent-errors'], default=None,
                     help='one fixed interleaving instead of random rounds')
     args = ap.parse_args()
     if args.seed is not None:
@@ -2657,7 +2722,8 @@ def main():
         try:
             d = Driver(args.dsn, seed, args.steps, args.sessions, tol, settle, args.verbose, trace)
             if args.scenario:
-                secs = d.late_cancel()
+                secs = (d.late_cancel() if args.scenario == 'late-cancel'
+                        else d.concurrent_errors())
                 print(f"scenario {args.scenario}: {d.step} steps in {secs:.1f} s, no difference")
             else:
                 secs = d.run()
