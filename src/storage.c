@@ -991,6 +991,7 @@ IdemUpgradeLedgerIndex(IdemLedger ledger)
 	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
 	Oid			parent = cache->parent;
 	Oid			old_index = InvalidOid;
+	char	   *old_name;
 	bool		has_new = false;
 	Relation	indrel;
 	ScanKeyData key;
@@ -1027,7 +1028,8 @@ IdemUpgradeLedgerIndex(IdemLedger ledger)
 	}
 	systable_endscan(scan);
 	table_close(indrel, AccessShareLock);
-	if (has_new || !OidIsValid(old_index))
+	if (has_new || !OidIsValid(old_index) ||
+		(old_name = get_rel_name(old_index)) == NULL)
 		return false;
 
 	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
@@ -1037,8 +1039,7 @@ IdemUpgradeLedgerIndex(IdemLedger ledger)
 	appendStringInfo(&sql,
 					 "CREATE INDEX ON idempotency.%s (role, digest) WITH (deduplicate_items = off); "
 					 "DROP INDEX idempotency.%s",
-					 IdemLedgerName(ledger),
-					 quote_identifier(get_rel_name(old_index)));
+					 IdemLedgerName(ledger), quote_identifier(old_name));
 	if (ledger == IDEM_LEDGER_KEYS &&
 		OidIsValid(get_relname_relid("keys_recover_idx",
 									 get_rel_namespace(parent))))
