@@ -772,7 +772,8 @@ IdemFilterItem(Oid role, const pg_uuid_t *digest)
 static inline uint64
 IdemFilterHash(uint64 item, int seg)
 {
-	return IdemFilterMix(item ^ (uint64) (seg + 1) * UINT64CONST(0x9E3779B97F4A7C15));
+	return IdemFilterMix(item ^
+						 (uint64) (seg + 1) * UINT64CONST(0x9E3779B97F4A7C15));
 }
 
 /*

@@ -9,9 +9,10 @@
  * same digest (doc/security.md, "Who holds what").  Partitions made before
  * 0.4.0 had a btree on (digest) alone, which probes still use (filtering
  * the role on the row) wherever maintenance has not yet rebuilt them (see
- * IdemUpgradeLedgerIndex).  But a partition's indexes are the DBA's too: REINDEX
- * CONCURRENTLY builds a copy beside it and swaps it in, and a DBA may add
- * an index of their own.  So nothing about indexes is cached across calls:
+ * IdemUpgradeLedgerIndex).  But a partition's indexes are the DBA's too:
+ * REINDEX CONCURRENTLY builds a copy beside it and swaps it in, and a DBA
+ * may add an index of their own.  So nothing about indexes is cached across
+ * calls:
  * every call takes the partition's index list from the relcache (which
  * PostgreSQL keeps true under its locks), and
  *	- probes use an index only if it is provably a complete digest btree:

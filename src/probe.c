@@ -124,8 +124,8 @@ static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
  * ended partitions, so that maintenance can drop them.
  *
  * A partition whose digest filter rules the role's key out (filter.c) is
- * neither locked nor opened: no row of the key can be there.  If a new row is to
- * go there, IdemOpFindTarget opens it then; *open has room for every
+ * neither locked nor opened: no row of the key can be there.  If a new row
+ * is to go there, IdemOpFindTarget opens it then; *open has room for every
  * partition listed.
  */
 int
