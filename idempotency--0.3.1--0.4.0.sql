@@ -9,13 +9,48 @@
 -- bytes).  Every existing call keeps its meaning: the new parameters come
 -- last with defaults, the new result columns come last.
 --
--- The key ledger, if it exists, gains its new columns (NULL in every
--- existing row: no rewrite) and the partial index idem_recover() scans.
--- Building that index reads each partition of the key ledger once, while
--- claims on it wait (see doc/operations.md, "Updating").
+-- Each ledger that exists gets its digest index on (role, digest) in
+-- place of the one on (digest) alone, in every partition: a role's probe
+-- then never reads another role's entry of the same key, which every role
+-- could count in pg_stat_all_indexes (doc/security.md, "Who holds what").
+-- Building it reads and sorts each partition, while calls on the ledger
+-- wait; a (role, digest) index built beforehand in a partition with
+-- CREATE INDEX CONCURRENTLY is taken as it is (see doc/operations.md,
+-- "Updating").  The key ledger also gains its new columns (NULL in every
+-- existing row: no rewrite) and the partial index idem_recover() scans,
+-- made after the digest index, so that the digest index stays the first
+-- of each partition's indexes (the one a probe opens first).
 
 DO $ledger$
+DECLARE
+    ledger pg_catalog.text;
+    old_index pg_catalog.regclass;
 BEGIN
+    -- keep in step with ledger_defs and IdemUpgradeLedgerIndex in src/storage.c
+    FOREACH ledger IN ARRAY ARRAY['messages', 'keys'] LOOP
+        CONTINUE WHEN pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', ledger)) IS NULL;
+        CONTINUE WHEN EXISTS (
+            SELECT FROM pg_catalog.pg_index AS i
+             WHERE i.indrelid OPERATOR(pg_catalog.=)
+                       pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', ledger))
+               AND i.indkey::pg_catalog.text OPERATOR(pg_catalog.=) '3 2'
+               AND i.indnkeyatts OPERATOR(pg_catalog.=) 2
+               AND i.indexprs IS NULL AND i.indpred IS NULL);
+        SELECT i.indexrelid::pg_catalog.regclass INTO old_index
+          FROM pg_catalog.pg_index AS i
+         WHERE i.indrelid OPERATOR(pg_catalog.=)
+                   pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', ledger))
+           AND i.indkey::pg_catalog.text OPERATOR(pg_catalog.=) '2'
+           AND i.indexprs IS NULL AND i.indpred IS NULL
+         ORDER BY i.indexrelid
+         LIMIT 1;
+        EXECUTE pg_catalog.format('CREATE INDEX %I ON idempotency.%I (role, digest) WITH (deduplicate_items = off)',
+                                  ledger OPERATOR(pg_catalog.||) '_role_digest_idx', ledger);
+        IF old_index IS NOT NULL THEN
+            EXECUTE pg_catalog.format('DROP INDEX %s', old_index);
+        END IF;
+    END LOOP;
+
     IF pg_catalog.to_regclass('idempotency.keys') IS NOT NULL THEN
         -- keep in step with ledger_defs in src/storage.c
         ALTER TABLE idempotency.keys

@@ -55,6 +55,22 @@ SELECT (SELECT count(*) FROM idempotency.export_keys()) AS all_keys,
        (SELECT count(*) FROM idempotency.export_keys(ARRAY['acme', 'globex', 'nobody'])) AS two_scopes,
        (SELECT count(*) FROM idempotency.export_messages()) AS all_messages;
 
+-- rows of two roles in one scope and one consumer: both roles' are exported
+-- (each partition's index is on (role, digest): one range scan per role
+-- and namespace)
+CREATE ROLE regress_idem_transfer_other;
+SET ROLE regress_idem_transfer_other;
+BEGIN;
+SELECT status FROM idem_claim('k-other', scope => 'acme');
+SELECT idem_complete('k-other', 200, scope => 'acme');
+COMMIT;
+SELECT idem_consume_message('acme-events', 'm-1') AS other_m1;
+RESET ROLE;
+SELECT role, status, count(*) FROM idempotency.export_keys(ARRAY['globex', 'acme'])
+ GROUP BY role, status ORDER BY role, status;
+SELECT role, count(*) FROM idempotency.export_messages(ARRAY['acme-events'])
+ GROUP BY role ORDER BY role;
+
 -- ---------------------------------------------------------------- import
 -- "another node": the same database with empty ledgers
 TRUNCATE idempotency.keys, idempotency.messages;
@@ -282,3 +298,4 @@ SELECT count(*) FROM idempotency.export_messages(ARRAY['acme-events']);
 DROP TABLE moved_keys, moved_messages, before_bad;
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_transfer_app;
+DROP ROLE regress_idem_transfer_other;

@@ -2,19 +2,20 @@
  *
  * filter.c
  *	  Digest filters: for each ledger partition, a Bloom filter in shared
- *	  memory of the digests its rows hold, so that a call for a new key or
- *	  message id skips the index probe of every partition that cannot hold
- *	  it (probe.c).  Only with shared_preload_libraries; sized by
- *	  idempotency.filter_memory (0 turns them off).
+ *	  memory of the (role, digest) pairs its rows hold, so that a call for
+ *	  a new key or message id skips the index probe of every partition that
+ *	  cannot hold it (probe.c).  Only with shared_preload_libraries; sized
+ *	  by idempotency.filter_memory (0 turns them off).
  *
  * What a filter promises: once READY, every row of the partition, whatever
- * its state or its writer's fate, has its digest in the filter.  A probe
- * that finds a digest absent skips the partition; a false positive (about
- * 1 % at the designed load) costs the probe it would have made anyway.
+ * its state or its writer's fate, has its role and digest in the filter.  A
+ * probe that finds its pair absent skips the partition; a false positive
+ * (about 1 % at the designed load) costs the probe it would have made
+ * anyway.
  *
  * How that holds:
  *	- Rows get into a partition through IdemInsertRow (probe.c) only, which
- *	  adds the digest here right after the heap and index inserts, while the
+ *	  adds the pair here right after the heap and index inserts, while the
  *	  writer still holds the key lock.  A prober of the same key holds that
  *	  lock when it reads the filter, so it sees the bits of every row of its
  *	  key that could be there.  Updates keep the digest (and the partition).
@@ -67,10 +68,17 @@
  * partition, found by (database, relid) through a shared hash and, in each
  * backend, a local cache validated by the slot's incarnation, which
  * changes whenever a slot is taken or freed.  A filter is a list of
- * segments, each a power-of-two run of pages of 512-bit blocks: a digest
+ * segments, each a power-of-two run of pages of 512-bit blocks: a row
  * sets 7 bits of one block (a blocked Bloom filter: one cache line per
- * test), chosen from bytes 4-11 of the digest, which depend neither on the
- * namespace (bytes 0-3) nor on the lane (bytes 12-15).  When a segment has
+ * test), chosen from bytes 4-11 of its digest, which depend neither on the
+ * namespace (bytes 0-3) nor on the lane (bytes 12-15), mixed with its
+ * role's OID.  The role is in the bits so that whether a role's probe
+ * skips a partition never depends on another role's rows: with digests
+ * alone, a role's probe of a key it never wrote went to the partition's
+ * index exactly when another role held that key, which every role could
+ * see in pg_stat_all_indexes (doc/security.md, "Who holds what").  OIDs
+ * are stable while the filters live (shared memory, built from the heap's
+ * role column after a restart).  When a segment has
  * taken its designed number of digests, the next one, twice as large, is
  * added; a lookup tests every segment.  When the pool has no room for a
  * segment, the filter becomes UNUSABLE.  Bits are set with atomic ORs and
@@ -311,10 +319,10 @@ static bool IdemFilterFinish(int s, uint64 incarnation, uint64 seq);
 static bool IdemFilterExternalBusy(uint64 *seq);
 static void IdemFilterFreeSlot(int slot);
 static bool IdemFilterAddSegment(IdemFilterSlot *slot, uint64 items);
-static void IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest);
+static void IdemFilterAddTo(IdemFilterSlot *slot, uint64 item);
 static void IdemFilterForgetSlots(Oid db, TimestampTz made_before,
 								  const Oid *keep, int nkeep);
-static bool IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest);
+static bool IdemFilterTest(IdemFilterSlot *slot, uint64 item);
 static void IdemFilterNoteExternalWrite(void);
 static void IdemFilterSweepUnusable(void);
 static bool IdemFilterIsLedger(Oid relid);
@@ -861,20 +869,37 @@ IdemFilterFind(Oid relid, uint64 *incarnation)
  * ----------------------------------------------------------------
  */
 
-/* 64 bits of a digest for segment "seg": bytes 4-11, mixed */
+/* MurmurHash3's 64-bit finalizer: every input bit moves every output bit */
 static inline uint64
-IdemFilterHash(const pg_uuid_t *digest, int seg)
+IdemFilterMix(uint64 x)
 {
-	uint64		x;
-
-	memcpy(&x, digest->data + IDEM_DIGEST_PREFIX_LEN, sizeof(x));
-	x ^= (uint64) (seg + 1) * UINT64CONST(0x9E3779B97F4A7C15);
 	x ^= x >> 33;
 	x *= UINT64CONST(0xFF51AFD7ED558CCD);
 	x ^= x >> 33;
 	x *= UINT64CONST(0xC4CEB9FE1A85EC53);
 	x ^= x >> 33;
 	return x;
+}
+
+/*
+ * What a filter holds of a row: bytes 4-11 of its digest and its role's
+ * OID, mixed (two roles' rows of one digest differ in about half the bits)
+ */
+static inline uint64
+IdemFilterItem(Oid role, const pg_uuid_t *digest)
+{
+	uint64		x;
+
+	memcpy(&x, digest->data + IDEM_DIGEST_PREFIX_LEN, sizeof(x));
+	return x ^ IdemFilterMix((uint64) role + UINT64CONST(0x2545F4914F6CDD1D));
+}
+
+/* 64 bits of an item for segment "seg", mixed */
+static inline uint64
+IdemFilterHash(uint64 item, int seg)
+{
+	return IdemFilterMix(item ^
+						 (uint64) (seg + 1) * UINT64CONST(0x9E3779B97F4A7C15));
 }
 
 /*
@@ -901,12 +926,11 @@ IdemFilterBlock(const IdemFilterSegment *seg, uint64 h)
 		(Size) block * IDEM_FILTER_BLOCK_WORDS;
 }
 
-/* does segment "seg" have every bit of this digest? */
+/* does segment "seg" have every bit of this item? */
 static inline bool
-IdemFilterSegmentHas(const IdemFilterSegment *seg, int segno,
-					 const pg_uuid_t *digest)
+IdemFilterSegmentHas(const IdemFilterSegment *seg, int segno, uint64 item)
 {
-	uint64		h = IdemFilterHash(digest, segno);
+	uint64		h = IdemFilterHash(item, segno);
 	pg_atomic_uint32 *block = IdemFilterBlock(seg, h);
 	uint32		a = (uint32) h & (IDEM_FILTER_BLOCK_BITS - 1);
 	uint32		b = (((uint32) h >> 9) & (IDEM_FILTER_BLOCK_BITS - 1)) | 1;
@@ -925,10 +949,9 @@ IdemFilterSegmentHas(const IdemFilterSegment *seg, int segno,
 }
 
 static inline void
-IdemFilterSegmentSet(const IdemFilterSegment *seg, int segno,
-					 const pg_uuid_t *digest)
+IdemFilterSegmentSet(const IdemFilterSegment *seg, int segno, uint64 item)
 {
-	uint64		h = IdemFilterHash(digest, segno);
+	uint64		h = IdemFilterHash(item, segno);
 	pg_atomic_uint32 *block = IdemFilterBlock(seg, h);
 	uint32		a = (uint32) h & (IDEM_FILTER_BLOCK_BITS - 1);
 	uint32		b = (((uint32) h >> 9) & (IDEM_FILTER_BLOCK_BITS - 1)) | 1;
@@ -946,9 +969,9 @@ IdemFilterSegmentSet(const IdemFilterSegment *seg, int segno,
 	}
 }
 
-/* tests every segment: false means the digest was never added */
+/* tests every segment: false means the item was never added */
 static bool
-IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest)
+IdemFilterTest(IdemFilterSlot *slot, uint64 item)
 {
 	uint32		nseg = Min(pg_atomic_read_u32(&slot->nsegments),
 						   IDEM_FILTER_MAX_SEGMENTS);
@@ -957,19 +980,19 @@ IdemFilterTest(IdemFilterSlot *slot, const pg_uuid_t *digest)
 	pg_read_barrier();
 	for (s = 0; s < nseg; s++)
 	{
-		if (IdemFilterSegmentHas(&slot->seg[s], s, digest))
+		if (IdemFilterSegmentHas(&slot->seg[s], s, item))
 			return true;
 	}
 	return false;
 }
 
 /*
- * IdemFilterAddTo adds a digest to the last segment of a slot, adding a
+ * IdemFilterAddTo adds an item to the last segment of a slot, adding a
  * segment when that one is full; if the pool has no room, the slot
  * becomes UNUSABLE.  Never raises an error: the row is already written.
  */
 static void
-IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
+IdemFilterAddTo(IdemFilterSlot *slot, uint64 item)
 {
 	for (;;)
 	{
@@ -982,7 +1005,7 @@ IdemFilterAddTo(IdemFilterSlot *slot, const pg_uuid_t *digest)
 		seg = &slot->seg[nseg - 1];
 		if (pg_atomic_fetch_add_u32(&seg->count, 1) < seg->capacity)
 		{
-			IdemFilterSegmentSet(seg, nseg - 1, digest);
+			IdemFilterSegmentSet(seg, nseg - 1, item);
 			return;
 		}
 
@@ -1547,11 +1570,11 @@ IdemFilterSizeHint(Oid db, int ledger, int16 lane)
 
 /*
  * IdemFilterRulesOut: is it certain that partition "relid" (of lane value
- * "lane") holds no row with this digest?  False whenever that is not known
- * (no filter, not READY, a standby, no preload).
+ * "lane") holds no row of this role with this digest?  False whenever that
+ * is not known (no filter, not READY, a standby, no preload).
  */
 bool
-IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest)
+IdemFilterRulesOut(Oid relid, int16 lane, Oid role, const pg_uuid_t *digest)
 {
 	IdemFilterSlot *slot;
 	uint64		incarnation;
@@ -1564,7 +1587,7 @@ IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest)
 		return false;
 	/* the segments a READY filter was made with, at least */
 	pg_read_barrier();
-	has = IdemFilterTest(slot, digest);
+	has = IdemFilterTest(slot, IdemFilterItem(role, digest));
 	pg_read_barrier();
 	/* freed meanwhile (its pages may hold another filter's bits): no answer */
 	if (pg_atomic_read_u64(&slot->incarnation) != incarnation ||
@@ -1574,12 +1597,12 @@ IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest)
 }
 
 /*
- * IdemFilterAdd notes that a row with this digest was just written into
- * partition "relid" (of lane value "lane").  Called after the row's heap
- * and index inserts, with the key lock held.
+ * IdemFilterAdd notes that a row of this role with this digest was just
+ * written into partition "relid" (of lane value "lane").  Called after the
+ * row's heap and index inserts, with the key lock held.
  */
 void
-IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest)
+IdemFilterAdd(Oid relid, int16 lane, Oid role, const pg_uuid_t *digest)
 {
 	IdemFilterSlot *slot;
 	uint64		incarnation;
@@ -1594,7 +1617,7 @@ IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest)
 		return;
 	state = pg_atomic_read_u32(&slot->state);
 	if (state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING)
-		IdemFilterAddTo(slot, digest);
+		IdemFilterAddTo(slot, IdemFilterItem(role, digest));
 }
 
 /*
@@ -1733,11 +1756,15 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 	while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 	{
 		bool		isnull;
+		bool		role_isnull;
 		Datum		d = heap_getattr(tuple, Anum_ledger_digest,
 									 RelationGetDescr(rel), &isnull);
+		Datum		r = heap_getattr(tuple, Anum_ledger_role,
+									 RelationGetDescr(rel), &role_isnull);
 
-		if (!isnull)
-			IdemFilterAddTo(slot, DatumGetUUIDP(d));
+		if (!isnull && !role_isnull)
+			IdemFilterAddTo(slot, IdemFilterItem(DatumGetObjectId(r),
+												 DatumGetUUIDP(d)));
 		if ((++n & 4095) == 0)
 		{
 			CHECK_FOR_INTERRUPTS();

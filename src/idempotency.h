@@ -197,6 +197,7 @@ extern void IdemNewPartitionBounds(const IdemLayout *layout, int lane_number,
 extern bool IdemDropPartition(Oid relid, int lock_timeout_ms);
 extern bool IdemPartitionDDLHeld(IdemLedger ledger);
 extern void IdemEnsureExtensionDependency(IdemLedger ledger);
+extern bool IdemUpgradeLedgerIndex(IdemLedger ledger);
 extern void IdemRestrictLedgerPrivileges(IdemLedger ledger);
 
 /* ----------------------------------------------------------------
@@ -290,6 +291,7 @@ typedef struct IdemOpenPartition
 	IdemPartition part;			/* part.ended: locked only while open */
 	Relation	heap;
 	Relation	index;			/* the digest index probes use */
+	bool		index_by_role;	/* ... on (role, digest), not (digest) */
 	int			nindexes;		/* every index, the digest one among them */
 	int			nopened;		/* indexes[0 .. nopened) are open */
 	bool		all_open;		/* ... all of them, and simple is known */
@@ -406,9 +408,10 @@ extern void IdemOpReplace(IdemOp *op, ItemPointer newtid);
 extern void IdemOpUpdate(IdemOp *op, ItemPointer newtid);
 extern void IdemOpEnd(IdemOp *op);
 
-extern int	IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
-								   TimestampTz now, LOCKMODE lockmode,
-								   IdemOpenPartition **open, int *capacity);
+extern int	IdemOpenLivePartitions(IdemLedger ledger, Oid role,
+								   const pg_uuid_t *digest, TimestampTz now,
+								   LOCKMODE lockmode, IdemOpenPartition **open,
+								   int *capacity);
 extern void IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 								  const IdemPartition *part, LOCKMODE lockmode,
 								  bool probe);
@@ -560,8 +563,10 @@ extern void IdemFilterDefineSettings(void);
 extern void IdemFilterPreloadInit(void);
 extern Size IdemFilterShmemSize(void);
 extern void IdemFilterShmemInit(void);
-extern bool IdemFilterRulesOut(Oid relid, int16 lane, const pg_uuid_t *digest);
-extern void IdemFilterAdd(Oid relid, int16 lane, const pg_uuid_t *digest);
+extern bool IdemFilterRulesOut(Oid relid, int16 lane, Oid role,
+							   const pg_uuid_t *digest);
+extern void IdemFilterAdd(Oid relid, int16 lane, Oid role,
+						  const pg_uuid_t *digest);
 extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
 extern void IdemFilterOwnSql(const char *sql);

@@ -4,15 +4,21 @@
  *	  The indexes of a ledger partition: which one probes may use, and
  *	  keeping every one of them complete when a row is written.
  *
- * The extension makes one index per partition, a btree on the digest, and
- * probes it.  But a partition's indexes are the DBA's too: REINDEX
- * CONCURRENTLY builds a copy beside it and swaps it in, and a DBA may add
- * an index of their own.  So nothing about indexes is cached across calls:
+ * The extension makes one index per partition, a btree on (role, digest),
+ * and probes it with both: a probe never reads another role's entry of the
+ * same digest (doc/security.md, "Who holds what").  Partitions made before
+ * 0.4.0 had a btree on (digest) alone, which probes still use (filtering
+ * the role on the row) wherever maintenance has not yet rebuilt them (see
+ * IdemUpgradeLedgerIndex).  But a partition's indexes are the DBA's too:
+ * REINDEX CONCURRENTLY builds a copy beside it and swaps it in, and a DBA
+ * may add an index of their own.  So nothing about indexes is cached across
+ * calls:
  * every call takes the partition's index list from the relcache (which
  * PostgreSQL keeps true under its locks), and
  *	- probes use an index only if it is provably a complete digest btree:
- *	  valid, live, one key column (the digest), no expression, no
- *	  predicate, the uuid btree operator family;
+ *	  valid, live, key columns (role, digest) or (digest) and nothing else,
+ *	  no expression, no predicate, the oid and uuid btree operator
+ *	  families; a (role, digest) one if the partition has one;
  *	- writes add entries to every index that is ready for inserts, as
  *	  PostgreSQL's own executor does, so that an index under construction
  *	  (CREATE INDEX CONCURRENTLY, REINDEX CONCURRENTLY) or one a DBA added
@@ -50,7 +56,15 @@
 #include "utils/rel.h"
 #include "utils/relcache.h"
 
-static bool IdemIsDigestIndex(Relation index);
+/* What IdemDigestIndexKindOf says of an index */
+typedef enum IdemDigestIndexKind
+{
+	IDEM_DIGEST_INDEX_NONE = 0, /* not one probes can use */
+	IDEM_DIGEST_INDEX_PLAIN,	/* on (digest): partitions made before 0.4.0 */
+	IDEM_DIGEST_INDEX_ROLE		/* on (role, digest) */
+} IdemDigestIndexKind;
+
+static IdemDigestIndexKind IdemDigestIndexKindOf(Relation index);
 static bool IdemIsSimpleIndex(Relation index);
 static AttrNumber IdemNotNullPredicateAttr(Relation index);
 static IndexInfo *IdemIndexInfo(IdemOpenPartition *op, int i);
@@ -65,11 +79,13 @@ static void IdemInsertIndexEntriesExecutor(IdemOpenPartition *op,
  * opens, in the given lock mode (the partition itself must be locked
  * already, so that no index can be dropped meanwhile), those it needs to
  * find the digest index probes use: the first, in OID order, that is
- * provably one.  That is usually the first index (the extension makes it
- * with the partition); the others (the key ledger's recovery index, a
- * DBA's) are opened by IdemOpenAllIndexes when a write needs their
- * entries, so that a probe of a partition it does not write to pays for
- * one index only.  Without find_digest (a partition only written: a row
+ * provably a (role, digest) one, else the first (digest) one.  That is
+ * usually the first index (the extension makes it with the partition); the
+ * others (the key ledger's recovery index, a DBA's) are opened by
+ * IdemOpenAllIndexes when a write needs their entries, so that a probe of
+ * a partition it does not write to pays for one index only (a partition
+ * of the older layout has all of them opened here, to look for a
+ * (role, digest) one).  Without find_digest (a partition only written: a row
  * fetched by its TID and updated, often with no index entry to add, or
  * a new row's target), none is opened here.
  */
@@ -82,6 +98,7 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode,
 	int			n = list_length(indexoids);
 
 	op->index = NULL;
+	op->index_by_role = false;
 	op->nindexes = n;
 	op->nopened = 0;
 	op->all_open = false;
@@ -110,12 +127,18 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode,
 	if (!find_digest)
 		return;
 
-	while (op->index == NULL && op->nopened < op->nindexes)
+	while (!op->index_by_role && op->nopened < op->nindexes)
 	{
 		Relation	index = index_open(op->index_oids[op->nopened], lockmode);
+		IdemDigestIndexKind kind = IdemDigestIndexKindOf(index);
 
 		op->indexes[op->nopened++] = index;
-		if (IdemIsDigestIndex(index))
+		if (kind == IDEM_DIGEST_INDEX_ROLE)
+		{
+			op->index = index;
+			op->index_by_role = true;
+		}
+		else if (kind == IDEM_DIGEST_INDEX_PLAIN && op->index == NULL)
 			op->index = index;
 	}
 
@@ -124,8 +147,8 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("partition \"%s.%s\" has no usable digest index",
 						IDEM_SCHEMA_NAME, RelationGetRelationName(op->heap)),
-				 errdetail("The extension needs a valid btree index on column \"digest\" alone, without predicate or expression."),
-				 errhint("Recreate it with CREATE INDEX ON %s.%s (digest), or REINDEX TABLE %s.%s.",
+				 errdetail("The extension needs a valid btree index on columns \"role\" and \"digest\", in that order, without predicate or expression."),
+				 errhint("Recreate it with CREATE INDEX ON %s.%s (role, digest), or REINDEX TABLE %s.%s.",
 						 IDEM_SCHEMA_NAME,
 						 quote_identifier(RelationGetRelationName(op->heap)),
 						 IDEM_SCHEMA_NAME,
@@ -190,6 +213,7 @@ IdemClosePartitionIndexes(IdemOpenPartition *op)
 	op->nopened = 0;
 	op->all_open = false;
 	op->index = NULL;
+	op->index_by_role = false;
 }
 
 /*
@@ -213,26 +237,37 @@ IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 }
 
 /*
- * IdemIsDigestIndex: is this index one that finds every row of a digest,
- * with the uuid equality of a btree probe?
+ * IdemDigestIndexKindOf: is this index one that finds every row of a
+ * digest with a btree probe, by the oid equality of its role and the uuid
+ * equality of its digest (ROLE) or by the latter alone (PLAIN)?
  */
-static bool
-IdemIsDigestIndex(Relation index)
+static IdemDigestIndexKind
+IdemDigestIndexKindOf(Relation index)
 {
 	static Oid	uuid_btree_family = InvalidOid;
 	Form_pg_index form = index->rd_index;
 
 	if (!form->indisvalid || !form->indisready || !form->indislive ||
-		form->indnatts != 1 || form->indkey.values[0] != Anum_ledger_digest ||
+		form->indnatts != form->indnkeyatts ||
 		index->rd_rel->relam != BTREE_AM_OID ||
 		!heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) ||
 		!heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL))
-		return false;
+		return IDEM_DIGEST_INDEX_NONE;
 
 	if (!OidIsValid(uuid_btree_family))
 		uuid_btree_family = get_opclass_family(GetDefaultOpClass(UUIDOID,
 																 BTREE_AM_OID));
-	return index->rd_opfamily[0] == uuid_btree_family;
+	if (form->indnatts == 2 &&
+		form->indkey.values[0] == Anum_ledger_role &&
+		form->indkey.values[1] == Anum_ledger_digest &&
+		index->rd_opfamily[0] == OID_BTREE_FAM_OID &&
+		index->rd_opfamily[1] == uuid_btree_family)
+		return IDEM_DIGEST_INDEX_ROLE;
+	if (form->indnatts == 1 &&
+		form->indkey.values[0] == Anum_ledger_digest &&
+		index->rd_opfamily[0] == uuid_btree_family)
+		return IDEM_DIGEST_INDEX_PLAIN;
+	return IDEM_DIGEST_INDEX_NONE;
 }
 
 /*
@@ -320,18 +355,21 @@ IdemRecoverIndex(IdemOpenPartition *op)
 
 /*
  * IdemIndexInfo returns the IndexInfo of index "i" of the open partition.
- * A digest btree's is the same for every partition and btree keeps no
- * state in it, so it is built once per backend; any other is built on the
+ * A digest btree's is the same for every partition (of each kind of digest
+ * index) and btree keeps no state in it, so it is built once per backend
+ * for each kind; any other is built on the
  * partition's first insert and kept with it until IdemClosePartitionIndexes,
  * which lets the access method release the state it keeps there.
  */
 static IndexInfo *
 IdemIndexInfo(IdemOpenPartition *op, int i)
 {
-	static IndexInfo *digest_info = NULL;
+	/* one per kind of digest index, PLAIN and ROLE */
+	static IndexInfo *digest_info[2] = {NULL, NULL};
 	Relation	index = op->indexes[i];
+	IdemDigestIndexKind kind = IdemDigestIndexKindOf(index);
 
-	if (!IdemIsDigestIndex(index))
+	if (kind == IDEM_DIGEST_INDEX_NONE)
 	{
 		/*
 		 * Built where the partition was opened, not in the caller's memory:
@@ -349,14 +387,14 @@ IdemIndexInfo(IdemOpenPartition *op, int i)
 		}
 		return op->infos[i];
 	}
-	if (digest_info == NULL)
+	if (digest_info[kind - 1] == NULL)
 	{
 		MemoryContext oldcxt = MemoryContextSwitchTo(TopMemoryContext);
 
-		digest_info = BuildIndexInfo(index);
+		digest_info[kind - 1] = BuildIndexInfo(index);
 		MemoryContextSwitchTo(oldcxt);
 	}
-	return digest_info;
+	return digest_info[kind - 1];
 }
 
 /*

@@ -4,6 +4,8 @@
  *	  idem_maintain(): make partitions ahead, drop expired ones.
  *
  * One run, in the caller's transaction:
+ *	- give a ledger made by an earlier version the digest index of this one
+ *	  (IdemUpgradeLedgerIndex), once;
  *	- for every lane of the current layout, make partitions so that
  *	  [now, now + default ttl + premake partition widths) is covered;
  *	- drop every partition whose range has ended (upper bound <= now).  All
@@ -73,6 +75,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 			if (!IdemLedgerDefined(ledger))
 				continue;
 			(void) IdemLedgerParent(ledger, true);
+			(void) IdemUpgradeLedgerIndex(ledger);
 			IdemEnsureExtensionDependency(ledger);
 			IdemRestrictLedgerPrivileges(ledger);
 			*created += IdemMakePartitionsAhead(ledger, now);

@@ -123,13 +123,13 @@ static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
  * of its own that IdemClosePartitions releases: calls never hold locks on
  * ended partitions, so that maintenance can drop them.
  *
- * A partition whose digest filter rules the key out (filter.c) is neither
- * locked nor opened: no row of the key can be there.  If a new row is to
- * go there, IdemOpFindTarget opens it then; *open has room for every
+ * A partition whose digest filter rules the role's key out (filter.c) is
+ * neither locked nor opened: no row of the key can be there.  If a new row
+ * is to go there, IdemOpFindTarget opens it then; *open has room for every
  * partition listed.
  */
 int
-IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
+IdemOpenLivePartitions(IdemLedger ledger, Oid role, const pg_uuid_t *digest,
 					   TimestampTz now, LOCKMODE lockmode,
 					   IdemOpenPartition **open, int *capacity)
 {
@@ -148,7 +148,7 @@ IdemOpenLivePartitions(IdemLedger ledger, const pg_uuid_t *digest,
 		for (i = 0; i < n; i++)
 		{
 			locked[i] = true;
-			if (IdemFilterRulesOut(parts[i].relid, parts[i].lane, digest))
+			if (IdemFilterRulesOut(parts[i].relid, parts[i].lane, role, digest))
 			{
 				/* not opened; an ended one is not unlocked either */
 				locked[i] = false;
@@ -456,7 +456,13 @@ IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
 }
 
 /*
- * IdemProbe looks for a live row of (role, digest) in the open partitions.
+ * IdemProbe looks for a live row of (role, digest) in the open partitions,
+ * through each one's digest index: on (role, digest), so that the scan
+ * never reads an entry or a row of another role (whose counters every role
+ * can read in pg_stat_all_indexes: doc/security.md, "Who holds what"), or
+ * in a partition made before 0.4.0 and not rebuilt yet, on (digest), the
+ * role then checked on each row.  A partition whose digest filter rules
+ * the role's key out is skipped.
  * A row is live until its expiry has passed and the transaction that wrote
  * it has ended: a row written by a transaction in progress (this one or
  * another) is never treated as expired, so a ttl shorter than the writer's
@@ -495,11 +501,12 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 	{
 		SnapshotData dirty;
 		IndexScanDesc scan;
-		ScanKeyData skey;
+		ScanKeyData skeys[2];
+		int			nkeys = 0;
 		pg_uuid_t	legacy;
 
-		/* no row of this digest was ever written there (filter.c) */
-		if (IdemFilterRulesOut(open[i].part.relid, open[i].part.lane,
+		/* no row of this role and digest was ever written there (filter.c) */
+		if (IdemFilterRulesOut(open[i].part.relid, open[i].part.lane, role,
 							   &digest->uuid))
 			continue;
 		if (slot == NULL)
@@ -509,12 +516,16 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		InitDirtySnapshot(dirty);
 		if (IdemLaneIsLegacy(open[i].part.lane))
 			IdemLegacyDigest(digest, &legacy);
-		ScanKeyInit(&skey, 1, BTEqualStrategyNumber, F_UUID_EQ,
+		if (open[i].index_by_role)
+			ScanKeyInit(&skeys[nkeys++], 1, BTEqualStrategyNumber, F_OIDEQ,
+						ObjectIdGetDatum(role));
+		ScanKeyInit(&skeys[nkeys], nkeys + 1, BTEqualStrategyNumber, F_UUID_EQ,
 					UUIDPGetDatum(IdemLaneIsLegacy(open[i].part.lane) ?
 								  &legacy : &digest->uuid));
+		nkeys++;
 		scan = IdemIndexBeginScan(open[i].heap, open[i].index,
-								  snapshot != NULL ? snapshot : &dirty, 1);
-		index_rescan(scan, &skey, 1, NULL, 0);
+								  snapshot != NULL ? snapshot : &dirty, nkeys);
+		index_rescan(scan, skeys, nkeys, NULL, 0);
 
 		while (index_getnext_slot(scan, ForwardScanDirection, slot))
 		{
@@ -522,6 +533,7 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 			bool		expired;
 			TransactionId xmin;
 
+			/* (the index's own key, but for a (digest) index) */
 			if (DatumGetObjectId(slot_getattr(slot, Anum_ledger_role, &isnull)) != role)
 				continue;
 			expired = DatumGetTimestampTz(slot_getattr(slot, Anum_ledger_expires_at,
@@ -670,6 +682,7 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 	IdemInsertIndexEntries(op, tuple, IDEM_INDEX_UPDATE_ALL);
 	/* after the inserts, before the key lock goes (see filter.c) */
 	IdemFilterAdd(op->part.relid, op->part.lane,
+				  DatumGetObjectId(values[Anum_ledger_role - 1]),
 				  DatumGetUUIDP(values[Anum_ledger_digest - 1]));
 	if (newtid != NULL)
 		*newtid = tuple->t_self;
@@ -861,9 +874,9 @@ IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
 		IdemOpenCacheLookup(op->cache, op->ledger, &op->digest.uuid, op->now,
 							lockmode, &op->open, &op->nopen);
 	if (!op->cached)
-		op->nopen = IdemOpenLivePartitions(op->ledger, &op->digest.uuid,
-										   op->now, lockmode, &op->open,
-										   &op->capacity);
+		op->nopen = IdemOpenLivePartitions(op->ledger, op->role,
+										   &op->digest.uuid, op->now, lockmode,
+										   &op->open, &op->capacity);
 	else
 		op->capacity = op->nopen;
 	op->lockmode = lockmode;

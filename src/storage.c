@@ -15,11 +15,13 @@
  *
  * Both ledgers' tables start with the same four columns, (expires_at
  * timestamptz, digest uuid, role regrole, lane int2), and each partition
- * has a btree on digest: probe.c relies on both.  The key ledger has more
- * columns after them (ledger_defs; six more since 0.4.0, which a table
- * made for an earlier installed version lacks until the update adds
- * them).  Tables and partitions are made as the owner of schema
- * idempotency (privilege.c), whatever the caller.
+ * has a btree on (role, digest): probe.c relies on both.  (Before 0.4.0 it
+ * was on digest alone, which let one role's probe read another role's
+ * entry: see IdemUpgradeLedgerIndex.)  The key ledger has more columns
+ * after them (ledger_defs; six more since 0.4.0, which a table made for
+ * an earlier installed version lacks until the update adds them).  Tables
+ * and partitions are made as the owner of schema idempotency
+ * (privilege.c), whatever the caller.
  *
  * The tables are created on first use, not by the extension script: they
  * are not extension members, which keeps pg_dump/pg_restore of them and of
@@ -72,6 +74,9 @@
 #include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
+/* How long maintenance waits for each lock IdemUpgradeLedgerIndex takes */
+#define IDEM_UPGRADE_LOCK_TIMEOUT_MS	1000
+
 /* Partition boundaries are aligned to the Unix epoch */
 #define IDEM_ORIGIN \
 	((TimestampTz) (UNIX_EPOCH_JDATE - POSTGRES_EPOCH_JDATE) * USECS_PER_DAY)
@@ -81,9 +86,9 @@ typedef struct IdemLedgerDef
 {
 	const char *name;			/* table name in schema idempotency */
 	const char *columns;		/* column list of CREATE TABLE */
-	const char *indexes;		/* index definitions, "%s" = table name */
+	const char *indexes;		/* index definitions before 0.4.0 */
 	const char *columns_040;	/* columns added by 0.4.0, or NULL */
-	const char *indexes_040;	/* indexes added by 0.4.0, or NULL */
+	const char *indexes_040;	/* index definitions since 0.4.0 */
 	const char *comment;
 } IdemLedgerDef;
 
@@ -94,9 +99,11 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"digest pg_catalog.uuid NOT NULL, "
 		"role pg_catalog.regrole NOT NULL, "
 		"lane pg_catalog.int2 NOT NULL",
-		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest) WITH (deduplicate_items = off)",
+		"CREATE INDEX messages_digest_idx ON idempotency.messages (digest) WITH (deduplicate_items = off)",
 		NULL,
-		NULL,
+		/* keep in step with the update script from 0.3.1 */
+		"CREATE INDEX messages_role_digest_idx ON idempotency.messages (role, digest) "
+		"WITH (deduplicate_items = off)",
 		"Processed-message ledger of idem_consume_message(); managed by the idempotency extension."
 	},
 	[IDEM_LEDGER_KEYS] = {
@@ -113,7 +120,7 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"recovery_point pg_catalog.text, "
 		"response_code pg_catalog.int4, "
 		"response_body pg_catalog.jsonb",
-		"CREATE INDEX %s_digest_idx ON idempotency.%s (digest) WITH (deduplicate_items = off)",
+		"CREATE INDEX keys_digest_idx ON idempotency.keys (digest) WITH (deduplicate_items = off)",
 		/* keep these in step with the update script from 0.3.1 */
 		", kept_key pg_catalog.text, "
 		"kept_scope pg_catalog.text, "
@@ -121,7 +128,9 @@ static const IdemLedgerDef ledger_defs[IDEM_NUM_LEDGERS] = {
 		"recover_at pg_catalog.timestamptz, "
 		"response_headers pg_catalog.jsonb, "
 		"response_raw pg_catalog.bytea",
-		"; CREATE INDEX keys_recover_idx ON idempotency.keys (role, recover_at) "
+		"CREATE INDEX keys_role_digest_idx ON idempotency.keys (role, digest) "
+		"WITH (deduplicate_items = off); "
+		"CREATE INDEX keys_recover_idx ON idempotency.keys (role, recover_at) "
 		"WHERE recover_at IS NOT NULL",
 		"Idempotency-key ledger of idem_claim(); managed by the idempotency extension."
 	},
@@ -859,16 +868,16 @@ IdemLedgerParent(IdemLedger ledger, bool create)
 	/*
 	 * The table of the installed version: this library also serves a
 	 * database whose extension is not updated yet, whose sessions may run
-	 * an older library that writes only the older columns.
+	 * an older library that writes only the older columns and probes only
+	 * a (digest) index.
 	 */
-	with_040 = def->columns_040 != NULL && IdemInstalledVersionAtLeast("0.4.0");
+	with_040 = IdemInstalledVersionAtLeast("0.4.0");
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "CREATE TABLE idempotency.%s (%s%s) PARTITION BY RANGE (lane, expires_at); ",
-					 def->name, def->columns, with_040 ? def->columns_040 : "");
-	appendStringInfo(&sql, def->indexes, def->name, def->name);
-	if (with_040)
-		appendStringInfoString(&sql, def->indexes_040);
+					 def->name, def->columns,
+					 with_040 && def->columns_040 != NULL ? def->columns_040 : "");
+	appendStringInfoString(&sql, with_040 ? def->indexes_040 : def->indexes);
 	appendStringInfo(&sql, "; COMMENT ON TABLE idempotency.%s IS %s",
 					 def->name, quote_literal_cstr(def->comment));
 	IdemExecAsOwner(sql.data, 0);
@@ -949,6 +958,136 @@ IdemUpgradeLedgerColumns(IdemLedger ledger)
 		CommandCounterIncrement();
 		cache->valid = false;
 	}
+}
+
+/*
+ * IdemUpgradeLedgerIndex gives a ledger's table the digest index of 0.4.0,
+ * on (role, digest), in place of the one on (digest) alone that earlier
+ * versions made, once the installed extension is 0.4.0 or later: CREATE
+ * INDEX on the table builds it in every partition (or takes one a DBA
+ * built there beforehand with CREATE INDEX CONCURRENTLY), and every
+ * partition made from then on gets it.  With a (digest) index, a role's
+ * probe read the entry and the row of another role that held the same key,
+ * which every role sees in pg_stat_all_indexes (doc/security.md, "Who
+ * holds what").  The update from 0.3.1 does the same; this is for a table
+ * that came another way (restored from an earlier version's dump into a
+ * 0.4.0 install).  Until it has run, probes use the (digest) indexes
+ * (indexes.c), so no row is missed either way.
+ *
+ * Run by maintenance, as the storage owner, under the ledger's creation
+ * lock, in a subtransaction: the build takes SHARE on every partition and
+ * the drop of the old index ACCESS EXCLUSIVE, each waited for at most
+ * IDEM_UPGRADE_LOCK_TIMEOUT_MS, else nothing is done and the next run
+ * tries again.  On the key ledger, the recovery index is made again after
+ * it, so that the digest index stays first among each partition's indexes
+ * (the one a probe opens first, see IdemOpenPartitionIndexes).  Returns
+ * true if it rebuilt the index.
+ */
+bool
+IdemUpgradeLedgerIndex(IdemLedger ledger)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
+	Oid			parent = cache->parent;
+	Oid			old_index = InvalidOid;
+	char	   *old_name;
+	bool		has_new = false;
+	Relation	indrel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	LOCKTAG		tag;
+	StringInfoData sql;
+	bool		done = false;
+
+	if (!OidIsValid(parent) || !IdemInstalledVersionAtLeast("0.4.0"))
+		return false;
+
+	/* the table's own indexes: is there a (role, digest), a (digest) one? */
+	indrel = table_open(IndexRelationId, AccessShareLock);
+	ScanKeyInit(&key, Anum_pg_index_indrelid, BTEqualStrategyNumber,
+				F_OIDEQ, ObjectIdGetDatum(parent));
+	scan = systable_beginscan(indrel, IndexIndrelidIndexId, true, NULL, 1, &key);
+	while ((tup = systable_getnext(scan)) != NULL)
+	{
+		Form_pg_index form = (Form_pg_index) GETSTRUCT(tup);
+
+		if (!heap_attisnull(tup, Anum_pg_index_indexprs, NULL) ||
+			!heap_attisnull(tup, Anum_pg_index_indpred, NULL) ||
+			form->indnatts != form->indnkeyatts)
+			continue;
+		if (form->indnatts == 2 &&
+			form->indkey.values[0] == Anum_ledger_role &&
+			form->indkey.values[1] == Anum_ledger_digest)
+			has_new = true;
+		else if (form->indnatts == 1 &&
+				 form->indkey.values[0] == Anum_ledger_digest &&
+				 !OidIsValid(old_index))
+			old_index = form->indexrelid;
+	}
+	systable_endscan(scan);
+	table_close(indrel, AccessShareLock);
+	if (has_new || !OidIsValid(old_index) ||
+		(old_name = get_rel_name(old_index)) == NULL)
+		return false;
+
+	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql,
+					 "CREATE INDEX ON idempotency.%s (role, digest) WITH (deduplicate_items = off); "
+					 "DROP INDEX idempotency.%s",
+					 IdemLedgerName(ledger), quote_identifier(old_name));
+	if (ledger == IDEM_LEDGER_KEYS &&
+		OidIsValid(get_relname_relid("keys_recover_idx",
+									 get_rel_namespace(parent))))
+		appendStringInfoString(&sql,
+							   "; DROP INDEX idempotency.keys_recover_idx"
+							   "; CREATE INDEX keys_recover_idx ON idempotency.keys (role, recover_at)"
+							   " WHERE recover_at IS NOT NULL");
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		IdemExecAsOwner(sql.data, IDEM_UPGRADE_LOCK_TIMEOUT_MS);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		done = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		ereport(LOG,
+				(errmsg("could not rebuild the digest index of table \"%s.%s\" now, will retry: %s",
+						IDEM_SCHEMA_NAME, IdemLedgerName(ledger), edata->message)));
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	pfree(sql.data);
+
+	if (done)
+	{
+		ereport(LOG,
+				(errmsg("rebuilt the digest index of table \"%s.%s\" on (role, digest)",
+						IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+				 errdetail("The table was made by an earlier version of the extension, whose index was on (digest) alone.")));
+		CommandCounterIncrement();
+	}
+	return done;
 }
 
 /*
@@ -1083,6 +1222,7 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 				upper;
 	StringInfoData name;
 	StringInfoData idxname;
+	bool		old_layout;
 	StringInfoData sql;
 	struct pg_tm tm;
 	fsec_t		fsec;
@@ -1141,20 +1281,30 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 		appendStringInfo(&name, "_%06d", (int) fsec);
 
 	/*
-	 * The digest index without deduplication (a digest almost never
-	 * repeats: the pass before each leaf split finds nothing to merge),
-	 * also under a ledger made before 0.4.0, whose index has it
+	 * The digest index comes from the table's (LIKE ... INCLUDING ALL), as
+	 * <partition>_role_digest_idx, without deduplication (a role's digest
+	 * almost never repeats: the pass before each leaf split finds nothing
+	 * to merge).  Under a table made before 0.4.0 and not rebuilt yet (see
+	 * IdemUpgradeLedgerIndex), whose <table>_digest_idx is on (digest) and
+	 * may deduplicate, it is <partition>_digest_idx, made not to here.
 	 */
 	initStringInfo(&idxname);
+	appendStringInfo(&idxname, "%s_digest_idx", def->name);
+	old_layout = OidIsValid(get_relname_relid(idxname.data,
+											  get_namespace_oid(IDEM_SCHEMA_NAME, false)));
+	resetStringInfo(&idxname);
 	appendStringInfo(&idxname, "%s_digest_idx", name.data);
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
-					 "CREATE TABLE idempotency.%s (LIKE idempotency.%s INCLUDING ALL); "
-					 "ALTER INDEX IF EXISTS idempotency.%s SET (deduplicate_items = off); "
+					 "CREATE TABLE idempotency.%s (LIKE idempotency.%s INCLUDING ALL); ",
+					 quote_identifier(name.data), def->name);
+	if (old_layout)
+		appendStringInfo(&sql,
+						 "ALTER INDEX IF EXISTS idempotency.%s SET (deduplicate_items = off); ",
+						 quote_identifier(idxname.data));
+	appendStringInfo(&sql,
 					 "ALTER TABLE idempotency.%s ATTACH PARTITION idempotency.%s "
 					 "FOR VALUES FROM (%d, ",
-					 quote_identifier(name.data), def->name,
-					 quote_identifier(idxname.data),
 					 def->name, quote_identifier(name.data), lane);
 	IdemAppendTimestamp(&sql, lower);
 	appendStringInfo(&sql, ") TO (%d, ", lane);

@@ -8,9 +8,13 @@
  * When a tenant moves to another database (a Citus shard move, a PL/Proxy
  * partition split), its live keys and consumed message ids must go with its
  * rows, or a retry after the move would do the work again.  Export reads
- * the live rows of a set of namespaces (scopes, consumers) with one index
- * range scan per partition and namespace: every digest of a namespace
- * starts with the same four bytes (keyhash.c).  Those four bytes are a hash,
+ * the live rows of a set of namespaces (scopes, consumers) with index range
+ * scans: every digest of a namespace starts with the same four bytes
+ * (keyhash.c), so each partition's digest index, on (role, digest), holds
+ * a namespace's rows of one role together, and the export scans those of
+ * each role there is in it (one scan per partition and namespace in a
+ * partition made before 0.4.0, whose index is on digest alone).  Those
+ * four bytes are a hash,
  * so an export may also carry rows of another namespace that shares them;
  * that is harmless, because an import never makes a key older than it is:
  *
@@ -99,6 +103,12 @@ static void IdemExportPartition(IdemLedger ledger, const IdemPartition *part,
 								uint8 (*prefixes)[IDEM_DIGEST_PREFIX_LEN],
 								int nprefixes, TimestampTz now,
 								ReturnSetInfo *rsinfo);
+static bool IdemNextRole(IdemOpenPartition *op, Snapshot snapshot,
+						 TupleTableSlot *slot, Oid *role);
+static void IdemExportRange(IdemLedger ledger, IdemOpenPartition *op,
+							Oid role, const uint8 *prefix, Snapshot snapshot,
+							TupleTableSlot *slot, TimestampTz now,
+							ReturnSetInfo *rsinfo);
 static void IdemExportRow(IdemLedger ledger, TupleTableSlot *slot,
 						  TimestampTz now, ReturnSetInfo *rsinfo);
 static Datum IdemExport(FunctionCallInfo fcinfo, IdemLedger ledger,
@@ -273,34 +283,91 @@ IdemExportPartition(IdemLedger ledger, const IdemPartition *part,
 		}
 		table_endscan(scan);
 	}
-	else
+	else if (!op.index_by_role)
 	{
 		for (i = 0; i < nprefixes; i++)
-		{
-			pg_uuid_t	low;
-			pg_uuid_t	high;
-			ScanKeyData skeys[2];
-			IndexScanDesc scan;
+			IdemExportRange(ledger, &op, InvalidOid, prefixes[i], snapshot,
+							slot, now, rsinfo);
+	}
+	else
+	{
+		Oid			role = InvalidOid;
 
-			memset(low.data, 0x00, UUID_LEN);
-			memset(high.data, 0xFF, UUID_LEN);
-			memcpy(low.data, prefixes[i], IDEM_DIGEST_PREFIX_LEN);
-			memcpy(high.data, prefixes[i], IDEM_DIGEST_PREFIX_LEN);
-			ScanKeyInit(&skeys[0], 1, BTGreaterEqualStrategyNumber, F_UUID_GE,
-						UUIDPGetDatum(&low));
-			ScanKeyInit(&skeys[1], 1, BTLessEqualStrategyNumber, F_UUID_LE,
-						UUIDPGetDatum(&high));
-			scan = IdemIndexBeginScan(op.heap, op.index, snapshot, 2);
-			index_rescan(scan, skeys, 2, NULL, 0);
-			while (index_getnext_slot(scan, ForwardScanDirection, slot))
-				IdemExportRow(ledger, slot, now, rsinfo);
-			index_endscan(scan);
+		/* each role with a row there, in order, then its namespaces' rows */
+		while (IdemNextRole(&op, snapshot, slot, &role))
+		{
+			for (i = 0; i < nprefixes; i++)
+				IdemExportRange(ledger, &op, role, prefixes[i], snapshot,
+								slot, now, rsinfo);
 		}
 	}
 
 	ExecDropSingleTupleTableSlot(slot);
 	IdemClosePartitionIndexes(&op);
 	table_close(op.heap, NoLock);
+}
+
+/*
+ * IdemNextRole sets *role to the smallest role OID above *role that has a
+ * row in the open partition visible to the snapshot, by a scan of its
+ * (role, digest) index, and returns true; or returns false if there is
+ * none.
+ */
+static bool
+IdemNextRole(IdemOpenPartition *op, Snapshot snapshot, TupleTableSlot *slot,
+			 Oid *role)
+{
+	ScanKeyData skey;
+	IndexScanDesc scan;
+	bool		found;
+	bool		isnull;
+
+	ScanKeyInit(&skey, 1, BTGreaterStrategyNumber, F_OIDGT,
+				ObjectIdGetDatum(*role));
+	scan = IdemIndexBeginScan(op->heap, op->index, snapshot, 1);
+	index_rescan(scan, &skey, 1, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, slot);
+	if (found)
+		*role = DatumGetObjectId(slot_getattr(slot, Anum_ledger_role, &isnull));
+	index_endscan(scan);
+	ExecClearTuple(slot);
+	return found;
+}
+
+/*
+ * IdemExportRange adds the live rows of the open partition whose digest
+ * starts with "prefix" to the result, by a range scan of its digest
+ * index: of role "role" in a (role, digest) index, of every role in a
+ * (digest) one (role invalid).
+ */
+static void
+IdemExportRange(IdemLedger ledger, IdemOpenPartition *op, Oid role,
+				const uint8 *prefix, Snapshot snapshot, TupleTableSlot *slot,
+				TimestampTz now, ReturnSetInfo *rsinfo)
+{
+	pg_uuid_t	low;
+	pg_uuid_t	high;
+	ScanKeyData skeys[3];
+	int			nkeys = 0;
+	AttrNumber	digest_col = op->index_by_role ? 2 : 1;
+	IndexScanDesc scan;
+
+	memset(low.data, 0x00, UUID_LEN);
+	memset(high.data, 0xFF, UUID_LEN);
+	memcpy(low.data, prefix, IDEM_DIGEST_PREFIX_LEN);
+	memcpy(high.data, prefix, IDEM_DIGEST_PREFIX_LEN);
+	if (op->index_by_role)
+		ScanKeyInit(&skeys[nkeys++], 1, BTEqualStrategyNumber, F_OIDEQ,
+					ObjectIdGetDatum(role));
+	ScanKeyInit(&skeys[nkeys++], digest_col, BTGreaterEqualStrategyNumber,
+				F_UUID_GE, UUIDPGetDatum(&low));
+	ScanKeyInit(&skeys[nkeys++], digest_col, BTLessEqualStrategyNumber,
+				F_UUID_LE, UUIDPGetDatum(&high));
+	scan = IdemIndexBeginScan(op->heap, op->index, snapshot, nkeys);
+	index_rescan(scan, skeys, nkeys, NULL, 0);
+	while (index_getnext_slot(scan, ForwardScanDirection, slot))
+		IdemExportRow(ledger, slot, now, rsinfo);
+	index_endscan(scan);
 }
 
 /*

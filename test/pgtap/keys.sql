@@ -255,10 +255,10 @@ SELECT is((SELECT array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
               AND ARRAY(SELECT regexp_replace(pg_get_indexdef(x.indexrelid), '^.* USING ', '')
                                || CASE WHEN x.indisvalid THEN '' ELSE ' (invalid)' END
                           FROM pg_index x WHERE x.indrelid = c.oid ORDER BY 1)
-                  IS DISTINCT FROM ARRAY['btree (digest) WITH (deduplicate_items=off)',
+                  IS DISTINCT FROM ARRAY['btree (role, digest) WITH (deduplicate_items=off)',
                                          'btree (role, recover_at) WHERE (recover_at IS NOT NULL)']),
           NULL,
-          'every partition of idempotency.keys has two valid indexes: (digest), without deduplication, and (role, recover_at) for kept requests');
+          'every partition of idempotency.keys has two valid indexes: (role, digest), without deduplication, and (role, recover_at) for kept requests');
 
 -- an ordinary role can neither read nor write the storage
 SELECT is(ARRAY(SELECT p FROM unnest(ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE',

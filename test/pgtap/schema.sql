@@ -214,24 +214,28 @@ SELECT is((SELECT array_agg(deptype::text) FROM pg_depend
           ARRAY['a'],
           'idempotency.messages has an AUTO dependency on the extension');
 
--- every partition has exactly one index, on (digest)
+-- every partition has exactly one index, on (role, digest) (since 0.4.0:
+-- a role's probe never reads another role's entry)
 SELECT ok(EXISTS (SELECT 1 FROM pg_index x
                    WHERE x.indrelid = 'idempotency.messages'::regclass
-                     AND x.indnatts = 1
+                     AND x.indnatts = 2
                      AND x.indkey[0] = (SELECT attnum FROM pg_attribute
                                          WHERE attrelid = 'idempotency.messages'::regclass
+                                           AND attname = 'role')
+                     AND x.indkey[1] = (SELECT attnum FROM pg_attribute
+                                         WHERE attrelid = 'idempotency.messages'::regclass
                                            AND attname = 'digest')),
-          'idempotency.messages has an index on (digest)');
+          'idempotency.messages has an index on (role, digest)');
 SELECT is((SELECT array_agg(DISTINCT c.relname::text ORDER BY c.relname::text)
              FROM pg_inherits i
              JOIN pg_class c ON c.oid = i.inhrelid
             WHERE i.inhparent = 'idempotency.messages'::regclass
-              AND (SELECT array_agg(pg_get_indexdef(x.indexrelid, 1, true)
+              AND (SELECT array_agg(regexp_replace(pg_get_indexdef(x.indexrelid), '^.* USING ', '')
                                     || CASE WHEN x.indisvalid THEN '' ELSE ' (invalid)' END)
                      FROM pg_index x WHERE x.indrelid = c.oid)
-                  IS DISTINCT FROM ARRAY['digest']),
+                  IS DISTINCT FROM ARRAY['btree (role, digest) WITH (deduplicate_items=off)']),
           NULL,
-          'every partition has exactly one valid index, on (digest)');
+          'every partition has exactly one valid index, on (role, digest), without deduplication');
 
 ----------------------------------------------------------------------------
 -- Settings (the library is loaded by the call above)

@@ -356,7 +356,7 @@ SELECT is(ARRAY(SELECT c.relnamespace::regnamespace || '.' || c.relname
                    AND NOT EXISTS (SELECT FROM pg_index i JOIN ledger_partitions p ON p.oid = i.indrelid
                                     WHERE i.indexrelid = c.oid
                                       AND c.relnamespace = 'idempotency'::regnamespace
-                                      AND (c.relname = p.relname || '_digest_idx'
+                                      AND (c.relname = p.relname || '_role_digest_idx'
                                            OR EXISTS (SELECT FROM pg_inherits hi
                                                         JOIN pg_index pi ON pi.indexrelid = hi.inhparent
                                                        WHERE hi.inhrelid = c.oid

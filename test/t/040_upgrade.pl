@@ -4,8 +4,9 @@
 # A database on 0.1.0 with live keys (completed, two-phase in progress,
 # released) and consumed messages is updated to the current version; every
 # row stays as it was and behaves as before (replays, duplicates, the lease
-# holder's token), and the updated extension is object for object the same
-# as a fresh install of the current version (members, definitions,
+# holder's token), every partition's digest index is rebuilt on (role,
+# digest), and the updated extension is object for object the same as a
+# fresh install of the current version (members, definitions,
 # privileges).
 
 use strict;
@@ -87,6 +88,19 @@ is($node->safe_psql('upgraded',
 		q{SELECT string_agg(partition::text || ' ' || lower_bound || ' ' || upper_bound, E'\n' ORDER BY partition::text)
 		    FROM idempotency.partitions}),
 	$partitions_before, 'the partitions are unchanged');
+# 0.4.0: the digest index is on (role, digest) in every partition (and the
+# tables), none is on (digest) alone any more, and it is the first of each
+# partition's indexes (the one a probe opens first)
+is($node->safe_psql('upgraded', q{
+	SELECT string_agg(DISTINCT (SELECT string_agg(regexp_replace(pg_get_indexdef(i.indexrelid), '^.* USING ', ''),
+	                                              '; ' ORDER BY i.indexrelid)
+	                              FROM pg_index i WHERE i.indrelid = c.oid), E'\n')
+	  FROM pg_class c
+	 WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p')
+	   AND c.relname ~ '^(keys|messages)'}),
+	"btree (role, digest) WITH (deduplicate_items=off)\n"
+	. "btree (role, digest) WITH (deduplicate_items=off); btree (role, recover_at) WHERE (recover_at IS NOT NULL)",
+	'every ledger table and partition has its digest index on (role, digest), first, and none on (digest)');
 
 # ---------------------------------------------------------------- behaviour
 is($node->safe_psql('upgraded', q{

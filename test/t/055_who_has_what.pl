@@ -1,0 +1,217 @@
+
+# test/t/055_who_has_what.pl -- no role learns which keys or message ids
+# another role holds from the statistics every role can read.
+#
+# Role b calls every function that takes a key or a message id (lookup,
+# claim, complete, checkpoint, release, consume one, consume a batch) once
+# with a key role a holds and once with a key nobody holds, each in the
+# same namespace and, with one lane per ledger, in the same partitions.
+# Around each call it reads what PostgreSQL shows every role
+# (pg_stat_all_indexes, pg_statio_all_indexes, pg_stat_all_tables,
+# pg_statio_all_tables, for every relation of schema idempotency) and, as a
+# member of pg_monitor, what the extension shows (idempotency.stats,
+# idempotency.partitions, idempotency.filter_info()).  Every counter must
+# move the same way in both cases.  Up to 0.4.0's review, a partition's
+# digest index was on (digest) alone and its digest filter knew digests
+# only: b's probe read a's index entry and heap row (idx_tup_read and
+# idx_tup_fetch grew by one) exactly when a held the key, and with the
+# filters b's probe of a partition happened (idx_scan) only then.
+#
+# Run twice: without preloading (no filters), and preloaded with the digest
+# filters READY in every live partition.  Nothing else runs meanwhile:
+# autovacuum is off, and the preloaded server has no slot for the
+# maintenance worker (maintenance runs when the test calls it).
+
+use strict;
+use warnings;
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+
+# counters of every relation of schema idempotency, and of the extension
+my $counters_sql = q{
+SELECT format('index %s scan=%s tup_read=%s tup_fetch=%s blks_read=%s blks_hit=%s',
+              s.indexrelname, s.idx_scan, s.idx_tup_read, s.idx_tup_fetch,
+              io.idx_blks_read, io.idx_blks_hit)
+  FROM pg_stat_all_indexes s JOIN pg_statio_all_indexes io USING (indexrelid)
+ WHERE s.schemaname = 'idempotency'
+UNION ALL
+SELECT format('table %s seq_scan=%s seq_tup_read=%s idx_scan=%s idx_tup_fetch=%s ins=%s upd=%s del=%s hot_upd=%s live=%s dead=%s'
+              ' heap_read=%s heap_hit=%s idx_read=%s idx_hit=%s toast_read=%s toast_hit=%s',
+              s.relname, s.seq_scan, s.seq_tup_read, coalesce(s.idx_scan, 0),
+              coalesce(s.idx_tup_fetch, 0), s.n_tup_ins, s.n_tup_upd, s.n_tup_del, s.n_tup_hot_upd,
+              s.n_live_tup, s.n_dead_tup,
+              io.heap_blks_read, io.heap_blks_hit, coalesce(io.idx_blks_read, 0),
+              coalesce(io.idx_blks_hit, 0), coalesce(io.toast_blks_read, 0),
+              coalesce(io.toast_blks_hit, 0))
+  FROM pg_stat_all_tables s JOIN pg_statio_all_tables io USING (relid)
+ WHERE s.schemaname = 'idempotency'
+UNION ALL
+SELECT format('partition %s rows=%s bytes=%s', partition, coalesce(rows_estimate, -1), bytes)
+  FROM idempotency.partitions};
+my $stats_sql = q{
+UNION ALL
+SELECT format('stats %s claims=%s replays=%s conflicts=%s mismatches=%s consumed=%s duplicates=%s'
+              ' created=%s dropped=%s holder_waits=%s recoveries=%s runs=%s',
+              datname, claims, replays, conflicts, mismatches, consumed, duplicates,
+              partitions_created, partitions_dropped, holder_waits, recoveries,
+              maintenance_runs)
+  FROM idempotency.stats WHERE datname = current_database()
+UNION ALL
+SELECT format('filter %s state=%s digests=%s bytes=%s', partition, state, digests, bytes)
+  FROM idempotency.filter_info()};
+
+# what b calls; %k is the key or message id
+my @ops = (
+	[ 'idem_lookup', q{SELECT count(*) FROM idem_lookup('%k', 'payments')} ],
+	[ 'idem_claim', q{BEGIN; SELECT status FROM idem_claim('%k', '{"n": 1}', 'payments'); ROLLBACK} ],
+	[ 'idem_claim with a lease',
+	  q{BEGIN; SELECT status FROM idem_claim('%k', '{"n": 1}', 'payments', lease => '1 hour', wait => true); ROLLBACK} ],
+	[ 'idem_complete', q{SELECT idem_complete('%k', 200, '{}', 'payments')} ],
+	[ 'idem_complete with a token', q{SELECT idem_complete('%k', 200, '{}', 'payments', token => 1)} ],
+	[ 'idem_checkpoint', q{SELECT idem_checkpoint('%k', 'step', 'payments', token => 1)} ],
+	[ 'idem_release', q{SELECT idem_release('%k', 'payments', token => 1)} ],
+	[ 'idem_consume_message', q{BEGIN; SELECT idem_consume_message('orders', '%k'); ROLLBACK} ],
+	[ 'idem_consume_messages', q{BEGIN; SELECT count(*) FROM idem_consume_messages('orders', ARRAY['%k']); ROLLBACK} ],
+);
+
+# name => counters, from the lines of $counters_sql
+sub read_counters
+{
+	my ($node, $preloaded) = @_;
+	my %c;
+	my $out = $node->safe_psql('postgres',
+		"SET ROLE b; SELECT pg_stat_clear_snapshot(); $counters_sql" . ($preloaded ? $stats_sql : ''));
+	foreach my $line (split /\n/, $out)
+	{
+		my ($kind, $name, @fields) = split / /, $line;
+		$c{"$kind $name"} = { map { split /=/, $_, 2 } @fields };
+	}
+	return \%c;
+}
+
+# what changed between two readings, as text (numbers as differences,
+# others as "old>new"); relations of one lane are the same for every key
+sub delta
+{
+	my ($before, $after) = @_;
+	my @lines;
+	foreach my $name (sort(keys %$before, grep { !exists $before->{$_} } keys %$after))
+	{
+		my $b = $before->{$name} // {};
+		my $a = $after->{$name} // {};
+		my @changed;
+		foreach my $f (sort(keys %$a, grep { !exists $a->{$_} } keys %$b))
+		{
+			my ($x, $y) = ($b->{$f} // '', $a->{$f} // '');
+			next if $x eq $y;
+			push @changed,
+				($x =~ /^-?\d+$/ && $y =~ /^-?\d+$/) ? "$f+" . ($y - $x) : "$f:$x>$y";
+		}
+		push @lines, "$name @changed" if @changed;
+	}
+	return join("\n", @lines);
+}
+
+# b calls one function with one key, reading the counters around the call
+sub observe
+{
+	my ($node, $preloaded, $sql, $key) = @_;
+	(my $call = $sql) =~ s/%k/$key/g;
+	my $before = read_counters($node, $preloaded);
+	# each statement on its own: the flush is forced when the session goes
+	# idle after the call to pg_stat_force_next_flush()
+	$node->psql('postgres', qq{
+		SET ROLE b;
+		$call;
+		ROLLBACK;
+		SELECT pg_stat_force_next_flush();
+		SELECT 1;}, on_error_stop => 0);
+	return delta($before, read_counters($node, $preloaded));
+}
+
+foreach my $preloaded (0, 1)
+{
+	my $mode = $preloaded ? 'preloaded, digest filters' : 'not preloaded';
+	my $node = PostgreSQL::Test::Cluster->new($preloaded ? 'preloaded' : 'plain');
+	$node->init;
+	# one lane per ledger: every key's live rows are in the same partitions
+	$node->append_conf('postgresql.conf', q{
+autovacuum = off
+max_prepared_transactions = 10
+idempotency.partition_interval = '1d'
+idempotency.key_ttl = '1d'
+idempotency.message_ttl = '1d'
+log_min_messages = warning
+});
+	$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.naptime = '1d'
+max_worker_processes = 1
+idempotency.filter_memory = '8MB'
+}) if $preloaded;
+	$node->start;
+	$node->safe_psql('postgres', q{
+		CREATE EXTENSION idempotency;
+		CREATE ROLE a;
+		CREATE ROLE b IN ROLE pg_monitor;
+		SELECT idem_maintain();
+	});
+
+	# a holds held-1 .. held-N as completed keys and consumed message ids
+	my $n = scalar @ops;
+	$node->safe_psql('postgres', qq{
+		SET ROLE a;
+		SELECT count(*) FROM idem_consume_messages('orders',
+			ARRAY(SELECT 'held-' || i FROM generate_series(1, $n) i));
+		DO \$\$
+		BEGIN
+			FOR i IN 1 .. $n LOOP
+				PERFORM idem_claim('held-' || i, '{"n": 1}', 'payments');
+				PERFORM idem_complete('held-' || i, 201, '{"ok": true}', 'payments');
+			END LOOP;
+		END \$\$;
+	});
+	is($node->safe_psql('postgres', q{SELECT count(DISTINCT lanes) || ' ' || max(lanes) FROM idempotency.partitions}),
+		'1 1', "$mode: one lane per ledger");
+	is($node->safe_psql('postgres', q{
+		SELECT count(*) FROM idempotency.keys WHERE role = 'a'::regrole AND state = 'c'}),
+		$n, "$mode: a holds $n completed keys");
+	if ($preloaded)
+	{
+		$node->safe_psql('postgres', 'SELECT idem_maintain()');
+		is($node->safe_psql('postgres', q{
+			SELECT count(*) FILTER (WHERE f.state IS DISTINCT FROM 'ready')
+			  FROM idempotency.partitions p LEFT JOIN idempotency.filter_info() f USING (partition)
+			 WHERE NOT p.expired}),
+			'0', "$mode: every live partition has a READY filter");
+	}
+
+	my $i = 0;
+	my $writes = 0;
+	foreach my $op (@ops)
+	{
+		my ($what, $sql) = @$op;
+		$i++;
+		my $held = observe($node, $preloaded, $sql, "held-$i");
+		my $free = observe($node, $preloaded, $sql, "free-$i");
+		# without the filters every call probes; with them, no probe of
+		# b's is needed (no key of b's is anywhere), and only writes show
+		if ($preloaded)
+		{
+			$writes++ if $free =~ /^table \S+ .*\bins\+1/m;
+		}
+		else
+		{
+			like($free, qr/^index \S+ .*\bscan\+1/m, "$mode: $what probes an index (b can see that)");
+		}
+		is($held, $free,
+			"$mode: $what moves every counter b can read the same way for a's key as for nobody's");
+	}
+	ok($writes >= 4, "$mode: b sees its own writes ($writes calls wrote a row)") if $preloaded;
+
+	$node->stop;
+}
+
+done_testing();
