@@ -7,6 +7,7 @@ response or a success that did not happen.
 
 import base64
 import json
+import re
 import subprocess
 import threading
 
@@ -103,6 +104,198 @@ def test_sync_handler_is_refused_at_registration():
     def health():
         return {}
     app2.build_middleware_stack()
+
+
+def test_sync_handler_under_an_included_router_or_a_mount_is_refused():
+    """The routes of an included router (FastAPI 0.92 copies them into
+    the app's list, 0.162 keeps the router as one entry of it) and of a
+    mounted app are checked like the app's own."""
+    from fastapi import APIRouter, FastAPI
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+    from pg_idempotency import ConfigurationError
+    from pg_idempotency.asgi import IdempotencyMiddleware
+
+    inner = APIRouter(prefix="/shop")
+
+    @inner.post("/orders")
+    def create():
+        return {}
+    outer = APIRouter(prefix="/v1")
+    outer.include_router(inner)
+
+    def pay(request):
+        pass
+    app = FastAPI()
+    app.include_router(outer)
+    app.mount("/legacy", Starlette(routes=[Route("/pay", pay,
+                                                   methods=["POST"])]))
+    app.add_middleware(IdempotencyMiddleware, conninfo="")
+    with pytest.raises(ConfigurationError) as e:
+        app.build_middleware_stack()
+    assert re.search(r"POST /v1/shop/orders \(.*create\)", str(e.value)), e
+    assert re.search(r"POST /legacy/pay \(.*pay\)", str(e.value)), e
+
+
+def _refund_app():
+    """POST /v1/orders/{order_id}/refund (an included router) and
+    /legacy/orders/{id}/refund (a mounted Starlette app), each inserting a
+    charge on connection(request)."""
+    from fastapi import APIRouter, FastAPI, Request
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+    from conftest import APP_USER
+    from pg_idempotency.asgi import IdempotencyMiddleware, connection
+
+    async def charge(request):
+        key = request.headers["idempotency-key"].strip('"')
+        await connection(request).execute(
+            "INSERT INTO charges (key, amount) VALUES (%s, 1)", (key,))
+        return JSONResponse({"refund": request.url.path}, status_code=201)
+    router = APIRouter(prefix="/v1")
+
+    @router.post("/orders/{order_id}/refund", status_code=201)
+    async def refund(order_id: int, request: Request):
+        return await charge(request)
+    app = FastAPI()
+    app.include_router(router)
+    app.mount("/legacy", Starlette(routes=[
+        Route("/orders/{id}/refund", charge, methods=["POST"])]))
+    app.add_middleware(IdempotencyMiddleware, conninfo="user=%s" % APP_USER,
+                       anonymous=True)
+    return app
+
+
+def _asgi_post(app, path, key):
+    """One POST of {} with KEY through APP in this process: the status."""
+    import asyncio
+    sent = []
+    messages = [{"type": "http.request", "body": b"{}", "more_body": False}]
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(msg):
+        sent.append(msg)
+    asyncio.run(app({
+        "type": "http", "method": "POST", "path": path,
+        "raw_path": path.encode(), "query_string": b"", "root_path": "",
+        "headers": [(b"idempotency-key", ('"%s"' % key).encode()),
+                    (b"content-type", b"application/json")],
+        "scheme": "http", "server": ("t", 80), "client": ("c", 1),
+        "http_version": "1.1", "asgi": {"version": "3.0"}}, receive, send))
+    return sent[0]["status"]
+
+
+@pytest.mark.parametrize("first,second,template", [
+    ("/v1/orders/1/refund", "/v1/orders/2/refund",
+     "/v1/orders/{order_id}/refund"),
+    ("/legacy/orders/1/refund", "/legacy/orders/2/refund",
+     "/legacy/orders/{id}/refund"),
+])
+def test_the_route_is_the_template_under_included_routers_and_mounts(
+        first, second, template):
+    """The scope's route is the template (http-behaviour.md) under an
+    included router and a mount too: one key on two orders' refunds is 422,
+    one refund."""
+    from pg_idempotency.asgi import route_of
+    app = _refund_app()
+    scope = {"type": "http", "method": "POST", "path": first,
+             "root_path": "", "query_string": b"", "headers": [], "app": app}
+    assert route_of(scope) == template
+    key = new_key()
+    assert _asgi_post(app, first, key) == 201
+    assert _asgi_post(app, second, key) == 422
+    assert charges_for(key) == 1
+
+
+def _auth_inside_app(where, methods=("POST",)):
+    """An app whose AuthenticationMiddleware runs inside
+    IdempotencyMiddleware: on a mount (of routes, or of an ASGI app whose
+    routes are not known), a route or a router (the last two: None where
+    Starlette has no middleware there, as 0.26)."""
+    import inspect as insp
+    from starlette.applications import Starlette
+    from starlette.authentication import AuthenticationBackend
+    from starlette.middleware import Middleware
+    from starlette.middleware.authentication import AuthenticationMiddleware
+    from starlette.responses import JSONResponse
+    from starlette.routing import Mount, Route, Router
+
+    class Nobody(AuthenticationBackend):
+        async def authenticate(self, conn):
+            return None
+
+    async def charge(request):
+        return JSONResponse({})
+    auth = [Middleware(AuthenticationMiddleware, backend=Nobody())]
+    routes = [Route("/charges", charge, methods=list(methods))]
+    if where == "mount":
+        return Starlette(routes=[Mount("/v1", routes=routes, middleware=auth)])
+    if where == "mounted-app":
+        async def asgi(scope, receive, send):
+            await JSONResponse({})(scope, receive, send)
+        return Starlette(routes=[Mount("/v1", app=asgi, middleware=auth)])
+    if where == "route":
+        if "middleware" not in insp.signature(Route).parameters:
+            return None
+        return Starlette(routes=[Route("/charges", charge,
+                                       methods=list(methods),
+                                       middleware=auth)])
+    if "middleware" not in insp.signature(Router).parameters:
+        return None
+    return Starlette(routes=[Mount("/v1", app=Router(routes,
+                                                     middleware=auth))])
+
+
+@pytest.mark.parametrize("where", ["mount", "mounted-app", "route",
+                                   "router"])
+def test_auth_middleware_on_a_mount_route_or_router_is_refused(where):
+    """Inside IdempotencyMiddleware, AuthenticationMiddleware leaves every
+    request it applies to without its caller: refused at start-up, even
+    with anonymous (which would share one scope among all callers); where
+    the middleware applies to none of its routes, it is fine."""
+    from starlette import __version__ as starlette_version
+    from pg_idempotency import ConfigurationError
+    from pg_idempotency.asgi import IdempotencyMiddleware
+    app = _auth_inside_app(where)
+    if app is None:
+        pytest.skip("Starlette %s has no middleware on a %s"
+                    % (starlette_version, where))
+    app.add_middleware(IdempotencyMiddleware, conninfo="", anonymous=True)
+    with pytest.raises(ConfigurationError, match="AuthenticationMiddleware"):
+        app.build_middleware_stack()
+    fine = _auth_inside_app(where, methods=("GET",))
+    fine.add_middleware(IdempotencyMiddleware, conninfo="", anonymous=True,
+                        applies=lambda method, path: where != "mounted-app")
+    fine.build_middleware_stack()
+
+
+def test_an_app_whose_routes_cannot_be_seen_is_logged(caplog):
+    """Below a middleware that keeps the app where the start-up checks do
+    not look, they cannot run: it says so on the pg_idempotency logger
+    (the handlers' calls outside the event loop are still refused)."""
+    import logging
+    from starlette.routing import Router
+    from pg_idempotency.asgi import IdempotencyMiddleware
+
+    class Opaque:
+        def __init__(self, app):
+            self._inner = app
+
+        async def __call__(self, scope, receive, send):
+            await self._inner(scope, receive, send)
+
+    async def plain(scope, receive, send):
+        pass
+    with caplog.at_level(logging.WARNING, logger="pg_idempotency"):
+        IdempotencyMiddleware(plain, conninfo="")     # no routes: fine
+        IdempotencyMiddleware(Router(), conninfo="")
+        assert caplog.text == ""
+        IdempotencyMiddleware(Opaque(Router()), conninfo="")
+    assert "cannot see the routes of the app through 'test_an_app" in \
+        caplog.text, caplog.text
 
 
 def test_connection_outside_the_event_loop_is_refused():

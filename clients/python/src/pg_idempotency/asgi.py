@@ -20,17 +20,24 @@ What would break that contract is refused, never run:
 
 - a handler that is not ``async def`` (FastAPI and Starlette run it in a
   thread, where the connection's calls are coroutines nobody awaits): a
-  route the middleware applies to whose endpoint is synchronous is a
+  route the middleware applies to whose endpoint is synchronous (the
+  app's own, a mounted app's, an included router's) is a
   ConfigurationError when the middleware stack is built (at start-up);
   connection(request) called outside the event loop raises it too;
 - a database call the handler does not await (``connection(request)
   .execute(...)`` without ``await``: the write never happens): the
   transaction rolls back and the answer is 500 (misconfigured);
 - Starlette's AuthenticationMiddleware inside this one (added before it:
-  Starlette runs the last added first), which would leave every request
-  without its caller: a ConfigurationError at start-up; a request whose
-  caller cannot be established is refused with 500 (no-caller) unless
-  ``anonymous=True``.
+  Starlette runs the last added first; or the middleware of a mount, a
+  route or a router whose routes this one applies to), which would leave
+  every request without its caller: a ConfigurationError at start-up; a
+  request whose caller cannot be established is refused with 500
+  (no-caller) unless ``anonymous=True``.
+
+The routes are those the framework answers with: Starlette's and older
+FastAPI's route lists, and FastAPI's effective routes (its included
+routers, prefixes and all) where it keeps an included router as one entry
+of the list (fastapi.routing.iter_route_contexts).
 """
 
 from __future__ import annotations
@@ -39,6 +46,8 @@ import asyncio
 import contextlib
 import functools
 import inspect
+import logging
+import sys
 from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List,
                     Optional, Tuple)
 
@@ -51,6 +60,7 @@ Receive = Callable[[], Awaitable[Dict[str, Any]]]
 Send = Callable[[Dict[str, Any]], Awaitable[None]]
 
 _STATE_KEY = "pg_idempotency"
+log = logging.getLogger("pg_idempotency")
 
 
 class _Tracked:
@@ -195,12 +205,39 @@ def route_of(scope: Scope) -> str:
     return str(scope.get("path", ""))
 
 
+def _effective_routes(routes: Any) -> List[Tuple[Any, Any]]:
+    """
+    ROUTES as they answer requests, as (route, original) pairs.  Starlette
+    keeps every route in the router's list, and so does FastAPI 0.92
+    (Debian 12's), an included router's copied in with its prefix.  FastAPI
+    0.162 (Debian sid's) keeps an included router as one entry (its routes
+    are not copied, and have no path of their own there) and lists its
+    routes, prefix included, with
+    fastapi.routing.iter_route_contexts (what its OpenAPI schema reads):
+    each context has the route's path, methods and endpoint, answers
+    matches(), and names the route it stands for as original_route.
+    """
+    routes = list(routes or ())
+    contexts = _iter_route_contexts()
+    if contexts is None:
+        return [(r, r) for r in routes]
+    return [(c, getattr(c, "original_route", c)) for c in contexts(routes)]
+
+
+def _iter_route_contexts() -> Any:
+    try:
+        from fastapi.routing import iter_route_contexts
+    except ImportError:
+        return None
+    return iter_route_contexts
+
+
 def _match(routes: Any, scope: Scope, prefix: str) -> Optional[str]:
     try:
         from starlette.routing import Match
     except ImportError:                     # pragma: no cover
         return None
-    for route in routes:
+    for route, _ in _effective_routes(routes):
         try:
             match, child = route.matches(scope)
         except Exception:  # noqa: BLE001 -- a route we cannot ask
@@ -208,7 +245,7 @@ def _match(routes: Any, scope: Scope, prefix: str) -> Optional[str]:
         if match != Match.FULL:
             continue
         sub = getattr(route, "routes", None)
-        path = getattr(route, "path", "")
+        path = getattr(route, "path", "") or ""
         if sub:
             inner = dict(scope)
             inner.update(child)
@@ -220,31 +257,121 @@ def _match(routes: Any, scope: Scope, prefix: str) -> Optional[str]:
 
 # ---------------------------------------------------------------- start-up
 
+# what the frameworks use to tell a coroutine function (and so whether
+# they run a handler in a thread): inspect's from Python 3.13 on (asyncio's
+# is deprecated there), asyncio's before
+if sys.version_info >= (3, 13):
+    _iscoroutinefunction = inspect.iscoroutinefunction
+else:
+    _iscoroutinefunction = asyncio.iscoroutinefunction
+
+
 def _is_async(fn: Any) -> bool:
+    """As Starlette's request_response() and FastAPI decide whether to run
+    a handler on the event loop or in a thread."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    return asyncio.iscoroutinefunction(fn) or \
-        asyncio.iscoroutinefunction(getattr(fn, "__call__", None))
+    return _iscoroutinefunction(fn) or (
+        callable(fn) and _iscoroutinefunction(getattr(fn, "__call__", None)))
 
 
-def _sync_endpoints(routes: Any, policy: Policy, prefix: str = ""
-                    ) -> List[str]:
-    """The routes (of a Starlette or FastAPI router, mounts included) the
-    policy applies to whose endpoint for such a method is synchronous."""
-    found: List[str] = []
-    for route in routes or ():
-        path = prefix + str(getattr(route, "path", ""))
-        sub = getattr(route, "routes", None)
-        if sub and not hasattr(route, "endpoint"):
-            found.extend(_sync_endpoints(sub, policy, path))
+def _auth_middleware() -> Any:
+    try:
+        from starlette.middleware.authentication import \
+            AuthenticationMiddleware
+    except ImportError:                     # pragma: no cover
+        return None
+    return AuthenticationMiddleware
+
+
+def _router_class() -> Any:
+    try:
+        from starlette.routing import Router
+    except ImportError:                     # pragma: no cover
+        return None
+    return Router
+
+
+def _has_auth_middleware(node: Any) -> bool:
+    """
+    Whether Starlette's AuthenticationMiddleware (or a subclass) wraps the
+    ASGI app NODE: anywhere along the chain of middleware from NODE down to
+    what ends it (a router, a route's handler), including the middleware a
+    Starlette app lists (user_middleware, a mounted app's, whose stack is
+    built when it is first called) and a router's own (Router(middleware=)
+    and Route(middleware=): Starlette 1.9 has them, 0.26 has not).
+    """
+    auth = _auth_middleware()
+    router_cls = _router_class()
+    if auth is None:
+        return False
+    for _ in range(64):
+        if node is None:
+            return False
+        if isinstance(node, auth):
+            return True
+        for m in getattr(node, "user_middleware", None) or ():
+            cls = getattr(m, "cls", None)
+            if inspect.isclass(cls) and issubclass(cls, auth):
+                return True
+        if router_cls is not None and isinstance(node, router_cls):
+            # its middleware, if any, wrap its own app() method
+            stack = getattr(node, "middleware_stack", None)
+            if stack is None or inspect.ismethod(stack):
+                return False
+            node = stack
             continue
+        node = getattr(node, "app", None)
+        if inspect.isroutine(node):
+            return False
+    return False
+
+
+def _route_problems(routes: Any, policy: Policy, prefix: str = ""
+                    ) -> Tuple[List[str], List[str], int]:
+    """
+    What the routes (of a Starlette or FastAPI router, mounts and included
+    routers included) the policy applies to would break: those whose
+    endpoint for such a method is synchronous, and those (routes or
+    mounts) that run Starlette's AuthenticationMiddleware themselves, inside
+    this middleware; and how many endpoints the policy applies to.
+    """
+    sync: List[str] = []
+    auth: List[str] = []
+    applied = 0
+    for route, original in _effective_routes(routes):
+        if "WebSocket" in type(original).__name__:
+            continue
+        path = prefix + str(getattr(route, "path", "") or "")
         endpoint = getattr(route, "endpoint", None)
-        if endpoint is None or "WebSocket" in type(route).__name__:
+        sub = getattr(route, "routes", None)
+        if sub and endpoint is None:
+            s, a, n = _route_problems(sub, policy, path)
+            sync.extend(s)
+            auth.extend(a)
+            applied += n
+            if n and _has_auth_middleware(getattr(route, "app", None)):
+                auth.append("the mount %s" % (path or "/"))
+            continue
+        if endpoint is None:
+            # a mount of an app whose routes are not known (any ASGI app):
+            # its authentication would run inside this middleware for every
+            # request it applies to there
+            if "Mount" in type(original).__name__ and \
+                    any(policy.applies(m.upper(), path)
+                        for m in policy.options.methods) and \
+                    _has_auth_middleware(getattr(route, "app", None)):
+                auth.append("the mount %s" % (path or "/"))
             continue
         methods = getattr(route, "methods", None) or policy.options.methods
-        for method in sorted({m.upper() for m in methods}):
-            if not policy.applies(method, path):
-                continue
+        methods = sorted({m.upper() for m in methods
+                          if policy.applies(m.upper(), path)})
+        if not methods:
+            continue
+        applied += 1
+        if _has_auth_middleware(getattr(route, "app", None)):
+            auth.append("the route %s %s" % ("/".join(methods), path))
+        for method in methods:
             fn = endpoint
             if inspect.isclass(endpoint):       # Starlette's HTTPEndpoint
                 fn = getattr(endpoint, method.lower(), None)
@@ -255,46 +382,74 @@ def _sync_endpoints(routes: Any, policy: Policy, prefix: str = ""
                       isinstance(endpoint, functools.partial)):
                 continue                        # an ASGI app of its own
             if not _is_async(fn):
-                found.append("%s %s (%s)" % (
+                sync.append("%s %s (%s)" % (
                     method, path, getattr(fn, "__qualname__", repr(fn))))
-    return found
+    return sync, auth, applied
+
+
+_AUTH_ORDER = (
+    "Add IdempotencyMiddleware first and AuthenticationMiddleware after it "
+    "(Starlette runs the last added first), and not on a route, a mount or "
+    "a router of the app.")
 
 
 def check_app(app: Any, policy: Policy) -> None:
     """
     Refuse (ConfigurationError) an app the middleware cannot keep its
     contract in: Starlette's AuthenticationMiddleware inside it (it would
-    run after it, and every request would be without its caller), or a
-    route it applies to whose endpoint is not ``async def``.  APP is what
-    the middleware wraps: the rest of the middleware stack and the router.
+    run after it, and every request would be without its caller: added
+    before it, or on a router, mount or route the middleware applies to),
+    or a route it applies to whose endpoint is not ``async def``.  APP is
+    what the middleware wraps: the rest of the middleware stack and the
+    router.
     """
-    try:
-        from starlette.middleware.authentication import \
-            AuthenticationMiddleware
-    except ImportError:                     # pragma: no cover
-        AuthenticationMiddleware = ()       # type: ignore[misc,assignment]
+    auth = _auth_middleware()
+    router_cls = _router_class()
     node = app
     routes = None
     for _ in range(64):
-        if node is None:
+        if node is None or inspect.isroutine(node):
             break
-        if AuthenticationMiddleware and \
-                isinstance(node, AuthenticationMiddleware):
+        if auth is not None and isinstance(node, auth):
             raise ConfigurationError(
                 "AuthenticationMiddleware runs after IdempotencyMiddleware, "
-                "so no request has its caller when its key is claimed. "
-                "Add IdempotencyMiddleware first and AuthenticationMiddleware "
-                "after it (Starlette runs the last added first).")
-        router = getattr(node, "router", None)
-        if getattr(node, "routes", None) is not None and \
-                not hasattr(node, "app"):
+                "so no request has its caller when its key is claimed. " +
+                _AUTH_ORDER)
+        if router_cls is not None and isinstance(node, router_cls):
+            if _has_auth_middleware(node):
+                raise ConfigurationError(
+                    "AuthenticationMiddleware is a middleware of the router, "
+                    "inside IdempotencyMiddleware, so no request has its "
+                    "caller when its key is claimed. " + _AUTH_ORDER)
             routes = node.routes
             break
+        router = getattr(node, "router", None)
         if router is not None and getattr(router, "routes", None) is not None:
-            routes = router.routes
+            node = router
+            continue
+        if getattr(node, "routes", None) is not None and \
+                not hasattr(node, "app"):
+            routes = node.routes            # a router of another kind
             break
-        node = getattr(node, "app", None)
-    sync = _sync_endpoints(routes, policy) if routes else []
+        if not hasattr(node, "app"):
+            # an ASGI app object without routes, or a middleware that keeps
+            # the app it wraps where this does not look: nothing is checked
+            log.warning(
+                "pg_idempotency: IdempotencyMiddleware cannot see the routes "
+                "of the app through %r: the start-up checks of its handlers "
+                "and of the authentication middleware below it did not run",
+                type(node).__qualname__)
+            break
+        node = node.app
+    if routes is None:
+        return
+    sync, inner_auth, _ = _route_problems(routes, policy)
+    if inner_auth:
+        raise ConfigurationError(
+            "AuthenticationMiddleware runs inside IdempotencyMiddleware "
+            "on %s, so no request there has its caller when its key is "
+            "claimed. %s"
+            % (", ".join(inner_auth), _AUTH_ORDER))
     if sync:
         raise ConfigurationError(
             "IdempotencyMiddleware applies to routes whose handler is not "
