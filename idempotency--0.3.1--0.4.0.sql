@@ -353,6 +353,33 @@ COMMENT ON VIEW idempotency.stats IS
 
 GRANT SELECT ON idempotency.stats TO pg_monitor;
 
+-- The secret that the lock tags derived from a key, a message id or a
+-- stream name are keyed with (see src/lock_secret.c): every role reads
+-- pg_locks, and must not be able to compute, for a guessed name, the tag
+-- of another role's lock.  16 bytes from pg_strong_random() (through
+-- gen_random_uuid(): 244 random bits, hashed), one row, readable by the
+-- extension's owner only.  Not dumped: a restore's CREATE EXTENSION makes
+-- a new one (a lock tag outlives no session); pg_upgrade and standbys
+-- keep it.  Every session of the database must use the same one: never
+-- change it while the server runs (doc/operations.md, "The lock secret").
+
+CREATE TABLE idempotency.lock_secret (
+    one    pg_catalog.bool  PRIMARY KEY DEFAULT true CHECK (one),
+    secret pg_catalog.bytea NOT NULL
+           CHECK (pg_catalog.octet_length(secret) OPERATOR(pg_catalog.=) 16)
+);
+
+COMMENT ON TABLE idempotency.lock_secret IS
+'the secret the key and stream lock tags are keyed with; never change it while the server runs';
+
+INSERT INTO idempotency.lock_secret (secret)
+SELECT pg_catalog.substr(pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+                                           OPERATOR(pg_catalog.||)
+                                           pg_catalog.uuid_send(pg_catalog.gen_random_uuid())),
+                         1, 16);
+
+REVOKE ALL ON idempotency.lock_secret FROM PUBLIC;
+
 -- Privileges of the objects made here: each object that replaces one gets
 -- exactly the privileges of the one it replaces (a DBA who revoked EXECUTE
 -- on idem_claim() from PUBLIC and granted it to one role keeps that; a
@@ -389,6 +416,7 @@ BEGIN
             ('FUNCTION', 'idempotency.import_sequence(record)'::pg_catalog.regprocedure, NULL),
             ('TABLE', 'idempotency.positions'::pg_catalog.regclass, NULL),
             ('TABLE', 'idempotency.sequences'::pg_catalog.regclass, NULL),
+            ('TABLE', 'idempotency.lock_secret'::pg_catalog.regclass, NULL),
             ('TYPE', 'idempotency.position_record'::pg_catalog.regtype, NULL),
             ('TYPE', 'idempotency.sequence_record'::pg_catalog.regtype, NULL))
         SELECT x.kind, x.oldobj IS NOT NULL AS replaces,
@@ -503,3 +531,22 @@ END
 $filter_info$;
 
 GRANT EXECUTE ON FUNCTION idempotency.filter_info() TO pg_monitor;
+
+-- Key locks take their keyed form when this update commits (see
+-- src/lock_secret.c).  A call that took a key's lock in the public form
+-- checks the form again once it has locked the key's partitions, before it
+-- probes; these locks make the update wait for every transaction that has
+-- a ledger partition locked, and every call that locks one after them wait
+-- for the update's commit, so that no probe under a lock of the public form
+-- overlaps one under the keyed form.  (The index rebuild above takes them
+-- already, unless every partition had its (role, digest) index.)
+DO $lock$
+DECLARE
+    ledger pg_catalog.text;
+BEGIN
+    FOREACH ledger IN ARRAY ARRAY['messages', 'keys'] LOOP
+        CONTINUE WHEN pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', ledger)) IS NULL;
+        EXECUTE pg_catalog.format('LOCK TABLE idempotency.%I IN SHARE MODE', ledger);
+    END LOOP;
+END
+$lock$;

@@ -487,6 +487,33 @@ REVOKE ALL ON FUNCTION idempotency.import_position(record) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.export_sequences(text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.import_sequence(record) FROM PUBLIC;
 
+-- The secret that the lock tags derived from a key, a message id or a
+-- stream name are keyed with (see src/lock_secret.c): every role reads
+-- pg_locks, and must not be able to compute, for a guessed name, the tag
+-- of another role's lock.  16 bytes from pg_strong_random() (through
+-- gen_random_uuid(): 244 random bits, hashed), one row, readable by the
+-- extension's owner only.  Not dumped: a restore's CREATE EXTENSION makes
+-- a new one (a lock tag outlives no session); pg_upgrade and standbys
+-- keep it.  Every session of the database must use the same one: never
+-- change it while the server runs (doc/operations.md, "The lock secret").
+
+CREATE TABLE idempotency.lock_secret (
+    one    pg_catalog.bool  PRIMARY KEY DEFAULT true CHECK (one),
+    secret pg_catalog.bytea NOT NULL
+           CHECK (pg_catalog.octet_length(secret) OPERATOR(pg_catalog.=) 16)
+);
+
+COMMENT ON TABLE idempotency.lock_secret IS
+'the secret the key and stream lock tags are keyed with; never change it while the server runs';
+
+INSERT INTO idempotency.lock_secret (secret)
+SELECT pg_catalog.substr(pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+                                           OPERATOR(pg_catalog.||)
+                                           pg_catalog.uuid_send(pg_catalog.gen_random_uuid())),
+                         1, 16);
+
+REVOKE ALL ON idempotency.lock_secret FROM PUBLIC;
+
 -- Privileges.  PostgreSQL applies the default privileges of the role that
 -- runs this script (ALTER DEFAULT PRIVILEGES FOR ROLE ... GRANT ...) to
 -- every object it makes: take back each privilege on a member of the

@@ -144,6 +144,7 @@ _PG_init(void)
 	IdemOwnClaimsInit();
 	IdemStreamsInit();
 	IdemLibraryVersionInit();
+	IdemLockSecretInit();
 	IdemWaitInit();
 
 	if (process_shared_preload_libraries_in_progress)

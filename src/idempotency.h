@@ -115,7 +115,7 @@ IdemLaneValueOf(int lanes, int number, bool legacy)
 #define IdemLaneIsLegacy(v) ((v) >= 0)
 #define IdemLaneIsFar(v)	((((uint16) (v)) & IDEM_LANE_FAR) != 0)
 #define IdemFarLane(v)		((int16) ((v) | IDEM_LANE_FAR))
-extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
+extern bool IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
 extern void IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role,
@@ -208,6 +208,18 @@ extern void IdemLibraryVersionInit(void);
 extern void IdemCheckLibraryVersion(void);
 extern int	IdemCompareVersions(const char *a, const char *b);
 extern bool IdemInstalledVersionAtLeast(const char *version);
+extern uint64 IdemInstalledVersionGeneration(void);
+
+/* ----------------------------------------------------------------
+ * The per-database secret lock tags are keyed with (lock_secret.c)
+ * ----------------------------------------------------------------
+ */
+#define IDEM_LOCK_SECRET_LEN	16	/* a SipHash-2-4 key */
+
+extern void IdemLockSecretInit(void);
+extern bool IdemKeyedLockTags(void);
+extern const uint8 *IdemLockSecret(void);
+extern void IdemRestrictLockSecretAcl(void);
 
 /* ----------------------------------------------------------------
  * Work done with more privilege than the caller (privilege.c)
@@ -360,6 +372,7 @@ typedef struct IdemOp
 	Oid			role;
 	IdemDigest	digest;
 	LOCKTAG		keytag;			/* the key lock (IdemSetKeyLockTag) */
+	bool		keyed_tag;		/* ... in the keyed form (lock_secret.c) */
 	IdemLayout	layout;			/* of new partitions (IdemOpFindTarget) */
 	int16		lane;			/* the digest's lane under that layout */
 	bool		far;			/* a new row goes to a far partition */
@@ -607,9 +620,9 @@ extern uint64 IdemStreamsMaintain(TimestampTz before);
 extern void IdemWaitInit(void);
 extern Size IdemWaitShmemSize(void);
 extern void IdemWaitShmemInit(void);
-extern uint64 IdemWaitSeen(Oid role, const pg_uuid_t *digest);
-extern void IdemWaitNoteChange(Oid role, const pg_uuid_t *digest);
-extern void IdemWaitForHolder(Oid role, const pg_uuid_t *digest, uint64 seen,
+extern uint64 IdemWaitSeen(const LOCKTAG *keytag);
+extern void IdemWaitNoteChange(const LOCKTAG *keytag);
+extern void IdemWaitForHolder(const LOCKTAG *keytag, uint64 seen,
 							  TimestampTz until, int *poll_ms);
 
 #endif							/* IDEMPOTENCY_H */

@@ -452,47 +452,178 @@ IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy)
 	return IdemLaneValueOf(lanes, (int) (h % (uint32) lanes), legacy);
 }
 
+/* ----------------------------------------------------------------
+ * Lock tags
+ *
+ * A lock tag derived from a key, a message id or a stream name is visible
+ * to every role in pg_locks while it is held, with its holder's process.
+ * So its holder's role is a field of its own (no role's tag can equal
+ * another role's, however its names are chosen), and the part derived
+ * from the names is 32 bits of SipHash-2-4 keyed with the database's
+ * secret (lock_secret.c), over the role and the names: no role that
+ * cannot read the secret can compute, for a guessed name, the tag another
+ * role's lock has, nor tell from its own lock of the same name.
+ *
+ * SipHash-2-4 (Aumasson and Bernstein, 2012) is a pseudorandom function
+ * keyed with 128 bits, made for short inputs and for this use: outputs
+ * nobody can predict without the key, even after seeing the outputs for
+ * inputs of one's choice (the keyed hash tables of Python, Rust and Linux,
+ * Linux's TCP sequence numbers).  It costs about 300 instructions for a
+ * key's tag; one block of SHA-256 costs 2,000 to 3,000, and HMAC-SHA-256
+ * needs two at least.
+ * ----------------------------------------------------------------
+ */
+
+typedef struct IdemSipHash
+{
+	uint64		v0,
+				v1,
+				v2,
+				v3;
+	uint64		tail;			/* bytes not yet in a word, little-endian */
+	int			ntail;
+	uint32		length;			/* bytes hashed (mod 256 is what counts) */
+} IdemSipHash;
+
+#define IDEM_ROTL64(x, b)	(((x) << (b)) | ((x) >> (64 - (b))))
+#define IDEM_SIPROUND(s) \
+	do { \
+		(s)->v0 += (s)->v1; (s)->v1 = IDEM_ROTL64((s)->v1, 13); \
+		(s)->v1 ^= (s)->v0; (s)->v0 = IDEM_ROTL64((s)->v0, 32); \
+		(s)->v2 += (s)->v3; (s)->v3 = IDEM_ROTL64((s)->v3, 16); \
+		(s)->v3 ^= (s)->v2; \
+		(s)->v0 += (s)->v3; (s)->v3 = IDEM_ROTL64((s)->v3, 21); \
+		(s)->v3 ^= (s)->v0; \
+		(s)->v2 += (s)->v1; (s)->v1 = IDEM_ROTL64((s)->v1, 17); \
+		(s)->v1 ^= (s)->v2; (s)->v2 = IDEM_ROTL64((s)->v2, 32); \
+	} while (0)
+
+/* 8 bytes as a little-endian 64-bit integer */
+static inline uint64
+IdemLoad64LE(const uint8 *p)
+{
+	return (uint64) p[0] | ((uint64) p[1] << 8) | ((uint64) p[2] << 16) |
+		((uint64) p[3] << 24) | ((uint64) p[4] << 32) |
+		((uint64) p[5] << 40) | ((uint64) p[6] << 48) | ((uint64) p[7] << 56);
+}
+
+static void
+IdemSipInit(IdemSipHash *s, const uint8 key[IDEM_LOCK_SECRET_LEN])
+{
+	uint64		k0 = IdemLoad64LE(key);
+	uint64		k1 = IdemLoad64LE(key + 8);
+
+	s->v0 = k0 ^ UINT64CONST(0x736f6d6570736575);
+	s->v1 = k1 ^ UINT64CONST(0x646f72616e646f6d);
+	s->v2 = k0 ^ UINT64CONST(0x6c7967656e657261);
+	s->v3 = k1 ^ UINT64CONST(0x7465646279746573);
+	s->tail = 0;
+	s->ntail = 0;
+	s->length = 0;
+}
+
+/* absorbs one 64-bit word of the message */
+static inline void
+IdemSipWord(IdemSipHash *s, uint64 m)
+{
+	s->v3 ^= m;
+	IDEM_SIPROUND(s);
+	IDEM_SIPROUND(s);
+	s->v0 ^= m;
+}
+
+static void
+IdemSipUpdate(IdemSipHash *s, const uint8 *p, int len)
+{
+	s->length += (uint32) len;
+	while (len > 0 && s->ntail > 0)
+	{
+		s->tail |= (uint64) *p++ << (8 * s->ntail);
+		len--;
+		if (++s->ntail == 8)
+		{
+			IdemSipWord(s, s->tail);
+			s->tail = 0;
+			s->ntail = 0;
+		}
+	}
+	for (; len >= 8; p += 8, len -= 8)
+		IdemSipWord(s, IdemLoad64LE(p));
+	for (; len > 0; len--)
+		s->tail |= (uint64) *p++ << (8 * s->ntail++);
+}
+
+static uint64
+IdemSipFinal(IdemSipHash *s)
+{
+	IdemSipWord(s, s->tail | ((uint64) (s->length & 0xff) << 56));
+	s->v2 ^= 0xff;
+	IDEM_SIPROUND(s);
+	IDEM_SIPROUND(s);
+	IDEM_SIPROUND(s);
+	IDEM_SIPROUND(s);
+	return s->v0 ^ s->v1 ^ s->v2 ^ s->v3;
+}
+
 /*
  * IdemSetKeyLockTag fills in the lock tag that serializes the probe and
- * insert of one key of one role in one ledger.  It is made of the digest's
- * bytes 4 to 11, which are the same in its current and legacy forms and do
- * not depend on the namespace alone.
+ * insert of one key of one role in one ledger, and returns whether it is
+ * of the keyed form.
  *
- * Distinct keys may share a tag (64 bits of hash); that only makes two
- * callers wait for each other for the length of a probe.
+ * Keyed (the installed extension is 0.4.0 or later): the role's OID, and
+ * the low 32 bits of SipHash-2-4, under the database's secret, of the
+ * ledger, the role and the digest's bytes 4 to 15 (the same in its current
+ * and legacy forms, and not depending on the namespace alone).  Keys of
+ * one role may share a tag (one chance in 2^32 per pair); that only makes
+ * two callers wait for each other for the length of a probe.
  *
- * No role can make its key's tag equal another role's on purpose (to stall
- * that role's calls): the tag is 64 bits of SHA-256 over the key, combined
- * with the role, so hitting a given tag (it is visible in pg_locks while
- * held) takes about 2^63 hashes, and it is held for a probe only.  The
- * form is not changed to the stream locks' one (role in a field of its
- * own, IdemSetStreamLockTag): a backend still running an older library
- * next to one running this one (before ALTER EXTENSION UPDATE, when both
- * may claim) must take the same lock for the same key.
+ * Public (0.3.1's form, before the update): the digest's bytes 4 to 11,
+ * XOR a mix of the role and the ledger, which any role can compute for a
+ * guessed key.  Kept only while a session running a 0.3.1 library may
+ * claim the same key: it must take the same lock (see lock_secret.c).
  */
-void
+bool
 IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 				  const pg_uuid_t *digest)
 {
 	uint64		h;
 
+	if (likely(IdemKeyedLockTags()))
+	{
+		IdemSipHash s;
+		uint32		head[2];
+
+		head[0] = pg_hton32((uint32) ledger);
+		head[1] = pg_hton32((uint32) role);
+		IdemSipInit(&s, IdemLockSecret());
+		IdemSipUpdate(&s, (const uint8 *) head, sizeof(head));
+		IdemSipUpdate(&s, digest->data + IDEM_DIGEST_PREFIX_LEN,
+					  IDEM_DIGEST_LEN - IDEM_DIGEST_PREFIX_LEN);
+		SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) role,
+							 (uint32) IdemSipFinal(&s), IDEM_LOCK_KEY);
+		return true;
+	}
+
 	memcpy(&h, digest->data + IDEM_DIGEST_PREFIX_LEN, sizeof(h));
 	h ^= ((uint64) role * UINT64CONST(0x9E3779B97F4A7C15)) + (uint64) ledger;
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) (h >> 32), (uint32) h,
 						 IDEM_LOCK_KEY);
+	return false;
 }
 
 /*
  * IdemSetStreamLockTag fills in the lock tag of one stream position (kind
  * IDEM_LOCK_POSITION: consumer a, stream b, partition part) or one
  * producer's sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b, part
- * 0) of role "role".  The names are the caller's choice, so the tag must
- * not be one another role can compute to equal this role's and so stall
- * its calls (until 0.4.0 was released it was a Jenkins hash of the names,
- * which is easily inverted): the role's OID is a field of the tag by
- * itself, which no other role's tag can have, and the other field is 32
- * bits of SHA-256 over the kind, the role, the partition and both names
- * (a's length first, so that ("ab", "c") and ("a", "bc") differ).
+ * 0) of role "role": the role's OID, and the low 32 bits of SipHash-2-4,
+ * under the database's secret, of the kind, the role, the partition and
+ * both names (a's length first, so that ("ab", "c") and ("a", "bc")
+ * differ).  Until 0.4.0 was released the names went through a Jenkins
+ * hash, which is easily inverted (another role computed names whose locks
+ * equalled this role's, and stalled its calls), and then, until its
+ * review, an unkeyed SHA-256 (another role computed the tag of a guessed
+ * stream name and saw in pg_locks when this role advanced it).  Stream
+ * locks exist only from 0.4.0 on, so there is no older form to keep.
  *
  * Two identities of one role may share a tag (one chance in 2^32 per
  * pair); their calls then only wait for each other.  A role that makes
@@ -502,18 +633,19 @@ void
 IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role, const char *a,
 					 int alen, const char *b, int blen, int32 part)
 {
+	IdemSipHash s;
 	uint32		head[4];
-	uint8		full[PG_SHA256_DIGEST_LENGTH];
-	uint32		h;
 
 	head[0] = pg_hton32((uint32) kind);
 	head[1] = pg_hton32((uint32) role);
 	head[2] = pg_hton32((uint32) part);
 	head[3] = pg_hton32((uint32) alen);
-	IdemSha256((const uint8 *) head, sizeof(head), (const uint8 *) a, alen,
-			   (const uint8 *) b, blen, full);
-	memcpy(&h, full, sizeof(h));
-	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) role, h, kind);
+	IdemSipInit(&s, IdemLockSecret());
+	IdemSipUpdate(&s, (const uint8 *) head, sizeof(head));
+	IdemSipUpdate(&s, (const uint8 *) a, alen);
+	IdemSipUpdate(&s, (const uint8 *) b, blen);
+	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) role,
+						 (uint32) IdemSipFinal(&s), kind);
 }
 
 /*

@@ -693,7 +693,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 		/* resolved: nobody can recover it, its waiters get their answer */
 		op.nulls[Anum_keys_lease_until - 1] = true;
 		op.nulls[Anum_keys_recover_at - 1] = true;
-		IdemWaitNoteChange(op.role, &op.digest.uuid);
+		IdemWaitNoteChange(&op.keytag);
 	}
 	IdemOpUpdate(&op, &newtid);
 
@@ -928,7 +928,7 @@ IdemImportStep(IdemOp *op, void *arg)
 		imp->outcome = IDEM_IMPORT_REPLACED;
 		IdemOpReplace(op, NULL);
 		/* a waiter for the key's holder answers for the imported state */
-		IdemWaitNoteChange(op->role, &op->digest.uuid);
+		IdemWaitNoteChange(&op->keytag);
 	}
 	else
 	{

@@ -54,6 +54,9 @@ static bool version_checked = false;
 /* that version ("" if not installed), valid while version_checked */
 static char installed_version[NAMEDATALEN];
 
+/* how many times it was read (IdemInstalledVersionGeneration) */
+static uint64 version_generation = 0;
+
 static void IdemVersionInvalidate(void);
 #ifdef IDEM_HAVE_EXTENSION_SYSCACHE
 static void IdemVersionSyscacheCallback(Datum arg, int cacheid,
@@ -198,9 +201,23 @@ IdemCheckLibraryVersion(void)
 				 errhint("End this session and connect again (restart the server if idempotency is in shared_preload_libraries), so that it loads the installed library.")));
 	strlcpy(installed_version, installed != NULL ? installed : "",
 			sizeof(installed_version));
+	version_generation++;
 	version_checked = true;
 	if (installed != NULL)
 		pfree(installed);
+}
+
+/*
+ * IdemInstalledVersionGeneration returns a number that changes whenever
+ * the installed version is read again (after ALTER EXTENSION UPDATE, say):
+ * answers derived from IdemInstalledVersionAtLeast() are kept as long as
+ * it stays the same.  (Checks the library's version first.)
+ */
+uint64
+IdemInstalledVersionGeneration(void)
+{
+	IdemCheckLibraryVersion();
+	return version_generation;
 }
 
 /*

@@ -82,6 +82,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 			*dropped += IdemDropExpiredPartitions(ledger, now);
 		}
 		(void) IdemStreamsMaintain(now - (int64) idem_position_ttl * USECS_PER_SEC);
+		IdemRestrictLockSecretAcl();
 		(void) IdemFilterBuildDatabase();
 	}
 	PG_CATCH();

@@ -32,8 +32,9 @@
  * 0x4944, see IdemSetKeyLockTag); accepts invalidation messages (at the
  * start of IdemOpProbe), so that partitions committed before the lock was
  * granted are known; opens and locks the live partitions of the key's lane,
- * never the parent; probes them with a dirty snapshot; writes; releases the
- * key lock.
+ * never the parent; checks that the key lock is still of the form in force
+ * (keyed or not, see IdemOpProbe); probes them with a dirty snapshot;
+ * writes; releases the key lock.
  *
  * Every call that writes a ledger row runs the protocol through one API,
  * an IdemOp:
@@ -96,6 +97,7 @@
 static bool IdemMayHaveWriters(Oid relid);
 static bool IdemMustKeepKeyLock(Relation partition);
 static void IdemOpMakeTarget(IdemOp *op);
+static void IdemOpRetag(IdemOp *op);
 static void IdemOpDeform(IdemOp *op, TupleDesc tupdesc);
 static void IdemUnlockEnded(IdemPartition *parts, int n, bool *locked);
 static bool IdemSamePartitions(IdemLedger ledger, const pg_uuid_t *digest,
@@ -765,7 +767,7 @@ IdemOpInit(IdemOp *op, IdemLedger ledger, Oid role, const IdemDigest *digest)
 	op->ledger = ledger;
 	op->role = role;
 	op->digest = *digest;
-	IdemSetKeyLockTag(&op->keytag, ledger, role, &digest->uuid);
+	op->keyed_tag = IdemSetKeyLockTag(&op->keytag, ledger, role, &digest->uuid);
 	op->layout.lanes = 0;		/* computed when a row is to be written */
 	op->far = false;
 	op->now = GetCurrentTimestamp();
@@ -825,12 +827,11 @@ IdemOpRun(IdemOp *op, bool nowait, IdemStepFunc step, void *arg)
 		else if (next == IDEM_STEP_WAIT_HOLDER)
 		{
 			/* read while the holder cannot change the row (see wait.c) */
-			uint64		seen = IdemWaitSeen(op->role, &op->digest.uuid);
+			uint64		seen = IdemWaitSeen(&op->keytag);
 
 			Assert(!op->keep_key_lock);
 			IdemOpEnd(op);
-			IdemWaitForHolder(op->role, &op->digest.uuid, seen,
-							  op->wait_until, &op->poll_ms);
+			IdemWaitForHolder(&op->keytag, seen, op->wait_until, &op->poll_ms);
 		}
 		else
 		{
@@ -865,26 +866,66 @@ IdemOpLock(IdemOp *op, bool nowait)
  * a dirty one (see IdemProbe()).  The row found, if any, is deformed into
  * op->values/op->nulls (in the key ledger, whose callers read it).
  * Partitions committed before the key lock was taken are seen.
+ *
+ * The key lock's form may have changed since the operation computed it:
+ * an ALTER EXTENSION UPDATE to 0.4.0 that committed while this call waited
+ * for its locks on the partitions makes every call that starts now take
+ * the keyed form (lock_secret.c).  Once the partitions are locked (the
+ * update waits for whoever has them locked, and whoever waited for the
+ * update has now seen it commit), the form is checked again, and the lock
+ * of the current form taken before the probe, so that two calls on one key
+ * never probe under locks of different forms.
  */
 void
 IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
 {
-	AcceptInvalidationMessages();
-	op->cached = op->cache != NULL && snapshot == NULL &&
-		IdemOpenCacheLookup(op->cache, op->ledger, &op->digest.uuid, op->now,
-							lockmode, &op->open, &op->nopen);
-	if (!op->cached)
-		op->nopen = IdemOpenLivePartitions(op->ledger, op->role,
-										   &op->digest.uuid, op->now, lockmode,
-										   &op->open, &op->capacity);
-	else
-		op->capacity = op->nopen;
+	for (;;)
+	{
+		AcceptInvalidationMessages();
+		op->cached = op->cache != NULL && snapshot == NULL &&
+			IdemOpenCacheLookup(op->cache, op->ledger, &op->digest.uuid,
+								op->now, lockmode, &op->open, &op->nopen);
+		if (!op->cached)
+			op->nopen = IdemOpenLivePartitions(op->ledger, op->role,
+											   &op->digest.uuid, op->now,
+											   lockmode, &op->open,
+											   &op->capacity);
+		else
+			op->capacity = op->nopen;
+		if (likely(IdemKeyedLockTags() == op->keyed_tag))
+			break;
+		IdemOpRetag(op);
+	}
 	op->lockmode = lockmode;
 	op->target = -1;
 	IdemProbe(op->open, op->nopen, op->role, &op->digest, op->now,
 			  op->ledger == IDEM_LEDGER_KEYS, snapshot, &op->probe);
 	if (op->probe.tuple != NULL)
 		IdemOpDeform(op, RelationGetDescr(op->open[op->probe.which].heap));
+}
+
+/*
+ * IdemOpRetag closes the partitions IdemOpProbe opened and gives the
+ * operation the key lock of the form now in force: the old one goes
+ * (unless the operation keeps it to the transaction's end), and if the
+ * operation held it, the new one is taken, waiting for it if need be.
+ */
+static void
+IdemOpRetag(IdemOp *op)
+{
+	bool		locked = op->key_locked;
+
+	if (op->nopen > 0 && !op->cached)
+		IdemClosePartitions(op->open, op->nopen);
+	op->nopen = 0;
+	op->open = NULL;
+	op->cached = false;
+	if (locked && !op->keep_key_lock)
+		LockRelease(&op->keytag, ExclusiveLock, false);
+	op->keyed_tag = IdemSetKeyLockTag(&op->keytag, op->ledger, op->role,
+									  &op->digest.uuid);
+	if (locked)
+		(void) LockAcquire(&op->keytag, ExclusiveLock, false, false);
 }
 
 /*
@@ -994,14 +1035,18 @@ IdemOpFindTarget(IdemOp *op)
 	 * once locked (locking accepts invalidations: it may have been dropped
 	 * and made again meanwhile; comparing the caches' generation instead
 	 * would never succeed under debug_discard_caches, where every lock
-	 * discards them).
+	 * discards them), and the key lock still of the form in force (the
+	 * probe locked no partition, so an update may have committed since it
+	 * checked, see IdemOpProbe: the caller starts over, and the probe takes
+	 * the lock of the new form).
 	 */
 	if (op->nopen < op->capacity && !op->cached)
 	{
 		IdemPartition again;
 
 		LockRelationOid(target.relid, op->lockmode);
-		if (IdemPartitionFor(op->ledger, &op->digest.uuid, op->lane, op->far,
+		if (IdemKeyedLockTags() == op->keyed_tag &&
+			IdemPartitionFor(op->ledger, &op->digest.uuid, op->lane, op->far,
 							 op->expires_at, &again) &&
 			again.relid == target.relid)
 		{

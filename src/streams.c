@@ -205,8 +205,9 @@ static int	IdemCompareInt32(const void *a, const void *b);
  * IdemStreamLockTag sets the tag of the lock on one position (kind
  * IDEM_LOCK_POSITION: consumer a, stream b, partition) or one producer's
  * sequence (IDEM_LOCK_SEQUENCE: consumer a, producer b) of role "role":
- * the role's OID and a SHA-256 digest of the rest (IdemSetStreamLockTag),
- * so that no role can make its lock the same as another role's.  Distinct
+ * the role's OID and a hash of the rest keyed with the database's secret
+ * (IdemSetStreamLockTag), so that no role can make its lock the same as
+ * another role's, nor tell from pg_locks which names it is on.  Distinct
  * identities of one role may share a lock: they then only wait for each
  * other.
  */

@@ -9,7 +9,10 @@
  * The holder's transaction is over (its claim committed), so there is no
  * lock to wait on.  With shared_preload_libraries, shared memory holds a
  * fixed array of wake-up slots, each a change counter and a condition
- * variable; a key maps to one slot by its role and digest.  A completion
+ * variable; a key maps to one slot by its key lock's tag (keyed with the
+ * database's secret, keyhash.c: no other role can tell which slot a key
+ * uses, nor so wait on a slot of its own choice to learn when another
+ * role completes a guessed key).  A completion
  * or release notes the key's slot, and when its transaction commits (or is
  * prepared: the waiter then finds the row busy and waits for the prepared
  * transaction as for any writer) bumps the counter and wakes the slot's
@@ -74,13 +77,15 @@ static bool pending_any = false;
 
 static void IdemWaitXactCallback(XactEvent event, void *arg);
 
-/* the slot of a key */
+/* the slot of a key, by its key lock's tag (IdemSetKeyLockTag) */
 static int
-IdemWakeSlotFor(Oid role, const pg_uuid_t *digest)
+IdemWakeSlotFor(const LOCKTAG *keytag)
 {
-	uint32		h = hash_bytes(digest->data, UUID_LEN);
+	uint32		h = hash_bytes_uint32(keytag->locktag_field3);
 
-	return (int) (hash_combine(h, role) & (IDEM_WAKE_SLOTS - 1));
+	h = hash_combine(h, keytag->locktag_field2);
+	h = hash_combine(h, keytag->locktag_field1);
+	return (int) (h & (IDEM_WAKE_SLOTS - 1));
 }
 
 Size
@@ -122,11 +127,11 @@ IdemWaitInit(void)
  * the key lock held before a wait (0 without preload).
  */
 uint64
-IdemWaitSeen(Oid role, const pg_uuid_t *digest)
+IdemWaitSeen(const LOCKTAG *keytag)
 {
 	if (idem_wake_slots == NULL)
 		return 0;
-	return pg_atomic_read_u64(&idem_wake_slots[IdemWakeSlotFor(role, digest)].changes);
+	return pg_atomic_read_u64(&idem_wake_slots[IdemWakeSlotFor(keytag)].changes);
 }
 
 /*
@@ -134,7 +139,7 @@ IdemWaitSeen(Oid role, const pg_uuid_t *digest)
  * key: its waiters are woken when the transaction commits.
  */
 void
-IdemWaitNoteChange(Oid role, const pg_uuid_t *digest)
+IdemWaitNoteChange(const LOCKTAG *keytag)
 {
 	int			slot;
 
@@ -143,7 +148,7 @@ IdemWaitNoteChange(Oid role, const pg_uuid_t *digest)
 	if (pending_wakes == NULL)
 		pending_wakes = MemoryContextAllocZero(TopTransactionContext,
 											   IDEM_WAKE_SLOTS / 64 * sizeof(uint64));
-	slot = IdemWakeSlotFor(role, digest);
+	slot = IdemWakeSlotFor(keytag);
 	pending_wakes[slot / 64] |= UINT64CONST(1) << (slot % 64);
 	pending_any = true;
 }
@@ -188,8 +193,8 @@ IdemWaitXactCallback(XactEvent event, void *arg)
  * no key lock, and probes again afterwards.
  */
 void
-IdemWaitForHolder(Oid role, const pg_uuid_t *digest, uint64 seen,
-				  TimestampTz until, int *poll_ms)
+IdemWaitForHolder(const LOCKTAG *keytag, uint64 seen, TimestampTz until,
+				  int *poll_ms)
 {
 	IdemWakeSlot *slot;
 	long		ms;
@@ -208,7 +213,7 @@ IdemWaitForHolder(Oid role, const pg_uuid_t *digest, uint64 seen,
 		return;
 	}
 
-	slot = &idem_wake_slots[IdemWakeSlotFor(role, digest)];
+	slot = &idem_wake_slots[IdemWakeSlotFor(keytag)];
 	ConditionVariablePrepareToSleep(&slot->cv);
 	while (pg_atomic_read_u64(&slot->changes) == seen)
 	{

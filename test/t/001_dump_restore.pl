@@ -6,7 +6,8 @@
 # the same message ids are duplicates, new ones are new, the partitions are
 # the same, idem_maintain() works and re-adds the AUTO dependency on the
 # extension that pg_dump does not carry (so DROP EXTENSION takes the storage
-# again).  Custom format through pg_restore, twice in a row, and plain format
+# again).  The lock secret (idempotency.lock_secret) is not dumped: each
+# restored database has one of its own, made by its CREATE EXTENSION.  Custom format through pg_restore, twice in a row, and plain format
 # through psql.
 
 use strict;
@@ -129,10 +130,20 @@ is($node->safe_psql('src', q{SELECT count(DISTINCT lanes) FROM idempotency.parti
 	2, 'src: partitions of two layouts exist');
 is($node->safe_psql('src', $any_new_sql), 'f', 'src: every consumed message is a duplicate');
 
+# the lock secret's bytes (src/lock_secret.c), as hex
+my $secret_sql = q{SELECT string_agg(encode(secret, 'hex'), ',') FROM idempotency.lock_secret};
+my $src_secret = $node->safe_psql('src', $secret_sql);
+like($src_secret, qr/^[0-9a-f]{32}$/, 'src: one lock secret of 16 bytes');
+
 # checks a restored database against the state it was dumped from
 sub check_restored
 {
 	my ($db, $what, $want_count, $want_rows, $want_partitions) = @_;
+
+	# the secret is not dumped: the restore's CREATE EXTENSION makes one
+	my $secret = $node->safe_psql($db, $secret_sql);
+	like($secret, qr/^[0-9a-f]{32}$/, "$db: one lock secret of 16 bytes");
+	isnt($secret, $src_secret, "$db: its own, not src's");
 
 	is($node->safe_psql($db, $bad_index_sql), 0,
 		"$db: every partition has its (role, digest) index");
@@ -259,6 +270,9 @@ is( $node->safe_psql(
 my $plain = "$tmp/src.sql";
 $node->command_ok([ 'pg_dump', '-Fp', '-f', $plain, '-d', $node->connstr('src') ],
 	'pg_dump -Fp of src');
+my $plain_text = slurp_file($plain);
+unlike($plain_text, qr/\Q$src_secret\E/, 'the plain dump does not hold the lock secret');
+unlike($plain_text, qr/(COPY|INSERT INTO) idempotency\.lock_secret/, '... nor any row of its table');
 $node->safe_psql('postgres', 'CREATE DATABASE plain');
 $node->command_checks_all(
 	[

@@ -3,7 +3,8 @@
 #
 # A primary and a streaming standby.  The standby is made before the
 # extension exists, so CREATE EXTENSION, the ledgers and their partitions
-# all arrive by replay.  On the standby every writing function fails with
+# (and the lock secret, which every call reads to compute its key's lock
+# tag) all arrive by replay.  On the standby every writing function fails with
 # SQLSTATE 25006 and writes nothing, idem_lookup() returns what the primary
 # committed (also to a session that was open while new partitions were
 # replayed), never a row the primary has not committed, and never another
@@ -57,6 +58,12 @@ CREATE EXTENSION idempotency;
 CREATE ROLE idem_tap_app;
 });
 $primary->wait_for_catchup($standby);
+
+# the lock secret arrives by replay: the standby's calls (idem_lookup()
+# computes its key's lock tag) read the primary's
+my $secret_sql = q{SELECT string_agg(encode(secret, 'hex'), ',') FROM idempotency.lock_secret};
+is($standby->safe_psql('postgres', $secret_sql), $primary->safe_psql('postgres', $secret_sql),
+	'the standby has the lock secret of the primary');
 
 is($standby->safe_psql('postgres',
 		q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),

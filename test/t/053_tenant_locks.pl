@@ -10,7 +10,8 @@
 #      below, a few thousand tries), holds it in an open transaction, and
 #      alice's idem_advance and idem_sequence hung until their lock
 #      timeout.  Now the tag holds the role's OID in a field of its own and
-#      a SHA-256 digest of the names: alice's calls go on, every stream
+#      a keyed hash of the names (test/t/056_lock_tags.pl: no role can
+#      compute it for names it guesses): alice's calls go on, every stream
 #      lock carries its holder's role, and two roles using the very same
 #      names do not wait for each other.
 #   2. The shared lock table.  Each position or producer a transaction
