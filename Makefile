@@ -90,6 +90,7 @@ installcheck-isolation-preload:
 	    --bindir='$(bindir)' $(pg_regress_locale_flags) $(EXTRA_REGRESS_OPTS) \
 	    $(ISOLATION_PRELOAD_OPTS) $(ISOLATION_PRELOAD)
 
-# every object depends on the shared headers
-$(OBJS): src/idempotency.h src/compat.h
+# every object depends on the headers of src/ (one per subsystem: a
+# header's change rebuilds every file, whichever includes it)
+$(OBJS): $(wildcard src/*.h)
 include $(srcdir)/test/release.mk

@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "wait.h"
 
 #include "fmgr.h"
 #include "miscadmin.h"

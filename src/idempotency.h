@@ -600,16 +600,4 @@ extern void IdemCheckResponseHeaders(Datum headers);
 extern void IdemStreamsInit(void);
 extern uint64 IdemStreamsMaintain(TimestampTz before);
 
-/* ----------------------------------------------------------------
- * Waiting for the holder of a two-phase claim (wait.c)
- * ----------------------------------------------------------------
- */
-extern void IdemWaitInit(void);
-extern Size IdemWaitShmemSize(void);
-extern void IdemWaitShmemInit(void);
-extern uint64 IdemWaitSeen(Oid role, const pg_uuid_t *digest);
-extern void IdemWaitNoteChange(Oid role, const pg_uuid_t *digest);
-extern void IdemWaitForHolder(Oid role, const pg_uuid_t *digest, uint64 seen,
-							  TimestampTz until, int *poll_ms);
-
 #endif							/* IDEMPOTENCY_H */

@@ -37,6 +37,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "wait.h"
 
 #include "access/xact.h"
 #include "common/hashfn.h"
