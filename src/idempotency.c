@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "streams.h"
 #include "wait.h"
 
 #include "fmgr.h"

@@ -593,11 +593,4 @@ extern int64 IdemJsonbTextSize(Datum jsonb);
 extern void IdemCheckStoredSize(int64 size, const char *what);
 extern void IdemCheckResponseHeaders(Datum headers);
 
-/* ----------------------------------------------------------------
- * Ordered streams: positions and producer sequences (streams.c)
- * ----------------------------------------------------------------
- */
-extern void IdemStreamsInit(void);
-extern uint64 IdemStreamsMaintain(TimestampTz before);
-
 #endif							/* IDEMPOTENCY_H */

@@ -28,6 +28,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "streams.h"
 
 #include "access/htup_details.h"
 #include "fmgr.h"

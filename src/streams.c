@@ -46,6 +46,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "streams.h"
 
 #include "access/xact.h"
 #include "catalog/namespace.h"
