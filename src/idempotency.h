@@ -585,12 +585,4 @@ extern bool IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 extern Size IdemWorkerShmemSize(void);
 extern void IdemWorkerShmemInit(void);
 
-/* ----------------------------------------------------------------
- * What one key may store (responses.c)
- * ----------------------------------------------------------------
- */
-extern int64 IdemJsonbTextSize(Datum jsonb);
-extern void IdemCheckStoredSize(int64 size, const char *what);
-extern void IdemCheckResponseHeaders(Datum headers);
-
 #endif							/* IDEMPOTENCY_H */

@@ -40,6 +40,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "responses.h"
 #include "wait.h"
 
 #include "access/genam.h"

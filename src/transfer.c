@@ -41,6 +41,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "responses.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"
