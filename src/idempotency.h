@@ -210,23 +210,6 @@ extern int	IdemCompareVersions(const char *a, const char *b);
 extern bool IdemInstalledVersionAtLeast(const char *version);
 
 /* ----------------------------------------------------------------
- * Work done with more privilege than the caller (privilege.c)
- * ----------------------------------------------------------------
- */
-typedef struct IdemSavedUser
-{
-	Oid			userid;
-	int			sec_context;
-} IdemSavedUser;
-
-extern void IdemPinWorkerSettings(void);
-extern uint64 IdemExecAsOwner(const char *sql, int lock_timeout_ms);
-extern Oid	IdemStorageOwner(void);
-extern void IdemBecomeStorageOwner(IdemSavedUser *save);
-extern void IdemRestoreUser(const IdemSavedUser *save);
-extern void IdemRestrictTableAcl(Oid relid);
-
-/* ----------------------------------------------------------------
  * The dedup protocol: key lock, dirty probe of live partitions, insert
  * (probe.c)
  * ----------------------------------------------------------------

@@ -41,6 +41,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "privilege.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"

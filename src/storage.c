@@ -42,6 +42,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "privilege.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"

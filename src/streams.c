@@ -46,6 +46,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "privilege.h"
 #include "streams.h"
 
 #include "access/xact.h"

@@ -75,6 +75,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "privilege.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
