@@ -41,6 +41,7 @@
  */
 #include "idempotency.h"
 #include "responses.h"
+#include "stats.h"
 #include "wait.h"
 
 #include "access/genam.h"

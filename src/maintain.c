@@ -28,6 +28,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "stats.h"
 #include "streams.h"
 
 #include "access/htup_details.h"

@@ -31,6 +31,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "stats.h"
 
 #include "access/genam.h"
 #include "access/relscan.h"

@@ -43,6 +43,7 @@
  */
 #include "idempotency.h"
 #include "privilege.h"
+#include "stats.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"

@@ -47,6 +47,7 @@
  */
 #include "idempotency.h"
 #include "privilege.h"
+#include "stats.h"
 #include "streams.h"
 
 #include "access/xact.h"

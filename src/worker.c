@@ -76,6 +76,7 @@
  */
 #include "idempotency.h"
 #include "privilege.h"
+#include "stats.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
