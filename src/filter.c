@@ -100,6 +100,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

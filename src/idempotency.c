@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
 #include "stats.h"
 #include "streams.h"
 #include "wait.h"

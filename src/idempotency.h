@@ -502,28 +502,6 @@ extern void IdemOwnClaimsCheckPending(void);
 extern bool IdemMaintainDatabase(int *created, int *dropped);
 
 /* ----------------------------------------------------------------
- * Digest filters of the partitions (filter.c); only with
- * shared_preload_libraries
- * ----------------------------------------------------------------
- */
-extern int	idem_filter_memory;
-extern void IdemFilterDefineSettings(void);
-extern void IdemFilterPreloadInit(void);
-extern Size IdemFilterShmemSize(void);
-extern void IdemFilterShmemInit(void);
-extern bool IdemFilterRulesOut(Oid relid, int16 lane, Oid role,
-							   const pg_uuid_t *digest);
-extern void IdemFilterAdd(Oid relid, int16 lane, Oid role,
-						  const pg_uuid_t *digest);
-extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
-extern void IdemFilterForget(Oid relid);
-extern void IdemFilterOwnSql(const char *sql);
-extern int	IdemFilterBuildDatabase(void);
-extern void IdemFilterForgetDatabase(void);
-extern void IdemFilterForgetDatabases(const Oid *dbs, int ndbs,
-									  TimestampTz listed_at);
-
-/* ----------------------------------------------------------------
  * Background workers (worker.c); only with shared_preload_libraries
  * ----------------------------------------------------------------
  */

@@ -28,6 +28,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
 #include "stats.h"
 #include "streams.h"
 

@@ -41,6 +41,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
 #include "privilege.h"
 
 #include "access/htup_details.h"

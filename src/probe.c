@@ -69,6 +69,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
 #include "wait.h"
 
 #include "access/genam.h"

@@ -75,6 +75,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
 #include "privilege.h"
 #include "stats.h"
 
