@@ -21,6 +21,7 @@
 #include "stats.h"
 #include "streams.h"
 #include "wait.h"
+#include "worker.h"
 
 #include "fmgr.h"
 #include "miscadmin.h"

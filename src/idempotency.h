@@ -495,20 +495,4 @@ extern void IdemOwnClaimMoved(IdemOwnClaim *claim, const IdemPartition *part,
 							  ItemPointer tid);
 extern void IdemOwnClaimsCheckPending(void);
 
-/* ----------------------------------------------------------------
- * Maintenance runs (maintain.c)
- * ----------------------------------------------------------------
- */
-extern bool IdemMaintainDatabase(int *created, int *dropped);
-
-/* ----------------------------------------------------------------
- * Background workers (worker.c); only with shared_preload_libraries
- * ----------------------------------------------------------------
- */
-extern void IdemWorkerPreloadInit(void);
-extern bool IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
-									int lane_number, bool far, TimestampTz at);
-extern Size IdemWorkerShmemSize(void);
-extern void IdemWorkerShmemInit(void);
-
 #endif							/* IDEMPOTENCY_H */

@@ -31,6 +31,7 @@
 #include "filter.h"
 #include "stats.h"
 #include "streams.h"
+#include "worker.h"
 
 #include "access/htup_details.h"
 #include "fmgr.h"

@@ -71,6 +71,7 @@
 #include "idempotency.h"
 #include "filter.h"
 #include "wait.h"
+#include "worker.h"
 
 #include "access/genam.h"
 #include "access/heapam.h"

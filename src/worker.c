@@ -78,6 +78,7 @@
 #include "filter.h"
 #include "privilege.h"
 #include "stats.h"
+#include "worker.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"
