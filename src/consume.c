@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
 #include "stats.h"
 
 #include "catalog/pg_type.h"

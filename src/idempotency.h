@@ -91,13 +91,6 @@ typedef struct IdemDigest
 #define IDEM_LOCK_SEQUENCE	0x4948	/* one producer's sequence */
 #define IDEM_LOCK_RESTORE	0x4952	/* a restore of the database (worker.c) */
 
-extern void IdemComputeDigest(const char *ns, int nslen,
-							  const char *key, int keylen,
-							  IdemDigest *digest);
-extern void IdemNamespacePrefix(const char *ns, int nslen, uint8 *prefix);
-extern void IdemLegacyDigest(const IdemDigest *digest, pg_uuid_t *out);
-extern int16 IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy);
-
 /*
  * The value of a row's "lane" column, and of its partition's bounds: the
  * layout's lane count (1 to 64) in bits 8-14, the lane number in bits 0-5,
@@ -121,13 +114,6 @@ IdemLaneValueOf(int lanes, int number, bool legacy)
 #define IdemLaneIsLegacy(v) ((v) >= 0)
 #define IdemLaneIsFar(v)	((((uint16) (v)) & IDEM_LANE_FAR) != 0)
 #define IdemFarLane(v)		((int16) ((v) | IDEM_LANE_FAR))
-extern void IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
-							  const pg_uuid_t *digest);
-extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
-extern void IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role,
-								 const char *a, int alen,
-								 const char *b, int blen, int32 part);
-extern bytea *IdemFingerprint(Datum request, bytea **legacy);
 
 /* ----------------------------------------------------------------
  * Argument checks shared by the SQL functions (args.c)

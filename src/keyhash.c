@@ -32,6 +32,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
 
 #include "common/cryptohash.h"
 #include "common/hashfn.h"

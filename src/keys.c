@@ -40,6 +40,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
 #include "responses.h"
 #include "stats.h"
 #include "wait.h"

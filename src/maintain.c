@@ -29,6 +29,7 @@
  */
 #include "idempotency.h"
 #include "filter.h"
+#include "keyhash.h"
 #include "stats.h"
 #include "streams.h"
 #include "worker.h"

@@ -70,6 +70,7 @@
  */
 #include "idempotency.h"
 #include "filter.h"
+#include "keyhash.h"
 #include "wait.h"
 #include "worker.h"
 

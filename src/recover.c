@@ -31,6 +31,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
 #include "stats.h"
 
 #include "access/genam.h"

@@ -23,6 +23,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

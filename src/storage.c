@@ -43,6 +43,7 @@
  */
 #include "idempotency.h"
 #include "filter.h"
+#include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"
 

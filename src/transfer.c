@@ -41,6 +41,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
 #include "responses.h"
 
 #include "access/genam.h"

@@ -76,6 +76,7 @@
  */
 #include "idempotency.h"
 #include "filter.h"
+#include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"
 #include "worker.h"
