@@ -19,6 +19,7 @@
 #include "idempotency.h"
 #include "keyhash.h"
 #include "stats.h"
+#include "transfer.h"
 
 #include "catalog/pg_type.h"
 #include "storage/lmgr.h"

@@ -413,26 +413,6 @@ extern void IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 extern Relation IdemRecoverIndex(IdemOpenPartition *op);
 extern void IdemOpenAllIndexes(IdemOpenPartition *op);
 
-/* What importing a ledger row did (keys.c, consume.c; see transfer.c) */
-typedef enum IdemImportOutcome
-{
-	IDEM_IMPORT_INSERTED,		/* no live local row: the row was added */
-	IDEM_IMPORT_REPLACED,		/* it replaced an older local version */
-	IDEM_IMPORT_KEPT,			/* the local row is as new: left as it was */
-	IDEM_IMPORT_EXPIRED			/* it has expired: nothing to do */
-} IdemImportOutcome;
-
-extern IdemImportOutcome IdemImportKey(Oid role, const pg_uuid_t *digest,
-									   Datum *values, bool *nulls);
-
-/* Reading imported records (transfer.c), for streams.c too */
-extern void IdemDeformRecord(FunctionCallInfo fcinfo, int natts, int min_natts,
-							 const Oid *types, const char *typname,
-							 Datum *values, bool *nulls);
-extern Oid	IdemImportRole(Datum name, bool isnull);
-extern void IdemRequireField(bool isnull, const char *field);
-extern text *IdemImportOutcomeText(IdemImportOutcome outcome);
-
 /* A lapsed claim taken over by idem_recover() (keys.c, recover.c) */
 typedef struct IdemRecovered
 {
@@ -444,11 +424,6 @@ typedef struct IdemRecovered
 
 extern bool IdemRecoverKey(Oid role, const IdemDigest *digest, Datum lease,
 						   IdemRecovered *out);
-
-/* The processed-message ledger (consume.c) */
-extern bool IdemRecordMessage(Oid role, const IdemDigest *digest,
-							  const Interval *ttl, TimestampTz expires_at,
-							  IdemOpenCache *cache);
 
 /*
  * A claim made by the current transaction (own_claims.c).  Same-transaction

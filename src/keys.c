@@ -43,6 +43,7 @@
 #include "keyhash.h"
 #include "responses.h"
 #include "stats.h"
+#include "transfer.h"
 #include "wait.h"
 
 #include "access/genam.h"

@@ -50,6 +50,7 @@
 #include "privilege.h"
 #include "stats.h"
 #include "streams.h"
+#include "transfer.h"
 
 #include "access/xact.h"
 #include "catalog/namespace.h"

@@ -43,6 +43,7 @@
 #include "idempotency.h"
 #include "keyhash.h"
 #include "responses.h"
+#include "transfer.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"
