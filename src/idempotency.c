@@ -18,6 +18,7 @@
  */
 #include "idempotency.h"
 #include "filter.h"
+#include "keys.h"
 #include "stats.h"
 #include "streams.h"
 #include "wait.h"

@@ -41,6 +41,7 @@
  */
 #include "idempotency.h"
 #include "keyhash.h"
+#include "keys.h"
 #include "responses.h"
 #include "stats.h"
 #include "transfer.h"

@@ -31,6 +31,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keys.h"
 
 #include "access/xact.h"
 #include "common/hashfn.h"

@@ -32,6 +32,7 @@
  */
 #include "idempotency.h"
 #include "keyhash.h"
+#include "keys.h"
 #include "stats.h"
 
 #include "access/genam.h"
