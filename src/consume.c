@@ -18,6 +18,7 @@
  */
 #include "idempotency.h"
 #include "keyhash.h"
+#include "protocol.h"
 #include "stats.h"
 #include "transfer.h"
 

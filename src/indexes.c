@@ -39,6 +39,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "protocol.h"
 
 #include "access/htup_details.h"
 #include "catalog/index.h"

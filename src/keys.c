@@ -42,6 +42,7 @@
 #include "idempotency.h"
 #include "keyhash.h"
 #include "keys.h"
+#include "protocol.h"
 #include "responses.h"
 #include "stats.h"
 #include "transfer.h"

@@ -71,6 +71,7 @@
 #include "idempotency.h"
 #include "filter.h"
 #include "keyhash.h"
+#include "protocol.h"
 #include "wait.h"
 #include "worker.h"
 

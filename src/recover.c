@@ -33,6 +33,7 @@
 #include "idempotency.h"
 #include "keyhash.h"
 #include "keys.h"
+#include "protocol.h"
 #include "stats.h"
 
 #include "access/genam.h"

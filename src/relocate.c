@@ -24,6 +24,7 @@
  */
 #include "idempotency.h"
 #include "keyhash.h"
+#include "protocol.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

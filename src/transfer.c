@@ -42,6 +42,7 @@
  */
 #include "idempotency.h"
 #include "keyhash.h"
+#include "protocol.h"
 #include "responses.h"
 #include "transfer.h"
 
