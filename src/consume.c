@@ -20,6 +20,7 @@
 #include "keyhash.h"
 #include "protocol.h"
 #include "stats.h"
+#include "storage.h"
 #include "transfer.h"
 
 #include "catalog/pg_type.h"

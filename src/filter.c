@@ -101,6 +101,7 @@
  */
 #include "idempotency.h"
 #include "filter.h"
+#include "storage.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

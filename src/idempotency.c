@@ -20,6 +20,7 @@
 #include "filter.h"
 #include "keys.h"
 #include "stats.h"
+#include "storage.h"
 #include "streams.h"
 #include "wait.h"
 #include "worker.h"

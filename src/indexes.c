@@ -40,6 +40,7 @@
  */
 #include "idempotency.h"
 #include "protocol.h"
+#include "storage.h"
 
 #include "access/htup_details.h"
 #include "catalog/index.h"

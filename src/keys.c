@@ -45,6 +45,7 @@
 #include "protocol.h"
 #include "responses.h"
 #include "stats.h"
+#include "storage.h"
 #include "transfer.h"
 #include "wait.h"
 

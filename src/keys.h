@@ -16,6 +16,7 @@
 #define IDEMPOTENCY_KEYS_H
 
 #include "idempotency.h"
+#include "storage.h"
 
 /* A lapsed claim taken over by idem_recover() (keys.c, recover.c) */
 typedef struct IdemRecovered

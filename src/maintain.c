@@ -31,6 +31,7 @@
 #include "filter.h"
 #include "keyhash.h"
 #include "stats.h"
+#include "storage.h"
 #include "streams.h"
 #include "worker.h"
 

@@ -32,6 +32,7 @@
  */
 #include "idempotency.h"
 #include "keys.h"
+#include "storage.h"
 
 #include "access/xact.h"
 #include "common/hashfn.h"

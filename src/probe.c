@@ -72,6 +72,7 @@
 #include "filter.h"
 #include "keyhash.h"
 #include "protocol.h"
+#include "storage.h"
 #include "wait.h"
 #include "worker.h"
 

@@ -17,6 +17,7 @@
 
 #include "idempotency.h"
 #include "compat.h"
+#include "storage.h"
 
 #include "access/htup.h"
 #include "storage/itemptr.h"

@@ -35,6 +35,7 @@
 #include "keys.h"
 #include "protocol.h"
 #include "stats.h"
+#include "storage.h"
 
 #include "access/genam.h"
 #include "access/relscan.h"

@@ -25,6 +25,7 @@
 #include "idempotency.h"
 #include "keyhash.h"
 #include "protocol.h"
+#include "storage.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

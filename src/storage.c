@@ -46,6 +46,7 @@
 #include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"
+#include "storage.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"

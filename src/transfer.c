@@ -44,6 +44,7 @@
 #include "keyhash.h"
 #include "protocol.h"
 #include "responses.h"
+#include "storage.h"
 #include "transfer.h"
 
 #include "access/genam.h"

@@ -79,6 +79,7 @@
 #include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"
+#include "storage.h"
 #include "worker.h"
 
 #include "access/heapam.h"

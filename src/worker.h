@@ -15,6 +15,7 @@
 #define IDEMPOTENCY_WORKER_H
 
 #include "idempotency.h"
+#include "storage.h"
 
 /* The background workers (worker.c); only with shared_preload_libraries */
 extern void IdemWorkerPreloadInit(void);
