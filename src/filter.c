@@ -100,6 +100,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "filter.h"
 #include "storage.h"
 

@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "filter.h"
 #include "keys.h"
 #include "stats.h"

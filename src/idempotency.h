@@ -1,11 +1,22 @@
 /*-------------------------------------------------------------------------
  *
  * idempotency.h
- *	  Declarations shared by the files of the idempotency extension.
+ *	  What every file of the idempotency extension shares: the schema's
+ *	  name, the settings, the ledgers, digests and lanes, the kinds of lock
+ *	  tags, the argument checks of the SQL functions (args.c) and the check
+ *	  of this library against the installed extension (library_version.c).
  *
  * The extension keeps two ledgers (processed messages and idempotency keys)
  * in range-partitioned tables of schema "idempotency".  Every file below
- * owns one concern; this header is the only place their interfaces meet.
+ * owns one concern, and each subsystem declares its interface in a header
+ * of its own, which includes this one: storage.h (storage.c, and the
+ * columns of the ledger tables), keyhash.h (keyhash.c), protocol.h (probe.c,
+ * indexes.c), keys.h (keys.c, own_claims.c), transfer.h (transfer.c, and
+ * the writers that import rows), filter.h (the digest filters), streams.h,
+ * worker.h (worker.c, maintain.c), stats.h, wait.h, privilege.h and
+ * responses.h.  A file includes this header first, then the headers whose
+ * declarations it uses; compat.h holds the differences between PostgreSQL
+ * majors.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -19,14 +30,8 @@
 
 #include "postgres.h"
 
-#include "compat.h"
-
-#include "access/htup.h"
 #include "datatype/timestamp.h"
-#include "storage/itemptr.h"
-#include "storage/lock.h"
-#include "utils/relcache.h"
-#include "utils/snapshot.h"
+#include "fmgr.h"
 #include "utils/uuid.h"
 
 #define IDEM_SCHEMA_NAME	"idempotency"
@@ -55,7 +60,7 @@ extern int	idem_position_ttl;
 #define IDEM_LWLOCK_TRANCHE		"idempotency"
 
 /* ----------------------------------------------------------------
- * Ledger identity and hashing (keyhash.c)
+ * Ledgers, digests and lanes
  * ----------------------------------------------------------------
  */
 

@@ -39,6 +39,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "protocol.h"
 #include "storage.h"
 

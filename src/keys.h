@@ -18,6 +18,8 @@
 #include "idempotency.h"
 #include "storage.h"
 
+#include "storage/itemptr.h"
+
 /* A lapsed claim taken over by idem_recover() (keys.c, recover.c) */
 typedef struct IdemRecovered
 {

@@ -69,6 +69,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "filter.h"
 #include "keyhash.h"
 #include "protocol.h"

@@ -31,6 +31,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "keyhash.h"
 #include "keys.h"
 #include "protocol.h"

@@ -46,6 +46,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"

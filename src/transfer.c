@@ -41,6 +41,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "keyhash.h"
 #include "protocol.h"
 #include "responses.h"

@@ -43,6 +43,7 @@
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
+#include "port/pg_bitutils.h"
 #include "storage/condition_variable.h"
 #include "storage/latch.h"
 #include "storage/shmem.h"

@@ -75,6 +75,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "filter.h"
 #include "keyhash.h"
 #include "privilege.h"
