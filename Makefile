@@ -29,7 +29,7 @@ TEST_PORT_ISO ?= 54392
 TEST_PORT_ISO_PRELOAD ?= 54396
 
 # The isolation specs a second time, on a server that preloads the library
-# (test/idempotency-preload.conf): the digest filters of src/filter.c exist
+# (test/idempotency-preload.conf): the digest filters (src/filter.h) exist
 # only in shared memory.  Same expected/, its own instance, port and
 # output_iso_preload/; ISOLATION= turns both passes off, ISOLATION_PRELOAD=
 # this one only.

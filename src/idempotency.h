@@ -55,7 +55,7 @@ extern int	idem_position_ttl;
 
 /*
  * The extension's named LWLock tranche, requested in idempotency.c: [0]
- * the statistics (stats.c), [1] the digest filters (filter.c)
+ * the statistics (stats.c), [1] the digest filters (filter_pool.c)
  */
 #define IDEM_LWLOCK_TRANCHE		"idempotency"
 
