@@ -29,7 +29,7 @@ TEST_PORT_ISO ?= 54392
 TEST_PORT_ISO_PRELOAD ?= 54396
 
 # The isolation specs a second time, on a server that preloads the library
-# (test/idempotency-preload.conf): the digest filters of src/filter.c exist
+# (test/idempotency-preload.conf): the digest filters (src/filter.h) exist
 # only in shared memory.  Same expected/, its own instance, port and
 # output_iso_preload/; ISOLATION= turns both passes off, ISOLATION_PRELOAD=
 # this one only.
@@ -90,6 +90,7 @@ installcheck-isolation-preload:
 	    --bindir='$(bindir)' $(pg_regress_locale_flags) $(EXTRA_REGRESS_OPTS) \
 	    $(ISOLATION_PRELOAD_OPTS) $(ISOLATION_PRELOAD)
 
-# every object depends on the shared headers
-$(OBJS): src/idempotency.h src/compat.h
+# every object depends on the headers of src/ (one per subsystem: a
+# header's change rebuilds every file, whichever includes it)
+$(OBJS): $(wildcard src/*.h)
 include $(srcdir)/test/release.mk

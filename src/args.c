@@ -13,6 +13,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 
 #include "access/xact.h"
 #include "access/xlog.h"

@@ -32,6 +32,14 @@
 #endif
 
 /*
+ * The varlena macros (VARSIZE_ANY_EXHDR, VARDATA_ANY, ...): PostgreSQL 16
+ * moved them out of postgres.h into varatt.h.
+ */
+#if PG_VERSION_NUM >= 160000
+#include "varatt.h"
+#endif
+
+/*
  * Which index entries a heap update needs.  PostgreSQL 16
  * made simple_heap_update() report it (TU_UpdateIndexes), because a HOT
  * update may now still need entries in summarizing (BRIN) indexes; before,

@@ -17,6 +17,11 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
+#include "protocol.h"
+#include "stats.h"
+#include "storage.h"
+#include "transfer.h"
 
 #include "catalog/pg_type.h"
 #include "storage/lmgr.h"

@@ -6,8 +6,8 @@
  * _PG_init defines the settings and delegates to the subsystems.  The
  * extension works without shared_preload_libraries; preloaded, it also
  * reserves shared memory for the statistics (stats.c) and the background
- * workers (worker.c) and the digest filters (filter.c), and registers the
- * launcher.
+ * workers (worker.c) and the digest filters (filter_pool.c), and registers
+ * the launcher.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -17,6 +17,15 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "filter.h"
+#include "keys.h"
+#include "lock_secret.h"
+#include "stats.h"
+#include "storage.h"
+#include "streams.h"
+#include "wait.h"
+#include "worker.h"
 
 #include "fmgr.h"
 #include "miscadmin.h"

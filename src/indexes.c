@@ -39,6 +39,9 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "protocol.h"
+#include "storage.h"
 
 #include "access/htup_details.h"
 #include "catalog/index.h"

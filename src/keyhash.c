@@ -32,6 +32,8 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
+#include "lock_secret.h"
 
 #include "common/cryptohash.h"
 #include "common/hashfn.h"

@@ -40,6 +40,14 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
+#include "keys.h"
+#include "protocol.h"
+#include "responses.h"
+#include "stats.h"
+#include "storage.h"
+#include "transfer.h"
+#include "wait.h"
 
 #include "access/genam.h"
 #include "access/heapam.h"

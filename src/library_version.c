@@ -46,6 +46,7 @@
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
+#include "utils/rel.h"
 #include "utils/syscache.h"
 
 /* the extension's version is known not to be newer than this library's */

@@ -50,6 +50,8 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "lock_secret.h"
+#include "privilege.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

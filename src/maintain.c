@@ -14,7 +14,7 @@
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
  *	  the parent) it is left for the next run;
  *	- with shared_preload_libraries, build the digest filters that live
- *	  partitions lack (after a restart, or writes by other means: filter.c).
+ *	  partitions lack (after a restart, or writes by other means: filter.h).
  *
  * Runs are serialized per database by a lock taken without waiting: a run
  * that finds another one in progress returns at once.  The background
@@ -28,6 +28,13 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
+#include "lock_secret.h"
+#include "keyhash.h"
+#include "stats.h"
+#include "storage.h"
+#include "streams.h"
+#include "worker.h"
 
 #include "access/htup_details.h"
 #include "fmgr.h"

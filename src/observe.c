@@ -15,6 +15,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "storage.h"
 
 #include "fmgr.h"
 #include "funcapi.h"

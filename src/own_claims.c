@@ -31,6 +31,8 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keys.h"
+#include "storage.h"
 
 #include "access/xact.h"
 #include "common/hashfn.h"

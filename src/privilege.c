@@ -41,6 +41,8 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "filter.h"
+#include "privilege.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"

@@ -70,6 +70,14 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "filter.h"
+#include "keyhash.h"
+#include "lock_secret.h"
+#include "protocol.h"
+#include "storage.h"
+#include "wait.h"
+#include "worker.h"
 
 #include "access/genam.h"
 #include "access/heapam.h"
@@ -125,7 +133,7 @@ static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
  * of its own that IdemClosePartitions releases: calls never hold locks on
  * ended partitions, so that maintenance can drop them.
  *
- * A partition whose digest filter rules the role's key out (filter.c) is
+ * A partition whose digest filter rules the role's key out (filter.h) is
  * neither locked nor opened: no row of the key can be there.  If a new row
  * is to go there, IdemOpFindTarget opens it then; *open has room for every
  * partition listed.
@@ -507,7 +515,7 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 		int			nkeys = 0;
 		pg_uuid_t	legacy;
 
-		/* no row of this role and digest was ever written there (filter.c) */
+		/* no row of this role and digest was ever written there (filter.h) */
 		if (IdemFilterRulesOut(open[i].part.relid, open[i].part.lane, role,
 							   &digest->uuid))
 			continue;
@@ -682,7 +690,7 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 	tuple = heap_form_tuple(RelationGetDescr(op->heap), values, nulls);
 	simple_heap_insert(op->heap, tuple);
 	IdemInsertIndexEntries(op, tuple, IDEM_INDEX_UPDATE_ALL);
-	/* after the inserts, before the key lock goes (see filter.c) */
+	/* after the inserts, before the key lock goes (see filter.h) */
 	IdemFilterAdd(op->part.relid, op->part.lane,
 				  DatumGetObjectId(values[Anum_ledger_role - 1]),
 				  DatumGetUUIDP(values[Anum_ledger_digest - 1]));

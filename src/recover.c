@@ -31,6 +31,12 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "keyhash.h"
+#include "keys.h"
+#include "protocol.h"
+#include "stats.h"
+#include "storage.h"
 
 #include "access/genam.h"
 #include "access/relscan.h"

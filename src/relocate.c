@@ -23,6 +23,9 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
+#include "protocol.h"
+#include "storage.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

@@ -26,6 +26,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "responses.h"
 
 #include "lib/stringinfo.h"
 #include "utils/builtins.h"

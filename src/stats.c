@@ -28,6 +28,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "stats.h"
 
 #include "fmgr.h"
 #include "funcapi.h"

@@ -42,6 +42,12 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "filter.h"
+#include "keyhash.h"
+#include "privilege.h"
+#include "stats.h"
+#include "storage.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"

@@ -46,6 +46,12 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "keyhash.h"
+#include "privilege.h"
+#include "stats.h"
+#include "streams.h"
+#include "transfer.h"
 
 #include "access/xact.h"
 #include "catalog/namespace.h"

@@ -41,6 +41,12 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "keyhash.h"
+#include "protocol.h"
+#include "responses.h"
+#include "storage.h"
+#include "transfer.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"

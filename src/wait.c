@@ -40,11 +40,13 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "wait.h"
 
 #include "access/xact.h"
 #include "common/hashfn.h"
 #include "miscadmin.h"
 #include "port/atomics.h"
+#include "port/pg_bitutils.h"
 #include "storage/condition_variable.h"
 #include "storage/latch.h"
 #include "storage/shmem.h"

@@ -75,6 +75,13 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
+#include "filter.h"
+#include "keyhash.h"
+#include "privilege.h"
+#include "stats.h"
+#include "storage.h"
+#include "worker.h"
 
 #include "access/heapam.h"
 #include "access/htup_details.h"

@@ -1,5 +1,5 @@
 
-# test/t/035_digest_filters.pl -- the digest filters (src/filter.c) never
+# test/t/035_digest_filters.pl -- the digest filters (src/filter.h) never
 # hide a row: a call skips a partition only if no row of its key can be
 # there, whatever wrote the rows and whenever.
 #
