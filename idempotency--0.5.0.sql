@@ -1,0 +1,616 @@
+/* idempotency--0.5.0.sql */
+
+-- complain if script is sourced in psql, rather than via CREATE EXTENSION
+\echo Use "CREATE EXTENSION idempotency" to load this file. \quit
+
+-- Storage.  The ledger tables in this schema are made by the extension on
+-- first use (they are not members of the extension, so that pg_dump and
+-- pg_restore carry them and their run-time partitions); ordinary roles
+-- cannot read or write them.
+CREATE SCHEMA idempotency;
+REVOKE ALL ON SCHEMA idempotency FROM PUBLIC;
+COMMENT ON SCHEMA idempotency IS 'storage of the idempotency extension';
+
+-- Processed-message ledger
+
+CREATE FUNCTION pg_catalog.idem_consume_message(consumer text,
+                                                message_id text,
+                                                ttl interval DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_consume_message'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_consume_message(text, text, interval) IS
+'records a message as consumed in this transaction: true on first delivery, false if already consumed';
+
+CREATE FUNCTION pg_catalog.idem_consume_messages(consumer text,
+                                                 message_ids text[],
+                                                 ttl interval DEFAULT NULL)
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'idem_consume_messages'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+
+COMMENT ON FUNCTION pg_catalog.idem_consume_messages(text, text[], interval) IS
+'records a batch of messages as consumed in this transaction and returns the new ones, in input order';
+
+-- Maintenance
+
+CREATE FUNCTION pg_catalog.idem_maintain(OUT partitions_created integer,
+                                         OUT partitions_dropped integer)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_maintain'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_maintain() IS
+'makes partitions ahead and drops expired ones; safe to call concurrently (for pg_cron)';
+
+REVOKE ALL ON FUNCTION pg_catalog.idem_maintain() FROM PUBLIC;
+
+-- Observability
+
+CREATE FUNCTION idempotency.partition_info(OUT table_name text,
+                                           OUT partition regclass,
+                                           OUT lanes integer,
+                                           OUT lane integer,
+                                           OUT lower_bound timestamptz,
+                                           OUT upper_bound timestamptz)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_partition_info'
+LANGUAGE C STABLE PARALLEL RESTRICTED;
+
+REVOKE ALL ON FUNCTION idempotency.partition_info() FROM PUBLIC;
+
+CREATE VIEW idempotency.partitions AS
+SELECT p.table_name,
+       p.partition,
+       p.lanes,
+       p.lane,
+       p.lower_bound,
+       p.upper_bound,
+       p.upper_bound AS droppable_at,
+       p.upper_bound <= pg_catalog.now() AS expired,
+       CASE WHEN c.reltuples < 0 THEN NULL
+            ELSE c.reltuples::bigint END AS rows_estimate,
+       pg_catalog.pg_total_relation_size(p.partition) AS bytes
+  FROM idempotency.partition_info() AS p
+  JOIN pg_catalog.pg_class AS c ON c.oid = p.partition;
+
+COMMENT ON VIEW idempotency.partitions IS
+'partitions of the ledgers: lane, range of expiry times, size, and when each becomes droppable';
+
+GRANT USAGE ON SCHEMA idempotency TO pg_monitor;
+GRANT SELECT ON idempotency.partitions TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idempotency.partition_info() TO pg_monitor;
+
+CREATE FUNCTION idempotency.filter_info(OUT partition regclass,
+                                        OUT state text,
+                                        OUT digests bigint,
+                                        OUT capacity bigint,
+                                        OUT bytes bigint,
+                                        OUT segments integer)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_filter_info'
+LANGUAGE C VOLATILE PARALLEL RESTRICTED;
+
+COMMENT ON FUNCTION idempotency.filter_info() IS
+'the digest filters of this database''s ledger partitions (shared memory; only with shared_preload_libraries)';
+
+REVOKE ALL ON FUNCTION idempotency.filter_info() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION idempotency.filter_info() TO pg_monitor;
+
+-- Idempotency keys
+
+-- idem_claim()'s result.  A named row type rather than OUT parameters:
+-- the executor then takes the result's shape from the type cache instead
+-- of building it from pg_proc at every execution.
+CREATE TYPE idempotency.claim_result AS (
+    status         text,
+    token          bigint,
+    recovery_point text,
+    response_code  integer,
+    response_body  jsonb,
+    expires_at     timestamptz,
+    response_headers jsonb,
+    response_raw   bytea
+);
+
+COMMENT ON TYPE idempotency.claim_result IS
+'what idem_claim() answers: status, token, recovery_point, response_code, response_body, expires_at, response_headers, response_raw';
+
+CREATE FUNCTION pg_catalog.idem_claim(key text,
+                                      request jsonb DEFAULT NULL,
+                                      scope text DEFAULT '',
+                                      ttl interval DEFAULT NULL,
+                                      lease interval DEFAULT NULL,
+                                      wait boolean DEFAULT false,
+                                      keep_request boolean DEFAULT false)
+RETURNS idempotency.claim_result
+AS 'MODULE_PATHNAME', 'idem_claim'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean, boolean) IS
+'claims an idempotency key: claimed (do the work), completed (replay the stored response), in_progress (409) or mismatch (422)';
+
+CREATE FUNCTION pg_catalog.idem_complete(key text,
+                                         response_code integer,
+                                         response_body jsonb DEFAULT NULL,
+                                         scope text DEFAULT '',
+                                         token bigint DEFAULT NULL,
+                                         response_headers jsonb DEFAULT NULL,
+                                         response_raw bytea DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_complete'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_complete(text, integer, jsonb, text, bigint, jsonb, bytea) IS
+'stores the response (JSON body or raw bytes, and headers) of a claimed idempotency key and marks it completed';
+
+CREATE FUNCTION pg_catalog.idem_checkpoint(key text,
+                                           recovery_point text,
+                                           scope text DEFAULT '',
+                                           token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_checkpoint'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_checkpoint(text, text, text, bigint) IS
+'records the recovery point reached by the holder of an idempotency key';
+
+CREATE FUNCTION pg_catalog.idem_release(key text,
+                                        scope text DEFAULT '',
+                                        token bigint DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_release'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_release(text, text, bigint) IS
+'gives up a claimed idempotency key so that a retry starts fresh';
+
+CREATE FUNCTION pg_catalog.idem_lookup(key text,
+                                       scope text DEFAULT '')
+RETURNS TABLE (status text,
+               token bigint,
+               recovery_point text,
+               response_code integer,
+               response_body jsonb,
+               claimed_at timestamptz,
+               expires_at timestamptz,
+               lease_expires_at timestamptz,
+               response_headers jsonb,
+               response_raw bytea,
+               request jsonb)
+AS 'MODULE_PATHNAME', 'idem_lookup'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION pg_catalog.idem_lookup(text, text) IS
+'the calling role''s own live record of one idempotency key, for support work';
+
+CREATE FUNCTION pg_catalog.idem_recover(lease interval,
+                                        scope text DEFAULT NULL,
+                                        max_keys integer DEFAULT 10)
+RETURNS TABLE (key text,
+               scope text,
+               token bigint,
+               recovery_point text,
+               request jsonb,
+               lapsed_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_recover'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_recover(interval, text, integer) IS
+'takes over the calling role''s lapsed two-phase claims made with keep_request, each by exactly one caller, oldest lapse first';
+
+-- Statistics (shared memory; only with shared_preload_libraries)
+
+CREATE FUNCTION idempotency.stats_info(OUT dboid oid,
+                                       OUT claims bigint,
+                                       OUT replays bigint,
+                                       OUT conflicts bigint,
+                                       OUT mismatches bigint,
+                                       OUT consumed bigint,
+                                       OUT duplicates bigint,
+                                       OUT partitions_created bigint,
+                                       OUT partitions_dropped bigint,
+                                       OUT holder_waits bigint,
+                                       OUT recoveries bigint,
+                                       OUT positions_advanced bigint,
+                                       OUT stale_generations bigint,
+                                       OUT sequence_duplicates bigint,
+                                       OUT sequence_gaps bigint,
+                                       OUT sequences_fenced bigint,
+                                       OUT streams_removed bigint,
+                                       OUT maintenance_runs bigint,
+                                       OUT last_maintenance timestamptz,
+                                       OUT last_maintenance_error text,
+                                       OUT last_error_at timestamptz,
+                                       OUT stats_reset timestamptz,
+                                       OUT maintenance_held_off text)
+RETURNS SETOF record
+AS 'MODULE_PATHNAME', 'idem_stats_info'
+LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+
+REVOKE ALL ON FUNCTION idempotency.stats_info() FROM PUBLIC;
+
+CREATE VIEW idempotency.stats AS
+SELECT d.datname,
+       s.claims, s.replays, s.conflicts, s.mismatches,
+       s.consumed, s.duplicates,
+       s.partitions_created, s.partitions_dropped,
+       s.holder_waits, s.recoveries,
+       s.positions_advanced, s.stale_generations,
+       s.sequence_duplicates, s.sequence_gaps, s.sequences_fenced,
+       s.streams_removed,
+       s.maintenance_runs, s.last_maintenance,
+       s.last_maintenance_error, s.last_error_at,
+       s.maintenance_held_off,
+       s.stats_reset
+  FROM idempotency.stats_info() AS s
+  LEFT JOIN pg_catalog.pg_database AS d ON d.oid = s.dboid;
+
+COMMENT ON VIEW idempotency.stats IS
+'per-database counters since server start or idempotency.stats_reset() (needs shared_preload_libraries)';
+
+GRANT SELECT ON idempotency.stats TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idempotency.stats_info() TO pg_monitor;
+
+CREATE FUNCTION idempotency.stats_reset()
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_stats_reset'
+LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+
+COMMENT ON FUNCTION idempotency.stats_reset() IS
+'zeroes the statistics of every database';
+
+REVOKE ALL ON FUNCTION idempotency.stats_reset() FROM PUBLIC;
+
+-- Lanes (see src/relocate.c)
+
+CREATE FUNCTION idempotency.relocate_lanes(always boolean DEFAULT true)
+RETURNS bigint
+AS 'MODULE_PATHNAME', 'idem_relocate_lanes'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.relocate_lanes(boolean) IS
+'moves ledger rows written by 0.2.0 on a big-endian machine to the lanes 0.3.0 looks them up in';
+
+REVOKE ALL ON FUNCTION idempotency.relocate_lanes(boolean) FROM PUBLIC;
+
+-- Ordered streams: positions and producer sequences (see src/streams.c).
+-- A few rows per consumer, members of the extension whose rows pg_dump
+-- carries (pg_extension_config_dump); reached through the functions only.
+
+CREATE TABLE idempotency.positions (
+    role        pg_catalog.regrole     NOT NULL,
+    consumer    pg_catalog.text        NOT NULL,
+    stream      pg_catalog.text        NOT NULL,
+    part        pg_catalog.int4        NOT NULL,
+    next_offset pg_catalog.int8,
+    generation  pg_catalog.int8,
+    updated_at  pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, consumer, stream, part)
+);
+
+COMMENT ON TABLE idempotency.positions IS
+'the next offset to process per (role, consumer, stream, partition), and the partition''s assignment generation; managed by idem_assign() and idem_advance()';
+
+CREATE TABLE idempotency.sequences (
+    role       pg_catalog.regrole     NOT NULL,
+    consumer   pg_catalog.text        NOT NULL,
+    producer   pg_catalog.text        NOT NULL,
+    epoch      pg_catalog.int8        NOT NULL,
+    seq        pg_catalog.int8        NOT NULL,
+    updated_at pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, consumer, producer)
+);
+
+COMMENT ON TABLE idempotency.sequences IS
+'the last sequence number seen per (role, consumer, producer) and its epoch; managed by idem_sequence()';
+
+REVOKE ALL ON idempotency.positions, idempotency.sequences FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idempotency.positions', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.sequences', '');
+
+CREATE FUNCTION pg_catalog.idem_assign(consumer text,
+                                       stream text,
+                                       parts integer[],
+                                       generation bigint)
+RETURNS TABLE (part integer, next_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_assign'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_assign(text, text, integer[], bigint) IS
+'records the assignment of stream partitions to a consumer with its generation, and returns where to seek each';
+
+CREATE FUNCTION pg_catalog.idem_advance(consumer text,
+                                        stream text,
+                                        part integer,
+                                        first_offset bigint,
+                                        last_offset bigint,
+                                        generation bigint DEFAULT NULL)
+RETURNS TABLE (first_offset bigint, last_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_advance'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION pg_catalog.idem_advance(text, text, integer, bigint, bigint, bigint) IS
+'moves a stream partition''s position past a batch in the caller''s transaction, and returns the part of the batch not processed yet';
+
+CREATE FUNCTION pg_catalog.idem_positions(consumer text, stream text)
+RETURNS TABLE (part integer, next_offset bigint, generation bigint,
+               updated_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_positions'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_positions(text, text) IS
+'the calling role''s positions of one consumer on one stream';
+
+CREATE FUNCTION pg_catalog.idem_sequence(consumer text,
+                                         producer text,
+                                         epoch bigint,
+                                         seq bigint,
+                                         strict boolean DEFAULT false)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_sequence'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_sequence(text, text, bigint, bigint, boolean) IS
+'checks a producer''s sequence number in the caller''s transaction: new, duplicate, gap or fenced';
+
+-- Moving tenants between nodes (see src/transfer.c)
+
+CREATE TYPE idempotency.key_record AS (
+    role             name,
+    digest           uuid,
+    expires_at       timestamptz,
+    status           text,
+    token            bigint,
+    claimed_at       timestamptz,
+    lease_expires_at timestamptz,
+    fingerprint      bytea,
+    recovery_point   text,
+    response_code    integer,
+    response_body    jsonb,
+    kept_key         text,
+    kept_scope       text,
+    request          jsonb,
+    response_headers jsonb,
+    response_raw     bytea
+);
+
+COMMENT ON TYPE idempotency.key_record IS
+'one live idempotency key as idempotency.export_keys() gives it and idempotency.import_key() takes it';
+
+CREATE TYPE idempotency.message_record AS (
+    role       name,
+    digest     uuid,
+    expires_at timestamptz
+);
+
+COMMENT ON TYPE idempotency.message_record IS
+'one consumed message id as idempotency.export_messages() gives it and idempotency.import_message() takes it';
+
+CREATE FUNCTION idempotency.export_keys(scopes text[] DEFAULT NULL)
+RETURNS SETOF idempotency.key_record
+AS 'MODULE_PATHNAME', 'idem_export_keys'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_keys(text[]) IS
+'the live idempotency keys of the given scopes (all if NULL), of every role, for idempotency.import_key() on another node';
+
+CREATE FUNCTION idempotency.import_key(k record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_key'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_key(record) IS
+'stores an exported idempotency key unless this node has a version at least as new: inserted, replaced, kept or expired';
+
+CREATE FUNCTION idempotency.export_messages(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.message_record
+AS 'MODULE_PATHNAME', 'idem_export_messages'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_messages(text[]) IS
+'the live consumed message ids of the given consumers (all if NULL), of every role, for idempotency.import_message() on another node';
+
+CREATE FUNCTION idempotency.import_message(m record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_message'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_message(record) IS
+'records an exported message id as consumed unless this node has it already: inserted, kept or expired';
+
+REVOKE ALL ON FUNCTION idempotency.export_keys(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_key(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_messages(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_message(record) FROM PUBLIC;
+
+CREATE TYPE idempotency.position_record AS (
+    role        name,
+    consumer    text,
+    stream      text,
+    part        integer,
+    next_offset bigint,
+    generation  bigint,
+    updated_at  timestamptz
+);
+
+COMMENT ON TYPE idempotency.position_record IS
+'one stream position as idempotency.export_positions() gives it and idempotency.import_position() takes it';
+
+CREATE TYPE idempotency.sequence_record AS (
+    role       name,
+    consumer   text,
+    producer   text,
+    epoch      bigint,
+    seq        bigint,
+    updated_at timestamptz
+);
+
+COMMENT ON TYPE idempotency.sequence_record IS
+'one producer sequence as idempotency.export_sequences() gives it and idempotency.import_sequence() takes it';
+
+CREATE FUNCTION idempotency.export_positions(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.position_record
+AS 'MODULE_PATHNAME', 'idem_export_positions'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_positions(text[]) IS
+'the stream positions of the given consumers (all if NULL), of every role, for idempotency.import_position() on another node';
+
+CREATE FUNCTION idempotency.import_position(p record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_position'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_position(record) IS
+'stores an exported stream position unless this node has one at least as far: inserted, replaced or kept';
+
+CREATE FUNCTION idempotency.export_sequences(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.sequence_record
+AS 'MODULE_PATHNAME', 'idem_export_sequences'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_sequences(text[]) IS
+'the producer sequences of the given consumers (all if NULL), of every role, for idempotency.import_sequence() on another node';
+
+CREATE FUNCTION idempotency.import_sequence(s record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_sequence'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_sequence(record) IS
+'stores an exported producer sequence unless this node has one at least as far: inserted, replaced or kept';
+
+REVOKE ALL ON FUNCTION idempotency.export_positions(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_position(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_sequences(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_sequence(record) FROM PUBLIC;
+
+-- The secret that the lock tags derived from a key, a message id or a
+-- stream name are keyed with (see src/lock_secret.c): every role reads
+-- pg_locks, and must not be able to compute, for a guessed name, the tag
+-- of another role's lock.  16 bytes from pg_strong_random() (through
+-- gen_random_uuid(): 244 random bits, hashed), one row, readable by the
+-- extension's owner only.  Not dumped: a restore's CREATE EXTENSION makes
+-- a new one (a lock tag outlives no session); pg_upgrade and standbys
+-- keep it.  Every session of the database must use the same one: never
+-- change it while the server runs (doc/operations.md, "The lock secret").
+
+CREATE TABLE idempotency.lock_secret (
+    one    pg_catalog.bool  PRIMARY KEY DEFAULT true CHECK (one),
+    secret pg_catalog.bytea NOT NULL
+           CHECK (pg_catalog.octet_length(secret) OPERATOR(pg_catalog.=) 16)
+);
+
+COMMENT ON TABLE idempotency.lock_secret IS
+'the secret the key and stream lock tags are keyed with; never change it while the server runs';
+
+INSERT INTO idempotency.lock_secret (secret)
+SELECT pg_catalog.substr(pg_catalog.sha256(pg_catalog.uuid_send(pg_catalog.gen_random_uuid())
+                                           OPERATOR(pg_catalog.||)
+                                           pg_catalog.uuid_send(pg_catalog.gen_random_uuid())),
+                         1, 16);
+
+REVOKE ALL ON idempotency.lock_secret FROM PUBLIC;
+
+-- Privileges.  PostgreSQL applies the default privileges of the role that
+-- runs this script (ALTER DEFAULT PRIVILEGES FOR ROLE ... GRANT ...) to
+-- every object it makes: take back each privilege on a member of the
+-- extension that those default privileges account for and the statements
+-- of the install script do not give, so that every member has exactly the
+-- privileges of a fresh install in a plain database.  A privilege the
+-- default privileges do not account for (one you granted on purpose,
+-- GRANT EXECUTE ON FUNCTION idem_maintain() TO ..., say) stays, and
+-- nothing is ever granted here.  Extension scripts run with
+-- search_path = pg_catalog, pg_temp; the names are qualified all the same.
+DO $privileges$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        WITH members (kind, objid, name, acl, owner, nsp) AS (
+            SELECT 'f', p.oid, pg_catalog.format('FUNCTION %s', p.oid::pg_catalog.regprocedure),
+                   p.proacl, p.proowner, p.pronamespace
+              FROM pg_catalog.pg_proc AS p
+            UNION ALL
+            SELECT 'r', c.oid, pg_catalog.format('TABLE %s', c.oid::pg_catalog.regclass),
+                   c.relacl, c.relowner, c.relnamespace
+              FROM pg_catalog.pg_class AS c
+            UNION ALL
+            SELECT 'T', t.oid, pg_catalog.format('TYPE %s', t.oid::pg_catalog.regtype),
+                   t.typacl, t.typowner, t.typnamespace
+              FROM pg_catalog.pg_type AS t
+        ),
+        extension_members AS (
+            SELECT m.*
+              FROM members AS m
+              JOIN pg_catalog.pg_depend AS d
+                ON d.objid OPERATOR(pg_catalog.=) m.objid
+               AND d.classid OPERATOR(pg_catalog.=) CASE m.kind
+                       WHEN 'f' THEN 'pg_catalog.pg_proc'::pg_catalog.regclass
+                       WHEN 'r' THEN 'pg_catalog.pg_class'::pg_catalog.regclass
+                       ELSE 'pg_catalog.pg_type'::pg_catalog.regclass END
+             WHERE d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+               AND d.refobjid OPERATOR(pg_catalog.=)
+                   (SELECT e.oid FROM pg_catalog.pg_extension AS e
+                     WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency')
+               AND d.deptype OPERATOR(pg_catalog.=) 'e'
+            UNION ALL
+            SELECT 'n', n.oid, pg_catalog.format('SCHEMA %I', n.nspname), n.nspacl, n.nspowner,
+                   0::pg_catalog.oid
+              FROM pg_catalog.pg_namespace AS n
+             WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'
+        ),
+        expected (kind, objid, grantee, privilege) AS (VALUES
+            ('f', 'pg_catalog.idem_consume_message(text,text,interval)'::pg_catalog.regprocedure::pg_catalog.oid, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_consume_messages(text,text[],interval)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_claim(text,jsonb,text,interval,interval,boolean,boolean)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_complete(text,integer,jsonb,text,bigint,jsonb,bytea)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_checkpoint(text,text,text,bigint)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_release(text,text,bigint)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_lookup(text,text)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_recover(interval,text,integer)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure, 'PUBLIC', 'EXECUTE'),
+            ('f', 'idempotency.partition_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
+            ('f', 'idempotency.filter_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
+            ('f', 'idempotency.stats_info()'::pg_catalog.regprocedure, 'pg_monitor', 'EXECUTE'),
+            ('r', 'idempotency.partitions'::pg_catalog.regclass, 'pg_monitor', 'SELECT'),
+            ('r', 'idempotency.stats'::pg_catalog.regclass, 'pg_monitor', 'SELECT'),
+            ('T', 'idempotency.claim_result'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
+            ('T', 'idempotency.key_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
+            ('T', 'idempotency.message_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
+            ('T', 'idempotency.position_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
+            ('T', 'idempotency.sequence_record'::pg_catalog.regtype, 'PUBLIC', 'USAGE'),
+            ('n', 'idempotency'::pg_catalog.regnamespace, 'pg_monitor', 'USAGE'))
+        SELECT m.name, a.privilege_type,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END AS grantee
+          FROM extension_members AS m,
+               pg_catalog.aclexplode(m.acl) AS a
+         WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
+           AND EXISTS (
+               SELECT FROM pg_catalog.pg_default_acl AS da,
+                           pg_catalog.aclexplode(da.defaclacl) AS g
+                WHERE da.defaclrole OPERATOR(pg_catalog.=) m.owner
+                  AND da.defaclobjtype OPERATOR(pg_catalog.=) m.kind::pg_catalog."char"
+                  AND da.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY[0, m.nsp]::pg_catalog.oid[])
+                  AND g.grantee OPERATOR(pg_catalog.=) a.grantee
+                  AND g.privilege_type OPERATOR(pg_catalog.=) a.privilege_type)
+           AND NOT EXISTS (
+               SELECT FROM expected AS x
+                WHERE x.kind OPERATOR(pg_catalog.=) m.kind
+                  AND x.objid OPERATOR(pg_catalog.=) m.objid
+                  AND x.privilege OPERATOR(pg_catalog.=) a.privilege_type
+                  AND x.grantee OPERATOR(pg_catalog.=)
+                      CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                           ELSE pg_catalog.pg_get_userbyid(a.grantee)::pg_catalog.text END)
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE %s ON %s FROM %s CASCADE',
+                                  item.privilege_type, item.name, item.grantee);
+    END LOOP;
+END
+$privileges$;
