@@ -474,6 +474,13 @@ IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy)
  * ----------------------------------------------------------------
  */
 
+/*
+ * The first word hashed for what is not a lock tag (a key's lock tag
+ * starts with its ledger, a stream lock's with its kind: small numbers)
+ */
+#define IDEM_HASH_FILTER		0x46494C54	/* "FILT" */
+#define IDEM_HASH_SECRET_ID		0x53454352	/* "SECR" */
+
 typedef struct IdemSipHash
 {
 	uint64		v0,
@@ -646,6 +653,51 @@ IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role, const char *a,
 	IdemSipUpdate(&s, (const uint8 *) b, blen);
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) role,
 						 (uint32) IdemSipFinal(&s), kind);
+}
+
+/*
+ * IdemFilterDigestHash returns what the digest filters hold of a row of
+ * role "role" with this digest (filter.c): 64 bits of SipHash-2-4, under
+ * the database's secret, of a word of its own (which no lock tag's input
+ * starts with), the role and the digest's bytes 4 to 15.  The bits a row
+ * sets in its partition's filter are chosen from these: until 0.4.0's
+ * review they were a public function of the role and the digest, so
+ * another role could compute a key of its own whose bits were those of a
+ * key it guessed, and see in pg_stat_all_indexes whether its probe of that
+ * key went to the partition's index, that is whether the guessed key was
+ * there (test/t/055_who_has_what.pl).
+ */
+uint64
+IdemFilterDigestHash(Oid role, const pg_uuid_t *digest)
+{
+	IdemSipHash s;
+	uint32		head[2];
+
+	head[0] = pg_hton32(IDEM_HASH_FILTER);
+	head[1] = pg_hton32((uint32) role);
+	IdemSipInit(&s, IdemLockSecret());
+	IdemSipUpdate(&s, (const uint8 *) head, sizeof(head));
+	IdemSipUpdate(&s, digest->data + IDEM_DIGEST_PREFIX_LEN,
+				  IDEM_DIGEST_LEN - IDEM_DIGEST_PREFIX_LEN);
+	return IdemSipFinal(&s);
+}
+
+/*
+ * IdemSecretId returns 64 bits that tell one secret from another (a
+ * filter made under one secret is no answer under another): SipHash-2-4,
+ * under the secret, of a word of its own.  Not 0.
+ */
+uint64
+IdemSecretId(const uint8 *secret)
+{
+	IdemSipHash s;
+	uint32		head = pg_hton32(IDEM_HASH_SECRET_ID);
+	uint64		id;
+
+	IdemSipInit(&s, secret);
+	IdemSipUpdate(&s, (const uint8 *) &head, sizeof(head));
+	id = IdemSipFinal(&s);
+	return id != 0 ? id : 1;
 }
 
 /*
