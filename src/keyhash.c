@@ -475,10 +475,9 @@ IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy)
  */
 
 /*
- * The first word hashed for what is not a lock tag (a key's lock tag
- * starts with its ledger, a stream lock's with its kind: small numbers)
+ * What a secret's id hashes (IdemSecretId): 4 bytes, shorter than any
+ * lock tag's input or a filter's (IdemFilterDigestHash)
  */
-#define IDEM_HASH_FILTER		0x46494C54	/* "FILT" */
 #define IDEM_HASH_SECRET_ID		0x53454352	/* "SECR" */
 
 typedef struct IdemSipHash
@@ -657,28 +656,30 @@ IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role, const char *a,
 
 /*
  * IdemFilterDigestHash returns what the digest filters hold of a row of
- * role "role" with this digest (filter.c): 64 bits of SipHash-2-4, under
- * the database's secret, of a word of its own (which no lock tag's input
- * starts with), the role and the digest's bytes 4 to 15.  The bits a row
- * sets in its partition's filter are chosen from these: until 0.4.0's
- * review they were a public function of the role and the digest, so
- * another role could compute a key of its own whose bits were those of a
- * key it guessed, and see in pg_stat_all_indexes whether its probe of that
- * key went to the partition's index, that is whether the guessed key was
- * there (test/t/055_who_has_what.pl).
+ * role "role" with this digest (filter.c): SipHash-2-4, under the
+ * database's secret, of 16 bytes, the role's OID and the digest's bytes 4
+ * to 15 (little-endian words).  No lock tag's input is 16 bytes long (a
+ * key's is 20, a stream's at least 18), and SipHash hashes the length in.
+ * The bits a row sets in its partition's filter are chosen from these:
+ * until 0.4.0's review they were a public function of the role and the
+ * digest, so another role could compute a key of its own whose bits were
+ * those of a key it guessed, and see in pg_stat_all_indexes whether its
+ * probe of that key went to the partition's index, that is whether the
+ * guessed key was there (test/t/055_who_has_what.pl).  Two words and no
+ * tail: this is computed for each probe of a new key.
  */
 uint64
 IdemFilterDigestHash(Oid role, const pg_uuid_t *digest)
 {
 	IdemSipHash s;
-	uint32		head[2];
+	const uint8 *d = digest->data + IDEM_DIGEST_PREFIX_LEN;
 
-	head[0] = pg_hton32(IDEM_HASH_FILTER);
-	head[1] = pg_hton32((uint32) role);
 	IdemSipInit(&s, IdemLockSecret());
-	IdemSipUpdate(&s, (const uint8 *) head, sizeof(head));
-	IdemSipUpdate(&s, digest->data + IDEM_DIGEST_PREFIX_LEN,
-				  IDEM_DIGEST_LEN - IDEM_DIGEST_PREFIX_LEN);
+	IdemSipWord(&s, (uint64) (uint32) role |
+				((uint64) d[0] << 32) | ((uint64) d[1] << 40) |
+				((uint64) d[2] << 48) | ((uint64) d[3] << 56));
+	IdemSipWord(&s, IdemLoad64LE(d + 4));
+	s.length = 16;
 	return IdemSipFinal(&s);
 }
 
