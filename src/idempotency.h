@@ -118,6 +118,8 @@ IdemLaneValueOf(int lanes, int number, bool legacy)
 extern bool IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
+extern uint64 IdemFilterDigestHash(Oid role, const pg_uuid_t *digest);
+extern uint64 IdemSecretId(const uint8 *secret);
 extern void IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role,
 								 const char *a, int alen,
 								 const char *b, int blen, int32 part);
@@ -219,6 +221,7 @@ extern uint64 IdemInstalledVersionGeneration(void);
 extern void IdemLockSecretInit(void);
 extern bool IdemKeyedLockTags(void);
 extern const uint8 *IdemLockSecret(void);
+extern uint64 IdemLockSecretId(void);
 extern void IdemRestrictLockSecretAcl(void);
 
 /* ----------------------------------------------------------------
