@@ -34,8 +34,7 @@
  * topics), outbox_publish.c (idem_publish), outbox_relay.c (windows,
  * idem_outbox_next and _ack, dead letters, lag), outbox_position.c (the
  * relays' rows: one place, so that they can move off SPI), outbox_maintain.c
- * (what maintenance does), outbox_observe.c (monitoring) and
- * outbox_transfer.c (export and import).
+ * (what maintenance does) and outbox_observe.c (monitoring).
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -50,6 +49,7 @@
 #include "idempotency.h"
 
 #include "access/htup.h"
+#include "nodes/execnodes.h"
 #include "nodes/pg_list.h"
 #include "storage/lock.h"
 #include "utils/relcache.h"
@@ -162,6 +162,8 @@ extern void IdemRelayDeadLetterPut(IdemRelayState *st, HeapTuple event,
 								   bool has_attempts, int32 attempts);
 extern int64 IdemRelayDeadLetterCount(Oid role, text *relay, text *topic);
 extern uint64 IdemRelayDeadLettersExpire(TimestampTz before);
+extern void IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
+									ReturnSetInfo *rsinfo);
 
 /* ----------------------------------------------------------------
  * Reading a topic's events (outbox_relay.c)

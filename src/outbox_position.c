@@ -39,9 +39,11 @@
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "funcapi.h"
 #include "miscadmin.h"
 #include "storage/lmgr.h"
 #include "utils/array.h"
+#include "utils/tuplestore.h"
 #include "utils/builtins.h"
 #include "utils/snapmgr.h"
 #include "utils/timestamp.h"
@@ -108,6 +110,7 @@ typedef enum IdemPositionStmt
 	STMT_DEAD_PUT,
 	STMT_DEAD_COUNT,
 	STMT_DEAD_EXPIRE,
+	STMT_DEAD_LIST,
 	NUM_POSITION_STMTS
 } IdemPositionStmt;
 
@@ -170,6 +173,16 @@ static const IdemPositionStmtDef stmt_defs[NUM_POSITION_STMTS] = {
 		"DELETE FROM idempotency.outbox_dead_letters"
 		" WHERE failed_at OPERATOR(pg_catalog.<) $1",
 		1, {TIMESTAMPTZOID}
+	},
+	[STMT_DEAD_LIST] = {
+		"SELECT relay, topic, event_id, key, payload, payload_raw, headers,"
+		" published_at, reason, attempts, failed_at"
+		" FROM idempotency.outbox_dead_letters"
+		" WHERE role OPERATOR(pg_catalog.=) $1"
+		" AND ($2 IS NULL OR relay OPERATOR(pg_catalog.=) $2)"
+		" AND ($3 IS NULL OR topic OPERATOR(pg_catalog.=) $3)"
+		" ORDER BY relay, topic, failed_at, event_id",
+		3, {OIDOID, TEXTOID, TEXTOID}
 	},
 };
 
@@ -559,4 +572,41 @@ IdemRelayDeadLettersExpire(TimestampTz before)
 	removed = IdemPositionExec(STMT_DEAD_EXPIRE, &arg, NULL);
 	IdemPositionEnd(&save);
 	return removed;
+}
+
+/*
+ * IdemRelayDeadLetterRows adds the dead letters of "role" (of one relay
+ * and one topic, where not NULL) to a materialized result whose columns
+ * are those of STMT_DEAD_LIST.
+ */
+void
+IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
+						ReturnSetInfo *rsinfo)
+{
+	IdemSavedUser save;
+	Datum		args[3];
+	bool		isnull[3];
+	uint64		i;
+
+	args[0] = ObjectIdGetDatum(role);
+	args[1] = PointerGetDatum(relay);
+	args[2] = PointerGetDatum(topic);
+	isnull[0] = false;
+	isnull[1] = (relay == NULL);
+	isnull[2] = (topic == NULL);
+	IdemPositionBegin(&save);
+	(void) IdemPositionExec(STMT_DEAD_LIST, args, isnull);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		v[11];
+		bool		n[11];
+		int			c;
+
+		for (c = 0; c < 11; c++)
+			v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+								 c + 1, &n[c]);
+		/* the tuplestore copies the values into its own memory */
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
+	}
+	IdemPositionEnd(&save);
 }

@@ -76,7 +76,9 @@
 #include "catalog/pg_inherits.h"
 #include "catalog/pg_type.h"
 #include "commands/extension.h"
+#include "commands/dbcommands.h"
 #include "commands/sequence.h"
+#include "common/hashfn.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
@@ -580,7 +582,7 @@ IdemOutboxCreateSegment(int32 seg)
 
 	/* our own ATTACH invalidated the cache; make the next reader see it */
 	CommandCounterIncrement();
-	IdemStatsAdd(IDEM_STAT_PARTITIONS_CREATED, 1);
+	IdemStatsAdd(IDEM_STAT_OUTBOX_SEGMENTS_CREATED, 1);
 	return relid;
 }
 
