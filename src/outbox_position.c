@@ -161,7 +161,7 @@ static const IdemPositionStmtDef stmt_defs[NUM_POSITION_STMTS] = {
 		" ON CONFLICT (role, relay, topic, event_id) DO UPDATE SET"
 		" reason = excluded.reason, attempts = excluded.attempts,"
 		" failed_at = excluded.failed_at"
-		" RETURNING (d.xmax OPERATOR(pg_catalog.=) 0::pg_catalog.xid)",
+		" RETURNING (d.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid)",
 		12, {OIDOID, TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, JSONBOID,
 		BYTEAOID, TIMESTAMPTZOID, TEXTOID, INT4OID, TIMESTAMPTZOID}
 	},
