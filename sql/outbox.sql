@@ -115,7 +115,7 @@ SELECT idem_outbox_dead_letter('webhook', 'hooks', n.event_id, 'HTTP 410', 5)
 -- again: the record is updated, not doubled
 SELECT idem_outbox_dead_letter('webhook', 'hooks', n.event_id, 'HTTP 410 Gone', 6)
   FROM idem_outbox_next('webhook', 'hooks') AS n WHERE n.payload = '{"n": 2}';
-SELECT pg_temp.try($$SELECT idem_outbox_dead_letter('webhook', 'hooks', gen_random_uuid())$$);
+SELECT pg_temp.try($$SELECT idem_outbox_dead_letter('webhook', 'hooks', '00000000-0000-7000-8000-000000000000')$$);
 SELECT pg_temp.try($$SELECT idem_outbox_dead_letter('webhook', 'hooks', NULL)$$);
 SELECT pg_temp.try($$SELECT idem_outbox_dead_letter('webhook', 'hooks', gen_random_uuid(), NULL, -1)$$);
 SELECT idem_outbox_ack('webhook', 'hooks', 1);
