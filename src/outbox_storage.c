@@ -172,6 +172,7 @@ typedef enum IdemOutboxStmt
 {
 	STMT_TOPIC_GET,
 	STMT_TOPIC_PUT,
+	STMT_BASE_PEEK,
 	STMT_BASE_GET,
 	STMT_BASE_PUT,
 	STMT_BASE_SET,
@@ -198,6 +199,10 @@ static const IdemOutboxStmtDef stmt_defs[NUM_STMTS] = {
 		" $1, $2, $3)"
 		" ON CONFLICT (role, topic) DO NOTHING RETURNING id",
 		3, {OIDOID, TEXTOID, TIMESTAMPTZOID}
+	},
+	[STMT_BASE_PEEK] = {
+		"SELECT system_identifier, base FROM idempotency.outbox_xid_base",
+		0, {InvalidOid}
 	},
 	[STMT_BASE_GET] = {
 		"SELECT system_identifier, base FROM idempotency.outbox_xid_base FOR UPDATE",
@@ -750,6 +755,7 @@ IdemOutboxXidBase(void)
 	int64		base = 0;
 	bool		found = false;
 	bool		wrote = false;
+	bool		locking = false;
 
 	if (cache.base_valid &&
 		(!TransactionIdIsValid(cache.base_writer) ||
@@ -766,17 +772,24 @@ IdemOutboxXidBase(void)
 		bool		isnull;
 		int64		stored_sysid;
 
-		/* FOR UPDATE only where we may write; a standby reads */
-		if (!writable)
+		/*
+		 * Read as committed first: the row exists and is this cluster's on
+		 * every call but the first ones after CREATE EXTENSION or a
+		 * restore, and then no lock is taken (a lock on the one row would
+		 * serialize every publisher).  Otherwise, where we may write, read
+		 * it again FOR UPDATE and decide under that lock.
+		 */
+		(void) IdemOutboxExec(locking ? STMT_BASE_GET : STMT_BASE_PEEK,
+							  NULL, NULL, !locking);
+		if (writable && !locking &&
+			(SPI_processed == 0 ||
+			 (uint64) DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+												  SPI_tuptable->tupdesc, 1,
+												  &isnull)) != sysid))
 		{
-			int			rc = SPI_execute("SELECT system_identifier, base FROM idempotency.outbox_xid_base",
-										 true, 0);
-
-			if (rc != SPI_OK_SELECT)
-				elog(ERROR, "SPI_execute failed: %s", SPI_result_code_string(rc));
+			locking = true;
+			continue;
 		}
-		else
-			(void) IdemOutboxExec(STMT_BASE_GET, NULL, NULL, false);
 		if (SPI_processed == 0)
 		{
 			if (!writable)
