@@ -207,9 +207,49 @@ RESET ROLE;
 RESET idempotency.outbox_max_age;
 RESET idempotency.outbox_retention;
 
+-- ------------------------------------------------------------ look-alikes
+-- The outbox's statements run as the storage owner.  A role that puts
+-- look-alike operators and tables first on its path (and in pg_temp), in a
+-- new session where the statements are prepared for the first time, does
+-- not change what they do: no look-alike runs, the right rows move.
+CREATE SCHEMA regress_idem_evil AUTHORIZATION regress_idem_outbox_a;
+\c -
+SET ROLE regress_idem_outbox_a;
+CREATE FUNCTION regress_idem_evil.eq(text, text) RETURNS boolean LANGUAGE plpgsql AS
+  $$BEGIN RAISE NOTICE 'look-alike text = ran'; RETURN true; END$$;
+CREATE OPERATOR regress_idem_evil.= (leftarg = text, rightarg = text, function = regress_idem_evil.eq);
+CREATE FUNCTION regress_idem_evil.oideq(oid, oid) RETURNS boolean LANGUAGE plpgsql AS
+  $$BEGIN RAISE NOTICE 'look-alike oid = ran'; RETURN true; END$$;
+CREATE OPERATOR regress_idem_evil.= (leftarg = oid, rightarg = oid, function = regress_idem_evil.oideq);
+CREATE FUNCTION regress_idem_evil.int4eq(int4, int4) RETURNS boolean LANGUAGE plpgsql AS
+  $$BEGIN RAISE NOTICE 'look-alike int4 = ran'; RETURN true; END$$;
+CREATE OPERATOR regress_idem_evil.= (leftarg = int4, rightarg = int4, function = regress_idem_evil.int4eq);
+CREATE FUNCTION regress_idem_evil.nextval(regclass) RETURNS bigint LANGUAGE plpgsql AS
+  $$BEGIN RAISE NOTICE 'look-alike nextval ran'; RETURN 1; END$$;
+CREATE TABLE regress_idem_evil.outbox_relays (role regrole, relay text, topic text);
+CREATE TABLE regress_idem_evil.outbox_topics (id int, role regrole, topic text);
+CREATE TABLE regress_idem_evil.outbox_dead_letters (role regrole, relay text, topic text);
+CREATE TEMP TABLE outbox_relays (LIKE regress_idem_evil.outbox_relays);
+CREATE TEMP TABLE outbox_topics (LIKE regress_idem_evil.outbox_topics);
+SET search_path = regress_idem_evil, pg_catalog;
+SELECT idem_publish('evil', jsonb_build_object('n', 1)) IS NOT NULL AS published;
+SELECT idem_publish('evil', jsonb_build_object('n', 2)) IS NOT NULL AS published;
+SELECT batch, payload FROM idem_outbox_next('evil-relay', 'evil');
+SELECT idem_outbox_dead_letter('evil-relay', 'evil', n.event_id, 'gone')
+  FROM idem_outbox_next('evil-relay', 'evil') AS n WHERE n.payload = '{"n": 2}';
+SELECT idem_outbox_ack('evil-relay', 'evil', 1);
+SELECT batch, payload FROM idem_outbox_next('evil-relay', 'evil');
+SELECT relay, topic, batch, lag_events, dead_letters FROM idem_outbox_relays() ORDER BY relay, topic;
+SELECT relay, payload, reason FROM idem_outbox_dead_letters('evil-relay');
+SELECT count(*) AS untouched FROM regress_idem_evil.outbox_relays;
+SELECT count(*) AS untouched FROM pg_temp.outbox_topics;
+RESET search_path;
+RESET ROLE;
+DROP SCHEMA regress_idem_evil CASCADE;
+
 -- ------------------------------------------------------------ cleanup
 DROP EXTENSION idempotency;
-SELECT count(*) FROM pg_class WHERE relname LIKE 'outbox%';
+SELECT count(*) FROM pg_class WHERE relname LIKE 'outbox%' AND relpersistence <> 't';
 CREATE EXTENSION idempotency;
 DROP OWNED BY regress_idem_outbox_a, regress_idem_outbox_b, regress_idem_outbox_mon;
 DROP ROLE regress_idem_outbox_a;
