@@ -19,19 +19,6 @@ CREATE SEQUENCE idempotency.outbox_event_seq AS pg_catalog.int8 CACHE 1;
 COMMENT ON SEQUENCE idempotency.outbox_event_seq IS
 'event numbers of the outbox, taken in real-time order (not cached); managed by idem_publish()';
 
-CREATE SEQUENCE idempotency.outbox_topic_seq AS pg_catalog.int4 CACHE 1;
-
-CREATE TABLE idempotency.outbox_topics (
-    id         pg_catalog.int4        PRIMARY KEY,
-    role       pg_catalog.regrole     NOT NULL,
-    topic      pg_catalog.text        NOT NULL,
-    created_at pg_catalog.timestamptz NOT NULL,
-    UNIQUE (role, topic)
-);
-
-COMMENT ON TABLE idempotency.outbox_topics IS
-'the outbox''s topics per role and their numbers in the events table; managed by idem_publish()';
-
 CREATE TABLE idempotency.outbox_segments (
     seg       pg_catalog.int4        PRIMARY KEY,
     opened_at pg_catalog.timestamptz NOT NULL
@@ -103,13 +90,10 @@ CREATE TABLE idempotency.outbox_xid_base (
 COMMENT ON TABLE idempotency.outbox_xid_base IS
 'what the outbox adds to transaction ids, and the cluster that set it: raised after a restore into another cluster';
 
-REVOKE ALL ON idempotency.outbox_event_seq, idempotency.outbox_topic_seq,
-              idempotency.outbox_topics, idempotency.outbox_segments,
+REVOKE ALL ON idempotency.outbox_event_seq, idempotency.outbox_segments,
               idempotency.outbox_relays, idempotency.outbox_dead_letters,
               idempotency.outbox_xid_base FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_event_seq', '');
-SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_topic_seq', '');
-SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_topics', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_segments', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_relays', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_dead_letters', '');
@@ -241,8 +225,8 @@ BEGIN
           FROM pg_catalog.pg_class AS c,
                pg_catalog.aclexplode(c.relacl) AS a
          WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
-           AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_event_seq', 'outbox_topic_seq',
-                   'outbox_topics', 'outbox_segments', 'outbox_relays',
+           AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_event_seq',
+                   'outbox_segments', 'outbox_relays',
                    'outbox_dead_letters', 'outbox_xid_base']::pg_catalog.name[])
            AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
     LOOP

@@ -13,7 +13,9 @@
  *	  xid, widened to 64 bits and offset by the database's xid base (so
  *	  that rows restored into another cluster still compare right; see
  *	  IdemOutboxXidBase).  Each segment (a partition of idempotency.outbox)
- *	  has a btree on (topic, ev_id) INCLUDE (txid).
+ *	  has a btree on (role, topic, ev_id) INCLUDE (txid): events carry
+ *	  their role's OID and topic name (collation "C"), so that publishing
+ *	  to a new topic makes nothing another transaction would wait for.
  *
  *	- A relay's position is a window between two snapshots it took
  *	  itself, as PgQ's ticks: the window's events are those whose
@@ -61,16 +63,23 @@
 
 /* Columns of the events table, idempotency.outbox */
 #define Anum_outbox_seg				1
-#define Anum_outbox_topic			2
-#define Anum_outbox_ev_id			3
-#define Anum_outbox_txid			4
-#define Anum_outbox_event_id		5
-#define Anum_outbox_published_at	6
-#define Anum_outbox_key				7
-#define Anum_outbox_headers			8
-#define Anum_outbox_payload			9
-#define Anum_outbox_payload_raw		10
-#define Natts_outbox				10
+#define Anum_outbox_role			2
+#define Anum_outbox_topic			3
+#define Anum_outbox_ev_id			4
+#define Anum_outbox_txid			5
+#define Anum_outbox_event_id		6
+#define Anum_outbox_published_at	7
+#define Anum_outbox_key				8
+#define Anum_outbox_headers			9
+#define Anum_outbox_payload			10
+#define Anum_outbox_payload_raw		11
+#define Natts_outbox				11
+
+/* Columns of a segment's index: (role, topic, ev_id) INCLUDE (txid) */
+#define OUTBOX_INDEX_ROLE			1
+#define OUTBOX_INDEX_TOPIC			2
+#define OUTBOX_INDEX_EV_ID			3
+#define OUTBOX_INDEX_TXID			4
 
 /* ----------------------------------------------------------------
  * Storage (outbox_storage.c)
@@ -95,7 +104,6 @@ extern Oid	IdemOutboxMemberRelid(const char *name);
 extern int64 IdemOutboxNextEvId(void);
 extern int64 IdemOutboxXidBase(void);
 extern int64 IdemOutboxCurrentTxid(void);
-extern int32 IdemOutboxTopicId(Oid role, text *topic, bool create);
 extern void IdemOutboxRestrictAcls(void);
 extern void IdemOutboxEnsureDependency(void);
 extern int64 IdemOutboxIntervalUs(void);
@@ -171,8 +179,8 @@ extern void IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
  */
 extern int64 IdemRelayLowWater(const IdemRelayState *st);
 extern bool IdemRelayDelivered(const IdemRelayState *st, int64 ev, int64 txid);
-extern void IdemRelayLag(const IdemRelayState *st, int32 topic_id,
-						 int64 *events, double *seconds);
+extern void IdemRelayLag(const IdemRelayState *st, int64 *events,
+						 double *seconds);
 
 /* ----------------------------------------------------------------
  * Maintenance (outbox_maintain.c)

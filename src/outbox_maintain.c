@@ -71,7 +71,6 @@ typedef struct IdemSegmentInfo
 typedef struct IdemMaintRelay
 {
 	IdemRelayState *st;
-	int32		topic_id;		/* -1: the topic has no event */
 	/* a loss found in the segment looked at */
 	int64		lost;
 	int64		first_ev;
@@ -177,25 +176,28 @@ IdemSegmentDelivered(Relation heap, Relation index, IdemMaintRelay *relays,
 	{
 		IdemMaintRelay *r = &relays[i];
 		IndexScanDesc scan;
-		ScanKeyData keys[2];
+		ScanKeyData keys[3];
 		ItemPointer tid;
 
-		if (r->topic_id < 0)
-			continue;
-		ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_INT4EQ,
-					Int32GetDatum(r->topic_id));
-		ScanKeyInit(&keys[1], 2, BTGreaterStrategyNumber, F_INT8GT,
-					Int64GetDatum(IdemRelayLowWater(r->st)));
-		scan = IdemIndexBeginScan(heap, index, snapshot, 2);
+		/* ScanKeyInit compares in collation "C", the index column's */
+		ScanKeyInit(&keys[0], OUTBOX_INDEX_ROLE, BTEqualStrategyNumber,
+					F_OIDEQ, ObjectIdGetDatum(r->st->role));
+		ScanKeyInit(&keys[1], OUTBOX_INDEX_TOPIC, BTEqualStrategyNumber,
+					F_TEXTEQ, PointerGetDatum(r->st->topic));
+		ScanKeyInit(&keys[2], OUTBOX_INDEX_EV_ID, BTGreaterStrategyNumber,
+					F_INT8GT, Int64GetDatum(IdemRelayLowWater(r->st)));
+		scan = IdemIndexBeginScan(heap, index, snapshot, 3);
 		scan->xs_want_itup = true;
-		index_rescan(scan, keys, 2, NULL, 0);
+		index_rescan(scan, keys, 3, NULL, 0);
 		while ((tid = index_getnext_tid(scan, ForwardScanDirection)) != NULL)
 		{
 			bool		isnull;
-			int64		ev = DatumGetInt64(index_getattr(scan->xs_itup, 2,
+			int64		ev = DatumGetInt64(index_getattr(scan->xs_itup,
+														 OUTBOX_INDEX_EV_ID,
 														 scan->xs_itupdesc,
 														 &isnull));
-			int64		txid = DatumGetInt64(index_getattr(scan->xs_itup, 3,
+			int64		txid = DatumGetInt64(index_getattr(scan->xs_itup,
+														   OUTBOX_INDEX_TXID,
 														   scan->xs_itupdesc,
 														   &isnull));
 			TimestampTz at;
@@ -325,12 +327,7 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 	relays = palloc0(Max(nrelays, 1) * sizeof(IdemMaintRelay));
 	i = 0;
 	foreach(lc, relay_list)
-	{
-		relays[i].st = (IdemRelayState *) lfirst(lc);
-		relays[i].topic_id = IdemOutboxTopicId(relays[i].st->role,
-											   relays[i].st->topic, false);
-		i++;
-	}
+		relays[i++].st = (IdemRelayState *) lfirst(lc);
 
 	/* every segment but the newest, oldest first */
 	for (i = 0; i < nsegs - 1; i++)

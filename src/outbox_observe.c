@@ -58,8 +58,7 @@ IdemRelayRows(FunctionCallInfo fcinfo, Oid role, bool all_roles)
 		int64		lag_events;
 		double		lag_seconds;
 
-		IdemRelayLag(st, IdemOutboxTopicId(st->role, st->topic, false),
-					 &lag_events, &lag_seconds);
+		IdemRelayLag(st, &lag_events, &lag_seconds);
 		if (all_roles)
 			v[c++] = ObjectIdGetDatum(st->role);
 		v[c++] = PointerGetDatum(st->relay);

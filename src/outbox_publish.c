@@ -397,7 +397,6 @@ idem_publish(PG_FUNCTION_ARGS)
 	bool		nulls[Natts_outbox];
 	pg_uuid_t  *event_id;
 	TimestampTz now;
-	int32		topic_id;
 	int32		seg;
 	Oid			relid;
 	IdemOpenPartition op;
@@ -432,7 +431,6 @@ idem_publish(PG_FUNCTION_ARGS)
 				 errhint("Publish a smaller event (a reference to the data, say), or have a superuser raise \"idempotency.max_response_bytes\".")));
 	IdemCheckWritable("idem_publish()");
 
-	topic_id = IdemOutboxTopicId(role, topic, true);
 	if (key != NULL)
 		IdemLockEventKey(role, topic, key);
 
@@ -442,7 +440,8 @@ idem_publish(PG_FUNCTION_ARGS)
 	relid = IdemOutboxNewestSegment(RowExclusiveLock, &seg);
 	values[Anum_outbox_ev_id - 1] = Int64GetDatum(IdemOutboxNextEvId());
 	values[Anum_outbox_seg - 1] = Int32GetDatum(seg);
-	values[Anum_outbox_topic - 1] = Int32GetDatum(topic_id);
+	values[Anum_outbox_role - 1] = ObjectIdGetDatum(role);
+	values[Anum_outbox_topic - 1] = PointerGetDatum(topic);
 	now = GetCurrentTimestamp();
 	event_id = palloc(sizeof(pg_uuid_t));
 	IdemNewEventId(event_id, now);

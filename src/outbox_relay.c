@@ -295,23 +295,23 @@ IdemSegScanAdvance(IdemSegScan *ss)
 		ss->has = false;
 		return;
 	}
-	ss->ev = DatumGetInt64(index_getattr(ss->scan->xs_itup, 2,
+	ss->ev = DatumGetInt64(index_getattr(ss->scan->xs_itup, OUTBOX_INDEX_EV_ID,
 										 ss->scan->xs_itupdesc, &isnull));
-	ss->txid = DatumGetInt64(index_getattr(ss->scan->xs_itup, 3,
+	ss->txid = DatumGetInt64(index_getattr(ss->scan->xs_itup, OUTBOX_INDEX_TXID,
 										   ss->scan->xs_itupdesc, &isnull));
 	ss->has = true;
 }
 
 /*
- * IdemEventScanBegin starts reading the index entries of topic "topic"
- * with after < ev_id < before in every segment, merged in ev_id order;
+ * IdemEventScanBegin starts reading the index entries of topic "topic" of
+ * "role" with after < ev_id < before in every segment, merged in ev_id order;
  * heap tuples are fetched under "snapshot".  Segments are locked in
  * ACCESS SHARE until the transaction ends (a drop waits for them); one
  * dropped since the list was read is left out.
  */
 static void
-IdemEventScanBegin(IdemEventScan *es, int32 topic, int64 after, int64 before,
-				   Snapshot snapshot)
+IdemEventScanBegin(IdemEventScan *es, Oid role, text *topic, int64 after,
+				   int64 before, Snapshot snapshot)
 {
 	IdemOutboxSegment *segs;
 	int			n;
@@ -325,7 +325,7 @@ IdemEventScanBegin(IdemEventScan *es, int32 topic, int64 after, int64 before,
 	for (i = 0; i < n; i++)
 	{
 		IdemSegScan *ss;
-		ScanKeyData keys[3];
+		ScanKeyData keys[4];
 
 		LockRelationOid(segs[i].relid, AccessShareLock);
 		if (!SearchSysCacheExists1(RELOID, ObjectIdGetDatum(segs[i].relid)))
@@ -337,15 +337,18 @@ IdemEventScanBegin(IdemEventScan *es, int32 topic, int64 after, int64 before,
 		ss->heap = table_open(segs[i].relid, NoLock);
 		ss->index = IdemOutboxSegmentIndex(ss->heap, AccessShareLock);
 		ss->slot = table_slot_create(ss->heap, NULL);
-		ScanKeyInit(&keys[0], 1, BTEqualStrategyNumber, F_INT4EQ,
-					Int32GetDatum(topic));
-		ScanKeyInit(&keys[1], 2, BTGreaterStrategyNumber, F_INT8GT,
-					Int64GetDatum(after));
-		ScanKeyInit(&keys[2], 2, BTLessStrategyNumber, F_INT8LT,
-					Int64GetDatum(before));
-		ss->scan = IdemIndexBeginScan(ss->heap, ss->index, snapshot, 3);
+		/* ScanKeyInit compares in collation "C", the index column's */
+		ScanKeyInit(&keys[0], OUTBOX_INDEX_ROLE, BTEqualStrategyNumber,
+					F_OIDEQ, ObjectIdGetDatum(role));
+		ScanKeyInit(&keys[1], OUTBOX_INDEX_TOPIC, BTEqualStrategyNumber,
+					F_TEXTEQ, PointerGetDatum(topic));
+		ScanKeyInit(&keys[2], OUTBOX_INDEX_EV_ID, BTGreaterStrategyNumber,
+					F_INT8GT, Int64GetDatum(after));
+		ScanKeyInit(&keys[3], OUTBOX_INDEX_EV_ID, BTLessStrategyNumber,
+					F_INT8LT, Int64GetDatum(before));
+		ss->scan = IdemIndexBeginScan(ss->heap, ss->index, snapshot, 4);
 		ss->scan->xs_want_itup = true;
-		index_rescan(ss->scan, keys, 3, NULL, 0);
+		index_rescan(ss->scan, keys, 4, NULL, 0);
 		IdemSegScanAdvance(ss);
 	}
 	pfree(segs);
@@ -441,7 +444,7 @@ IdemEmitEvent(ReturnSetInfo *rsinfo, int64 batch, TupleTableSlot *slot)
  * one's ev_id.
  */
 static int
-IdemRelayEmit(const IdemRelayState *st, int32 topic, int64 after, int64 before,
+IdemRelayEmit(const IdemRelayState *st, int64 after, int64 before,
 			  int max, ReturnSetInfo *rsinfo, int64 *last)
 {
 	Snapshot	snapshot = RegisterSnapshot(GetLatestSnapshot());
@@ -450,7 +453,7 @@ IdemRelayEmit(const IdemRelayState *st, int32 topic, int64 after, int64 before,
 	int64		txid;
 	int			n = 0;
 
-	IdemEventScanBegin(&es, topic, after, before, snapshot);
+	IdemEventScanBegin(&es, st->role, st->topic, after, before, snapshot);
 	while (IdemEventScanNext(&es, &ev, &txid))
 	{
 		TupleTableSlot *slot;
@@ -478,8 +481,7 @@ IdemRelayEmit(const IdemRelayState *st, int32 topic, int64 after, int64 before,
  * proportion to the lag.
  */
 void
-IdemRelayLag(const IdemRelayState *st, int32 topic_id, int64 *events,
-			 double *seconds)
+IdemRelayLag(const IdemRelayState *st, int64 *events, double *seconds)
 {
 	Snapshot	snapshot;
 	IdemEventScan es;
@@ -489,11 +491,11 @@ IdemRelayLag(const IdemRelayState *st, int32 topic_id, int64 *events,
 
 	*events = 0;
 	*seconds = 0;
-	if (topic_id < 0 || !OidIsValid(IdemOutboxParent(false)))
+	if (!OidIsValid(IdemOutboxParent(false)))
 		return;
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	IdemEventScanBegin(&es, topic_id, IdemRelayLowWater(st), PG_INT64_MAX,
-					   snapshot);
+	IdemEventScanBegin(&es, st->role, st->topic, IdemRelayLowWater(st),
+					   PG_INT64_MAX, snapshot);
 	while (IdemEventScanNext(&es, &ev, &txid))
 	{
 		TupleTableSlot *slot;
@@ -624,7 +626,7 @@ idem_outbox_next(PG_FUNCTION_ARGS)
 	bool		fenced;
 	IdemRelayState st;
 	bool		dirty;
-	int32		topic_id;
+	bool		stored;
 	int			n = 0;
 	int64		last = 0;
 
@@ -652,22 +654,20 @@ idem_outbox_next(PG_FUNCTION_ARGS)
 	if (!st.handed_out && st.lost_events > 0)
 		IdemRelayReportLoss(&st);
 
-	topic_id = IdemOutboxTopicId(role, topic, false);
-	if (topic_id >= 0 && !OidIsValid(IdemOutboxParent(false)))
-		topic_id = -1;			/* a topic, but no event ever stored */
+	stored = OidIsValid(IdemOutboxParent(false));	/* any event ever */
 
 	if (st.handed_out)
 	{
 		/* the batch again: its events (one dropped since may be missing) */
-		if (topic_id >= 0)
-			(void) IdemRelayEmit(&st, topic_id, st.acked_ev, st.batch_end + 1,
+		if (stored)
+			(void) IdemRelayEmit(&st, st.acked_ev, st.batch_end + 1,
 								 0, rsinfo, &last);
 	}
-	else if (topic_id >= 0)
+	else if (stored)
 	{
 		if (!st.window_done)
 		{
-			n = IdemRelayEmit(&st, topic_id, st.acked_ev, st.up_seq_after,
+			n = IdemRelayEmit(&st, st.acked_ev, st.up_seq_after,
 							  max_events, rsinfo, &last);
 			if (n == 0)
 			{
@@ -680,7 +680,7 @@ idem_outbox_next(PG_FUNCTION_ARGS)
 			TimestampTz stored_at = st.up_at;
 
 			IdemRelayOpenWindow(&st);
-			n = IdemRelayEmit(&st, topic_id, st.acked_ev, st.up_seq_after,
+			n = IdemRelayEmit(&st, st.acked_ev, st.up_seq_after,
 							  max_events, rsinfo, &last);
 			if (n == 0)
 				st.window_done = true;
@@ -797,7 +797,6 @@ idem_outbox_dead_letter(PG_FUNCTION_ARGS)
 	text	   *reason = NULL;
 	int32		attempts = 0;
 	IdemRelayState st;
-	int32		topic_id;
 	Snapshot	snapshot;
 	IdemEventScan es;
 	int64		ev;
@@ -833,11 +832,11 @@ idem_outbox_dead_letter(PG_FUNCTION_ARGS)
 
 	IdemRelayLock(role, relay, topic, false, NULL);
 	IdemRelayLoad(role, relay, topic, &st);
-	topic_id = IdemOutboxTopicId(role, topic, false);
-	if (st.handed_out && topic_id >= 0 && OidIsValid(IdemOutboxParent(false)))
+	if (st.handed_out && OidIsValid(IdemOutboxParent(false)))
 	{
 		snapshot = RegisterSnapshot(GetLatestSnapshot());
-		IdemEventScanBegin(&es, topic_id, st.acked_ev, st.batch_end + 1, snapshot);
+		IdemEventScanBegin(&es, st.role, st.topic, st.acked_ev,
+						   st.batch_end + 1, snapshot);
 		while (!found && IdemEventScanNext(&es, &ev, &txid))
 		{
 			TupleTableSlot *slot;

@@ -2,7 +2,7 @@
  *
  * outbox_storage.c
  *	  The outbox's storage: the events table and its segments, the event
- *	  number sequence, the topics, and the database's xid base.
+ *	  number sequence, and the database's xid base.
  *
  * Events live in idempotency.outbox, partitioned by LIST (seg): each
  * partition is one "segment", and publishers write into the newest one
@@ -70,6 +70,7 @@
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
 #include "catalog/pg_class.h"
+#include "catalog/pg_collation.h"
 #include "catalog/pg_depend.h"
 #include "catalog/pg_extension.h"
 #include "catalog/pg_index.h"
@@ -100,7 +101,8 @@
 #define OUTBOX_INDEX		"outbox_topic_ev_idx"
 #define OUTBOX_COLUMNS \
 	"seg pg_catalog.int4 NOT NULL, " \
-	"topic pg_catalog.int4 NOT NULL, " \
+	"role pg_catalog.oid NOT NULL, " \
+	"topic pg_catalog.text COLLATE pg_catalog.\"C\" NOT NULL, " \
 	"ev_id pg_catalog.int8 NOT NULL, " \
 	"txid pg_catalog.int8 NOT NULL, " \
 	"event_id pg_catalog.uuid NOT NULL, " \
@@ -114,8 +116,6 @@
 typedef enum IdemOutboxMember
 {
 	MEMBER_EVENT_SEQ = 0,
-	MEMBER_TOPICS,
-	MEMBER_TOPIC_SEQ,
 	MEMBER_SEGMENTS,
 	MEMBER_RELAYS,
 	MEMBER_DEAD_LETTERS,
@@ -125,8 +125,6 @@ typedef enum IdemOutboxMember
 
 static const char *const member_names[NUM_MEMBERS] = {
 	[MEMBER_EVENT_SEQ] = "outbox_event_seq",
-	[MEMBER_TOPICS] = "outbox_topics",
-	[MEMBER_TOPIC_SEQ] = "outbox_topic_seq",
 	[MEMBER_SEGMENTS] = "outbox_segments",
 	[MEMBER_RELAYS] = "outbox_relays",
 	[MEMBER_DEAD_LETTERS] = "outbox_dead_letters",
@@ -150,28 +148,10 @@ typedef struct IdemOutboxCache
 static IdemOutboxCache cache;
 static MemoryContext OutboxCacheContext = NULL;
 static uint64 segments_generation = 0;
-static HTAB *topic_cache = NULL;	/* (role, topic) -> id */
-
-/* a topic_cache entry; the name follows it in the same allocation */
-typedef struct IdemTopicKey
-{
-	Oid			role;
-	uint32		hash;
-	int			len;
-} IdemTopicKey;
-
-typedef struct IdemTopicEntry
-{
-	IdemTopicKey key;
-	int32		id;
-	char	   *name;			/* in OutboxCacheContext */
-} IdemTopicEntry;
 
 /* Statements on the outbox's member tables, run as the storage owner */
 typedef enum IdemOutboxStmt
 {
-	STMT_TOPIC_GET,
-	STMT_TOPIC_PUT,
 	STMT_BASE_PEEK,
 	STMT_BASE_GET,
 	STMT_BASE_PUT,
@@ -188,18 +168,6 @@ typedef struct IdemOutboxStmtDef
 } IdemOutboxStmtDef;
 
 static const IdemOutboxStmtDef stmt_defs[NUM_STMTS] = {
-	[STMT_TOPIC_GET] = {
-		"SELECT id FROM idempotency.outbox_topics"
-		" WHERE role OPERATOR(pg_catalog.=) $1 AND topic OPERATOR(pg_catalog.=) $2",
-		2, {OIDOID, TEXTOID}
-	},
-	[STMT_TOPIC_PUT] = {
-		"INSERT INTO idempotency.outbox_topics (id, role, topic, created_at)"
-		" VALUES (pg_catalog.nextval('idempotency.outbox_topic_seq'::pg_catalog.regclass)::pg_catalog.int4,"
-		" $1, $2, $3)"
-		" ON CONFLICT (role, topic) DO NOTHING RETURNING id",
-		3, {OIDOID, TEXTOID, TIMESTAMPTZOID}
-	},
 	[STMT_BASE_PEEK] = {
 		"SELECT system_identifier, base FROM idempotency.outbox_xid_base",
 		0, {InvalidOid}
@@ -275,12 +243,6 @@ IdemOutboxRelcacheCallback(Datum arg, Oid relid)
 		for (i = 0; i < NUM_MEMBERS; i++)
 			cache.members[i] = InvalidOid;
 		cache.base_valid = false;
-		if (topic_cache != NULL)
-		{
-			hash_destroy(topic_cache);
-			topic_cache = NULL;
-			/* the names live in OutboxCacheContext until the next rebuild */
-		}
 	}
 }
 
@@ -528,7 +490,7 @@ IdemOutboxCreateParent(void)
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "CREATE TABLE idempotency.%s (%s) PARTITION BY LIST (seg); "
-					 "CREATE INDEX %s ON idempotency.%s (topic, ev_id) INCLUDE (txid); "
+					 "CREATE INDEX %s ON idempotency.%s (role, topic, ev_id) INCLUDE (txid); "
 					 "COMMENT ON TABLE idempotency.%s IS %s",
 					 OUTBOX_TABLE, OUTBOX_COLUMNS, OUTBOX_INDEX, OUTBOX_TABLE,
 					 OUTBOX_TABLE,
@@ -649,7 +611,7 @@ IdemOutboxNewestSegment(LOCKMODE lockmode, int32 *seg)
 
 /*
  * IdemOutboxSegmentIndex opens, in "lockmode", the index of a segment that
- * relays read: a valid btree on (topic, ev_id) INCLUDE (txid), with no
+ * relays read: a valid btree on (role, topic, ev_id) INCLUDE (txid), with no
  * expression or predicate.  The segment must be locked.  An error if it
  * has none (dropped, or left invalid by a failed REINDEX CONCURRENTLY).
  */
@@ -666,10 +628,12 @@ IdemOutboxSegmentIndex(Relation heap, LOCKMODE lockmode)
 
 		if (form->indisvalid && form->indisready && form->indislive &&
 			index->rd_rel->relam == BTREE_AM_OID &&
-			form->indnkeyatts == 2 && form->indnatts == 3 &&
-			form->indkey.values[0] == Anum_outbox_topic &&
-			form->indkey.values[1] == Anum_outbox_ev_id &&
-			form->indkey.values[2] == Anum_outbox_txid &&
+			form->indnkeyatts == 3 && form->indnatts == 4 &&
+			form->indkey.values[0] == Anum_outbox_role &&
+			form->indkey.values[1] == Anum_outbox_topic &&
+			form->indkey.values[2] == Anum_outbox_ev_id &&
+			form->indkey.values[3] == Anum_outbox_txid &&
+			index->rd_indcollation[OUTBOX_INDEX_TOPIC - 1] == C_COLLATION_OID &&
 			heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
 			heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL))
 		{
@@ -683,8 +647,8 @@ IdemOutboxSegmentIndex(Relation heap, LOCKMODE lockmode)
 			(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 			 errmsg("outbox segment \"%s.%s\" has no usable index",
 					IDEM_SCHEMA_NAME, RelationGetRelationName(heap)),
-			 errdetail("Relays need a valid btree index on columns \"topic\" and \"ev_id\", including \"txid\", without predicate or expression."),
-			 errhint("Recreate it with CREATE INDEX ON %s.%s (topic, ev_id) INCLUDE (txid), or REINDEX TABLE %s.%s.",
+			 errdetail("Relays need a valid btree index on columns \"role\", \"topic\" and \"ev_id\", including \"txid\", without predicate or expression."),
+			 errhint("Recreate it with CREATE INDEX ON %s.%s (role, topic, ev_id) INCLUDE (txid), or REINDEX TABLE %s.%s.",
 					 IDEM_SCHEMA_NAME,
 					 quote_identifier(RelationGetRelationName(heap)),
 					 IDEM_SCHEMA_NAME,
@@ -890,105 +854,6 @@ IdemOutboxCurrentTxid(void)
 	int64		base = IdemOutboxXidBase();
 
 	return (int64) U64FromFullTransactionId(GetTopFullTransactionId()) + base;
-}
-
-/* hash of a topic cache key's name */
-static uint32
-IdemTopicHash(Oid role, const char *name, int len)
-{
-	return hash_bytes((const unsigned char *) name, len) ^ (uint32) role;
-}
-
-/*
- * IdemOutboxTopicId returns the id of topic "topic" of role "role", making
- * it (in the caller's transaction) if it does not exist and "create";
- * -1 if it does not exist and not "create".  Ids are never reused nor
- * removed, so a backend keeps the ones it found.  A concurrent first use of
- * a new topic waits for the transaction that made it.
- */
-int32
-IdemOutboxTopicId(Oid role, text *topic, bool create)
-{
-	IdemTopicKey key;
-	IdemTopicEntry *entry;
-	bool		found;
-	IdemSavedUser save;
-	Datum		args[3];
-	bool		isnull;
-	int32		id = -1;
-	const char *name = VARDATA_ANY(topic);
-	int			len = VARSIZE_ANY_EXHDR(topic);
-
-	memset(&key, 0, sizeof(key));
-	key.role = role;
-	key.len = len;
-	key.hash = IdemTopicHash(role, name, len);
-	if (topic_cache != NULL)
-	{
-		entry = hash_search(topic_cache, &key, HASH_FIND, NULL);
-		if (entry != NULL && memcmp(entry->name, name, len) == 0)
-			return entry->id;
-	}
-
-	(void) IdemOutboxRequireMember(MEMBER_TOPICS);
-	args[0] = ObjectIdGetDatum(role);
-	args[1] = PointerGetDatum(topic);
-	args[2] = TimestampTzGetDatum(GetCurrentTimestamp());
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(&save);
-	for (;;)
-	{
-		if (IdemOutboxExec(STMT_TOPIC_GET, args, NULL, !create) > 0)
-		{
-			id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-											 SPI_tuptable->tupdesc, 1, &isnull));
-			break;
-		}
-		if (!create)
-			break;
-		if (IdemOutboxExec(STMT_TOPIC_PUT, args, NULL, false) > 0)
-		{
-			id = DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
-											 SPI_tuptable->tupdesc, 1, &isnull));
-			break;
-		}
-		/* made by a transaction that committed meanwhile: read it */
-	}
-	IdemRestoreUser(&save);
-	SPI_finish();
-	if (id < 0)
-		return id;
-
-	/* remember it (a topic made by this transaction too: ids are never reused) */
-	if (topic_cache == NULL)
-	{
-		HASHCTL		ctl;
-
-		if (OutboxCacheContext == NULL)
-			OutboxCacheContext = AllocSetContextCreate(CacheMemoryContext,
-													   "idempotency outbox cache",
-													   ALLOCSET_SMALL_SIZES);
-		memset(&ctl, 0, sizeof(ctl));
-		ctl.keysize = sizeof(IdemTopicKey);
-		ctl.entrysize = sizeof(IdemTopicEntry);
-		ctl.hcxt = OutboxCacheContext;
-		topic_cache = hash_create("idempotency outbox topics", 64, &ctl,
-								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	if (hash_get_num_entries(topic_cache) < 4096)
-	{
-		entry = hash_search(topic_cache, &key, HASH_ENTER, &found);
-		if (!found)
-		{
-			entry->name = MemoryContextAlloc(OutboxCacheContext, Max(len, 1));
-			memcpy(entry->name, name, len);
-			entry->id = id;
-		}
-		else if (memcmp(entry->name, name, len) != 0)
-			(void) 0;			/* another name of the same hash: not kept */
-	}
-	return id;
 }
 
 /*
