@@ -58,6 +58,7 @@
 #include "access/detoast.h"
 #include "access/genam.h"
 #include "access/relscan.h"
+#include "access/subtrans.h"
 #include "access/table.h"
 #include "access/tableam.h"
 #include "access/transam.h"
@@ -142,6 +143,18 @@ IdemWidenXid(TransactionId xid, FullTransactionId next)
  * IdemOutboxTakeSnap fills *snap with a snapshot taken now, in the form
  * relays store (64-bit xids plus the xid base), counting this transaction
  * as running (PostgreSQL leaves a backend's own xid out of its snapshots).
+ *
+ * A snapshot's xmax is one past the latest completed xid, and its xip
+ * lists only running xids below it: a transaction that already had its
+ * xid, above every completed one, is running but not listed.  The windows
+ * (see the file header) need every transaction running at the snapshot
+ * listed, since only a listed one gets a floor: such a transaction may
+ * have taken its ev_ids before the window's lower bound was read, and
+ * would be skipped when it commits.  So xmax becomes the next xid as read
+ * after the snapshot, and the xids from the old xmax up to it are listed
+ * as running, each as its top-level transaction (pg_subtrans), once: none
+ * of them is visible in the snapshot, so visibility is unchanged, and
+ * those assigned after it are listed needlessly but harmlessly.
  */
 static void
 IdemOutboxTakeSnap(IdemOutboxSnap *snap)
@@ -150,14 +163,33 @@ IdemOutboxTakeSnap(IdemOutboxSnap *snap)
 	Snapshot	s = GetLatestSnapshot();
 	FullTransactionId next = ReadNextFullTransactionId();
 	FullTransactionId own = GetTopFullTransactionIdIfAny();
+	int64		from = IdemWidenXid(s->xmax, next);
+	int64		upto = (int64) U64FromFullTransactionId(next);
+	int64		extra = Max(upto - from, 0);
+	int64		x;
 	int			n = 0;
 	int			i;
 
+	if (extra > MaxAllocSize / sizeof(int64) - s->xcnt - 1)
+		elog(ERROR, "too many transaction ids in progress for an outbox snapshot: " INT64_FORMAT,
+			 extra);
 	snap->xmin = IdemWidenXid(s->xmin, next) + base;
-	snap->xmax = IdemWidenXid(s->xmax, next) + base;
-	snap->xip = palloc((s->xcnt + 1) * sizeof(int64));
+	snap->xmax = upto + base;
+	snap->xip = palloc((s->xcnt + 1 + extra) * sizeof(int64));
 	for (i = 0; i < s->xcnt; i++)
 		snap->xip[n++] = IdemWidenXid(s->xip[i], next) + base;
+	for (x = from; x < upto; x++)
+	{
+		FullTransactionId fx = FullTransactionIdFromU64((uint64) x);
+		TransactionId xid = XidFromFullTransactionId(fx);
+		TransactionId top;
+
+		if (!TransactionIdIsNormal(xid))
+			continue;
+		top = SubTransGetTopmostTransaction(xid);
+		snap->xip[n++] = IdemWidenXid(TransactionIdIsValid(top) ? top : xid,
+									  next) + base;
+	}
 	if (FullTransactionIdIsValid(own))
 	{
 		int64		mine = (int64) U64FromFullTransactionId(own) + base;
@@ -165,7 +197,7 @@ IdemOutboxTakeSnap(IdemOutboxSnap *snap)
 		if (mine >= snap->xmin && mine < snap->xmax)
 			snap->xip[n++] = mine;
 	}
-	/* sorted, without the duplicates a PREPARE may show for a moment */
+	/* sorted, without duplicates (a PREPARE, a subtransaction's top) */
 	qsort(snap->xip, n, sizeof(int64), IdemCompareInt64);
 	snap->nxip = 0;
 	for (i = 0; i < n; i++)
