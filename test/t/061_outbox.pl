@@ -8,6 +8,9 @@
 # transactions' events), never for a transaction or subtransaction that
 # rolls back, and carries the event id idem_publish returned and the role.
 #
+# The background worker drops an acknowledged segment past the retention,
+# and idempotency.outbox_stats counts what happened.
+#
 # Crash and restart (pg_ctl stop -m immediate): every event of a committed
 # transaction survives and is relayed, none of a transaction open at the
 # crash is; a batch handed out and not acknowledged before the crash is
@@ -174,6 +177,30 @@ cmp_ok($made, '>=', 1, 'segments are there after the restart');
 $node->safe_psql('postgres', q{SELECT idem_maintain()});
 is($node->safe_psql('postgres', q{SET ROLE app; SELECT lag_events FROM idem_outbox_relays() WHERE relay = 'r'}),
 	'0', 'no lag left');
+
+# ------------------------------------------------------------ the worker
+# The background worker drops segments as idem_maintain() does: with a
+# retention of one second and a round every second, the segment that held
+# everything above (all acknowledged) goes, and newer ones come.
+my $first = $node->safe_psql('postgres', q{SELECT min(seg) FROM idempotency.outbox_segments});
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.outbox_retention = '1s'});
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.naptime = '1s'});
+$node->reload;
+ok($node->poll_query_until('postgres',
+		qq{SELECT NOT EXISTS (SELECT FROM idempotency.outbox_segments WHERE seg = $first)}),
+	'the background worker drops the acknowledged segment');
+ok($node->poll_query_until('postgres',
+		q{SELECT segments_dropped > 0 AND segments_created > 1 FROM idempotency.outbox_stats}),
+	'idempotency.outbox_stats counts the segments made and dropped');
+is($node->safe_psql('postgres', q{SET ROLE app;
+	SELECT count(*) FROM idem_outbox_next('r', 'orders')}), '0',
+	'nothing comes again after the drop');
+# the counters live in shared memory, which the crash reset: since the
+# restart one event was published (31) and 22 relayed (batch 2 again, then
+# 15 to 31)
+is($node->safe_psql('postgres', q{
+	SELECT events_published || ' ' || events_relayed FROM idempotency.outbox_stats}),
+	'1 22', 'idempotency.outbox_stats counts events published and relayed');
 
 $node->stop;
 done_testing();
