@@ -32,8 +32,8 @@
  *	  transaction and take their ev_id under it: a key's events have
  *	  ev_ids in the order their transactions committed.
  *
- * Files: outbox_storage.c (the tables, the segments, the xid base and
- * topics), outbox_publish.c (idem_publish), outbox_relay.c (windows,
+ * Files: outbox_storage.c (the tables, the segments and the xid base),
+ * outbox_publish.c (idem_publish), outbox_relay.c (windows,
  * idem_outbox_next and _ack, dead letters, lag), outbox_position.c (the
  * relays' rows: one place, so that they can move off SPI), outbox_maintain.c
  * (what maintenance does) and outbox_observe.c (monitoring).

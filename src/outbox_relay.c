@@ -25,7 +25,7 @@
  * was taken (xid >= lo.xmax) therefore has events with ev_ids above
  * lo_seq, an ev_id taken before lo; and every event visible in up has an
  * ev_id below up_seq_after, taken after up.  A transaction running when lo
- * was taken (in lo.xip) that commits in this window may have older
+ * was taken (in lo.xip, which lists every one: IdemOutboxTakeSnap) that commits in this window may have older
  * events: when it was first seen running, in the xip of some window's
  * upper snapshot, it had started after that window's lower snapshot, so
  * its events are above that window's lo_seq, its "floor", which each new
