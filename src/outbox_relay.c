@@ -21,19 +21,21 @@
  * and it commits in the same window or a later one.
  *
  * Where a window's events are: each event's ev_id is taken after its
- * transaction's xid was assigned.  A transaction that started after lo
- * was taken (xid >= lo.xmax) therefore has events with ev_ids above
+ * transaction's xid was assigned.  A transaction that got its xid after lo
+ * was taken (xid >= lo.xmax, which is the next xid as read after the
+ * snapshot: IdemOutboxTakeSnap) therefore has events with ev_ids above
  * lo_seq, an ev_id taken before lo; and every event visible in up has an
  * ev_id below up_seq_after, taken after up.  A transaction running when lo
- * was taken (in lo.xip, which lists every one: IdemOutboxTakeSnap) that commits in this window may have older
- * events: when it was first seen running, in the xip of some window's
- * upper snapshot, it had started after that window's lower snapshot, so
- * its events are above that window's lo_seq, its "floor", which each new
- * window carries over for the transactions still running.  A window is
- * read from the lowest floor of the transactions of lo.xip that committed
- * in it (or lo_seq) up to up_seq_after, through each segment's index on
- * (topic, ev_id) INCLUDE (txid): which window an entry belongs to is read
- * from the index tuple; the heap is read only for the window's own events.
+ * was taken (every one is in lo.xip) that commits in this window may have
+ * older events: when it was first seen running, in the xip of some
+ * window's upper snapshot, it had got its xid after that window's lower
+ * snapshot, so its events are above that window's lo_seq, its "floor",
+ * which each new window carries over for the transactions still running.
+ * A window is read from the lowest floor of the transactions of lo.xip that
+ * committed in it (or lo_seq) up to up_seq_after, through each segment's
+ * index on (role, topic, ev_id) INCLUDE (txid): which window an entry
+ * belongs to is read from the index tuple; the heap is read only for the
+ * window's own events.
  *
  * A relay takes batches of a window in ev_id order: next() fixes the
  * current batch's last ev_id (batch_end) and returns the same batch again
