@@ -182,12 +182,12 @@ is($node->safe_psql('postgres', q{SET ROLE app; SELECT lag_events FROM idem_outb
 # The background worker drops segments as idem_maintain() does: with a
 # retention of one second and a round every second, the segment that held
 # everything above (all acknowledged) goes, and newer ones come.
-my $first = $node->safe_psql('postgres', q{SELECT min(seg) FROM idempotency.outbox_segments});
+my $first_seg = $node->safe_psql('postgres', q{SELECT min(seg) FROM idempotency.outbox_segments});
 $node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.outbox_retention = '1s'});
 $node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.naptime = '1s'});
 $node->reload;
 ok($node->poll_query_until('postgres',
-		qq{SELECT NOT EXISTS (SELECT FROM idempotency.outbox_segments WHERE seg = $first)}),
+		qq{SELECT NOT EXISTS (SELECT FROM idempotency.outbox_segments WHERE seg = $first_seg)}),
 	'the background worker drops the acknowledged segment');
 ok($node->poll_query_until('postgres',
 		q{SELECT segments_dropped > 0 AND segments_created > 1 FROM idempotency.outbox_stats}),
