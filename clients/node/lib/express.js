@@ -257,7 +257,7 @@ function webhookReceiver(options, handler) {
           `The body is over ${limit} bytes.`), res.end);
         return;
       }
-      const out = await answerWebhook({ ...options, onError }, { headers: req.headers, body },
+      const out = await answerWebhook({ ...options, onError }, { headers: req.headers, headersDistinct: req.headersDistinct, body },
         (tx, event) => handler(tx, event, req));
       sendRaw(res, out, res.end);
     }).catch(next);

@@ -122,7 +122,7 @@ function webhookReceiver(fastify, options, done) {
     (request, body, next) => next(null, body));
   fastify.post(options.url || '/', async (request, reply) => {
     const body = request.body === undefined || request.body === null ? Buffer.alloc(0) : request.body;
-    const out = await answerWebhook({ ...options, onError }, { headers: request.headers, body },
+    const out = await answerWebhook({ ...options, onError }, { headers: request.headers, headersDistinct: request.raw.headersDistinct, body },
       (tx, event) => options.handler(tx, event, request));
     return sendReply(reply, out);
   });

@@ -163,7 +163,9 @@ async function receiveWebhook(opts, request, fn) {
   if (!opts || typeof opts.consumer !== 'string') throw new TypeError('receiveWebhook needs { consumer }');
   if (opts.secret === undefined) throw new TypeError('receiveWebhook needs { secret }');
   if (typeof fn !== 'function') throw new TypeError('receiveWebhook needs a handler');
-  const { id, timestamp } = verifyWebhook(opts.secret, request.headers, request.body, opts);
+  // headersDistinct (Node's http): a header sent twice is seen as such
+  const { id, timestamp } = verifyWebhook(opts.secret, request.headersDistinct || request.headers,
+    request.body, opts);
   const event = webhookEvent(id, timestamp, request.headers, request.body);
   const body = async (tx) => {
     const fresh = await sql.consumeMessage(tx, opts.consumer, id, { ttl: opts.ttl });
