@@ -24,6 +24,7 @@
 -- Loaded into a schema of its own, "outbox_fake"; the tests put it first
 -- on search_path.  Idempotent (drops and recreates the schema).
 
+SET client_min_messages = warning;
 DROP SCHEMA IF EXISTS outbox_fake CASCADE;
 CREATE SCHEMA outbox_fake;
 GRANT USAGE ON SCHEMA outbox_fake TO PUBLIC;

@@ -360,7 +360,10 @@ class OutboxRelay {
       throw mapped;
     }
     const { batch, events } = next;
-    if (batch === null) return { batch: null, delivered: 0, deadLettered: 0, events: 0 };
+    if (batch === null) {
+      this.onEvent('idle', {});
+      return { batch: null, delivered: 0, deadLettered: 0, events: 0 };
+    }
     const dead = [];
     let delivered = 0;
     for (const event of events) {

@@ -464,7 +464,7 @@ export interface OutboxRelayOptions {
   onDeadLetter?: 'continue' | 'stop';
   pollInterval?: number;
   acknowledgeLoss?: boolean;
-  onEvent?: (kind: 'delivered' | 'attempt-failed' | 'dead-letter' | 'acked' | 'loss' | 'database-unavailable' | 'fenced',
+  onEvent?: (kind: 'delivered' | 'attempt-failed' | 'dead-letter' | 'acked' | 'idle' | 'loss' | 'database-unavailable' | 'fenced',
     info: Record<string, unknown>) => void;
   random?: () => number;
   sleep?: (ms: number, signal: AbortSignal) => Promise<void>;

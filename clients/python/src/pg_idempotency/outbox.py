@@ -497,6 +497,7 @@ class OutboxRelay:
             return {"batch": batch, "delivered": 0, "dead_lettered": 0,
                     "events": 0, "lost": True}
         if nxt.batch is None:
+            self.on_event("idle", {})
             return {"batch": None, "delivered": 0, "dead_lettered": 0,
                     "events": 0}
         batch, events = nxt.batch, nxt.events

@@ -1,0 +1,89 @@
+"""
+The orders service of examples/outbox: places orders and publishes each
+as an event in the same transaction, and relays the events to the
+shipping service over HTTP (Standard Webhooks).
+
+    python3 orders.py place --count 200 [--rollback-every 10]
+    python3 orders.py relay --url http://127.0.0.1:8001/hooks/orders
+
+Connection: libpq's environment (PGHOST, PGDATABASE=orders, PGUSER, ...).
+The endpoint's secret: HOOK_SECRET ("whsec_<base64>").
+"""
+
+import argparse
+import os
+import random
+import signal
+import sys
+
+import psycopg
+
+from pg_idempotency.outbox import OutboxRelay, WebhookSink, publish
+
+
+def place(args):
+    """Each order and its event in one transaction; every ROLLBACK_EVERY-th
+    transaction rolls back after publishing (the event must never reach
+    shipping)."""
+    rng = random.Random(args.seed)
+    committed = 0
+    with psycopg.connect() as conn:
+        for i in range(1, args.count + 1):
+            customer = "customer-%d" % rng.randrange(20)
+            with conn.transaction(force_rollback=(args.rollback_every > 0 and
+                                                  i % args.rollback_every == 0)):
+                order_id = conn.execute(
+                    "INSERT INTO orders (customer, item) VALUES (%s, %s)"
+                    " RETURNING id", (customer, "item-%d" % i)).fetchone()[0]
+                publish(conn, "orders",
+                        {"order": order_id, "customer": customer},
+                        key=customer)
+            committed += 0 if (args.rollback_every > 0 and
+                               i % args.rollback_every == 0) else 1
+    print("placed %d orders (%d rolled back)" % (committed,
+                                                 args.count - committed))
+
+
+def relay(args):
+    sink = WebhookSink(args.url, os.environ["HOOK_SECRET"])
+
+    def on_event(kind, info):
+        if kind == "idle":
+            print("idle", flush=True)
+        elif kind in ("attempt-failed", "dead-letter", "acked"):
+            print(kind, {k: (v.event_id if k == "event" else v)
+                         for k, v in info.items() if k != "error"},
+                  info.get("error", ""), flush=True)
+
+    r = OutboxRelay(lambda: psycopg.connect(autocommit=True),
+                    relay="shipping", topic="orders", sink=sink,
+                    max_events=args.max_events,
+                    generation=args.generation,
+                    initial_delay=args.initial_delay,
+                    max_delay=args.max_delay,
+                    poll_interval=args.poll_interval, on_event=on_event)
+    signal.signal(signal.SIGTERM, lambda *a: r.stop())
+    print("relaying topic orders to %s" % args.url, flush=True)
+    r.run()
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pl = sub.add_parser("place")
+    pl.add_argument("--count", type=int, default=100)
+    pl.add_argument("--rollback-every", type=int, default=10)
+    pl.add_argument("--seed", type=int, default=1)
+    rl = sub.add_parser("relay")
+    rl.add_argument("--url", required=True)
+    rl.add_argument("--max-events", type=int, default=100)
+    rl.add_argument("--generation", type=int, default=None)
+    rl.add_argument("--initial-delay", type=float, default=1.0)
+    rl.add_argument("--max-delay", type=float, default=60.0)
+    rl.add_argument("--poll-interval", type=float, default=1.0)
+    args = p.parse_args()
+    {"place": place, "relay": relay}[args.cmd](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

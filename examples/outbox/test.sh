@@ -1,0 +1,208 @@
+#!/usr/bin/env bash
+#
+# examples/outbox/test.sh -- the outbox example end to end, on a throwaway
+# cluster: the orders service publishes its orders in their business
+# transactions, the relay delivers them over HTTP (Standard Webhooks) to
+# the shipping service, which makes one shipment per order, exactly once,
+# although the relay is SIGKILLed in the middle of a batch and the
+# shipping service answers 503 now and then.
+#
+#   bash examples/outbox/test.sh                  # as root or not
+#
+#   1. Two databases, "orders" and "shipping", each with the extension.
+#      When the installed extension has no outbox yet (idem_publish and the
+#      relay calls), the orders database gets clients/conformance/
+#      outbox-fake.sql, a stand-in with the same calls, and says so.
+#   2. The shipping service (shipping.py, Flask) starts; it answers 503 to
+#      the first delivery of every 7th event (FAIL_EVERY).
+#   3. orders.py place: 300 orders, every 10th transaction rolled back
+#      after it published its event.
+#   4. A relay (orders.py relay, batches of 100) starts; once shipping has
+#      made 20 shipments, the relay is killed with SIGKILL, mid-batch.  A
+#      second relay starts and runs until every order is shipped.
+#   5. Checks: one shipment per committed order, none twice, none for a
+#      rolled-back order; each customer's shipments in the order of their
+#      orders; the kill really interrupted a batch (shipping answered
+#      "duplicate" to redelivered events) and the 503s were retried.
+#
+# Environment: SRC (repository, default two levels up), PG_CONFIG (default
+# /usr/lib/postgresql/15/bin/pg_config; the extension installed there),
+# EXAMPLES_PORT_BASE (default 54480: the cluster's unix socket port),
+# OUTBOX_TEST_DEADLINE (default 300: seconds any wait for a condition may
+# take; a bound for a hung run, not for a slow machine), KEEP_WORKDIR=1.
+# Exit status 0 = pass.  Everything started here is stopped on exit.
+
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
+SRC=${SRC:-$(cd "$HERE/../.." && pwd -P)}
+# shellcheck source=test/lib/cluster.sh
+. "$SRC/test/lib/cluster.sh"
+export PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
+BASE=${EXAMPLES_PORT_BASE:-54480}
+DEADLINE=${OUTBOX_TEST_DEADLINE:-300}
+if [ "$(id -u)" -eq 0 ]; then
+	export CLUSTER_USER=${CLUSTER_USER:-postgres}
+fi
+PY=/usr/bin/python3
+"$PY" -c 'import psycopg, psycopg_pool, flask' 2>/dev/null || {
+	echo "outbox example: needs Debian's python3-psycopg, python3-psycopg-pool and python3-flask" >&2
+	exit 1
+}
+
+WORK=""
+PIDS=()
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+	local rc=$? pid
+	trap - EXIT INT TERM
+	for pid in "${PIDS[@]}"; do
+		kill -KILL "$pid" 2>/dev/null
+	done
+	wait 2>/dev/null
+	cluster_stop_all || rc=1
+	if [ -n "$WORK" ]; then
+		cluster_stop_any_under "$WORK" || rc=1
+		if [ "$rc" -ne 0 ]; then
+			for f in shipping.log relay1.log relay2.log; do
+				[ -f "$WORK/$f" ] && { echo "---- $f (last 20 lines)"; tail -n 20 "$WORK/$f"; }
+			done
+		fi
+		if [ "$rc" -eq 0 ] && [ "${KEEP_WORKDIR:-0}" != 1 ]; then
+			rm -rf "$WORK"
+		else
+			echo "scratch directory kept: $WORK"
+		fi
+	fi
+	exit "$rc"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+
+FAILS=0
+ok() { echo "ok   - $*"; }
+not_ok() {
+	echo "FAIL - $*"
+	FAILS=$((FAILS + 1))
+}
+check() {
+	if [ "$2" = "$3" ]; then ok "$1"; else not_ok "$1: got '$2', expected '$3'"; fi
+}
+# wait_for WHAT CMD...: until CMD succeeds, at most DEADLINE seconds
+wait_for() {
+	local what=$1 end=$((SECONDS + DEADLINE))
+	shift
+	until "$@"; do
+		if [ "$SECONDS" -gt "$end" ]; then
+			not_ok "timed out waiting for $what"
+			exit 1
+		fi
+		sleep 0.05
+	done
+}
+
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/idempotency-outbox.XXXXXX") || exit 1
+chmod 755 "$WORK"
+DB="$WORK/cluster"
+
+# ---------------------------------------------------------------- databases
+echo "== cluster ($("$PG_CONFIG" --version), socket port $BASE)"
+cluster_start "$DB" "$BASE" "fsync = off" "max_connections = 50" \
+	"shared_preload_libraries = 'idempotency'" || exit 1
+cluster_psql "$DB" -q <<'SQL' || exit 1
+CREATE ROLE orders_app LOGIN;
+CREATE ROLE shipping_app LOGIN;
+CREATE DATABASE orders OWNER orders_app;
+CREATE DATABASE shipping OWNER shipping_app;
+SQL
+for d in orders shipping; do
+	cluster_psql "$DB" -q -d "$d" -c 'CREATE EXTENSION idempotency' || exit 1
+done
+cluster_psql "$DB" -q -d orders -U orders_app -f "$HERE/orders.sql" || exit 1
+cluster_psql "$DB" -q -d shipping -U shipping_app -f "$HERE/shipping.sql" || exit 1
+has_outbox=$(cluster_psql "$DB" -d orders -At -c "SELECT count(*) FROM pg_proc p
+	JOIN pg_depend d ON d.objid = p.oid JOIN pg_extension e ON d.refobjid = e.oid
+	WHERE e.extname = 'idempotency' AND p.proname IN
+	('idem_publish', 'idem_outbox_next', 'idem_outbox_ack', 'idem_outbox_dead_letter')")
+if [ "$has_outbox" != 4 ]; then
+	echo "NOTE: the installed extension has no outbox yet (idem_publish, idem_outbox_next, ...):"
+	echo "      the orders database runs on clients/conformance/outbox-fake.sql, a stand-in with the same calls"
+	cluster_psql "$DB" -q -d orders -f "$SRC/clients/conformance/outbox-fake.sql" || exit 1
+	cluster_psql "$DB" -q -d orders -c \
+		'ALTER ROLE orders_app IN DATABASE orders SET search_path = outbox_fake, "$user", public' || exit 1
+fi
+
+export PGHOST="$DB/sock" PGPORT="$BASE"
+export PYTHONPATH="$SRC/clients/python/src" PYTHONDONTWRITEBYTECODE=1
+HOOK_SECRET=$("$PY" -c 'from pg_idempotency.webhooks import generate_secret; print(generate_secret())')
+export HOOK_SECRET
+as_orders() { PGDATABASE=orders PGUSER=orders_app "$@"; }
+sql_orders() { cluster_psql "$DB" -d orders -U orders_app -At -c "$1"; }
+sql_shipping() { cluster_psql "$DB" -d shipping -U shipping_app -At -c "$1"; }
+
+# ---------------------------------------------------------------- services
+echo "== the shipping service"
+(cd "$HERE" && PGDATABASE=shipping PGUSER=shipping_app FAIL_EVERY=7 \
+	exec "$PY" shipping.py --port 0) >"$WORK/shipping.log" 2>&1 &
+PIDS+=($!)
+port_known() { grep -q '^PORT ' "$WORK/shipping.log"; }
+wait_for "the shipping service to listen" port_known
+URL="http://127.0.0.1:$(awk '/^PORT /{print $2; exit}' "$WORK/shipping.log")/hooks/orders"
+echo "shipping listens at $URL"
+
+echo "== placing orders"
+(cd "$HERE" && as_orders "$PY" orders.py place --count 300 --rollback-every 10) || exit 1
+
+echo "== the relay, killed mid-batch"
+start_relay() {
+	(cd "$HERE" && as_orders exec "$PY" orders.py relay --url "$URL" --max-events 100 \
+		--initial-delay 0.05 --max-delay 0.5 --poll-interval 0.2) >"$WORK/$1" 2>&1 &
+	RELAY=$!
+	PIDS+=("$RELAY")
+}
+shipped() { sql_shipping 'SELECT count(*) FROM shipments'; }
+shipped_at_least() { [ "$(shipped)" -ge "$1" ]; }
+start_relay relay1.log
+wait_for "20 shipments" shipped_at_least 20
+kill -KILL "$RELAY"
+wait "$RELAY" 2>/dev/null
+echo "relay killed after $(shipped) shipments"
+start_relay relay2.log
+committed=$(sql_orders 'SELECT count(*) FROM orders')
+wait_for "every order shipped" shipped_at_least "$committed"
+# the relay acknowledges after delivering: wait until it found nothing more
+relay_idle() { grep -q '^idle' "$WORK/relay2.log"; }
+wait_for "the second relay to acknowledge everything" relay_idle
+kill -TERM "$RELAY"
+wait "$RELAY" 2>/dev/null
+
+# ---------------------------------------------------------------- checks
+echo "== checks"
+check "300 orders placed, 30 rolled back" "$committed" 270
+orders=$(sql_orders 'SELECT id FROM orders ORDER BY id')
+shipments=$(sql_shipping 'SELECT order_id FROM shipments ORDER BY order_id')
+check "one shipment per committed order, none twice, none for a rolled-back order" \
+	"$(echo "$shipments" | md5sum)" "$(echo "$orders" | md5sum)"
+check "shipments are distinct" "$(sql_shipping 'SELECT count(*) - count(DISTINCT order_id) FROM shipments')" 0
+check "each customer's shipments in the order of their orders" \
+	"$(sql_shipping "SELECT count(*) FROM (SELECT order_id < lag(order_id) OVER (PARTITION BY customer ORDER BY id) AS back FROM shipments) s WHERE back")" 0
+dups=$(grep -c '^duplicate ' "$WORK/shipping.log")
+if [ "$dups" -ge 1 ]; then
+	ok "the SIGKILL interrupted a batch: $dups redelivered events answered \"duplicate\", none applied twice"
+else
+	not_ok "no redelivered event: the kill did not interrupt a batch"
+fi
+retries=$(grep -c '^attempt-failed' "$WORK/relay1.log" "$WORK/relay2.log" | awk -F: '{s+=$2} END {print s}')
+if [ "$retries" -ge 1 ]; then
+	ok "503 answers were retried ($retries failed attempts), no event dead-lettered"
+else
+	not_ok "no failed attempt was retried"
+fi
+check "no dead letters" "$(grep -c '^dead-letter' "$WORK/relay2.log")" 0
+
+if [ "$FAILS" -ne 0 ]; then
+	echo "outbox example: $FAILS checks failed"
+	exit 1
+fi
+echo "outbox example: all checks passed"
