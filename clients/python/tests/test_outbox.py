@@ -38,6 +38,7 @@ CONFORMANCE = os.path.join(os.path.dirname(CLIENT_DIR), "conformance")
 with open(os.path.join(CONFORMANCE, "webhooks.json")) as f:
     CASES = json.load(f)
 SECRET = generate_secret()
+FRAMEWORKS = ["asgi", "fastapi", "django", "flask"]
 FAKE = "-c search_path=outbox_fake,%s,public" % APP_USER
 
 
@@ -317,7 +318,7 @@ def test_stop_during_backoff(fake, endpoint):
 def receivers(fake):
     from conftest import Server
     started = {}
-    for fw in ("asgi", "django", "flask"):
+    for fw in FRAMEWORKS:
         started[fw] = Server("webhook_receivers", {
             "WEBHOOK_FRAMEWORK": fw, "WEBHOOK_SECRET": SECRET})
     yield started
@@ -330,7 +331,7 @@ def post(port, headers, body):
         ("Content-Type", "application/json")])
 
 
-@pytest.mark.parametrize("fw", ["asgi", "django", "flask"])
+@pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_receiver_answers(fake, receivers, fw):
     port = receivers[fw].port
     msg = uid("msg")
@@ -371,7 +372,7 @@ def test_receiver_answers(fake, receivers, fw):
         c.rollback()
 
 
-@pytest.mark.parametrize("fw", ["asgi", "django", "flask"])
+@pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_relay_to_receiver(fake, receivers, fw):
     topic = uid("t")
     ids = publish_many(fake, topic, 7)

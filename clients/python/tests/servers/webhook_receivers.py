@@ -1,6 +1,6 @@
 """
 The webhook receivers of the outbox tests, one framework per process
-(WEBHOOK_FRAMEWORK: asgi, django or flask): POST /hooks verifies a
+(WEBHOOK_FRAMEWORK: asgi (Starlette), fastapi, django or flask): POST /hooks verifies a
 Standard Webhooks delivery signed with WEBHOOK_SECRET and, once per
 webhook-id, inserts a row into received (consumer = the framework,
 event_id, n = the body's "n"); a body with "explode" makes the handler
@@ -23,21 +23,20 @@ def check(body):
         raise RuntimeError("the handler failed")
 
 
-def asgi():
+def asgi(fastapi=False):
     import uvicorn
     from psycopg_pool import AsyncConnectionPool
-    from starlette.applications import Starlette
     from starlette.responses import PlainTextResponse
-    from starlette.routing import Route
 
     from pg_idempotency.asgi import WebhookEndpoint
 
+    name = "fastapi" if fastapi else "asgi"
     pool = AsyncConnectionPool(common.conninfo(), min_size=1, max_size=8,
                                open=False)
 
     async def on_event(conn, event):
         body = event.json()
-        await conn.execute(INSERT, ("asgi", event.id, body.get("n")))
+        await conn.execute(INSERT, (name, event.id, body.get("n")))
         check(body)
 
     async def ready(request):
@@ -46,11 +45,19 @@ def asgi():
     async def startup():
         await pool.open()
 
-    app = Starlette(routes=[
-        Route("/hooks", WebhookEndpoint(on_event, consumer="asgi",
-                                        secret=SECRET, pool=pool),
-              methods=["POST"]),
-        Route("/idempotency", ready)], on_startup=[startup])
+    endpoint = WebhookEndpoint(on_event, consumer=name, secret=SECRET,
+                               pool=pool)
+    if fastapi:
+        from fastapi import FastAPI
+        app = FastAPI(on_startup=[startup])
+        app.add_route("/hooks", endpoint, methods=["POST"])
+        app.add_route("/idempotency", ready)
+    else:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+        app = Starlette(routes=[
+            Route("/hooks", endpoint, methods=["POST"]),
+            Route("/idempotency", ready)], on_startup=[startup])
     sock = common.listen()
     common.announce(sock.getsockname()[1])
     uvicorn.Server(uvicorn.Config(app, log_level="warning",
@@ -138,4 +145,5 @@ def django():
 urlpatterns = []
 
 if __name__ == "__main__":
-    {"asgi": asgi, "flask": flask, "django": django}[FRAMEWORK]()
+    {"asgi": asgi, "fastapi": lambda: asgi(fastapi=True), "flask": flask,
+     "django": django}[FRAMEWORK]()
