@@ -129,6 +129,7 @@ if [ "$has_outbox" != 4 ]; then
 	echo "NOTE: the installed extension has no outbox yet (idem_publish, idem_outbox_next, ...):"
 	echo "      the orders database runs on clients/conformance/outbox-fake.sql, a stand-in with the same calls"
 	cluster_psql "$DB" -q -d orders -f "$SRC/clients/conformance/outbox-fake.sql" || exit 1
+	# shellcheck disable=SC2016  # $user is PostgreSQL's
 	cluster_psql "$DB" -q -d orders -c \
 		'ALTER ROLE orders_app IN DATABASE orders SET search_path = outbox_fake, "$user", public' || exit 1
 fi
