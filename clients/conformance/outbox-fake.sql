@@ -13,6 +13,7 @@
 --     batch not handed out;
 --   idem_outbox_dead_letter(relay, topic, event_id, reason, attempts)
 --     records an event of the current batch in outbox_fake.dead_letters;
+--   idem_outbox_dead_letters(relay, topic) shows the role's dead letters;
 --   generations fence as idem_advance's (ID001, nothing changes).
 --
 -- What it does NOT do: commit order.  Events are read in the order of a
@@ -22,7 +23,9 @@
 -- clients' end-to-end tests run against it when it has these functions.
 --
 -- Loaded into a schema of its own, "outbox_fake"; the tests put it first
--- on search_path.  Idempotent (drops and recreates the schema).
+-- on search_path, before pg_catalog (where the extension's own functions
+-- are, when it has them: pg_catalog is searched first unless the path
+-- names it later).  Idempotent (drops and recreates the schema).
 
 SET client_min_messages = warning;
 DROP SCHEMA IF EXISTS outbox_fake CASCADE;
@@ -216,3 +219,19 @@ BEGIN
 		   SET reason = excluded.reason, attempts = excluded.attempts,
 			   failed_at = excluded.failed_at;
 END $$;
+
+CREATE FUNCTION outbox_fake.idem_outbox_dead_letters(relay text DEFAULT NULL,
+	topic text DEFAULT NULL)
+RETURNS TABLE (relay text, topic text, event_id uuid, key text,
+	payload jsonb, payload_raw bytea, headers jsonb,
+	published_at timestamptz, reason text, attempts integer,
+	failed_at timestamptz)
+LANGUAGE sql AS $$
+	SELECT d.relay, d.topic, d.event_id, d.key, d.payload, d.payload_raw,
+		   d.headers, d.published_at, d.reason, d.attempts, d.failed_at
+	  FROM outbox_fake.dead_letters d
+	 WHERE d.role = current_user
+	   AND (idem_outbox_dead_letters.relay IS NULL OR d.relay = idem_outbox_dead_letters.relay)
+	   AND (idem_outbox_dead_letters.topic IS NULL OR d.topic = idem_outbox_dead_letters.topic)
+	 ORDER BY d.failed_at, d.event_id
+$$;

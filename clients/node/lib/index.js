@@ -41,6 +41,7 @@ exports.publish = outbox.publish;
 exports.outboxNext = outbox.outboxNext;
 exports.outboxAck = outbox.outboxAck;
 exports.outboxDeadLetter = outbox.outboxDeadLetter;
+exports.outboxDeadLetters = outbox.outboxDeadLetters;
 exports.OutboxRelay = outbox.OutboxRelay;
 exports.outboxRelay = outbox.outboxRelay;
 exports.webhookSink = outbox.webhookSink;

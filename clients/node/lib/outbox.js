@@ -136,6 +136,24 @@ async function outboxDeadLetter(db, relay, topic, eventId, opts = {}) {
       opts.attempts === undefined ? null : opts.attempts]);
 }
 
+// outboxDeadLetters(db, { relay, topic }) → the calling role's dead letters
+// (idem_outbox_dead_letters), of one relay and topic or all.
+async function outboxDeadLetters(db, opts = {}) {
+  const { rows } = await q(db,
+    'SELECT relay, topic, event_id::text AS event_id, key, payload::text AS payload_text, payload_raw,' +
+    '       headers, published_at, reason, attempts, failed_at' +
+    '  FROM idem_outbox_dead_letters($1, $2)',
+    [opts.relay === undefined ? null : opts.relay, opts.topic === undefined ? null : opts.topic]);
+  return rows.map((r) => ({
+    relay: r.relay,
+    topic: r.topic,
+    ...eventOf(r),
+    reason: r.reason,
+    attempts: r.attempts,
+    failedAt: r.failed_at,
+  }));
+}
+
 // ---------------------------------------------------------------- sinks
 
 // The bytes an event goes out as, and their content type: payload_raw when
@@ -434,6 +452,7 @@ module.exports = {
   outboxNext,
   outboxAck,
   outboxDeadLetter,
+  outboxDeadLetters,
   eventBody,
   webhookSink,
   redisStreamSink,

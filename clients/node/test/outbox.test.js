@@ -32,7 +32,8 @@ const FAKE_SQL = fs.readFileSync(path.join(CONFORMANCE, 'outbox-fake.sql'), 'utf
 const SECRET = idem.generateSecret();
 
 function fakePool(max = 6) {
-  return new Pool({ max, options: '-c search_path=outbox_fake,public' });
+  // before pg_catalog, where the extension's own calls are when it has them
+  return new Pool({ max, options: '-c search_path=outbox_fake,pg_catalog,public' });
 }
 
 // an HTTP server on 127.0.0.1, port 0 → { url, close }
@@ -276,8 +277,10 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
     assert.equal(r.delivered, 2);
     assert.equal(slept.length, 3);
     assert.ok(seen.includes('dead-letter'));
-    const dead = (await pool.query('SELECT event_id::text, reason, attempts FROM outbox_fake.dead_letters WHERE topic = $1', [topic])).rows;
-    assert.deepEqual(dead, [{ event_id: ids[0], reason: `POST ${receiver.url}/hooks: HTTP 500`, attempts: 4 }]);
+    const dead = await idem.outboxDeadLetters(pool, { relay: 'dl', topic });
+    assert.deepEqual(dead.map((d) => [d.eventId, d.reason, d.attempts, d.payload]),
+      [[ids[0], `POST ${receiver.url}/hooks: HTTP 500`, 4, { n: 0 }]]);
+    assert.deepEqual(await idem.outboxDeadLetters(pool, { relay: 'other', topic }), []);
     assert.deepEqual((await received('express', ids)).map((x) => x.event_id), ids.slice(1));
     assert.equal((await idem.outboxNext(pool, 'dl', topic)).batch, null);
   });
@@ -292,7 +295,7 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
       sink: idem.webhookSink({ url: `${receiver.url}/hooks`, secret: SECRET }),
     });
     await assert.rejects(relay.runOnce(), (err) => err instanceof idem.DeadLetterError && err.event.eventId === ids[1]);
-    assert.equal((await pool.query('SELECT count(*)::int AS n FROM outbox_fake.dead_letters WHERE topic = $1', [topic])).rows[0].n, 1);
+    assert.equal((await idem.outboxDeadLetters(pool, { topic })).length, 1);
     // the batch is still the relay's: the next run delivers it again
     const again = await idem.outboxNext(pool, 'dls', topic);
     assert.deepEqual(again.events.map((e) => e.eventId), ids);
@@ -331,7 +334,7 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
     relay = idem.outboxRelay({ pool, relay: 'st', topic, sleep, sink: idem.webhookSink({ url: `${receiver.url}/hooks`, secret: SECRET }) });
     await relay.run();
     failures.delete(ids[1]);
-    assert.equal((await pool.query('SELECT count(*)::int AS n FROM outbox_fake.dead_letters WHERE topic = $1', [topic])).rows[0].n, 0);
+    assert.equal((await idem.outboxDeadLetters(pool, { topic })).length, 0);
     assert.deepEqual((await idem.outboxNext(pool, 'st', topic)).events.map((e) => e.eventId), ids);
   });
 
@@ -383,7 +386,7 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
     const child = spawn(process.execPath, [path.join(__dirname, 'fixtures', 'outbox-relay.js')], {
       env: {
         ...process.env, RELAY_TOPIC: topic, RELAY_URL: `${receiver.url}/hooks`, RELAY_SECRET: SECRET,
-        RELAY_SEARCH_PATH: 'outbox_fake,public', RELAY_MAX_EVENTS: '20', RELAY_PAUSE_AFTER: '7',
+        RELAY_SEARCH_PATH: 'outbox_fake,pg_catalog,public', RELAY_MAX_EVENTS: '20', RELAY_PAUSE_AFTER: '7',
       },
       stdio: ['ignore', 'pipe', 'inherit'],
     });
@@ -493,6 +496,14 @@ describe('end to end against the extension\'s own outbox', () => {
       while ((await relay.runOnce()).batch !== null);
       const rows = (await pool.query('SELECT event_id FROM received_e2e WHERE event_id = ANY($1) ORDER BY n', [kept])).rows;
       assert.deepEqual(rows.map((r) => r.event_id), kept);
+      // a dead letter, as the extension records and shows it
+      const dead = await idem.publish(pool, topic, { payload: { n: 99 } });
+      const failing = idem.outboxRelay({ pool, relay: 'e2e', topic, maxAttempts: 2, sleep: async () => {},
+        sink: async () => { throw new idem.DeliveryError('refused'); } });
+      assert.equal((await failing.runOnce()).deadLettered, 1);
+      assert.deepEqual((await idem.outboxDeadLetters(pool, { relay: 'e2e', topic })).map((d) => [d.eventId, d.reason, d.attempts]),
+        [[dead, 'refused', 2]]);
+      assert.equal((await failing.runOnce()).batch, null);
     } finally {
       await srv.close();
     }

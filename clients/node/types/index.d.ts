@@ -427,6 +427,16 @@ export function outboxAck(db: Queryable, relay: string, topic: string, batch: In
 export function outboxDeadLetter(db: Queryable, relay: string, topic: string, eventId: string,
   options?: { reason?: string | null; attempts?: number | null }): Promise<void>;
 
+export interface DeadLetter extends OutboxEvent {
+  relay: string;
+  topic: string;
+  reason: string | null;
+  attempts: number | null;
+  failedAt: Date;
+}
+/** idem_outbox_dead_letters: the calling role's dead letters, of one relay and topic or all. */
+export function outboxDeadLetters(db: Queryable, options?: { relay?: string | null; topic?: string | null }): Promise<DeadLetter[]>;
+
 export interface SinkContext { topic: string; relay: string; attempt: number }
 /** Delivers one event; throws (DeliveryError) when the attempt failed. */
 export type Sink = (event: OutboxEvent, ctx: SinkContext) => Promise<void> | void;

@@ -196,6 +196,32 @@ def outbox_dead_letter(conn: Any, relay: str, topic: str, event_id: str,
              (relay, topic, event_id, reason, attempts))
 
 
+@dataclass
+class DeadLetterRecord:
+    """One of idem_outbox_dead_letters' rows."""
+    relay: str
+    topic: str
+    event: Event
+    reason: Optional[str]
+    attempts: Optional[int]
+    failed_at: Any
+
+
+def outbox_dead_letters(conn: Any, relay: Optional[str] = None,
+                        topic: Optional[str] = None
+                        ) -> List[DeadLetterRecord]:
+    """idem_outbox_dead_letters: the calling role's dead letters, of one
+    relay and topic or all."""
+    rows = _execute(conn, "SELECT relay, topic, event_id::text, key,"
+                    " payload::text, payload_raw, headers, published_at,"
+                    " reason, attempts, failed_at"
+                    " FROM idem_outbox_dead_letters(%s::text, %s::text)",
+                    (relay, topic))
+    return [DeadLetterRecord(r[0], r[1], Event(
+        r[2], r[3], r[4], None if r[5] is None else bytes(r[5]),
+        _headers(r[6]), r[7]), r[8], r[9], r[10]) for r in rows]
+
+
 # ---------------------------------------------------------------- sinks
 
 def event_body(event: Event) -> Tuple[bytes, Optional[str]]:
