@@ -16,11 +16,13 @@
 --   idem_outbox_dead_letters(relay, topic) shows the role's dead letters;
 --   generations fence as idem_advance's (ID001, nothing changes).
 --
--- What it does NOT do: commit order.  Events are read in the order of a
--- sequence, so an event whose transaction commits after a later one's can
--- be skipped: the tests that use the fake publish from one session at a
--- time.  The real extension's ordering is its own suite's business; the
--- clients' end-to-end tests run against it when it has these functions.
+-- Commit order the simple way: idem_publish takes one transaction-level
+-- advisory lock before it numbers its event, so publishing transactions
+-- run one after another from their first publish to their commit, and
+-- event numbers follow commit order (a relay reading in number order never
+-- skips an event that commits late).  The extension does it without
+-- serializing publishers; its ordering is its own suite's business, and
+-- the clients' end-to-end tests run against it when it has these calls.
 --
 -- Loaded into a schema of its own, "outbox_fake"; the tests put it first
 -- on search_path, before pg_catalog (where the extension's own functions
@@ -83,6 +85,7 @@ BEGIN
 	IF topic IS NULL THEN
 		RAISE EXCEPTION 'topic must not be null' USING ERRCODE = '22004';
 	END IF;
+	PERFORM pg_advisory_xact_lock(hashtext('outbox_fake.events'));
 	INSERT INTO outbox_fake.events (topic, key, payload, payload_raw, headers)
 		VALUES (idem_publish.topic, idem_publish.key, idem_publish.payload,
 				idem_publish.payload_raw, idem_publish.headers)

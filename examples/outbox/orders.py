@@ -4,6 +4,7 @@ as an event in the same transaction, and relays the events to the
 shipping service over HTTP (Standard Webhooks).
 
     python3 orders.py place --count 200 [--rollback-every 10]
+                            [--hold-every 25 --hold 1.0] [--seed N]
     python3 orders.py relay --url http://127.0.0.1:8001/hooks/orders
 
 Connection: libpq's environment (PGHOST, PGDATABASE=orders, PGUSER, ...).
@@ -15,6 +16,7 @@ import os
 import random
 import signal
 import sys
+import time
 
 import psycopg
 
@@ -22,26 +24,37 @@ from pg_idempotency.outbox import OutboxRelay, WebhookSink, publish
 
 
 def place(args):
-    """Each order and its event in one transaction; every ROLLBACK_EVERY-th
-    transaction rolls back after publishing (the event must never reach
-    shipping)."""
+    """Each order and its event in one transaction.  Every ROLLBACK_EVERY-th
+    transaction rolls back after publishing (its event must never reach
+    shipping); every HOLD_EVERY-th stays open HOLD seconds after publishing
+    before it commits (other publishers commit meanwhile: its event has a
+    smaller number than theirs but becomes visible after them)."""
     rng = random.Random(args.seed)
     committed = 0
     with psycopg.connect() as conn:
         for i in range(1, args.count + 1):
             customer = "customer-%d" % rng.randrange(20)
-            with conn.transaction(force_rollback=(args.rollback_every > 0 and
-                                                  i % args.rollback_every == 0)):
+            rollback = args.rollback_every > 0 and i % args.rollback_every == 0
+            hold = args.hold if args.hold_every > 0 and \
+                i % args.hold_every == 0 else 0
+            with conn.transaction(force_rollback=rollback):
+                # the customer's row lock orders its orders by commit
+                seq = conn.execute(
+                    "UPDATE customers SET seq = seq + 1 WHERE name = %s"
+                    " RETURNING seq", (customer,)).fetchone()[0]
                 order_id = conn.execute(
-                    "INSERT INTO orders (customer, item) VALUES (%s, %s)"
-                    " RETURNING id", (customer, "item-%d" % i)).fetchone()[0]
+                    "INSERT INTO orders (customer, seq, item)"
+                    " VALUES (%s, %s, %s) RETURNING id",
+                    (customer, seq, "item-%d" % i)).fetchone()[0]
                 publish(conn, "orders",
-                        {"order": order_id, "customer": customer},
+                        {"order": order_id, "customer": customer, "seq": seq},
                         key=customer)
-            committed += 0 if (args.rollback_every > 0 and
-                               i % args.rollback_every == 0) else 1
+                if hold:
+                    time.sleep(hold)
+            committed += 0 if rollback else 1
     print("placed %d orders (%d rolled back)" % (committed,
-                                                 args.count - committed))
+                                                 args.count - committed),
+          flush=True)
 
 
 def relay(args):
@@ -61,6 +74,7 @@ def relay(args):
                     generation=args.generation,
                     initial_delay=args.initial_delay,
                     max_delay=args.max_delay,
+                    max_attempts=args.max_attempts,
                     poll_interval=args.poll_interval, on_event=on_event)
     signal.signal(signal.SIGTERM, lambda *a: r.stop())
     print("relaying topic orders to %s" % args.url, flush=True)
@@ -74,12 +88,15 @@ def main():
     pl.add_argument("--count", type=int, default=100)
     pl.add_argument("--rollback-every", type=int, default=10)
     pl.add_argument("--seed", type=int, default=1)
+    pl.add_argument("--hold-every", type=int, default=0)
+    pl.add_argument("--hold", type=float, default=1.0)
     rl = sub.add_parser("relay")
     rl.add_argument("--url", required=True)
     rl.add_argument("--max-events", type=int, default=100)
     rl.add_argument("--generation", type=int, default=None)
     rl.add_argument("--initial-delay", type=float, default=1.0)
     rl.add_argument("--max-delay", type=float, default=60.0)
+    rl.add_argument("--max-attempts", type=int, default=8)
     rl.add_argument("--poll-interval", type=float, default=1.0)
     args = p.parse_args()
     {"place": place, "relay": relay}[args.cmd](args)

@@ -59,9 +59,9 @@ def log_duplicates(resp):
                   connect=pool.connection)
 def on_order(conn, event):
     order = event.json()
-    conn.execute("INSERT INTO shipments (order_id, event_id, customer)"
-                 " VALUES (%s, %s, %s)",
-                 (order["order"], event.id, order["customer"]))
+    conn.execute("INSERT INTO shipments (order_id, event_id, customer, seq)"
+                 " VALUES (%s, %s, %s, %s)",
+                 (order["order"], event.id, order["customer"], order["seq"]))
 
 
 def main():

@@ -8,5 +8,6 @@ CREATE TABLE shipments (
 	order_id	bigint NOT NULL,
 	event_id	text NOT NULL,
 	customer	text NOT NULL,
+	seq			int NOT NULL,		-- the order's number for its customer
 	created_at	timestamptz NOT NULL DEFAULT now()
 );
