@@ -338,6 +338,32 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
     assert.deepEqual((await idem.outboxNext(pool, 'st', topic)).events.map((e) => e.eventId), ids);
   });
 
+  it('run() waits out a database out of reach, then delivers', async () => {
+    const topic = uid('t');
+    const ids = await publishMany(topic, 2);
+    let calls = 0;
+    const flaky = {
+      connect: async () => {
+        calls++;
+        if (calls === 1) throw Object.assign(new Error('connect ECONNREFUSED (a test)'), { code: 'ECONNREFUSED' });
+        return pool.connect();
+      },
+    };
+    const kinds = [];
+    let relay;
+    relay = idem.outboxRelay({
+      pool: flaky, relay: 'unreachable', topic, sleep: async () => {},
+      onEvent: (kind) => {
+        kinds.push(kind);
+        if (kind === 'idle') relay.stop();
+      },
+      sink: idem.webhookSink({ url: `${receiver.url}/hooks`, secret: SECRET }),
+    });
+    await relay.run();
+    assert.equal(kinds[0], 'database-unavailable');
+    assert.deepEqual((await received('express', ids)).map((x) => x.event_id), ids);
+  });
+
   it('receivers answer as outbox-behaviour.md says: applied, duplicate, 401, 400, 500 with nothing kept', async () => {
     const id = uid('msg');
     const body = JSON.stringify({ n: 41 });

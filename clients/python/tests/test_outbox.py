@@ -504,3 +504,37 @@ def test_end_to_end_against_the_extension(receivers):
         assert [(d.event.event_id, d.reason, d.attempts) for d in
                 outbox_dead_letters(c, "e2e", topic)] == [(dead, "refused", 2)]
         assert failing.run_once()["batch"] is None
+
+
+def test_run_waits_out_a_database_out_of_reach(fake, endpoint):
+    """run() survives a connection that cannot be made or is lost: it waits
+    (backoff) and connects again, and delivers what was published."""
+    topic = uid("t")
+    ids = publish_many(fake, topic, 2)
+    calls = []
+    kinds = []
+
+    def connect():
+        calls.append(1)
+        if len(calls) == 1:
+            raise psycopg.OperationalError("connection refused (a test)")
+        return fake_connect(autocommit=True)
+    holder = {}
+
+    def on_event(kind, info):
+        kinds.append(kind)
+        if kind == "idle":
+            holder["relay"].stop()
+    relay = OutboxRelay(connect, relay="unreachable", topic=topic,
+                        sleep=lambda s: None, on_event=on_event,
+                        sink=WebhookSink(endpoint.url, SECRET))
+    holder["relay"] = relay
+    relay.run()
+    assert kinds[0] == "database-unavailable"
+    assert [h["webhook-id"] for h, _ in endpoint.got] == ids
+    # the connection lost under the relay: closed, and made again
+    relay._conn.close()
+    publish(fake, topic, {"n": 3})
+    relay._stop.clear()
+    relay.run()
+    assert len(endpoint.got) == 3

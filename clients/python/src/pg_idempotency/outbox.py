@@ -465,17 +465,19 @@ class OutboxRelay:
         return self._conn
 
     def _tx(self, fn: Callable[[Any], Any]) -> Any:
-        conn = self._db()
+        conn = None
         try:
+            conn = self._db()
             return run_in_transaction(conn, lambda: fn(conn))
         except Exception as e:  # noqa: BLE001 -- mapped or re-raised
             mapped = _map(e)
             if isinstance(mapped, StoreUnavailable) and \
                     self._connect is not None:
-                try:
-                    conn.close()
-                except Exception:   # noqa: BLE001 -- it is gone anyway
-                    pass
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except Exception:   # noqa: BLE001 -- gone anyway
+                        pass
                 self._conn = None
             if mapped is e:
                 raise
