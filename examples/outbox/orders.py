@@ -20,7 +20,20 @@ import time
 
 import psycopg
 
+from pg_idempotency import StoreUnavailable
 from pg_idempotency.outbox import OutboxRelay, WebhookSink, publish
+
+
+def connect_retrying(deadline):
+    """A connection, waiting (until DEADLINE, time.monotonic()) for a
+    server that is restarting."""
+    while True:
+        try:
+            return psycopg.connect()
+        except psycopg.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def place(args):
@@ -28,15 +41,21 @@ def place(args):
     transaction rolls back after publishing (its event must never reach
     shipping); every HOLD_EVERY-th stays open HOLD seconds after publishing
     before it commits (other publishers commit meanwhile: its event has a
-    smaller number than theirs but becomes visible after them)."""
+    smaller number than theirs but becomes visible after them).  A lost
+    connection (the server restarting) is made again and the order placed
+    again: if its COMMIT had gone through, that is a second order, with
+    its own event, as a real client retrying would make."""
     rng = random.Random(args.seed)
-    committed = 0
-    with psycopg.connect() as conn:
-        for i in range(1, args.count + 1):
-            customer = "customer-%d" % rng.randrange(20)
-            rollback = args.rollback_every > 0 and i % args.rollback_every == 0
-            hold = args.hold if args.hold_every > 0 and \
-                i % args.hold_every == 0 else 0
+    committed = lost = 0
+    deadline = time.monotonic() + args.reconnect_for
+    conn = connect_retrying(deadline)
+    i = 1
+    while i <= args.count:
+        customer = "customer-%d" % rng.randrange(20)
+        rollback = args.rollback_every > 0 and i % args.rollback_every == 0
+        hold = args.hold if args.hold_every > 0 and \
+            i % args.hold_every == 0 else 0
+        try:
             with conn.transaction(force_rollback=rollback):
                 # the customer's row lock orders its orders by commit
                 seq = conn.execute(
@@ -51,10 +70,16 @@ def place(args):
                         key=customer)
                 if hold:
                     time.sleep(hold)
-            committed += 0 if rollback else 1
-    print("placed %d orders (%d rolled back)" % (committed,
-                                                 args.count - committed),
-          flush=True)
+        except (psycopg.OperationalError, StoreUnavailable):
+            lost += 1
+            conn.close()
+            conn = connect_retrying(time.monotonic() + args.reconnect_for)
+            continue            # the same order again
+        committed += 0 if rollback else 1
+        i += 1
+    conn.close()
+    print("placed %d orders (%d rolled back, %d lost connections)"
+          % (committed, args.count - committed, lost), flush=True)
 
 
 def relay(args):
@@ -90,6 +115,7 @@ def main():
     pl.add_argument("--seed", type=int, default=1)
     pl.add_argument("--hold-every", type=int, default=0)
     pl.add_argument("--hold", type=float, default=1.0)
+    pl.add_argument("--reconnect-for", type=float, default=120.0)
     rl = sub.add_parser("relay")
     rl.add_argument("--url", required=True)
     rl.add_argument("--max-events", type=int, default=100)

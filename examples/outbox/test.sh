@@ -5,7 +5,8 @@
 # transactions, the relay delivers them over HTTP (Standard Webhooks) to
 # the shipping service, which makes one shipment per order, exactly once,
 # although the relay is SIGKILLed in the middle of a batch, the shipping
-# service is killed and down for a second, and answers 503 now and then.
+# service is killed and down for a second, PostgreSQL is stopped with -m
+# immediate and restarted, and shipping answers 503 now and then.
 #
 #   bash examples/outbox/test.sh                  # as root or not
 #
@@ -20,9 +21,13 @@
 #      transaction rolls back after it published its event, every 25th
 #      stays open a second after publishing while the others commit.
 #   4. Once shipping has made 20 shipments, the relay is SIGKILLed (in the
-#      middle of a batch) and a second one starts; at 100 shipments the
-#      shipping service is SIGKILLed, and restarted on its port a second
-#      later.  The relay runs until every committed order is shipped.
+#      middle of a batch) and a second one starts; at 150 orders,
+#      PostgreSQL (both databases) is stopped with -m immediate and
+#      restarted (the publishers connect again and place the interrupted
+#      order again; the relay and shipping connect again); at 100
+#      shipments the shipping service is SIGKILLed, and restarted on its
+#      port a second later.  The relay runs until every committed order is
+#      shipped.
 #   5. Checks: one shipment per committed order, none twice, none for a
 #      rolled-back order; each customer's shipments in the order their
 #      orders committed (a per-customer number taken under the customer's
@@ -191,6 +196,12 @@ kill -KILL "$RELAY"
 wait "$RELAY" 2>/dev/null
 echo "relay SIGKILLed after $(shipped) shipments; a new one starts"
 start_relay relay2.log
+placed_at_least() { [ "$(sql_orders 'SELECT count(*) FROM orders')" -ge "$1" ]; }
+wait_for "150 orders" placed_at_least 150
+echo "PostgreSQL stopped with -m immediate after $(sql_orders 'SELECT count(*) FROM orders') orders, $(shipped) shipments; restarted"
+(cd "$DB" && cluster_as_user "$("$PG_CONFIG" --bindir)/pg_ctl" -D "$DB/data" -m immediate -w -s stop) ||
+	{ not_ok "pg_ctl stop -m immediate"; exit 1; }
+cluster_start "$DB" "$BASE" || exit 1
 wait_for "100 shipments" shipped_at_least 100
 {
 	kill -KILL "$SHIPPING"
@@ -217,7 +228,14 @@ wait "$RELAY" 2>/dev/null
 
 # ---------------------------------------------------------------- checks
 echo "== checks"
-check "300 orders placed, 28 rolled back" "$committed" 272
+# a publisher whose connection died in its COMMIT places that order again:
+# one more order when the COMMIT had gone through
+lost=$(cat "$WORK"/publisher*.log | awk '/^placed/ {gsub(/[(,]/, ""); s += $7} END {print s + 0}')
+if [ "$committed" -ge 272 ] && [ "$committed" -le $((272 + lost)) ]; then
+	ok "$committed orders committed: 300 placed, 28 rolled back, $lost interrupted by the restart and placed again"
+else
+	not_ok "$committed orders committed, expected 272 to $((272 + lost))"
+fi
 orders=$(sql_orders 'SELECT id FROM orders ORDER BY id')
 shipments=$(sql_shipping 'SELECT order_id FROM shipments ORDER BY order_id')
 check "one shipment per committed order, none twice, none for a rolled-back order" \
