@@ -15,7 +15,7 @@
 
 const http = require('node:http');
 const { HttpIdempotency, splitTarget } = require('./http');
-const { answerWebhook } = require('./webhooks');
+const { answerWebhook, secretKey } = require('./webhooks');
 
 function toBuffer(chunk, encoding) {
   if (Buffer.isBuffer(chunk)) return chunk;
@@ -241,6 +241,8 @@ function webhookReceiver(options, handler) {
   if (options.secret === undefined) throw new TypeError('webhookReceiver needs { secret }');
   if (!options.pool && !options.client) throw new TypeError('webhookReceiver needs { pool }');
   if (typeof handler !== 'function') throw new TypeError('webhookReceiver needs a handler (tx, event, req) => ...');
+  // a bad secret fails here, not at the first webhook
+  for (const k of Array.isArray(options.secret) ? options.secret : [options.secret]) secretKey(k);
   const limit = options.limit === undefined ? 1024 * 1024 : options.limit;
   const onError = options.onError || ((err) => console.error('pg-idempotency webhook receiver:', err));
   return function pgIdempotencyWebhook(req, res, next) {

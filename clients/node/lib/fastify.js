@@ -10,7 +10,7 @@
 // ../http-behaviour.md.
 
 const { HttpIdempotency } = require('./http');
-const { answerWebhook } = require('./webhooks');
+const { answerWebhook, secretKey } = require('./webhooks');
 
 const kState = Symbol('pg-idempotency');
 
@@ -116,6 +116,8 @@ function webhookReceiver(fastify, options, done) {
   if (options.secret === undefined) throw new TypeError('webhookReceiver needs { secret }');
   if (!options.pool && !options.client) throw new TypeError('webhookReceiver needs { pool }');
   if (typeof options.handler !== 'function') throw new TypeError('webhookReceiver needs { handler: (tx, event, request) => ... }');
+  // a bad secret fails here, not at the first webhook
+  for (const k of Array.isArray(options.secret) ? options.secret : [options.secret]) secretKey(k);
   const onError = options.onError || ((err) => fastify.log.error({ err }, 'pg-idempotency webhook receiver'));
   fastify.removeAllContentTypeParsers();
   fastify.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: options.bodyLimit },

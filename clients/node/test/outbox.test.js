@@ -87,6 +87,7 @@ describe('Standard Webhooks signatures (conformance/webhooks.json)', () => {
   it('bad secrets are refused when configured, not at the first webhook', () => {
     assert.throws(() => idem.signWebhook('whsec_not base64!', 'a', 1, ''), TypeError);
     assert.throws(() => idem.webhookSink({ url: 'http://127.0.0.1:1', secret: 'whsec_' }), TypeError);
+    assert.throws(() => webhookReceiver({ pool: {}, consumer: 'c', secret: ['whsec_AAAA', 'nope!'] }, () => {}), TypeError);
   });
   it('backoff: doubles from initialDelay up to maxDelay, the upper half random', () => {
     assert.equal(backoffDelay(1, 1000, 60000, () => 0), 500);

@@ -154,6 +154,22 @@ def test_secret_rotation_and_bad_secrets():
         WebhookSink("http://127.0.0.1:1/", "whsec_")
 
 
+def test_receivers_refuse_a_bad_secret_when_made():
+    from pg_idempotency.asgi import WebhookEndpoint
+    from pg_idempotency.django import webhook_receiver as django_receiver
+    from pg_idempotency.flask import webhook_receiver as flask_receiver
+
+    async def handler(conn, event):
+        pass
+    for make in (lambda s: WebhookEndpoint(handler, consumer="c", secret=s,
+                                           conninfo=""),
+                 lambda s: django_receiver(consumer="c", secret=s),
+                 lambda s: flask_receiver(consumer="c", secret=s)):
+        make(SECRET)
+        with pytest.raises(TypeError):
+            make([SECRET, "nope!"])
+
+
 def test_repeated_header_is_malformed():
     h = list(webhook_headers(SECRET, "msg_1", 1000, "x").items())
     h.append(("webhook-id", "msg_2"))
