@@ -229,12 +229,20 @@ function webhookSink(opts = {}) {
   };
 }
 
-// redisStreamSink({ client, stream, maxLen }) → async (event) => void.
-// XADD <stream> [MAXLEN ~ maxLen] * event_id <id> [key <key>] [headers
-// <json>] [payload <json> | payload_raw <bytes>] published_at <ISO 8601>.
-// client: node-redis 4/5 (sendCommand) or ioredis (call); stream: a name or
-// a function of the event (default: the relay's topic).  Redis assigns the
-// entry id; event_id is what a consumer dedups on.
+// XADD, once per dedup key while the key lives: SET NX EX, then XADD, in
+// one script (atomic in Redis)
+const XADD_ONCE = "if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then "
+  + "return redis.call('XADD', KEYS[1], unpack(ARGV, 2)) end return false";
+
+// redisStreamSink({ client, stream, maxLen, dedupSeconds }) → async (event)
+// => void.  XADD <stream> [MAXLEN ~ maxLen] * event_id <id> [key <key>]
+// [headers <json>] [payload <json> | payload_raw <bytes>] published_at
+// <ISO 8601>.  client: node-redis 4/5 (sendCommand) or ioredis (call);
+// stream: a name or a function of the event (default: the relay's topic).
+// Redis assigns the entry id; event_id is what a consumer dedups on.
+// dedupSeconds: an event already added within that many seconds is not
+// added again (key <stream>:dedup:<event id>, set with the XADD in one
+// script), so a redelivered batch adds no second entry.
 function redisStreamSink(opts = {}) {
   const { client } = opts;
   if (!client) throw new TypeError('redisStreamSink needs { client }');
@@ -242,11 +250,13 @@ function redisStreamSink(opts = {}) {
   if (typeof client.sendCommand === 'function') send = (args) => client.sendCommand(args);
   else if (typeof client.call === 'function') send = (args) => client.call(...args);
   else throw new TypeError('redisStreamSink needs a node-redis or ioredis client');
+  const dedup = opts.dedupSeconds === undefined || opts.dedupSeconds === null ? null : opts.dedupSeconds;
+  if (dedup !== null && !(Number.isInteger(dedup) && dedup > 0)) throw new TypeError('dedupSeconds must be a positive integer');
   return async function deliverRedis(event, ctx = {}) {
     const stream = typeof opts.stream === 'function' ? opts.stream(event)
       : (opts.stream || ctx.topic);
     if (!stream) throw new TypeError('redisStreamSink needs { stream }');
-    const args = ['XADD', String(stream)];
+    const args = [];
     if (opts.maxLen !== undefined && opts.maxLen !== null) args.push('MAXLEN', '~', String(opts.maxLen));
     args.push('*', 'event_id', event.eventId);
     if (event.key !== null && event.key !== undefined) args.push('key', event.key);
@@ -254,8 +264,10 @@ function redisStreamSink(opts = {}) {
     if (event.payloadText !== null && event.payloadText !== undefined) args.push('payload', event.payloadText);
     if (event.raw !== null && event.raw !== undefined) args.push('payload_raw', event.raw);
     args.push('published_at', new Date(event.publishedAt).toISOString());
+    const command = dedup === null ? ['XADD', String(stream), ...args]
+      : ['EVAL', XADD_ONCE, '2', String(stream), `${stream}:dedup:${event.eventId}`, String(dedup), ...args];
     try {
-      await send(args);
+      await send(command);
     } catch (err) {
       throw new DeliveryError(`XADD ${stream}: ${reasonOf(err)}`, { cause: err });
     }

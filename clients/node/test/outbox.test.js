@@ -474,6 +474,26 @@ describe('Redis Streams sink', () => {
     assert.equal(entries[1].message.payload_raw, 'raw bytes');
     assert.equal(entries[1].message.payload, undefined);
   });
+
+  it('a redelivered batch: a second entry per event, or none within dedupSeconds', async (t) => {
+    if (!redis) {
+      t.skip('redis-server is not installed (Debian: apt-get install redis-server)');
+      return;
+    }
+    const topic = uid('t');
+    const ids = [await idem.publish(pool, topic, { payload: { n: 1 } }), await idem.publish(pool, topic, { payload: { n: 2 } })];
+    for (const [stream, dedupSeconds] of [[`plain-${topic}`, null], [`once-${topic}`, 3600]]) {
+      const sink = idem.redisStreamSink({ client: redis, stream, dedupSeconds });
+      // the batch twice, as a relay killed before its ack and the next one deliver it
+      const { events } = await idem.outboxNext(pool, `r-${stream}`, topic);
+      for (const e of events) await sink(e, { topic });
+      for (const e of events) await sink(e, { topic });
+      const got = (await redis.xRange(stream, '-', '+')).map((e) => e.message.event_id);
+      assert.deepEqual(got, dedupSeconds ? ids : [...ids, ...ids], stream);
+    }
+    assert.ok(await redis.ttl(`once-${topic}:dedup:${ids[0]}`) > 3500);
+    assert.throws(() => idem.redisStreamSink({ client: redis, dedupSeconds: 0 }), TypeError);
+  });
 });
 
 describe('end to end against the extension\'s own outbox', () => {

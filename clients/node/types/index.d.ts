@@ -458,6 +458,8 @@ export interface RedisStreamSinkOptions {
   client: unknown;
   stream?: string | ((event: OutboxEvent) => string);
   maxLen?: number;
+  /** an event added within that many seconds is not added again */
+  dedupSeconds?: number | null;
 }
 export function redisStreamSink(options: RedisStreamSinkOptions): Sink;
 

@@ -478,6 +478,24 @@ def test_redis_stream_sink(fake, redis_client):
     assert b"payload" not in entries[1]
 
 
+def test_redis_dedup_seconds(fake, redis_client):
+    """A redelivered batch: a second entry per event, or none within
+    dedup_seconds."""
+    topic = uid("t")
+    ids = publish_many(fake, topic, 2)
+    for stream, dedup in (("plain-" + topic, None), ("once-" + topic, 3600)):
+        sink = RedisStreamSink(redis_client, stream, dedup_seconds=dedup)
+        events = outbox_next(fake, "r-" + stream, topic).events
+        for e in events + events:
+            sink(e, {"topic": topic})
+        got = [m[b"event_id"].decode()
+               for _, m in redis_client.xrange(stream)]
+        assert got == (ids if dedup else ids + ids), stream
+    assert redis_client.ttl("once-%s:dedup:%s" % (topic, ids[0])) > 3500
+    with pytest.raises(TypeError):
+        RedisStreamSink(redis_client, dedup_seconds=0)
+
+
 # ---------------------------------------------------------------- the real one
 
 def test_end_to_end_against_the_extension(receivers):

@@ -313,6 +313,13 @@ class WebhookSink:
                                 status=status)
 
 
+#: XADD, once per dedup key while the key lives: SET NX EX, then XADD, in
+#: one script (atomic in Redis)
+_XADD_ONCE = ("if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[1]) then "
+              "return redis.call('XADD', KEYS[1], unpack(ARGV, 2)) end "
+              "return false")
+
+
 class RedisStreamSink:
     """
     XADD <stream> [MAXLEN ~ maxlen] * event_id <id> [key <key>] [headers
@@ -320,17 +327,24 @@ class RedisStreamSink:
     with CLIENT (redis-py's Redis, or anything with execute_command).
     STREAM: a name or a function of the event (default: the relay's
     topic).  Redis assigns the entry id; event_id is what a consumer
-    dedups on.
+    dedups on.  DEDUP_SECONDS: an event already added within that many
+    seconds is not added again (key <stream>:dedup:<event id>, set with
+    the XADD in one script), so a redelivered batch adds no second entry.
     """
 
     def __init__(self, client: Any, stream: Any = None, *,
-                 maxlen: Optional[int] = None) -> None:
+                 maxlen: Optional[int] = None,
+                 dedup_seconds: Optional[int] = None) -> None:
         if not hasattr(client, "execute_command"):
             raise TypeError("RedisStreamSink needs a client with "
                             "execute_command (redis-py's Redis)")
+        if dedup_seconds is not None and (
+                not isinstance(dedup_seconds, int) or dedup_seconds < 1):
+            raise TypeError("dedup_seconds must be a positive integer")
         self.client = client
         self.stream = stream
         self.maxlen = maxlen
+        self.dedup_seconds = dedup_seconds
 
     def __call__(self, event: Event, ctx: Optional[Mapping[str, Any]] = None
                  ) -> None:
@@ -338,7 +352,7 @@ class RedisStreamSink:
             (self.stream or (ctx or {}).get("topic"))
         if not stream:
             raise TypeError("RedisStreamSink needs a stream")
-        args: List[Any] = ["XADD", str(stream)]
+        args: List[Any] = []
         if self.maxlen is not None:
             args += ["MAXLEN", "~", str(self.maxlen)]
         args += ["*", "event_id", event.event_id]
@@ -353,8 +367,14 @@ class RedisStreamSink:
         if event.raw is not None:
             args += ["payload_raw", event.raw]
         args += ["published_at", _iso(event.published_at)]
+        if self.dedup_seconds is None:
+            command = ["XADD", str(stream)] + args
+        else:
+            command = ["EVAL", _XADD_ONCE, 2, str(stream),
+                       "%s:dedup:%s" % (stream, event.event_id),
+                       str(self.dedup_seconds)] + args
         try:
-            self.client.execute_command(*args)
+            self.client.execute_command(*command)
         except Exception as e:  # noqa: BLE001 -- every failure is one
             raise DeliveryError("XADD %s: %s" % (stream, _reason(e)),
                                 cause=e) from e
