@@ -176,6 +176,15 @@ const RESERVED_HEADERS = new Set([
   'transfer-encoding', 'connection', 'keep-alive', 'upgrade', 'te', 'trailer',
 ]);
 
+// an event header's value as a field value: a string as it is, a list of
+// strings joined with ", " (RFC 9110's combination of field lines), else
+// its JSON
+function headerValue(value) {
+  if (typeof value === 'string') return value;
+  if (Array.isArray(value) && value.every((v) => typeof v === 'string')) return value.join(', ');
+  return JSON.stringify(value);
+}
+
 function reasonOf(err) {
   return String(err && err.message ? err.message : err).slice(0, 1000);
 }
@@ -201,7 +210,7 @@ function webhookSink(opts = {}) {
     if (event.headers && typeof event.headers === 'object' && !Array.isArray(event.headers)) {
       for (const [name, value] of Object.entries(event.headers)) {
         if (value === null || value === undefined || RESERVED_HEADERS.has(name.toLowerCase())) continue;
-        headers[name.toLowerCase()] = typeof value === 'string' ? value : JSON.stringify(value);
+        headers[name.toLowerCase()] = headerValue(value);
       }
     }
     for (const [name, value] of Object.entries(opts.headers || {})) headers[name.toLowerCase()] = String(value);

@@ -221,7 +221,9 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
     });
     try {
       const j = await idem.publish(pool, topic, { payload: { b: [1, 2], a: 'x' } });
-      const r = await idem.publish(pool, topic, { raw: Buffer.from([0, 1, 255]), headers: { 'content-type': 'image/png', 'webhook-id': 'forged' } });
+      const r = await idem.publish(pool, topic, {
+        raw: Buffer.from([0, 1, 255]), headers: { 'content-type': 'image/png', 'webhook-id': 'forged', 'x-tags': ['a', 'b'] },
+      });
       const relay = idem.outboxRelay({ pool, relay: 'bytes', topic, sink: idem.webhookSink({ url: srv.url, secret: SECRET }) });
       await relay.runOnce();
       assert.equal(got.length, 2);
@@ -230,6 +232,7 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
       assert.equal(got[0].headers['webhook-id'], j);
       assert.deepEqual([...got[1].body], [0, 1, 255]);
       assert.equal(got[1].headers['content-type'], 'image/png');
+      assert.equal(got[1].headers['x-tags'], 'a, b');
       assert.equal(got[1].headers['webhook-id'], r);
       for (const g of got) {
         const ts = Number(g.headers['webhook-timestamp']);

@@ -223,7 +223,8 @@ def test_relay_body_headers_signature(fake, endpoint):
     topic = uid("t")
     j = publish(fake, topic, {"b": [1, 2], "a": "x"})
     r = publish(fake, topic, raw=b"\x00\x01\xff",
-                headers={"content-type": "image/png", "webhook-id": "forged"})
+                headers={"content-type": "image/png", "webhook-id": "forged",
+                         "x-tags": ["a", "b"]})
     relay = OutboxRelay(fake, relay="bytes", topic=topic,
                         sink=WebhookSink(endpoint.url, SECRET))
     assert relay.run_once()["delivered"] == 2
@@ -233,6 +234,7 @@ def test_relay_body_headers_signature(fake, endpoint):
     assert h0["webhook-id"] == j
     assert b1 == b"\x00\x01\xff"
     assert h1["content-type"] == "image/png"
+    assert h1["x-tags"] == "a, b"
     assert h1["webhook-id"] == r
     for h, b in endpoint.got:
         assert abs(int(h["webhook-timestamp"]) - time.time()) < 300

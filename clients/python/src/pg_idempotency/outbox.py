@@ -242,6 +242,17 @@ RESERVED_HEADERS = frozenset((
     "trailer"))
 
 
+def _header_value(value: Any) -> str:
+    """An event header's value as a field value: a string as it is, a
+    list of strings joined with ", " (RFC 9110's combination of field
+    lines), else its JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return ", ".join(value)
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+
+
 def _reason(exc: BaseException) -> str:
     return (str(exc) or type(exc).__name__)[:1000]
 
@@ -283,9 +294,7 @@ class WebhookSink:
             for name, value in event.headers.items():
                 if value is None or name.lower() in RESERVED_HEADERS:
                     continue
-                hdrs[name.lower()] = value if isinstance(value, str) \
-                    else json.dumps(value, separators=(",", ":"),
-                                    ensure_ascii=False)
+                hdrs[name.lower()] = _header_value(value)
         for name, value in self.headers.items():
             hdrs[name.lower()] = str(value)
         hdrs.update(webhook_headers(self.secret, event.event_id, self.now(),
