@@ -54,6 +54,7 @@ CREATE TABLE outbox_fake.relays (
 	batch		bigint NOT NULL DEFAULT 1,
 	acked_ev	bigint NOT NULL DEFAULT 0,
 	batch_end	bigint,				-- NULL: no batch handed out
+	lost_events	bigint NOT NULL DEFAULT 0,	-- a loss to report (outbox_fake.lose)
 	PRIMARY KEY (role, relay, topic)
 );
 
@@ -146,6 +147,12 @@ BEGIN
 	END IF;
 	r := outbox_fake.relay_row(idem_outbox_next.relay, idem_outbox_next.topic,
 							   idem_outbox_next.generation, true);
+	IF r.batch_end IS NULL AND r.lost_events > 0 THEN
+		RAISE EXCEPTION 'relay "%" of topic "%" lost % events that expired before it acknowledged them',
+			r.relay, r.topic, r.lost_events USING ERRCODE = 'ID003',
+			DETAIL = format('Events were dropped after "idempotency.outbox_max_age"; the loss is batch %s.', r.batch),
+			HINT = format('Acknowledge the loss with idem_outbox_ack(relay, topic, %s) to go on.', r.batch);
+	END IF;
 	IF r.batch_end IS NULL THEN
 		SELECT max(e.ev) INTO last_ev FROM (
 			SELECT e.ev FROM outbox_fake.events e
@@ -179,6 +186,11 @@ BEGIN
 							   idem_outbox_ack.generation, false);
 	IF batch < r.batch THEN
 		RETURN false;
+	END IF;
+	IF batch = r.batch AND r.batch_end IS NULL AND r.lost_events > 0 THEN
+		UPDATE outbox_fake.relays x SET lost_events = 0, batch = x.batch + 1
+		 WHERE x.role = r.role AND x.relay = r.relay AND x.topic = r.topic;
+		RETURN true;
 	END IF;
 	IF batch > r.batch OR r.batch_end IS NULL THEN
 		RAISE EXCEPTION 'batch % of relay "%" of topic "%" has not been handed out',
@@ -238,3 +250,25 @@ LANGUAGE sql AS $$
 	   AND (idem_outbox_dead_letters.topic IS NULL OR d.topic = idem_outbox_dead_letters.topic)
 	 ORDER BY d.failed_at, d.event_id
 $$;
+
+-- outbox_fake.lose(relay, topic): what maintenance does to a relay past
+-- idempotency.outbox_max_age, for the tests: the events it has not taken
+-- are dropped, and its next call reports the loss (ID003) as its next
+-- batch, which it acknowledges to go on.
+CREATE FUNCTION outbox_fake.lose(p_relay text, p_topic text) RETURNS bigint
+LANGUAGE plpgsql AS $$
+DECLARE
+	r outbox_fake.relays;
+	n bigint;
+BEGIN
+	r := outbox_fake.relay_row(p_relay, p_topic, NULL, true);
+	IF r.batch_end IS NOT NULL THEN
+		RAISE EXCEPTION 'relay "%" has a batch handed out', p_relay USING ERRCODE = '55000';
+	END IF;
+	DELETE FROM outbox_fake.events e
+	 WHERE e.role = r.role AND e.topic = r.topic AND e.ev > r.acked_ev;
+	GET DIAGNOSTICS n = ROW_COUNT;
+	UPDATE outbox_fake.relays x SET lost_events = n
+	 WHERE x.role = r.role AND x.relay = r.relay AND x.topic = r.topic;
+	RETURN n;
+END $$;

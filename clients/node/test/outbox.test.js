@@ -326,6 +326,27 @@ describe('outbox relay and receivers (against the fake outbox)', () => {
     await assert.rejects(zombie.run(), idem.StaleGenerationError);
   });
 
+  it('a loss (ID003) stops the relay with OutboxLostError, or is acknowledged with acknowledgeLoss', async () => {
+    const topic = uid('t');
+    await publishMany(topic, 3);
+    const sink = idem.webhookSink({ url: `${receiver.url}/hooks`, secret: SECRET });
+    const { rows } = await pool.query('SELECT outbox_fake.lose($1, $2) AS n', ['loss', topic]);
+    assert.equal(rows[0].n, '3');
+    const strict = idem.outboxRelay({ pool, relay: 'loss', topic, sink });
+    await assert.rejects(strict.runOnce(), (err) => err instanceof idem.OutboxLostError && err.code === 'ID003'
+      && err.batch === '1');
+    await assert.rejects(strict.run(), idem.OutboxLostError);
+    const kinds = [];
+    const lenient = idem.outboxRelay({ pool, relay: 'loss', topic, sink, acknowledgeLoss: true,
+      onEvent: (kind) => kinds.push(kind) });
+    assert.deepEqual(await lenient.runOnce(), { batch: '1', delivered: 0, deadLettered: 0, events: 0, lost: true });
+    assert.deepEqual(kinds, ['loss']);
+    const after = await idem.publish(pool, topic, { payload: { n: 9 } });
+    const r = await lenient.runOnce();
+    assert.equal(r.batch, '2');
+    assert.deepEqual((await received('express', [after])).map((x) => x.event_id), [after]);
+  });
+
   it('run() goes on until stop(); stop() during a backoff leaves the batch unacknowledged', async () => {
     const topic = uid('t');
     const ids = await publishMany(topic, 2);

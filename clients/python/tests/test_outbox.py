@@ -27,8 +27,8 @@ import pytest
 from conftest import (APP_USER, CLIENT_DIR, DEADLINE, HERE, PYTHON, request,
                       su_connect, wait_until)
 from pg_idempotency import StaleGeneration
-from pg_idempotency.outbox import (DeadLetter, DeliveryError, OutboxRelay,
-                                   RedisStreamSink, WebhookSink,
+from pg_idempotency.outbox import (DeadLetter, DeliveryError, OutboxLost,
+                                   OutboxRelay, RedisStreamSink, WebhookSink,
                                    backoff_delay, outbox_ack,
                                    outbox_dead_letters, outbox_next, publish)
 from pg_idempotency.webhooks import (WebhookVerificationError,
@@ -312,6 +312,33 @@ def test_generations_fence(fake, endpoint):
         outbox_ack(fake, "g", topic, taken.batch, generation=1)
     with pytest.raises(StaleGeneration):
         zombie.run()
+
+
+def test_loss(fake, endpoint):
+    """A loss (ID003) stops the relay with OutboxLost, or is
+    acknowledged with acknowledge_loss."""
+    topic = uid("t")
+    publish_many(fake, topic, 3)
+    sink = WebhookSink(endpoint.url, SECRET)
+    assert fake.execute("SELECT outbox_fake.lose(%s, %s)",
+                        ("loss", topic)).fetchone()[0] == 3
+    strict = OutboxRelay(fake, relay="loss", topic=topic, sink=sink)
+    with pytest.raises(OutboxLost) as e:
+        strict.run_once()
+    assert (e.value.sqlstate, e.value.batch) == ("ID003", 1)
+    with pytest.raises(OutboxLost):
+        strict.run()
+    kinds = []
+    lenient = OutboxRelay(fake, relay="loss", topic=topic, sink=sink,
+                          acknowledge_loss=True,
+                          on_event=lambda k, i: kinds.append(k))
+    assert lenient.run_once() == {"batch": 1, "delivered": 0,
+                                  "dead_lettered": 0, "events": 0,
+                                  "lost": True}
+    assert kinds == ["loss"]
+    after = publish(fake, topic, {"n": 9})
+    assert lenient.run_once()["batch"] == 2
+    assert [h["webhook-id"] for h, _ in endpoint.got] == [after]
 
 
 def test_stop_during_backoff(fake, endpoint):

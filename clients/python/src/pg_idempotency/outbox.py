@@ -80,6 +80,8 @@ _LOSS_BATCH = re.compile(r"the loss is batch ([0-9]+)")
 
 
 def _map(exc: BaseException) -> BaseException:
+    if isinstance(exc, IdempotencyError):
+        return exc
     if sqlstate_of(exc) == "ID003":
         diag = getattr(exc, "diag", None)
         detail = getattr(diag, "message_detail", None) or \
