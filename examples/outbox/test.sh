@@ -167,9 +167,11 @@ start_shipping() {
 	PIDS+=("$SHIPPING")
 }
 answers() { "$PY" -c "import socket,sys; socket.create_connection(('127.0.0.1', $1), 1)" 2>/dev/null; }
+# 200 attempts, waits of at most 0.5 s: about 100 s to wait out shipping's
+# outage and the restart (a bound for a slow machine, not the expected time)
 start_relay() {
 	(cd "$HERE" && as_orders exec "$PY" orders.py relay --url "$URL" --max-events 100 \
-		--initial-delay 0.05 --max-delay 0.5 --max-attempts 40 --poll-interval 0.2) >"$WORK/$1" 2>&1 &
+		--initial-delay 0.05 --max-delay 0.5 --max-attempts 200 --poll-interval 0.2) >"$WORK/$1" 2>&1 &
 	RELAY=$!
 	PIDS+=("$RELAY")
 }
