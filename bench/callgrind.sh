@@ -48,6 +48,16 @@
 #   advance_raw      the hand-written offsets table's upsert of the same
 #                    (INSERT ... ON CONFLICT DO UPDATE SET next_offset =
 #                    greatest(...))
+#   advance_prep, advance_raw_prep
+#                    the statements of bench/streams.sh's advance_100 and
+#                    offsets_100, prepared as pgbench -M prepared runs
+#                    them: idem_advance() with the generation of an
+#                    idem_assign() of the partition (made at set-up), and
+#                    the upsert
+#   batch1000, batch1000_raw
+#                    batch and batch_raw with 1,000 ids per statement, the
+#                    statements of bench/run.sh's idem_batch and
+#                    plain_batch prepared (CALLS a multiple of 1000)
 #   claim_complete_prep, replay_prep
 #                    claim_complete and replay through prepared statements
 #                    (PREPARE once per run, EXECUTE per call), as pgbench
@@ -178,6 +188,14 @@ statements() {
 				echo "SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'b' || g FROM generate_series($i, $((i + 99))) g))"
 			fi
 			;;
+		batch1000)
+			[ "$i" != "$from" ] || echo "PREPARE batch1000(int) AS SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'k' || g FROM generate_series(\$1, \$1 + 999) g))"
+			if (((i - from) % 1000 == 0)); then echo "EXECUTE batch1000($i)"; fi
+			;;
+		batch1000_raw)
+			[ "$i" != "$from" ] || echo "PREPARE batch1000_raw(int) AS WITH t AS (INSERT INTO plain_msg SELECT 'c', 'k' || g, now() + interval '7 days' FROM generate_series(\$1, \$1 + 999) g ON CONFLICT DO NOTHING RETURNING id) SELECT count(*) FROM t"
+			if (((i - from) % 1000 == 0)); then echo "EXECUTE batch1000_raw($i)"; fi
+			;;
 		batch_raw)
 			if (((i - from) % 100 == 0)); then
 				echo "WITH t AS (INSERT INTO plain_msg SELECT 'c', 'b' || g, now() + interval '7 days' FROM generate_series($i, $((i + 99))) g ON CONFLICT DO NOTHING RETURNING id) SELECT count(*) FROM t"
@@ -244,6 +262,14 @@ statements() {
 			echo "EXECUTE pl_replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
 			;;
 		advance) echo "SELECT count(*) FROM idem_advance('c', 's', 0, $((i * 100)), $((i * 100 + 99)))" ;;
+		advance_prep)
+			[ "$i" != "$from" ] || echo "PREPARE adv(int, bigint, bigint) AS SELECT first_offset, last_offset FROM idem_advance('c', 's', \$1, \$2, \$3, 1)"
+			echo "EXECUTE adv(1, $((i * 100)), $((i * 100 + 99)))"
+			;;
+		advance_raw_prep)
+			[ "$i" != "$from" ] || echo "PREPARE offs(int, bigint) AS INSERT INTO plain_offsets (consumer, stream, part, next_offset) VALUES ('c', 's', \$1, \$2) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)"
+			echo "EXECUTE offs(1, $((i * 100 + 100)))"
+			;;
 		advance_raw) echo "INSERT INTO plain_offsets VALUES ('c', 's', 0, $((i * 100 + 100))) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)" ;;
 		replay | replay_ended) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
 		replay_raw) echo "SELECT status, code, body FROM plain_keys WHERE key = 'done$(((i - 1) % 500 + 1))' AND expires_at > now()" ;;
@@ -260,6 +286,9 @@ statements() {
 	echo "CREATE TABLE plain_msg (consumer text, id text, expires_at timestamptz, PRIMARY KEY (consumer, id))"
 	echo "CREATE TABLE plain_keys (key text PRIMARY KEY, fingerprint bytea, status text DEFAULT 'in_progress', code int, body jsonb, expires_at timestamptz)"
 	echo "CREATE TABLE plain_offsets (consumer text, stream text, part int, next_offset bigint, PRIMARY KEY (consumer, stream, part))"
+	# partition 1 of stream s, assigned with generation 1 (advance_prep,
+	# 0.4.0 and later)
+	case " $WORKLOADS " in *" advance_prep "*) echo "SELECT count(*) FROM idem_assign('c', 's', ARRAY[1], 1)" ;; esac
 	# bench/run.sh's baselines, one statement per line as the single-user
 	# server reads them
 	awk '/^--/ { next }
