@@ -343,15 +343,20 @@ IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 
 /*
  * IdemClosePartitions closes what IdemOpenLivePartitions opened, keeping the
- * locks, except those taken only to look into ended partitions.
+ * locks, except those taken only to look into ended partitions: on the
+ * partition and on the indexes the probe opened (a DROP needs them all).
  */
 void
 IdemClosePartitions(IdemOpenPartition *open, int nopen)
 {
 	int			i;
+	int			j;
 
 	for (i = 0; i < nopen; i++)
 	{
+		if (open[i].part.ended)
+			for (j = 0; j < open[i].nopened; j++)
+				UnlockRelationOid(open[i].index_oids[j], open[i].index_lockmode);
 		IdemClosePartitionIndexes(&open[i]);
 		table_close(open[i].heap, NoLock);
 		if (open[i].part.ended)
