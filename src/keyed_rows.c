@@ -41,7 +41,8 @@
  *	  primary key has one visible version per key), and the probe, which
  *	  walks the row's whole HOT chain from the version the index entry
  *	  points to (up to a page of dead versions between two prunings, on a
- *	  row updated in every call), is saved.  Otherwise (another backend
+ *	  row updated in every call), is saved; the page is pruned first, as an
+ *	  index scan does, so that the updates stay HOT.  Otherwise (another backend
  *	  updated the row since, VACUUM removed the version, the table was
  *	  truncated or made anew) the primary key is probed.
  *
@@ -571,6 +572,7 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 {
 	IdemKeyedTable *table = rows->table;
 	IdemKeyedTid *e = &keyed_tids[hash % IDEM_KEYED_TIDS];
+	Buffer		buffer;
 	int			i;
 
 	if (e->table != table || e->hash != hash ||
@@ -580,6 +582,17 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 	if (ItemPointerGetBlockNumber(&e->tid) >=
 		RelationGetNumberOfBlocks(rows->heap))
 		return false;
+
+	/*
+	 * Prune the page first, as an index scan does before it reads a row
+	 * there (heapam_index_fetch_tuple): a row updated in every call leaves
+	 * a dead version each time, and only pruning frees their room for the
+	 * next HOT update.  Never after the row is read: pruning moves the
+	 * live versions' data within the page.
+	 */
+	buffer = ReadBuffer(rows->heap, ItemPointerGetBlockNumber(&e->tid));
+	heap_page_prune_opt(rows->heap, buffer);
+	ReleaseBuffer(buffer);
 	if (!table_tuple_fetch_row_version(rows->heap, &e->tid, snapshot,
 									   rows->slot))
 		return false;
