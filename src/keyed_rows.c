@@ -194,7 +194,7 @@ IdemKeyedLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 }
 
 /*
- * IdemKeyedLockAcquire takes a keyed lock (a stream lock of lock_secret.c's
+ * IdemKeyedLockAcquire takes a keyed lock (a stream lock of keyhash.c's
  * form) in ExclusiveLock mode until the transaction ends.
  *
  * Each lock takes an entry of the lock table every backend shares, for as

@@ -5,15 +5,65 @@
  *	  under a keyed lock (keyed_rows.c): the stream positions and producer
  *	  sequences (streams.c), and any table of that shape.
  *
- * A caller takes the lock on the row's identity (IdemKeyedLockAcquire,
- * with a tag of lock_secret.c's keyed form), opens the table
- * (IdemKeyedOpen), reads the row FOR UPDATE (IdemKeyedFetch: one probe of
- * the primary key under a fresh snapshot, and the row lock), writes it
- * (IdemKeyedWrite: an insert, or an update that is HOT when it can be)
- * and closes the table (IdemKeyedClose).  No SQL is run: nothing is
- * parsed, planned or executed, and no privilege is checked (the tables
- * belong to the storage owner, and the caller decides who may do what).
+ * How a caller uses it (streams.c's idem_advance is the model):
  *
+ *	static IdemKeyedTable my_table = {
+ *		"relay_positions", 4, 2, {OIDOID, TEXTOID}, InvalidOid
+ *	};
+ *	IdemKeyedRows rows;
+ *	IdemKeyedRow row;
+ *	Datum		key[2] = {ObjectIdGetDatum(role), PointerGetDatum(name)};
+ *
+ *	IdemSetStreamLockTag(&tag, MY_LOCK_KIND, role, ...);	(keyhash.h)
+ *	IdemKeyedLockAcquire(&tag);			the row's identity, until commit
+ *	IdemKeyedOpen(&rows, &my_table);	the table, ROW EXCLUSIVE
+ *	if (IdemKeyedFetch(&rows, key, &row))	the row, locked FOR UPDATE
+ *		... row.values[i], row.nulls[i] ...
+ *	... decide; values[] = the key's columns, then the others ...
+ *	IdemKeyedWrite(&rows, &row, values, nulls);	insert, or (HOT) update
+ *	IdemKeyedClose(&rows);
+ *
+ * The contract:
+ *	- the table: idempotency.<relname>, owned by the extension, its primary
+ *	  key a valid btree on exactly its first nkeys columns, of keytypes
+ *	  (OIDOID, TEXTOID, INT4OID or INT8OID), and no deferrable unique or
+ *	  exclusion constraint; natts columns in all, at most
+ *	  IDEM_KEYED_MAX_ATTS.  IdemKeyedOpen checks all this and fails with
+ *	  55000 otherwise (a DBA's change).  At most 8 such tables per backend.
+ *	  The IdemKeyedTable is static: relid caches the table's OID, forgotten
+ *	  on any relcache invalidation of it.
+ *	- the lock: every writer of a row takes the same keyed lock on the
+ *	  row's identity first, and keeps it until its transaction ends
+ *	  (IdemKeyedLockAcquire counts a transaction's keyed locks and refuses
+ *	  the one past max_locks_per_transaction with 53000, so that one
+ *	  transaction cannot fill the shared lock table).  Use a tag of
+ *	  keyhash.c's keyed form (IdemSetStreamLockTag), with a lock kind of your own
+ *	  (idempotency.h, IDEM_LOCK_*), so that no role can take or read
+ *	  another role's.  The lock, not the row, is what serializes writers:
+ *	  the row may not exist yet.
+ *	- the read (IdemKeyedFetch) sees what is committed now and what this
+ *	  transaction wrote, in any isolation level (a fresh snapshot, not the
+ *	  transaction's), and locks the row FOR UPDATE: whoever deletes rows
+ *	  of the table (maintenance) must do so with FOR UPDATE SKIP LOCKED or
+ *	  an equivalent row lock, and then never deletes a row a caller read.
+ *	  A row deleted while the fetch waited for its lock is looked for again
+ *	  (READ COMMITTED; not found, then) or fails with 40001 (REPEATABLE
+ *	  READ, SERIALIZABLE).  row->values point into rows->slot: valid until
+ *	  the next fetch or the close; copy what must live longer.
+ *	- the write (IdemKeyedWrite) writes every column: the key's as fetched,
+ *	  the others as given.  After a fetch that found the row, it updates
+ *	  the version locked (HOT when the page has room: no index entry);
+ *	  after one that did not, it inserts (every index's entry, the primary
+ *	  key's uniqueness checked as an INSERT's is).  It cannot write
+ *	  nothing: the lock and the row lock leave no one else to change the
+ *	  row.  A second fetch of the same key in the same statement sees the
+ *	  write (the command counter is advanced as SPI would).
+ *	- no privilege is checked, no SQL runs, no user-settable setting
+ *	  changes what is done: the caller decides which rows a role may reach
+ *	  (streams.c: only the calling role's, by the key's first column).
+ *	- IdemKeyedRowsInit, from _PG_init, registers the callbacks (the lock
+ *	  count, the OID cache); nothing else needs preloading.
+
  * Copyright (c) 2026, the idempotency authors
  *
  * IDENTIFICATION
