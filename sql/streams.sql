@@ -255,6 +255,17 @@ END $$;
 SELECT part, next_offset FROM idem_positions('scratch', 'hot');
 RESET ROLE;
 SELECT pg_relation_size('idempotency.positions') <= 2 * 8192 AS stays_on_its_page;
+-- a DBA's change of the table is refused, in a session that used the
+-- table before too: the check is made again after the table's relcache
+-- invalidation (src/keyed_rows.c, IdemKeyedOpen)
+ALTER TABLE idempotency.positions DROP CONSTRAINT positions_pkey;
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6000, 6009);
+RESET ROLE;
+ALTER TABLE idempotency.positions ADD PRIMARY KEY (role, consumer, stream, part);
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6000, 6009);
+RESET ROLE;
 
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_stream_a, regress_idem_stream_b;

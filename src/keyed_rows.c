@@ -47,9 +47,12 @@
  *	  truncated or made anew) the primary key is probed.
  *
  * The table's OID is cached per backend and forgotten on any relcache
- * invalidation of it (a DROP EXTENSION, a DBA's ALTER), and its primary
- * key is checked to be a btree on the first columns of the table at every
- * open.  Nothing here checks privileges: the tables belong to the storage
+ * invalidation of it (a DROP EXTENSION, a DBA's ALTER, an index added or
+ * dropped), and its primary key is checked to be a btree on the first
+ * columns of the table at the first open after one.  The primary key is
+ * opened only when a fetch probes it or the check needs it: a call that
+ * reads the remembered version and updates it in place (HOT) never uses
+ * it.  Nothing here checks privileges: the tables belong to the storage
  * owner and are granted to nobody, and the calling file decides who may
  * reach which rows (streams.c: only the caller's role's).
  *
@@ -134,6 +137,9 @@ static void IdemKeyedLocksSubXactCallback(SubXactEvent event,
 										  void *arg);
 static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
 static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
+static void IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows);
+static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
+						   Snapshot snapshot);
 static void IdemKeyedIndexEntries(IdemKeyedRows *rows, HeapTuple tuple,
 								  IdemIndexUpdate which);
 static uint32 IdemKeyedHash(const IdemKeyedTable *table, const Datum *key);
@@ -256,7 +262,10 @@ IdemKeyedRelcacheCallback(Datum arg, Oid relid)
 
 	for (i = 0; i < nkeyed_tables; i++)
 		if (!OidIsValid(relid) || keyed_tables[i]->relid == relid)
+		{
 			keyed_tables[i]->relid = InvalidOid;
+			keyed_tables[i]->checked = false;
+		}
 }
 
 /*
@@ -303,20 +312,43 @@ IdemKeyedLockTable(IdemKeyedTable *table)
 }
 
 /*
- * IdemKeyedOpen opens a keyed table and its primary key, ROW EXCLUSIVE
- * (kept until the transaction ends, as a statement's), for one call.
+ * IdemKeyedOpen opens a keyed table, ROW EXCLUSIVE (kept until the
+ * transaction ends, as a statement's), for one call.  Its primary key is
+ * opened when a fetch needs to probe it (IdemKeyedOpenPrimaryKey), and
+ * checked at the first open after any relcache invalidation of the table
+ * (adding, dropping or changing an index or a column sends one).
  */
 void
 IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
 {
+	rows->table = table;
+	rows->hash = 0;
+	rows->pkey = NULL;
+	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
+	if (!table->checked || RelationGetDescr(rows->heap)->natts != table->natts)
+	{
+		IdemKeyedOpenPrimaryKey(rows);
+		table->checked = true;
+	}
+	rows->slot = table_slot_create(rows->heap, NULL);
+}
+
+/*
+ * IdemKeyedOpenPrimaryKey opens the primary key of an open keyed table,
+ * ROW EXCLUSIVE, checking that the table has the columns and the primary
+ * key the extension made.
+ */
+static void
+IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows)
+{
+	IdemKeyedTable *table = rows->table;
 	Oid			pkoid;
 	Form_pg_index form;
 	int			i;
 	bool		ok;
 
-	rows->table = table;
-	rows->hash = 0;
-	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
+	if (rows->pkey != NULL)
+		return;
 	pkoid = RelationGetPrimaryKeyIndex(rows->heap);
 	if (!OidIsValid(pkoid))
 		ereport(ERROR,
@@ -337,7 +369,6 @@ IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
 				 errmsg("table \"%s.%s\" does not have the columns and primary key the extension made",
 						IDEM_SCHEMA_NAME, table->relname),
 				 errhint("Recreate the extension, or restore the table's definition.")));
-	rows->slot = table_slot_create(rows->heap, NULL);
 }
 
 /* IdemKeyedClose closes what IdemKeyedOpen opened, keeping the locks */
@@ -345,29 +376,25 @@ void
 IdemKeyedClose(IdemKeyedRows *rows)
 {
 	ExecDropSingleTupleTableSlot(rows->slot);
-	index_close(rows->pkey, NoLock);
+	if (rows->pkey != NULL)
+		index_close(rows->pkey, NoLock);
 	table_close(rows->heap, NoLock);
 }
 
 /*
- * IdemKeyedFetch reads the row whose primary key is key[0 .. nkeys), and
- * locks it FOR UPDATE: row->found, and its values.  The caller holds the
- * keyed lock on the row's identity.  See the top of the file for what a
- * concurrent change of the row does.
+ * IdemKeyedProbe looks the row of this key up in the primary key under the
+ * snapshot, into rows->slot; returns whether it found it.
  */
-bool
-IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key, IdemKeyedRow *row)
+static bool
+IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key, Snapshot snapshot)
 {
 	IdemKeyedTable *table = rows->table;
 	ScanKeyData skeys[IDEM_KEYED_MAX_ATTS];
+	IndexScanDesc scan;
+	bool		found;
 	int			i;
 
-	/* see this transaction's writes of the same command */
-	if (TransactionIdIsValid(last_write_xid) &&
-		last_write_cid == GetCurrentCommandId(false) &&
-		TransactionIdEquals(last_write_xid, GetTopTransactionIdIfAny()))
-		CommandCounterIncrement();
-
+	IdemKeyedOpenPrimaryKey(rows);
 	for (i = 0; i < table->nkeys; i++)
 	{
 		RegProcedure eq;
@@ -394,6 +421,30 @@ IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key, IdemKeyedRow *row)
 							   InvalidOid, rows->pkey->rd_indcollation[i],
 							   eq, key[i]);
 	}
+	scan = index_beginscan(rows->heap, rows->pkey, snapshot, table->nkeys, 0);
+	index_rescan(scan, skeys, table->nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, rows->slot);
+	index_endscan(scan);
+	return found;
+}
+
+/*
+ * IdemKeyedFetch reads the row whose primary key is key[0 .. nkeys), and
+ * locks it FOR UPDATE: row->found, and its values.  The caller holds the
+ * keyed lock on the row's identity.  See the top of the file for what a
+ * concurrent change of the row does.
+ */
+bool
+IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key, IdemKeyedRow *row)
+{
+	IdemKeyedTable *table = rows->table;
+	int			i;
+
+	/* see this transaction's writes of the same command */
+	if (TransactionIdIsValid(last_write_xid) &&
+		last_write_cid == GetCurrentCommandId(false) &&
+		TransactionIdEquals(last_write_xid, GetTopTransactionIdIfAny()))
+		CommandCounterIncrement();
 
 	rows->hash = IdemKeyedHash(table, key);
 	for (;;)
@@ -406,15 +457,7 @@ IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key, IdemKeyedRow *row)
 
 		found = IdemKeyedFetchRemembered(rows, key, rows->hash, snapshot);
 		if (!found)
-		{
-			IndexScanDesc scan;
-
-			scan = index_beginscan(rows->heap, rows->pkey, snapshot,
-								   table->nkeys, 0);
-			index_rescan(scan, skeys, table->nkeys, NULL, 0);
-			found = index_getnext_slot(scan, ForwardScanDirection, rows->slot);
-			index_endscan(scan);
-		}
+			found = IdemKeyedProbe(rows, key, snapshot);
 		if (found)
 			tid = rows->slot->tts_tid;
 		if (!found)

@@ -99,6 +99,7 @@ typedef struct IdemKeyedTable
 	int			nkeys;
 	Oid			keytypes[IDEM_KEYED_MAX_ATTS];
 	Oid			relid;			/* cached; InvalidOid until looked up */
+	bool		checked;		/* relid's columns and primary key checked */
 } IdemKeyedTable;
 
 /* A keyed table opened for one call */
@@ -106,7 +107,7 @@ typedef struct IdemKeyedRows
 {
 	IdemKeyedTable *table;
 	Relation	heap;			/* locked ROW EXCLUSIVE */
-	Relation	pkey;			/* its primary key */
+	Relation	pkey;			/* its primary key, once opened (or NULL) */
 	TupleTableSlot *slot;		/* the row fetched last */
 	uint32		hash;			/* of its key */
 } IdemKeyedRows;
