@@ -81,9 +81,10 @@
 # with initdb --locale=C.UTF-8.  Unpinned, a
 # run that crosses the end of a partition measures the calls of the state
 # after it: until maintenance drops the ended partition, a call whose key
-# the filters do not rule out asks the lock manager whether a transaction
-# still writes there (src/probe.c, IdemMayHaveWriters), about 12,000
-# instructions more per replay (22,000 preloaded); and the plain tables'
+# the filters do not rule out probes it too (src/probe.c,
+# IdemLockEndedPartition), about 11,000 instructions more per replay (up
+# to 0.4.0, which asked the lock manager for a SHARE lock first: 22,000,
+# see workload replay_ended); and the plain tables'
 # text keys cost what the environment's locale makes them cost.
 # CALLGRIND_CLOCK=real runs on the real clock (and then the run says so);
 # building the library needs a C compiler.
