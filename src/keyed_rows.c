@@ -299,9 +299,10 @@ IdemKeyedLockTable(IdemKeyedTable *table)
 									  get_namespace_oid(IDEM_SCHEMA_NAME, false));
 			if (!OidIsValid(relid))
 				ereport(ERROR,
-						(errcode(ERRCODE_UNDEFINED_TABLE),
-						 errmsg("relation \"%s.%s\" does not exist",
-								IDEM_SCHEMA_NAME, table->relname)));
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("table \"%s.%s\" does not exist",
+								IDEM_SCHEMA_NAME, table->relname),
+						 errhint("Recreate the extension, or restore the table.")));
 			table->relid = relid;
 		}
 		LockRelationOid(relid, RowExclusiveLock);
