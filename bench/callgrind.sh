@@ -64,6 +64,11 @@
 #                    -M prepared and most drivers call: no parse analysis
 #                    or planning of the call (the function's argument
 #                    defaults are read from pg_proc and planned there)
+#   claim_idem_prep  bench/run.sh's keys_idem as pgbench -M prepared runs
+#                    it: the request and response bodies are constants of
+#                    the prepared statements, as the raw SQL's body is in
+#                    claim_raw_prep (claim_complete_prep passes them as
+#                    parameters, each call parsing its jsonb)
 #   consume_prep, consume_raw_prep, claim_raw_prep, replay_pl_prep
 #                    the statements of bench/run.sh's variants idem_p2,
 #                    plain_insert, keys_raw and replay_plpgsql, prepared as
@@ -247,6 +252,16 @@ statements() {
 		consume_raw_prep)
 			[ "$i" != "$from" ] || echo "PREPARE consume_raw(text) AS INSERT INTO plain_messages (consumer, message_id) VALUES ('c', \$1) ON CONFLICT DO NOTHING"
 			echo "EXECUTE consume_raw('p$i')"
+			;;
+		claim_idem_prep)
+			if [ "$i" = "$from" ]; then
+				echo "PREPARE claim_c(text) AS SELECT status FROM idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')"
+				echo "PREPARE complete_c(text) AS SELECT idem_complete(\$1, 201, '{\"charge\": 1}')"
+			fi
+			echo "BEGIN"
+			echo "EXECUTE claim_c('k$i')"
+			echo "EXECUTE complete_c('k$i')"
+			echo "COMMIT"
 			;;
 		claim_raw_prep)
 			if [ "$i" = "$from" ]; then
