@@ -48,12 +48,27 @@
 #   advance_raw      the hand-written offsets table's upsert of the same
 #                    (INSERT ... ON CONFLICT DO UPDATE SET next_offset =
 #                    greatest(...))
+#   advance_prep, advance_raw_prep
+#                    the statements of bench/streams.sh's advance_100 and
+#                    offsets_100, prepared as pgbench -M prepared runs
+#                    them: idem_advance() with the generation of an
+#                    idem_assign() of the partition (made at set-up), and
+#                    the upsert
+#   batch1000, batch1000_raw
+#                    batch and batch_raw with 1,000 ids per statement, the
+#                    statements of bench/run.sh's idem_batch and
+#                    plain_batch prepared (CALLS a multiple of 1000)
 #   claim_complete_prep, replay_prep
 #                    claim_complete and replay through prepared statements
 #                    (PREPARE once per run, EXECUTE per call), as pgbench
 #                    -M prepared and most drivers call: no parse analysis
 #                    or planning of the call (the function's argument
 #                    defaults are read from pg_proc and planned there)
+#   claim_idem_prep  bench/run.sh's keys_idem as pgbench -M prepared runs
+#                    it: the request and response bodies are constants of
+#                    the prepared statements, as the raw SQL's body is in
+#                    claim_raw_prep (claim_complete_prep passes them as
+#                    parameters, each call parsing its jsonb)
 #   consume_prep, consume_raw_prep, claim_raw_prep, replay_pl_prep
 #                    the statements of bench/run.sh's variants idem_p2,
 #                    plain_insert, keys_raw and replay_plpgsql, prepared as
@@ -71,9 +86,10 @@
 # with initdb --locale=C.UTF-8.  Unpinned, a
 # run that crosses the end of a partition measures the calls of the state
 # after it: until maintenance drops the ended partition, a call whose key
-# the filters do not rule out asks the lock manager whether a transaction
-# still writes there (src/probe.c, IdemMayHaveWriters), about 12,000
-# instructions more per replay (22,000 preloaded); and the plain tables'
+# the filters do not rule out probes it too (src/probe.c,
+# IdemLockEndedPartition), about 11,000 instructions more per replay (up
+# to 0.4.0, which asked the lock manager for a SHARE lock first: 22,000,
+# see workload replay_ended); and the plain tables'
 # text keys cost what the environment's locale makes them cost.
 # CALLGRIND_CLOCK=real runs on the real clock (and then the run says so);
 # building the library needs a C compiler.
@@ -178,6 +194,14 @@ statements() {
 				echo "SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'b' || g FROM generate_series($i, $((i + 99))) g))"
 			fi
 			;;
+		batch1000)
+			[ "$i" != "$from" ] || echo "PREPARE batch1000(int) AS SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'k' || g FROM generate_series(\$1, \$1 + 999) g))"
+			if (((i - from) % 1000 == 0)); then echo "EXECUTE batch1000($i)"; fi
+			;;
+		batch1000_raw)
+			[ "$i" != "$from" ] || echo "PREPARE batch1000_raw(int) AS WITH t AS (INSERT INTO plain_msg SELECT 'c', 'k' || g, now() + interval '7 days' FROM generate_series(\$1, \$1 + 999) g ON CONFLICT DO NOTHING RETURNING id) SELECT count(*) FROM t"
+			if (((i - from) % 1000 == 0)); then echo "EXECUTE batch1000_raw($i)"; fi
+			;;
 		batch_raw)
 			if (((i - from) % 100 == 0)); then
 				echo "WITH t AS (INSERT INTO plain_msg SELECT 'c', 'b' || g, now() + interval '7 days' FROM generate_series($i, $((i + 99))) g ON CONFLICT DO NOTHING RETURNING id) SELECT count(*) FROM t"
@@ -229,6 +253,16 @@ statements() {
 			[ "$i" != "$from" ] || echo "PREPARE consume_raw(text) AS INSERT INTO plain_messages (consumer, message_id) VALUES ('c', \$1) ON CONFLICT DO NOTHING"
 			echo "EXECUTE consume_raw('p$i')"
 			;;
+		claim_idem_prep)
+			if [ "$i" = "$from" ]; then
+				echo "PREPARE claim_c(text) AS SELECT status FROM idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')"
+				echo "PREPARE complete_c(text) AS SELECT idem_complete(\$1, 201, '{\"charge\": 1}')"
+			fi
+			echo "BEGIN"
+			echo "EXECUTE claim_c('k$i')"
+			echo "EXECUTE complete_c('k$i')"
+			echo "COMMIT"
+			;;
 		claim_raw_prep)
 			if [ "$i" = "$from" ]; then
 				echo "PREPARE raw_claim(text) AS INSERT INTO raw_keys (key, status) VALUES (\$1, 'in_progress') ON CONFLICT DO NOTHING"
@@ -244,6 +278,14 @@ statements() {
 			echo "EXECUTE pl_replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
 			;;
 		advance) echo "SELECT count(*) FROM idem_advance('c', 's', 0, $((i * 100)), $((i * 100 + 99)))" ;;
+		advance_prep)
+			[ "$i" != "$from" ] || echo "PREPARE adv(int, bigint, bigint) AS SELECT first_offset, last_offset FROM idem_advance('c', 's', \$1, \$2, \$3, 1)"
+			echo "EXECUTE adv(1, $((i * 100)), $((i * 100 + 99)))"
+			;;
+		advance_raw_prep)
+			[ "$i" != "$from" ] || echo "PREPARE offs(int, bigint) AS INSERT INTO plain_offsets (consumer, stream, part, next_offset) VALUES ('c', 's', \$1, \$2) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)"
+			echo "EXECUTE offs(1, $((i * 100 + 100)))"
+			;;
 		advance_raw) echo "INSERT INTO plain_offsets VALUES ('c', 's', 0, $((i * 100 + 100))) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)" ;;
 		replay | replay_ended) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
 		replay_raw) echo "SELECT status, code, body FROM plain_keys WHERE key = 'done$(((i - 1) % 500 + 1))' AND expires_at > now()" ;;
@@ -260,6 +302,9 @@ statements() {
 	echo "CREATE TABLE plain_msg (consumer text, id text, expires_at timestamptz, PRIMARY KEY (consumer, id))"
 	echo "CREATE TABLE plain_keys (key text PRIMARY KEY, fingerprint bytea, status text DEFAULT 'in_progress', code int, body jsonb, expires_at timestamptz)"
 	echo "CREATE TABLE plain_offsets (consumer text, stream text, part int, next_offset bigint, PRIMARY KEY (consumer, stream, part))"
+	# partition 1 of stream s, assigned with generation 1 (advance_prep,
+	# 0.4.0 and later)
+	case " $WORKLOADS " in *" advance_prep "*) echo "SELECT count(*) FROM idem_assign('c', 's', ARRAY[1], 1)" ;; esac
 	# bench/run.sh's baselines, one statement per line as the single-user
 	# server reads them
 	awk '/^--/ { next }

@@ -19,12 +19,12 @@
 #include "idempotency.h"
 #include "compat.h"
 #include "filter.h"
+#include "keyed_rows.h"
 #include "keys.h"
 #include "lock_secret.h"
 #include "outbox.h"
 #include "stats.h"
 #include "storage.h"
-#include "streams.h"
 #include "wait.h"
 #include "worker.h"
 
@@ -179,7 +179,7 @@ _PG_init(void)
 
 	IdemStorageInit();
 	IdemOwnClaimsInit();
-	IdemStreamsInit();
+	IdemKeyedRowsInit();
 	IdemLibraryVersionInit();
 	IdemLockSecretInit();
 	IdemWaitInit();
