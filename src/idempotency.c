@@ -21,6 +21,7 @@
 #include "filter.h"
 #include "keys.h"
 #include "lock_secret.h"
+#include "memory.h"
 #include "stats.h"
 #include "storage.h"
 #include "streams.h"
@@ -143,6 +144,8 @@ _PG_init(void)
 							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
+	IdemMemoryDefineSettings();
+
 	/* a server-start setting: defined only while preloading */
 	if (process_shared_preload_libraries_in_progress)
 		IdemFilterDefineSettings();
@@ -150,6 +153,7 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
+	IdemMemoryInit();
 	IdemOwnClaimsInit();
 	IdemStreamsInit();
 	IdemLibraryVersionInit();

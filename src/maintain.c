@@ -12,7 +12,10 @@
  *	  its rows have expired, and calls on the ledgers never lock the parent
  *	  nor expired partitions, so the drop waits for nobody and blocks nobody;
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
- *	  the parent) it is left for the next run;
+ *	  the parent) it is left for the next run.  With idempotency.key_memory,
+ *	  the drop first writes the piece of the ledger's memory that remembers
+ *	  its keys (memory.c), in the same subtransaction;
+ *	- drop the pieces of the memory that key_memory has passed (memory.c);
  *	- with shared_preload_libraries, build the digest filters that live
  *	  partitions lack (after a restart, or writes by other means: filter.h).
  *
@@ -31,6 +34,7 @@
 #include "filter.h"
 #include "lock_secret.h"
 #include "keyhash.h"
+#include "memory.h"
 #include "stats.h"
 #include "storage.h"
 #include "streams.h"
@@ -88,6 +92,8 @@ IdemMaintainDatabase(int *created, int *dropped)
 			*created += IdemMakePartitionsAhead(ledger, now);
 			*dropped += IdemDropExpiredPartitions(ledger, now);
 		}
+		*dropped += IdemMemoryForget(now, IDEM_DROP_LOCK_TIMEOUT_MS);
+		IdemMemoryUpkeep();
 		(void) IdemStreamsMaintain(now - (int64) idem_position_ttl * USECS_PER_SEC);
 		IdemRestrictLockSecretAcl();
 		(void) IdemFilterBuildDatabase();
@@ -193,7 +199,9 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
 
 		CHECK_FOR_INTERRUPTS();
 		if (p->upper <= now &&
-			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS))
+			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS,
+							  idem_key_memory > 0 ? IdemMemoryRemember : NULL,
+							  &ledger))
 			dropped++;
 	}
 	list_free_deep(partitions);
