@@ -1,0 +1,142 @@
+
+# test/t/037_key_memory.pl -- idempotency.key_memory: expired keys and
+# message ids remembered, under load, through a crash and a dump/restore.
+#
+# 1. The torture workload of 022 (Torture::run_torture: eight clients on 200
+#    hot keys and 200 hot message ids, 1 s partitions, keys and ids living
+#    2 s, the worker and an idem_maintain() loop dropping a partition per
+#    ledger every second) with key_memory = 3 s: a key is remembered for at
+#    least 3 s after it expires, so two charges of one key are at least
+#    ttl + memory (5 s) apart, and so are two effects of one message id:
+#    no key or id runs twice across the whole window.  Keys and ids are
+#    still charged again once forgotten.
+# 2. The memory outlives a crash (immediate stop): a key whose partition
+#    the worker dropped into the memory is answered "expired" after the
+#    restart, a message id false; and pg_dump / pg_restore carry it to
+#    another database, where the same answers come, and the memory's pieces
+#    are dropped there once it has passed.
+
+use strict;
+use warnings;
+
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
+
+use PostgreSQL::Test::Cluster;
+use PostgreSQL::Test::Utils;
+use Test::More;
+use Torture;
+
+my $seconds = $ENV{TORTURE_SECONDS} || 20;
+
+my $node = PostgreSQL::Test::Cluster->new('key_memory');
+$node->init;
+$node->append_conf('postgresql.conf', torture_conf() . "idempotency.key_memory = '3s'\n");
+$node->start;
+
+# ------------------------------------------------------------- 1. torture
+$node->safe_psql('postgres', 'CREATE DATABASE torture');
+create_business_schema($node, 'torture');
+run_torture(
+	$node,
+	db            => 'torture',
+	label         => 'memory',
+	seconds       => $seconds,
+	maintain_loop => 1,
+	memory_us     => 3_000_000);
+
+# ------------------------------------------- 2. crash, dump and restore
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.key_memory = '1h'});
+$node->reload;
+$node->safe_psql('postgres', 'CREATE DATABASE src');
+$node->safe_psql('src', 'CREATE EXTENSION idempotency');
+$node->safe_psql(
+	'src', q{
+BEGIN;
+SELECT status FROM idem_claim('order-1', ttl => '1 second');
+SELECT idem_complete('order-1', 201, '{"id": 1}');
+COMMIT;
+SELECT idem_consume_message('orders', 'msg-1', ttl => '1 second');
+});
+
+# the worker drops the partitions into the memory (naptime 1 s)
+ok( poll_until(
+		'the rows moved to the memory',
+		sub {
+			$node->safe_psql(
+				'src', q{SELECT to_regclass('idempotency.keys_memory') IS NOT NULL
+				            AND to_regclass('idempotency.messages_memory') IS NOT NULL}) eq 't'
+			  && $node->safe_psql(
+				'src', q{SELECT (SELECT count(*) FROM idempotency.keys) = 0
+			                 AND (SELECT count(*) FROM idempotency.messages) = 0
+			                 AND (SELECT count(*) FROM idempotency.keys_memory) > 0
+			                 AND (SELECT count(*) FROM idempotency.messages_memory) > 0}) eq 't';
+		}),
+	'the worker dropped the expired partitions into the memory');
+
+my $answers_sql = q{
+BEGIN;
+SELECT (SELECT status FROM idem_claim('order-1')) || ' '
+    || (SELECT status FROM idem_lookup('order-1')) || ' '
+    || idem_consume_message('orders', 'msg-1')::text || ' '
+    || (SELECT status FROM idem_claim('order-2'));
+ROLLBACK;};
+is($node->safe_psql('src', $answers_sql), 'expired expired false claimed',
+	'remembered: the key is expired, the message id consumed, a new key claimed');
+
+$node->stop('immediate');
+$node->start;
+is($node->safe_psql('src', $answers_sql), 'expired expired false claimed',
+	'the memory outlives a crash');
+
+my $tmp = PostgreSQL::Test::Utils::tempdir;
+$node->command_ok([ 'pg_dump', '-Fc', '-f', "$tmp/src.dump", '-d', $node->connstr('src') ],
+	'pg_dump of a database with a memory');
+$node->safe_psql('postgres', 'CREATE DATABASE dst');
+$node->command_ok(
+	[ 'pg_restore', '--exit-on-error', '-d', $node->connstr('dst'), "$tmp/src.dump" ],
+	'pg_restore of it');
+is($node->safe_psql('dst', $answers_sql), 'expired expired false claimed',
+	'the restored database remembers the same keys and ids');
+is( $node->safe_psql(
+		'dst', q{SELECT count(*) FROM pg_depend
+		          WHERE objid = 'idempotency.keys_memory'::regclass
+		            AND refclassid = 'pg_extension'::regclass AND deptype = 'a'}),
+	'0', 'pg_restore does not carry the AUTO dependency of the memory table');
+$node->safe_psql('dst', 'SELECT idem_maintain()');
+is( $node->safe_psql(
+		'dst', q{SELECT count(*) FROM pg_depend
+		          WHERE objid IN ('idempotency.keys_memory'::regclass, 'idempotency.messages_memory'::regclass)
+		            AND refclassid = 'pg_extension'::regclass AND deptype = 'a'}),
+	'2', 'maintenance gives it back, so that DROP EXTENSION takes the memory');
+
+# the memory passes: the pieces go, the key and the id are new again
+$node->safe_psql(
+	'dst', q{
+ALTER DATABASE dst SET idempotency.key_memory = '1s';
+});
+ok( poll_until(
+		'the pieces forgotten',
+		sub {
+			$node->safe_psql('dst', 'SELECT idem_maintain()');
+			$node->safe_psql(
+				'dst', q{SELECT (SELECT count(*) FROM idempotency.keys_memory)
+				              + (SELECT count(*) FROM idempotency.messages_memory) = 0}) eq 't';
+		}),
+	'maintenance drops the pieces once the memory has passed');
+is( $node->safe_psql(
+		'dst', q{
+BEGIN;
+SELECT (SELECT status FROM idem_claim('order-1')) || ' '
+    || idem_consume_message('orders', 'msg-1')::text;
+ROLLBACK;}),
+	'claimed true',
+	'after the memory, the key and the id are new');
+$node->safe_psql('dst', 'DROP EXTENSION idempotency');
+is( $node->safe_psql(
+		'dst', q{SELECT count(*) FROM pg_class
+		          WHERE relname LIKE 'keys\_memory%' OR relname LIKE 'messages\_memory%'}),
+	'0', 'DROP EXTENSION takes the memory tables with it');
+
+$node->stop;
+done_testing();
