@@ -61,11 +61,13 @@ IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
 {
 	uint64		seq;
 	uint64		incarnation;
+	uint64		secret_id;
 	int			s;
 	Relation	rel;
 	bool		empty;
 
 	if (!IdemFilterUsable(lane) || !OidIsValid(relid) ||
+		!IdemFilterKeyed(&secret_id) ||
 		IdemFilterExternalBusy(&seq) || IdemFilterHasSubscription())
 		return;
 	/* made by this transaction, which holds its lock */
@@ -79,7 +81,7 @@ IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane)
 	s = IdemFilterTake(relid, lane, ledger,
 					   Max(IdemFilterSizeHint(MyDatabaseId, ledger, lane),
 						   IDEM_FILTER_PAGE_ITEMS),
-					   &incarnation);
+					   secret_id, &incarnation);
 	if (s >= 0)
 		(void) IdemFilterFinish(s, incarnation, seq);
 }
@@ -118,12 +120,15 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 	HeapTuple	tuple;
 	uint64		seq;
 	uint64		incarnation;
+	uint64		secret_id;
 	int			s;
 	IdemFilterSlot *slot;
 	uint64		hint;
 	uint64		n = 0;
 	bool		complete = true;
 
+	if (!IdemFilterKeyed(&secret_id))
+		return false;
 	if (!ConditionalLockRelationOid(part->relid, AccessShareLock))
 		return false;
 	rel = try_relation_open(part->relid, NoLock);
@@ -140,7 +145,8 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 	hint = (uint64) RelationGetNumberOfBlocks(rel) *
 		(ledger == IDEM_LEDGER_MESSAGES ? 128 : 48);
 	s = IdemFilterTake(part->relid, part->lane, ledger,
-					   Max(hint, IDEM_FILTER_PAGE_ITEMS), &incarnation);
+					   Max(hint, IDEM_FILTER_PAGE_ITEMS), secret_id,
+					   &incarnation);
 	if (s < 0)
 	{
 		relation_close(rel, AccessShareLock);
@@ -161,7 +167,8 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 
 		if (!isnull && !role_isnull)
 			IdemFilterAddTo(slot, IdemFilterItem(DatumGetObjectId(r),
-												 DatumGetUUIDP(d)));
+												 DatumGetUUIDP(d),
+												 secret_id));
 		if ((++n & 4095) == 0)
 		{
 			CHECK_FOR_INTERRUPTS();

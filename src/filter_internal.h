@@ -62,6 +62,7 @@ typedef struct IdemFilterSlot
 	int16		lane;
 	uint8		ledger;
 	TimestampTz made_at;
+	uint64		secret_id;		/* IdemLockSecretId() its items are keyed with */
 	IdemFilterSegment seg[IDEM_FILTER_MAX_SEGMENTS];
 } IdemFilterSlot;
 
@@ -105,7 +106,10 @@ extern IdemFilterSlot *IdemFilterFind(Oid relid, uint64 *incarnation);
 extern void IdemFilterPruneLocal(void);
 extern void IdemFilterAddTo(IdemFilterSlot *slot, uint64 item);
 extern int	IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
-						   uint64 *incarnation);
+						   uint64 secret_id, uint64 *incarnation);
+extern bool IdemFilterKeyed(uint64 *secret_id);
+extern uint64 IdemFilterItem(Oid role, const pg_uuid_t *digest,
+							 uint64 secret_id);
 extern bool IdemFilterFinish(int s, uint64 incarnation, uint64 seq);
 extern void IdemFilterForgetSlots(Oid db, TimestampTz made_before,
 								  const Oid *keep, int nkeep);
@@ -133,19 +137,6 @@ IdemFilterMix(uint64 x)
 	x *= UINT64CONST(0xC4CEB9FE1A85EC53);
 	x ^= x >> 33;
 	return x;
-}
-
-/*
- * What a filter holds of a row: bytes 4-11 of its digest and its role's
- * OID, mixed (two roles' rows of one digest differ in about half the bits)
- */
-static inline uint64
-IdemFilterItem(Oid role, const pg_uuid_t *digest)
-{
-	uint64		x;
-
-	memcpy(&x, digest->data + IDEM_DIGEST_PREFIX_LEN, sizeof(x));
-	return x ^ IdemFilterMix((uint64) role + UINT64CONST(0x2545F4914F6CDD1D));
 }
 
 #endif							/* IDEMPOTENCY_FILTER_INTERNAL_H */

@@ -16,15 +16,23 @@
  * changes whenever a slot is taken or freed.  A filter is a list of
  * segments, each a power-of-two run of pages of 512-bit blocks: a row
  * sets 7 bits of one block (a blocked Bloom filter: one cache line per
- * test), chosen from bytes 4-11 of its digest, which depend neither on the
- * namespace (bytes 0-3) nor on the lane (bytes 12-15), mixed with its
- * role's OID.  The role is in the bits so that whether a role's probe
- * skips a partition never depends on another role's rows: with digests
- * alone, a role's probe of a key it never wrote went to the partition's
- * index exactly when another role held that key, which every role could
- * see in pg_stat_all_indexes (doc/security.md, "Who holds what").  OIDs
- * are stable while the filters live (shared memory, built from the heap's
- * role column after a restart).  When a segment has
+ * test), chosen from 64 bits of SipHash-2-4 under the database's secret
+ * (lock_secret.c) of its role's OID and bytes 4-15 of its digest
+ * (IdemFilterDigestHash).  The role is in the bits so that whether a
+ * role's probe skips a partition never depends on another role's rows:
+ * with digests alone, a role's probe of a key it never wrote went to the
+ * partition's index exactly when another role held that key, which every
+ * role could see in pg_stat_all_indexes (doc/security.md, "Who holds
+ * what").  The secret is in the bits so that no role can compute which
+ * bits a key sets: with public functions of the role and the digest, a
+ * role computed a key of its own with the bits of another role's key it
+ * guessed, and its probe of that key went to the index exactly when the
+ * other role held the guessed one.  A slot remembers the secret it was
+ * made under (IdemLockSecretId): under another, it is no answer, and a
+ * writer makes it UNUSABLE; before the update from 0.3.1, which makes the
+ * secret, no filter is made.  OIDs and the secret are stable while the
+ * filters live (shared memory, built from the heap's role column after a
+ * restart).  When a segment has
  * taken its designed number of digests, the next one, twice as large, is
  * added; a lookup tests every segment.  When the pool has no room for a
  * segment, the filter becomes UNUSABLE.  Bits are set with atomic ORs and
@@ -48,6 +56,8 @@
 #include "idempotency.h"
 #include "filter.h"
 #include "filter_internal.h"
+#include "keyhash.h"
+#include "lock_secret.h"
 
 #include "commands/dbcommands.h"
 #include "funcapi.h"
@@ -798,7 +808,7 @@ IdemFilterReportFull(const IdemFilterNoRoom *report)
  */
 int
 IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
-			   uint64 *incarnation)
+			   uint64 secret_id, uint64 *incarnation)
 {
 	IdemFilterKey key;
 	IdemFilterEntry *entry;
@@ -841,6 +851,7 @@ IdemFilterTake(Oid relid, int16 lane, int ledger, uint64 hint,
 	slot->lane = lane;
 	slot->ledger = (uint8) ledger;
 	slot->made_at = GetCurrentTimestamp();
+	slot->secret_id = secret_id;
 	pg_atomic_write_u32(&slot->nsegments, 0);
 	/* counted before it may take room back: it holds a slot */
 	idem_filter_shared->dbs[dbent].slots++;
@@ -1057,6 +1068,49 @@ IdemFilterSweepUnusable(void)
 	LWLockRelease(idem_filter_shared->lock);
 }
 
+/*
+ * Are filters keyed in this database (the installed extension has the
+ * secret: 0.4.0 or later)?  If so, sets *secret_id to the secret's
+ * (IdemLockSecretId).  Before ALTER EXTENSION UPDATE from 0.3.1 no filter
+ * is made or used: its bits would be public functions of the rows.
+ */
+bool
+IdemFilterKeyed(uint64 *secret_id)
+{
+	if (!IdemKeyedLockTags())
+		return false;
+	*secret_id = IdemLockSecretId();
+	return true;
+}
+
+/*
+ * What a filter holds of a row: a keyed hash of its role and its digest
+ * (IdemFilterDigestHash), under the secret "secret_id" names.  The last
+ * one computed is kept: a probe tests each partition twice, and there
+ * may be many.
+ */
+uint64
+IdemFilterItem(Oid role, const pg_uuid_t *digest, uint64 secret_id)
+{
+	static bool valid = false;
+	static Oid	last_role;
+	static uint64 last_secret_id;
+	static pg_uuid_t last_digest;
+	static uint64 last_item;
+
+	if (!valid || last_role != role || last_secret_id != secret_id ||
+		memcmp(&last_digest, digest, sizeof(pg_uuid_t)) != 0)
+	{
+		valid = false;
+		last_item = IdemFilterDigestHash(role, digest);
+		last_role = role;
+		last_secret_id = secret_id;
+		last_digest = *digest;
+		valid = true;
+	}
+	return last_item;
+}
+
 /* ----------------------------------------------------------------
  * What the protocol calls
  * ----------------------------------------------------------------
@@ -1072,6 +1126,7 @@ IdemFilterRulesOut(Oid relid, int16 lane, Oid role, const pg_uuid_t *digest)
 {
 	IdemFilterSlot *slot;
 	uint64		incarnation;
+	uint64		secret_id;
 	bool		has;
 
 	if (!IdemFilterUsable(lane))
@@ -1081,7 +1136,10 @@ IdemFilterRulesOut(Oid relid, int16 lane, Oid role, const pg_uuid_t *digest)
 		return false;
 	/* the segments a READY filter was made with, at least */
 	pg_read_barrier();
-	has = IdemFilterTest(slot, IdemFilterItem(role, digest));
+	/* made under another secret than this backend's: no answer */
+	if (!IdemFilterKeyed(&secret_id) || slot->secret_id != secret_id)
+		return false;
+	has = IdemFilterTest(slot, IdemFilterItem(role, digest, secret_id));
 	pg_read_barrier();
 	/* freed meanwhile (its pages may hold another filter's bits): no answer */
 	if (pg_atomic_read_u64(&slot->incarnation) != incarnation ||
@@ -1100,6 +1158,7 @@ IdemFilterAdd(Oid relid, int16 lane, Oid role, const pg_uuid_t *digest)
 {
 	IdemFilterSlot *slot;
 	uint64		incarnation;
+	uint64		secret_id;
 	uint32		state;
 
 	if (!IdemFilterUsable(lane))
@@ -1110,8 +1169,25 @@ IdemFilterAdd(Oid relid, int16 lane, Oid role, const pg_uuid_t *digest)
 	if (slot == NULL)
 		return;
 	state = pg_atomic_read_u32(&slot->state);
-	if (state == IDEM_FILTER_READY || state == IDEM_FILTER_FILLING)
-		IdemFilterAddTo(slot, IdemFilterItem(role, digest));
+	if (state != IDEM_FILTER_READY && state != IDEM_FILTER_FILLING)
+		return;
+
+	/*
+	 * A filter made under another secret (or none: a session that has not
+	 * yet seen ALTER EXTENSION UPDATE) cannot take this row: it may miss
+	 * it from now on, and is built again by maintenance.
+	 */
+	if (!IdemFilterKeyed(&secret_id))
+		secret_id = 0;
+	pg_read_barrier();
+	if (secret_id == 0 || slot->secret_id != secret_id)
+	{
+		if (pg_atomic_read_u64(&slot->incarnation) == incarnation)
+			(void) pg_atomic_compare_exchange_u32(&slot->state, &state,
+												  IDEM_FILTER_UNUSABLE);
+		return;
+	}
+	IdemFilterAddTo(slot, IdemFilterItem(role, digest, secret_id));
 }
 
 /* ----------------------------------------------------------------

@@ -476,6 +476,12 @@ IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy)
  * ----------------------------------------------------------------
  */
 
+/*
+ * What a secret's id hashes (IdemSecretId): 4 bytes, shorter than any
+ * lock tag's input or a filter's (IdemFilterDigestHash)
+ */
+#define IDEM_HASH_SECRET_ID		0x53454352	/* "SECR" */
+
 typedef struct IdemSipHash
 {
 	uint64		v0,
@@ -648,6 +654,53 @@ IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role, const char *a,
 	IdemSipUpdate(&s, (const uint8 *) b, blen);
 	SET_LOCKTAG_ADVISORY(*tag, MyDatabaseId, (uint32) role,
 						 (uint32) IdemSipFinal(&s), kind);
+}
+
+/*
+ * IdemFilterDigestHash returns what the digest filters hold of a row of
+ * role "role" with this digest (filter_pool.c): SipHash-2-4, under the
+ * database's secret, of 16 bytes, the role's OID and the digest's bytes 4
+ * to 15 (little-endian words).  No lock tag's input is 16 bytes long (a
+ * key's is 20, a stream's at least 18), and SipHash hashes the length in.
+ * The bits a row sets in its partition's filter are chosen from these:
+ * until 0.4.0's review they were a public function of the role and the
+ * digest, so another role could compute a key of its own whose bits were
+ * those of a key it guessed, and see in pg_stat_all_indexes whether its
+ * probe of that key went to the partition's index, that is whether the
+ * guessed key was there (test/t/055_who_has_what.pl).  Two words and no
+ * tail: this is computed for each probe of a new key.
+ */
+uint64
+IdemFilterDigestHash(Oid role, const pg_uuid_t *digest)
+{
+	IdemSipHash s;
+	const uint8 *d = digest->data + IDEM_DIGEST_PREFIX_LEN;
+
+	IdemSipInit(&s, IdemLockSecret());
+	IdemSipWord(&s, (uint64) (uint32) role |
+				((uint64) d[0] << 32) | ((uint64) d[1] << 40) |
+				((uint64) d[2] << 48) | ((uint64) d[3] << 56));
+	IdemSipWord(&s, IdemLoad64LE(d + 4));
+	s.length = 16;
+	return IdemSipFinal(&s);
+}
+
+/*
+ * IdemSecretId returns 64 bits that tell one secret from another (a
+ * filter made under one secret is no answer under another): SipHash-2-4,
+ * under the secret, of a word of its own.  Not 0.
+ */
+uint64
+IdemSecretId(const uint8 *secret)
+{
+	IdemSipHash s;
+	uint32		head = pg_hton32(IDEM_HASH_SECRET_ID);
+	uint64		id;
+
+	IdemSipInit(&s, secret);
+	IdemSipUpdate(&s, (const uint8 *) &head, sizeof(head));
+	id = IdemSipFinal(&s);
+	return id != 0 ? id : 1;
 }
 
 /*

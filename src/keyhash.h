@@ -31,6 +31,8 @@ extern int16 IdemLaneValue(const pg_uuid_t *digest, int lanes, bool legacy);
 extern bool IdemSetKeyLockTag(LOCKTAG *tag, IdemLedger ledger, Oid role,
 							  const pg_uuid_t *digest);
 extern void IdemSetLedgerLockTag(LOCKTAG *tag, IdemLedger ledger, int kind);
+extern uint64 IdemFilterDigestHash(Oid role, const pg_uuid_t *digest);
+extern uint64 IdemSecretId(const uint8 *secret);
 extern void IdemSetStreamLockTag(LOCKTAG *tag, int kind, Oid role,
 								 const char *a, int alen,
 								 const char *b, int blen, int32 part);

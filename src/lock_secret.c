@@ -31,6 +31,11 @@
  * makes a new one: a lock tag outlives no session), and pg_upgrade and
  * standbys keep it with the table's files.
  *
+ * The digest filters (filter_pool.c) choose a row's bits with the same secret,
+ * for the same reason: which bits a key sets, and so whether another
+ * role's probe of a key of its own is ruled out by a partition's filter
+ * (pg_stat_all_indexes shows it), must not be computable.
+ *
  * Keyed tags are used where the installed extension is 0.4.0 or later
  * (IdemKeyedLockTags).  Before ALTER EXTENSION UPDATE a session still
  * running an older library may claim the same keys as one running this
@@ -50,6 +55,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyhash.h"
 #include "lock_secret.h"
 #include "privilege.h"
 
@@ -77,6 +83,7 @@ static uint64 keyed_tags_generation = 0;	/* IdemInstalledVersionGeneration() */
 
 /* The secret, read from the table, and what invalidates it */
 static uint8 lock_secret[IDEM_LOCK_SECRET_LEN];
+static uint64 lock_secret_id = 0;	/* IdemSecretId(lock_secret) */
 static bool lock_secret_valid = false;
 static Oid	lock_secret_relid = InvalidOid;
 static uint64 lock_secret_invalidations = 0;
@@ -137,6 +144,18 @@ IdemLockSecret(void)
 	if (unlikely(!lock_secret_valid))
 		IdemReadLockSecret();
 	return lock_secret;
+}
+
+/*
+ * IdemLockSecretId returns 64 bits that tell the database's secret from any
+ * other (IdemSecretId), read as IdemLockSecret reads it.
+ */
+uint64
+IdemLockSecretId(void)
+{
+	if (unlikely(!lock_secret_valid))
+		IdemReadLockSecret();
+	return lock_secret_id;
 }
 
 /* the OID of idempotency.lock_secret, or InvalidOid */
@@ -206,6 +225,7 @@ IdemReadLockSecret(void)
 
 		if (nrows == 1 && nvalid == 1)
 		{
+			lock_secret_id = IdemSecretId(lock_secret);
 			lock_secret_valid = (lock_secret_invalidations == invalidations);
 			return;
 		}

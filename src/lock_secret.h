@@ -20,6 +20,7 @@
 extern void IdemLockSecretInit(void);
 extern bool IdemKeyedLockTags(void);
 extern const uint8 *IdemLockSecret(void);
+extern uint64 IdemLockSecretId(void);
 extern void IdemRestrictLockSecretAcl(void);
 
 #endif							/* IDEMPOTENCY_LOCK_SECRET_H */

@@ -58,13 +58,17 @@ archive=$dest/$name-$version.zip
 stage=$(mktemp -d "${TMPDIR:-/tmp}/$name-dist.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 
-# what .gitignore keeps out, and what packaging and releases leave behind
+# what .gitignore keeps out (the clients' installed packages and build
+# output too), and what packaging and releases leave behind
 find . \
-	\( -name .git -o -name 'tmp_check*' -o -path ./results -o -path ./output_iso \
+	\( -name .git -o -name 'tmp_check*' -o -path ./results -o -path ./output_iso -o -path ./output_iso_preload \
 	-o -path ./log -o -path ./bench/results -o -path ./debian/.debhelper \
-	-o -path ./debian/tmp -o -path './debian/postgresql-*-idempotency' \) -prune -o \
+	-o -path ./debian/tmp -o -path './debian/postgresql-*-idempotency' \
+	-o -name node_modules -o -name __pycache__ -o -name .pytest_cache \
+	-o -name '*.egg-info' -o -path ./clients/python/build -o -path ./clients/python/dist \) -prune -o \
 	\( -type f -o -type l \) \
 	! -name '*.o' ! -name '*.so' ! -name '*.bc' ! -name '*.zip' ! -name '*.deb' \
+	! -name '*.tgz' ! -name '*.whl' \
 	! -path ./regression.diffs ! -path ./regression.out \
 	! -path ./debian/files ! -path './debian/*.substvars' \
 	! -path ./debian/debhelper-build-stamp \

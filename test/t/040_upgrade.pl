@@ -102,6 +102,16 @@ is($node->safe_psql('upgraded', q{
 	. "btree (role, digest) WITH (deduplicate_items=off); btree (role, recover_at) WHERE (recover_at IS NOT NULL)",
 	'every ledger table and partition has its digest index on (role, digest), first, and none on (digest)');
 
+# the digest filters are built, keyed with the secret the update made
+# (while the older version was installed none is made), and the behaviour
+# below is checked through them
+$node->safe_psql('upgraded', 'SELECT idem_maintain()');
+is($node->safe_psql('upgraded', q{
+	SELECT count(*) FILTER (WHERE f.state IS DISTINCT FROM 'ready')
+	  FROM idempotency.partitions p LEFT JOIN idempotency.filter_info() f USING (partition)
+	 WHERE NOT p.expired}),
+	'0', 'after the update and a maintenance run, every live partition has a READY filter');
+
 # ---------------------------------------------------------------- behaviour
 is($node->safe_psql('upgraded', q{
 	SET ROLE app;

@@ -28,6 +28,7 @@ use warnings;
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Digest::SHA;
 
 # counters of every relation of schema idempotency, and of the extension
 my $counters_sql = q{
@@ -131,6 +132,77 @@ sub observe
 	return delta($before, read_counters($node, $preloaded));
 }
 
+# The digest filters' bits of a row as 0.4.0 chose them before its review
+# (filter.c): a public function of the role's OID and the digest.  Returns
+# the block and the sorted bit numbers a (role, scope, key) sets in the
+# first segment of a one-page filter.
+sub public_filter_bits
+{
+	use integer;
+	no warnings 'portable';
+	my ($role, $scope, $key) = @_;
+	my $mix = sub {
+		my $x = shift;
+		# logical shifts: integer's >> is arithmetic
+		$x ^= ($x >> 33) & 0x7FFFFFFF;
+		$x *= 0xFF51AFD7ED558CCD;
+		$x ^= ($x >> 33) & 0x7FFFFFFF;
+		$x *= 0xC4CEB9FE1A85EC53;
+		$x ^= ($x >> 33) & 0x7FFFFFFF;
+		return $x;
+	};
+	my $sha = Digest::SHA::sha256(pack('N', length $scope) . $scope . $key);
+	my $item = unpack('q<', substr($sha, 4, 8)) ^ $mix->($role + 0x2545F4914F6CDD1D);
+	my $h = $mix->($item ^ 0x9E3779B97F4A7C15);
+	my $block = ($h >> 32) & 127;
+	my $first = $h & 511;
+	my $step = (($h >> 9) & 511) | 1;
+	my %bits = map { (($first + $_ * $step) & 511) => 1 } 0 .. 6;
+	return join(' ', $block, sort { $a <=> $b } keys %bits);
+}
+
+# Role b crafts a key of its own whose bits in a's partition's filter are
+# those of a key of a's (bits chosen by public functions, as before 0.4.0's
+# review, made these two keys share them): b's probe of its key must not go
+# to the partition's index because a holds the other one.  The pair is
+# found by a birthday search over 2^14 keys of each role (24 bits to
+# match), as b could find a key for any one of a's it guesses (2^24 hashes).
+sub crafted_filter_probe
+{
+	my ($node) = @_;
+	my ($role_a, $role_b) = split /\|/, $node->safe_psql('postgres',
+		q{SELECT 'a'::regrole::oid || '|' || 'b'::regrole::oid});
+	is($node->safe_psql('postgres', q{
+		SELECT count(*) FROM idempotency.filter_info()
+		 WHERE partition::text LIKE 'idempotency.keys%' AND (segments <> 1 OR bytes <> 8192)}),
+		'0', 'crafted keys: every filter of the keys is of one page');
+	my (%of_a, $key_a, $key_b);
+	$of_a{ public_filter_bits($role_a, 'payments', "crafted-a-$_") } = "crafted-a-$_"
+		foreach 1 .. 16384;
+	foreach my $i (1 .. 16384)
+	{
+		my $match = $of_a{ public_filter_bits($role_b, 'payments', "crafted-b-$i") };
+		next unless defined $match;
+		($key_a, $key_b) = ($match, "crafted-b-$i");
+		last;
+	}
+	ok(defined $key_b, "crafted keys: b's $key_b has the public bits of a's $key_a");
+	return unless defined $key_b;
+
+	$node->safe_psql('postgres', qq{
+		SET ROLE a;
+		BEGIN;
+		SELECT status FROM idem_claim('$key_a', '{"n": 1}', 'payments');
+		SELECT idem_complete('$key_a', 201, '{"ok": true}', 'payments');
+		COMMIT;
+	});
+	my $lookup = q{SELECT count(*) FROM idem_lookup('%k', 'payments')};
+	my $crafted = observe($node, 1, $lookup, $key_b);
+	my $free = observe($node, 1, $lookup, 'crafted-free');
+	is($crafted, $free,
+		"crafted keys: b's lookup of $key_b moves every counter b can read as one of a key nobody's bits");
+}
+
 foreach my $preloaded (0, 1)
 {
 	my $mode = $preloaded ? 'preloaded, digest filters' : 'not preloaded';
@@ -210,6 +282,7 @@ idempotency.filter_memory = '8MB'
 			"$mode: $what moves every counter b can read the same way for a's key as for nobody's");
 	}
 	ok($writes >= 4, "$mode: b sees its own writes ($writes calls wrote a row)") if $preloaded;
+	crafted_filter_probe($node) if $preloaded;
 
 	$node->stop;
 }
