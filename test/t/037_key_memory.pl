@@ -11,7 +11,7 @@
 #    no key or id runs twice across the whole window.  Keys and ids are
 #    still charged again once forgotten.
 # 2. The memory outlives a crash (immediate stop): a key whose partition
-#    the worker dropped into the memory is answered "expired" after the
+#    maintenance dropped into the memory is answered "expired" after the
 #    restart, a message id false; and pg_dump / pg_restore carry it to
 #    another database, where the same answers come, and the memory's pieces
 #    are dropped there once it has passed.
@@ -46,8 +46,12 @@ run_torture(
 	memory_us     => 3_000_000);
 
 # ------------------------------------------- 2. crash, dump and restore
+# from here on the worker runs one round per database at start and then
+# sleeps (naptime 1 h): the test calls idem_maintain() itself, and no drop
+# of a partition runs while pg_dump reads the database
 $node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.key_memory = '1h'});
-$node->reload;
+$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.naptime = '1h'});
+$node->restart;
 $node->safe_psql('postgres', 'CREATE DATABASE src');
 $node->safe_psql('src', 'CREATE EXTENSION idempotency');
 $node->safe_psql(
@@ -59,10 +63,11 @@ COMMIT;
 SELECT idem_consume_message('orders', 'msg-1', ttl => '1 second');
 });
 
-# the worker drops the partitions into the memory (naptime 1 s)
+# maintenance drops the partitions into the memory once they have ended
 ok( poll_until(
 		'the rows moved to the memory',
 		sub {
+			$node->safe_psql('src', 'SELECT idem_maintain()');
 			$node->safe_psql(
 				'src', q{SELECT to_regclass('idempotency.keys_memory') IS NOT NULL
 				            AND to_regclass('idempotency.messages_memory') IS NOT NULL}) eq 't'
@@ -72,7 +77,7 @@ ok( poll_until(
 			                 AND (SELECT count(*) FROM idempotency.keys_memory) > 0
 			                 AND (SELECT count(*) FROM idempotency.messages_memory) > 0}) eq 't';
 		}),
-	'the worker dropped the expired partitions into the memory');
+	'maintenance dropped the expired partitions into the memory');
 
 my $answers_sql = q{
 BEGIN;
@@ -88,6 +93,15 @@ $node->stop('immediate');
 $node->start;
 is($node->safe_psql('src', $answers_sql), 'expired expired false claimed',
 	'the memory outlives a crash');
+# the worker's round at start is over before pg_dump reads src
+ok( poll_until(
+		"the worker's first round in src",
+		sub {
+			$node->safe_psql(
+				'src', q{SELECT coalesce(maintenance_runs, 0) > 0 FROM idempotency.stats
+				          WHERE datname = 'src'}) eq 't';
+		}),
+	'the worker maintained src once since the restart');
 
 my $tmp = PostgreSQL::Test::Utils::tempdir;
 $node->command_ok([ 'pg_dump', '-Fc', '-f', "$tmp/src.dump", '-d', $node->connstr('src') ],
