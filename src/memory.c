@@ -33,7 +33,12 @@
  * or less per key; with one namespace per key, 15 or 16.  The index on
  * (role, last) finds the one chunk that can hold a digest with one descent,
  * and a binary search in it answers exactly: nothing probabilistic decides
- * an answer.  The role leads the index, as in the ledgers (doc/design.md,
+ * an answer.  With the library preloaded each piece also has a digest
+ * filter (filter.h), filled with its pairs when it is written and from its
+ * chunks after a restart (IdemMemoryBuildFilters): a key the piece does
+ * not hold is ruled out without a probe, as for the ledger's partitions; a
+ * filter only rules out, a "maybe" is answered by the probe.  The role
+ * leads the index, as in the ledgers (doc/design.md,
  * "Who holds what"): one role's probe never returns, fetches or searches
  * another role's chunk.
  *
@@ -79,6 +84,7 @@
 #include "executor/tuptable.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "storage/bufmgr.h"
 #include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
@@ -148,6 +154,7 @@ static bool IdemMemoryProbeEnded(IdemLedger ledger, const IdemPartition *part,
 								 TimestampTz now);
 static bool IdemMemoryProbePiece(Oid relid, Oid role, const pg_uuid_t *digest);
 static bool IdemMemoryChunkHas(bytea *chunk, const pg_uuid_t *digest);
+static void IdemMemoryChunkFill(bytea *chunk, Oid role, IdemFilterFill *fill);
 static int	IdemMemoryPairCmp(const void *a, const void *b);
 static int	IdemMemoryCommonPrefix(const pg_uuid_t *a, const pg_uuid_t *b);
 static void IdemMemoryInsertChunk(Relation rel, const IdemPartition *piece,
@@ -457,7 +464,9 @@ IdemMemoryRecalls(IdemLedger ledger, Oid role, const IdemDigest *digest,
 	{
 		pg_uuid_t	form;
 
-		if (IdemMemoryLaneOf(digest, parts[i].lane, &form))
+		/* a piece's filter rules out the keys it does not hold */
+		if (IdemMemoryLaneOf(digest, parts[i].lane, &form) &&
+			!IdemFilterRulesOut(parts[i].relid, parts[i].lane, role, &form))
 			found = IdemMemoryProbePiece(parts[i].relid, role, &form);
 	}
 	pfree(parts);
@@ -703,6 +712,7 @@ IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg)
 	StringInfoData name;
 	Oid			piece_relid;
 	Relation	piece_rel;
+	IdemFilterFill fill;
 
 	if (relname == NULL)
 		return;
@@ -786,6 +796,11 @@ IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg)
 		elog(ERROR, "could not find table \"%s.%s\" after creating it",
 			 IDEM_SCHEMA_NAME, name.data);
 
+	/* its filter, with every pair (filter.h); READY once they are in */
+	if (IdemFilterFillBegin(ledger, piece_relid, piece.lane, n, &fill))
+		for (i = 0; i < n; i++)
+			IdemFilterFillAdd(&fill, pairs[i].role, &pairs[i].digest);
+
 	/* the chunks, role by role, each as long as a page allows */
 	piece_rel = table_open(piece_relid, RowExclusiveLock);
 	i = 0;
@@ -813,6 +828,7 @@ IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg)
 	}
 	table_close(piece_rel, NoLock);
 	pfree(pairs);
+	(void) IdemFilterFillEnd(&fill);
 	CommandCounterIncrement();
 
 	/* attached with the partition's bounds: ATTACH builds its index */
@@ -880,6 +896,94 @@ IdemMemoryInsertChunk(Relation rel, const IdemPartition *piece, Oid role,
 	simple_heap_insert(rel, tuple);
 	heap_freetuple(tuple);
 	pfree(chunk);
+}
+
+/*
+ * IdemMemoryBuildFilters, from IdemFilterBuildDatabase (each maintenance
+ * run): fills the filter of every piece that has none READY (after a
+ * restart, or an external write that made the database's filters
+ * UNUSABLE) from its chunks.  A piece whose lock cannot be had at once is
+ * left for the next run.  Returns how many filters became READY.
+ */
+int
+IdemMemoryBuildFilters(void)
+{
+	int			built = 0;
+	int			ledger;
+
+	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+	{
+		List	   *pieces = IdemMemoryPieces(ledger);
+		ListCell   *lc;
+
+		foreach(lc, pieces)
+		{
+			IdemPartition *p = (IdemPartition *) lfirst(lc);
+			Relation	rel;
+			TableScanDesc scan;
+			HeapTuple	tuple;
+			IdemFilterFill fill;
+
+			CHECK_FOR_INTERRUPTS();
+			if (IdemLaneIsLegacy(p->lane) || IdemFilterIsReady(p->relid) ||
+				!ConditionalLockRelationOid(p->relid, AccessShareLock))
+				continue;
+			rel = try_relation_open(p->relid, NoLock);
+			if (rel == NULL)
+				continue;
+			if (RelationGetDescr(rel)->natts != Natts_memory ||
+				!IdemFilterFillBegin(ledger, p->relid, p->lane,
+									 (uint64) RelationGetNumberOfBlocks(rel) *
+									 (BLCKSZ / 12), &fill))
+			{
+				relation_close(rel, AccessShareLock);
+				continue;
+			}
+			scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+			while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+			{
+				bool		isnull;
+				bool		role_isnull;
+				Datum		chunk = heap_getattr(tuple, Anum_memory_digests,
+												 RelationGetDescr(rel), &isnull);
+				Datum		role = heap_getattr(tuple, Anum_memory_role,
+												RelationGetDescr(rel), &role_isnull);
+
+				if (!isnull && !role_isnull)
+					IdemMemoryChunkFill(DatumGetByteaPP(chunk),
+										DatumGetObjectId(role), &fill);
+			}
+			table_endscan(scan);
+			relation_close(rel, AccessShareLock);
+			if (IdemFilterFillEnd(&fill))
+				built++;
+		}
+		list_free_deep(pieces);
+	}
+	return built;
+}
+
+/* IdemMemoryChunkFill adds every digest of a chunk to a filter */
+static void
+IdemMemoryChunkFill(bytea *chunk, Oid role, IdemFilterFill *fill)
+{
+	const uint8 *data = (const uint8 *) VARDATA_ANY(chunk);
+	int			len = VARSIZE_ANY_EXHDR(chunk);
+	int			prefix;
+	int			width;
+	int			i;
+	pg_uuid_t	digest;
+
+	if (len < 1 || data[0] >= IDEM_DIGEST_LEN || len < 1 + data[0])
+		return;
+	prefix = data[0];
+	width = IDEM_DIGEST_LEN - prefix;
+	memcpy(digest.data, data + 1, prefix);
+	for (i = 0; 1 + prefix + (i + 1) * width <= len; i++)
+	{
+		memcpy(digest.data + prefix, data + 1 + prefix + i * width, width);
+		IdemFilterFillAdd(fill, role, &digest);
+	}
 }
 
 /*

@@ -38,6 +38,7 @@ extern void IdemMemoryProbe(IdemOp *op);
 extern void IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg);
 extern int	IdemMemoryForget(TimestampTz now, int lock_timeout_ms);
 extern void IdemMemoryUpkeep(void);
+extern int	IdemMemoryBuildFilters(void);
 
 /* Moving a tenant's memory (transfer.c) */
 extern bool IdemMemoryRecalls(IdemLedger ledger, Oid role,
