@@ -100,6 +100,22 @@
 # (shared memory starts empty in each single-user run), counted in both
 # runs and so cancelled out.
 #
+# CALLGRIND_KEY_MEMORY=30d (a number of days) measures with
+# idempotency.key_memory on and a full memory (issue 35): before the
+# measured runs, on each of that many past days a single-user run claims
+# and completes CALLGRIND_MEMORY_KEYS (default 2,000) keys of one scope
+# and consumes as many message ids of one consumer, with a ttl of a day,
+# and runs maintenance with the memory on, which drops the partitions
+# that have ended into the memory (one piece per ended partition); the
+# last maintenance runs at the pinned clock.  Every measured run starts
+# with SET idempotency.key_memory.
+# The keys and ids the workloads use are new: what is measured is the
+# cost of a never-seen key or id with the memory on, against the same
+# workloads run without this setting.  The run also prints the storage
+# of the memory: bytes per remembered key and message id (the pieces'
+# heap and index, pg_total_relation_size), and bytes per ledger row (the
+# partitions' heap and indexes, just before they were dropped).
+#
 # CALLGRIND_KEEP=DIR keeps the callgrind output files there
 # (<workload>-1.cg for CALLS calls, <workload>-2.cg for 2 x CALLS), for
 # callgrind_annotate: where one build spends its instructions per call
@@ -326,6 +342,46 @@ statements() {
 } >"$WORK/setup.sql"
 single "$WORK/setup.sql" none setup
 
+# CALLGRIND_KEY_MEMORY: a memory of that many days (see the top)
+MEMORY_SET=""
+if [ -n "${CALLGRIND_KEY_MEMORY:-}" ]; then
+	[ "$CLOCK" != real ] || die "CALLGRIND_KEY_MEMORY needs the pinned clock"
+	days=${CALLGRIND_KEY_MEMORY%d}
+	[[ "$days" =~ ^[0-9]+$ ]] && [ "$days" -gt 1 ] || die "CALLGRIND_KEY_MEMORY is a number of days, such as 30d"
+	MEMORY_SET="SET idempotency.key_memory = '${days}d'"
+	per_day=${CALLGRIND_MEMORY_KEYS:-2000}
+	for ((d = days; d >= 2; d--)); do
+		fake_clock $((clock_epoch - d * 86400))
+		{ echo "$MEMORY_SET"
+		  echo "SELECT idem_maintain()"
+		  echo "BEGIN"
+		  echo "SELECT count(*) FROM (SELECT idem_claim('old$d-' || g, '{}', ttl => '1 day'), idem_complete('old$d-' || g, 200, '{}') FROM generate_series(1, $per_day) g) s"
+		  echo "COMMIT"
+		  echo "SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'old$d-' || g FROM generate_series(1, $per_day) g), ttl => '1 day')"
+		} >"$WORK/old$d.sql"
+		single "$WORK/old$d.sql" none "old$d"
+	done
+	fake_clock "$clock_epoch"
+	# the ledger rows' bytes, the drop into the memory, then its bytes
+	{ echo "SELECT 'ledger ' || p.table_name || ' ' || sum(pg_total_relation_size(p.partition)) || ' ' || sum(CASE p.table_name WHEN 'keys' THEN (SELECT count(*) FROM idempotency.keys k WHERE k.tableoid = p.partition) ELSE (SELECT count(*) FROM idempotency.messages m WHERE m.tableoid = p.partition) END) AS r FROM idempotency.partitions p WHERE p.upper_bound <= now() GROUP BY p.table_name"
+	  echo "$MEMORY_SET"
+	  echo "SELECT idem_maintain()"
+	  echo "SELECT 'memory keys ' || (SELECT sum(pg_total_relation_size(i.inhrelid)) FROM pg_inherits i WHERE i.inhparent = 'idempotency.keys_memory'::regclass) || ' ' || (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = 'idempotency.keys_memory'::regclass) || ' ' || (SELECT sum((length(digests) - 1 - get_byte(digests, 0)) / (16 - get_byte(digests, 0))) FROM idempotency.keys_memory) AS r"
+	  echo "SELECT 'memory messages ' || (SELECT sum(pg_total_relation_size(i.inhrelid)) FROM pg_inherits i WHERE i.inhparent = 'idempotency.messages_memory'::regclass) || ' ' || (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = 'idempotency.messages_memory'::regclass) || ' ' || (SELECT sum((length(digests) - 1 - get_byte(digests, 0)) / (16 - get_byte(digests, 0))) FROM idempotency.messages_memory) AS r"
+	} >"$WORK/remember.sql"
+	single "$WORK/remember.sql" none remember
+	# "ledger keys BYTES ROWS" (the partitions the last run drops) and
+	# "memory keys BYTES PIECES REMEMBERED" in its output
+	sizes=$(grep -oE '"(ledger|memory) [a-z]+ [0-9]+ [0-9]+( [0-9]+)?"' "$WORK/remember.out" | tr -d '"')
+	[ -n "$sizes" ] || die "no sizes from the memory's setup"
+	MEMORY_SIZES=$(awk '
+		$1 == "ledger" { lb[$2] = $3; lr[$2] = $4 }
+		$1 == "memory" { mb[$2] = $3; mp[$2] = $4; mn[$2] = $5 }
+		END { for (t in mb) { if (mn[t] == 0 || lr[t] == 0) continue
+		      printf "# key memory, %s: %d remembered in %d pieces, %.1f bytes each; a ledger row: %.1f bytes\n",
+		             t, mn[t], mp[t], mb[t] / mn[t], lb[t] / lr[t] } }' <<<"$sizes")
+fi
+
 : >"$OUT"
 say "# instructions per call (callgrind), $("$PG_CONFIG" --version), $CALLS calls per run"
 if [ "$CLOCK" = real ]; then
@@ -333,12 +389,18 @@ if [ "$CLOCK" = real ]; then
 else
 	say "# clock: pinned at $(date -u -d "@$clock_epoch" '+%Y-%m-%d %H:%M:%S') UTC at each server start, locale C.UTF-8"
 fi
+if [ -n "$MEMORY_SET" ]; then
+	say "# with idempotency.key_memory = '${days}d' and a full memory"
+	say "$MEMORY_SIZES"
+fi
 say "# workload  instructions_per_call"
 base=1
 for w in $WORKLOADS; do
-	{ [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
+	{ [ -z "$MEMORY_SET" ] || echo "$MEMORY_SET"
+	  [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
 	  statements "$w" "$base" $((base + CALLS - 1)); } >"$WORK/$w-1.sql"
-	{ [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
+	{ [ -z "$MEMORY_SET" ] || echo "$MEMORY_SET"
+	  [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
 	  statements "$w" $((base + CALLS)) $((base + 3 * CALLS - 1)); } >"$WORK/$w-2.sql"
 	base=$((base + 3 * CALLS))
 	if [ "$w" = replay_ended ]; then

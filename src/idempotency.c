@@ -22,6 +22,7 @@
 #include "keyed_rows.h"
 #include "keys.h"
 #include "lock_secret.h"
+#include "memory.h"
 #include "outbox.h"
 #include "stats.h"
 #include "storage.h"
@@ -170,6 +171,7 @@ _PG_init(void)
 							 false,
 							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
+	IdemMemoryDefineSettings();
 
 	/* a server-start setting: defined only while preloading */
 	if (process_shared_preload_libraries_in_progress)
@@ -178,6 +180,7 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
+	IdemMemoryInit();
 	IdemOwnClaimsInit();
 	IdemKeyedRowsInit();
 	IdemLibraryVersionInit();

@@ -74,6 +74,7 @@
 #include "filter.h"
 #include "keyhash.h"
 #include "lock_secret.h"
+#include "memory.h"
 #include "protocol.h"
 #include "storage.h"
 #include "wait.h"
@@ -554,6 +555,7 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 	result->xwait = InvalidTransactionId;
 	result->which = -1;
 	result->tuple = NULL;
+	result->remembered = false;
 	ItemPointerSetInvalid(&result->tid);
 
 	for (i = 0; i < nopen && result->found == IDEM_FOUND_NONE; i++)
@@ -611,7 +613,12 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 				result->xwait = dirty.xmin;
 			}
 			else if (expired)
-				continue;		/* committed and expired: as if absent */
+			{
+				/* committed and expired: as if absent, unless remembered */
+				result->remembered |= IdemMemoryRowRemembered(slot, &open[i].part,
+															   now);
+				continue;
+			}
 			else if (snapshot != NULL)
 				result->found = IDEM_FOUND_DONE;
 			else if (TransactionIdIsValid(dirty.xmax))
@@ -959,6 +966,8 @@ IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
 			  op->ledger == IDEM_LEDGER_KEYS, snapshot, &op->probe);
 	if (op->probe.tuple != NULL)
 		IdemOpDeform(op, RelationGetDescr(op->open[op->probe.which].heap));
+	/* no live row: is the key remembered? (memory.c) */
+	IdemMemoryProbe(op);
 }
 
 /*
