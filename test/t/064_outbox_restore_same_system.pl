@@ -5,7 +5,8 @@
 #
 # Such a cluster is a copy of the source made earlier: a base backup
 # restored (a disaster-recovery copy, a staging clone, a point-in-time
-# recovery to before the dump), or a standby promoted.  The xid base
+# recovery to before the dump; not a promoted standby, whose counter is the
+# primary's).  The xid base
 # (outbox_storage.c) is raised only when the row names another system, so
 # there it stays: the restored relay's snapshots then call every new
 # transaction, whose id is below theirs, already relayed, and its events
