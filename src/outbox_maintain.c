@@ -71,6 +71,7 @@ typedef struct IdemSegmentInfo
 typedef struct IdemMaintRelay
 {
 	IdemRelayState *st;
+	bool		locked;			/* its relay lock is held */
 	/* a loss found in the segment looked at */
 	int64		lost;
 	int64		first_ev;
@@ -351,22 +352,64 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 			continue;
 
 		/*
-		 * Past the max age: every relay's lock, at once or not this run,
-		 * and its position as committed under it.
+		 * Past the max age: the lock of every relay that loses events here,
+		 * at once or not this run, and its position as committed under it.
+		 * Which relays lose events is read first from their positions as
+		 * committed: a relay only moves forward, so one that loses none
+		 * then loses none under its lock either, and its row is not
+		 * written.  Not every relay's lock: any role makes relays at will
+		 * (a call of idem_outbox_next() with a new name), and as many
+		 * locks at once would exhaust the shared lock table, failing
+		 * this run and lock requests all over the cluster while it runs.
+		 * For the same reason a segment whose losers would take more than
+		 * max_locks_per_transaction locks is left (and said so).
 		 */
 		if (expired)
 		{
 			int			k;
+			int			losers = 0;
 			bool		all = true;
+			bool	   *loses = palloc0(Max(nrelays, 1) * sizeof(bool));
 
+			snapshot = RegisterSnapshot(GetLatestSnapshot());
+			index = IdemOutboxSegmentIndex(heap, AccessShareLock);
+			(void) IdemSegmentDelivered(heap, index, relays, nrelays,
+										snapshot, true);
+			index_close(index, AccessShareLock);
+			UnregisterSnapshot(snapshot);
+			for (k = 0; k < nrelays; k++)
+			{
+				loses[k] = relays[k].lost > 0;
+				if (loses[k] && !relays[k].locked)
+					losers++;
+				relays[k].lost = 0;
+			}
+			if (losers > max_locks_per_xact)
+			{
+				ereport(LOG,
+						(errmsg("outbox segment \"%s.%s\" is past \"%s\" but is kept: %d relays lose events in it, more than \"%s\" (%d)",
+								IDEM_SCHEMA_NAME, RelationGetRelationName(heap),
+								"idempotency.outbox_max_age", losers,
+								"max_locks_per_transaction", max_locks_per_xact),
+						 errhint("Acknowledge or remove the relays that stopped, or raise \"%s\".",
+								 "max_locks_per_transaction")));
+				pfree(loses);
+				relation_close(heap, NoLock);
+				UnlockRelationOid(segs[i].relid, AccessExclusiveLock);
+				continue;
+			}
 			for (k = 0; k < nrelays && all; k++)
 			{
 				bool		acquired;
 
+				if (!loses[k] || relays[k].locked)
+					continue;
 				IdemRelayLock(relays[k].st->role, relays[k].st->relay,
 							  relays[k].st->topic, true, &acquired);
+				relays[k].locked = acquired;
 				all = acquired;
 			}
+			pfree(loses);
 			if (!all)
 			{
 				relation_close(heap, NoLock);
@@ -374,8 +417,11 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 			}
 			for (k = 0; k < nrelays; k++)
 			{
-				IdemRelayState *fresh = palloc(sizeof(IdemRelayState));
+				IdemRelayState *fresh;
 
+				if (!relays[k].locked)
+					continue;
+				fresh = palloc(sizeof(IdemRelayState));
 				IdemRelayLoad(relays[k].st->role, relays[k].st->relay,
 							  relays[k].st->topic, fresh);
 				if (fresh->found)

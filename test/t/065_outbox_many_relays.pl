@@ -11,8 +11,8 @@
 # memory" (53200), ledgers included, and while it ran, lock acquisitions of
 # every other backend of the cluster too.  Now only the relays that lose
 # events in the segment are locked, and a segment whose losers would take
-# more than max_locks_per_transaction locks is left for a later run: the
-# run itself succeeds.
+# more than max_locks_per_transaction locks is left for a later run (and
+# the log says so): the run itself succeeds.
 #
 # Run: make installcheck REGRESS= ISOLATION= PROVE_TESTS=test/t/065_outbox_many_relays.pl
 
@@ -95,6 +95,33 @@ is($node->safe_psql('postgres', q{
 	SET ROLE regress_other;
 	SELECT lost_events FROM idem_outbox_relays()}), '0',
 	'the other role\'s relay lost nothing');
+
+# more relays losing events in one segment than max_locks_per_transaction:
+# the segment is kept and said so, the run succeeds
+$node->safe_psql('postgres', q{
+	SET ROLE regress_many;
+	SELECT idem_publish('kept2', '{"n": 1}');
+	SELECT count(*) FROM generate_series(1, 20) AS i,
+	       LATERAL idem_outbox_next('s' || i, 'kept2');
+});
+my $segs = $node->safe_psql('postgres', 'SELECT max(seg) FROM idempotency.outbox_segments');
+$node->poll_query_until('postgres', qq{
+	SELECT (SELECT partitions_created FROM idem_maintain()) IS NOT NULL
+	   AND (SELECT max(seg) FROM idempotency.outbox_segments) > $segs})
+  or die 'no newer segment';
+$closed = $node->safe_psql('postgres',
+	'SELECT max(opened_at) FROM idempotency.outbox_segments');
+$node->poll_query_until('postgres',
+	qq{SELECT clock_timestamp() > '$closed'::timestamptz + interval '1.2 s'})
+  or die 'the clock did not move';
+my $log_at = -s $node->logfile;
+($rc, $out, $err) = $node->psql('postgres', 'SELECT partitions_dropped FROM idem_maintain()');
+is($rc, 0, 'maintenance succeeds with more losing relays than max_locks_per_transaction');
+ok($node->log_contains(qr/is past "idempotency.outbox_max_age" but is kept: 20 relays lose events in it/, $log_at),
+	'the segment is kept, and the log says why');
+is($node->safe_psql('postgres', qq{
+	SELECT count(*) FROM idempotency.outbox_segments WHERE seg = $segs}), '1',
+	'the segment is still there');
 
 $node->stop;
 done_testing();
