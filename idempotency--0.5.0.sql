@@ -630,11 +630,12 @@ COMMENT ON SEQUENCE idempotency.outbox_event_seq IS
 
 CREATE TABLE idempotency.outbox_segments (
     seg       pg_catalog.int4        PRIMARY KEY,
-    opened_at pg_catalog.timestamptz NOT NULL
+    opened_at pg_catalog.timestamptz NOT NULL,
+    quiet_at  pg_catalog.timestamptz
 );
 
 COMMENT ON TABLE idempotency.outbox_segments IS
-'when each segment (partition) of idempotency.outbox started taking events; managed by maintenance';
+'when each segment (partition) of idempotency.outbox started taking events, and when maintenance first found it written by no transaction after it stopped (outbox_max_age counts from then); managed by maintenance';
 
 CREATE TABLE idempotency.outbox_relays (
     role          pg_catalog.regrole     NOT NULL,

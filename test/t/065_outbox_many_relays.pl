@@ -75,8 +75,11 @@ $node->poll_query_until('postgres', q{
 	SELECT (SELECT partitions_created FROM idem_maintain()) IS NOT NULL
 	   AND (SELECT count(*) FROM idempotency.outbox_segments) >= 2})
   or die 'no second segment';
+# the max age counts from the run that finds the first segment written by
+# no transaction
+$node->safe_psql('postgres', 'SELECT idem_maintain()');
 my $closed = $node->safe_psql('postgres',
-	'SELECT max(opened_at) FROM idempotency.outbox_segments');
+	'SELECT max(quiet_at) FROM idempotency.outbox_segments');
 $node->poll_query_until('postgres',
 	qq{SELECT clock_timestamp() > '$closed'::timestamptz + interval '1.2 s'})
   or die 'the clock did not move';
@@ -109,8 +112,9 @@ $node->poll_query_until('postgres', qq{
 	SELECT (SELECT partitions_created FROM idem_maintain()) IS NOT NULL
 	   AND (SELECT max(seg) FROM idempotency.outbox_segments) > $segs})
   or die 'no newer segment';
+$node->safe_psql('postgres', 'SELECT idem_maintain()');
 $closed = $node->safe_psql('postgres',
-	'SELECT max(opened_at) FROM idempotency.outbox_segments');
+	qq{SELECT quiet_at FROM idempotency.outbox_segments WHERE seg = $segs});
 $node->poll_query_until('postgres',
 	qq{SELECT clock_timestamp() > '$closed'::timestamptz + interval '1.2 s'})
   or die 'the clock did not move';

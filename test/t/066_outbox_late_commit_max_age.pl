@@ -3,15 +3,16 @@
 # commits after its segment went past idempotency.outbox_max_age reaches a
 # live relay.
 #
-# Fails: max_age counts from when the segment stopped taking new
-# publishers (the next one was opened), not from when its last writer
-# ended.  A prepared transaction (or any transaction open that long) keeps
-# the segment from being dropped while it is open; the moment it commits,
-# the next maintenance run drops the segment and records a loss for a
-# relay that is polling and had read everything: the event was visible for
-# the time between the commit and that run only.  The SPEC gives max_age
-# to "a relay that stops for good".
-#
+# max_age counts from the first maintenance run that finds the segment
+# written by no transaction (outbox_segments.quiet_at), not from when it
+# stopped taking new publishers (the next one was opened).  Counted from
+# there, a prepared transaction (or any transaction open that long) kept
+# the segment while it was open, and the moment it committed the next
+# maintenance run dropped the segment and recorded a loss for a relay that
+# was polling and had read everything: the event was visible between the
+# commit and that run only.  The SPEC gives max_age to "a relay that stops
+# for good".
+
 # Run: make installcheck REGRESS= ISOLATION= PROVE_TESTS=test/t/066_outbox_late_commit_max_age.pl
 
 use strict;
