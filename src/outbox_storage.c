@@ -15,7 +15,10 @@
  * PARTITION, which takes SHARE UPDATE EXCLUSIVE on the parent: publishers
  * and relays never lock the parent, only segments, so neither waits for
  * the DDL.  The parent is made on first use, not by CREATE EXTENSION, so
- * that pg_dump carries it and its segments like the ledgers.
+ * that pg_dump carries it and its segments like the ledgers; by a storage
+ * maker (a background worker) in a transaction of its own where one can be
+ * started, so that the first publisher's transaction holds nothing other
+ * roles' publishers wait for (IdemOutboxParent).
  *
  * Why not the ledgers' partitions (storage.c): a ledger row's partition
  * follows from its digest and expiry, and a lookup must find every
@@ -59,10 +62,12 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "keyhash.h"
 #include "outbox.h"
 #include "privilege.h"
 #include "stats.h"
+#include "worker.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"
@@ -192,6 +197,7 @@ static bool IdemOutboxPeekBase(int64 *base, bool *checked);
 static int64 IdemOutboxRaiseBase(Oid relid, int64 high);
 static void IdemOutboxCreateParent(void);
 static void IdemOutboxStorageLock(void);
+static bool IdemOutboxMayUseMaker(void);
 
 /*
  * IdemOutboxStorageInit registers the relcache callback that invalidates
@@ -438,10 +444,13 @@ IdemOutboxStorageLock(void)
 
 /*
  * IdemOutboxParent returns the OID of the events table, making it (with its
- * first segment) if it does not exist and "create" is true.  The table is
- * made in the caller's transaction, under the outbox's storage lock, which
- * is then held until the transaction ends: other first publishers wait for
- * it and find the table.
+ * first segment) if it does not exist and "create" is true.  A storage
+ * maker (a background worker, worker.c) makes them in a transaction of its
+ * own, so that the caller's transaction holds nothing other roles'
+ * publishers would wait for.  Where one cannot be used, they are made in
+ * the caller's transaction, under the outbox's storage lock, which is then
+ * held until the transaction ends: other first publishers wait for it and
+ * find the table.
  */
 Oid
 IdemOutboxParent(bool create)
@@ -450,6 +459,13 @@ IdemOutboxParent(bool create)
 		IdemOutboxRebuild();
 	if (OidIsValid(cache.parent) || !create)
 		return cache.parent;
+
+	if (IdemOutboxMayUseMaker() && IdemWorkerMakeOutboxStorage())
+	{
+		IdemOutboxRebuild();
+		if (OidIsValid(cache.parent) && cache.nsegments > 0)
+			return cache.parent;
+	}
 
 	IdemOutboxStorageLock();
 	AcceptInvalidationMessages();
@@ -464,6 +480,38 @@ IdemOutboxParent(bool create)
 	if (cache.nsegments == 0)
 		(void) IdemOutboxCreateSegment(1);
 	return cache.parent;
+}
+
+/*
+ * IdemOutboxMayUseMaker: may a storage maker make the events table for this
+ * transaction, without waiting for it (which waits for the maker)?  Not if
+ * this transaction holds the storage lock (it made storage already), nor
+ * if it made the outbox's own tables (CREATE EXTENSION or the update in
+ * this transaction: the maker would not see them yet).
+ */
+static bool
+IdemOutboxMayUseMaker(void)
+{
+	LOCKTAG		tag;
+	HeapTuple	tup;
+	bool		ours;
+	Oid			seq = IdemOutboxMemberRelid(member_names[MEMBER_EVENT_SEQ]);
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, IDEM_LOCK_OUTBOX_STORAGE);
+	if (IdemLockHeldByMe(&tag, ExclusiveLock))
+		return false;
+	if (!OidIsValid(seq))
+		return false;
+	/* the maker records the segment's time there */
+	if (IdemRelationOidLockedByMe(IdemOutboxMemberRelid(member_names[MEMBER_SEGMENTS]),
+								  ShareLock, true))
+		return false;
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(seq));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	ours = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tup->t_data));
+	ReleaseSysCache(tup);
+	return !ours;
 }
 
 /*
