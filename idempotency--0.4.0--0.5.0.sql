@@ -21,11 +21,12 @@ COMMENT ON SEQUENCE idempotency.outbox_event_seq IS
 
 CREATE TABLE idempotency.outbox_segments (
     seg       pg_catalog.int4        PRIMARY KEY,
-    opened_at pg_catalog.timestamptz NOT NULL
+    opened_at pg_catalog.timestamptz NOT NULL,
+    quiet_at  pg_catalog.timestamptz
 );
 
 COMMENT ON TABLE idempotency.outbox_segments IS
-'when each segment (partition) of idempotency.outbox started taking events; managed by maintenance';
+'when each segment (partition) of idempotency.outbox started taking events, and when maintenance first found it written by no transaction after it stopped (outbox_max_age counts from then); managed by maintenance';
 
 CREATE TABLE idempotency.outbox_relays (
     role          pg_catalog.regrole     NOT NULL,
@@ -84,11 +85,17 @@ COMMENT ON TABLE idempotency.outbox_dead_letters IS
 CREATE TABLE idempotency.outbox_xid_base (
     one               pg_catalog.bool PRIMARY KEY DEFAULT true CHECK (one),
     system_identifier pg_catalog.int8 NOT NULL,
-    base              pg_catalog.int8 NOT NULL
+    base              pg_catalog.int8 NOT NULL,
+    checked_xmin      pg_catalog.int8 NOT NULL DEFAULT 0
 );
 
 COMMENT ON TABLE idempotency.outbox_xid_base IS
-'what the outbox adds to transaction ids, and the cluster that set it: raised after a restore into another cluster';
+'what the outbox adds to transaction ids: checked against the ones it stores, and raised if they are ahead, on first use after CREATE EXTENSION or a restore (this row is not dumped); written in place, never under a lock a caller holds';
+
+-- the one row, made here so that no caller's transaction makes it (and
+-- holds its index entry); checked and set in place on first use
+INSERT INTO idempotency.outbox_xid_base (system_identifier, base, checked_xmin)
+VALUES (0, 0, 0);
 
 REVOKE ALL ON idempotency.outbox_event_seq, idempotency.outbox_segments,
               idempotency.outbox_relays, idempotency.outbox_dead_letters,
@@ -97,7 +104,6 @@ SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_event_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_segments', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_relays', '');
 SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_dead_letters', '');
-SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_xid_base', '');
 
 CREATE FUNCTION pg_catalog.idem_publish(topic text,
                                         payload jsonb DEFAULT NULL,

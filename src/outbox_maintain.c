@@ -22,8 +22,10 @@
  * it stopped taking events (when the next segment was opened).  Events of
  * a topic that no relay reads are kept for the retention only: a relay
  * made later reads what is still kept, as a new Kafka consumer group does.
- * Past idempotency.outbox_max_age since it stopped taking events, a
- * segment goes whatever the relays: each relay that had not acknowledged
+ * Past idempotency.outbox_max_age since maintenance first found it written
+ * by no transaction (quiet_at: its lock had, after it stopped taking events;
+ * a transaction that commits late holds it off), a segment goes whatever
+ * the relays: each relay that had not acknowledged
  * some of its events has the loss (how many, the first and last event
  * numbers and publication times) added to its row under its relay lock,
  * and its next idem_outbox_next() reports it (outbox_relay.c).  Segments
@@ -65,12 +67,14 @@ typedef struct IdemSegmentInfo
 	int32		seg;
 	Oid			relid;
 	TimestampTz opened_at;		/* 0: unknown (row missing) */
+	TimestampTz quiet_at;		/* 0: not found quiet yet */
 } IdemSegmentInfo;
 
 /* One relay as maintenance sees it */
 typedef struct IdemMaintRelay
 {
 	IdemRelayState *st;
+	bool		locked;			/* its relay lock is held */
 	/* a loss found in the segment looked at */
 	int64		lost;
 	int64		first_ev;
@@ -81,6 +85,7 @@ typedef struct IdemMaintRelay
 
 static int	IdemReadSegmentTimes(IdemSegmentInfo **out);
 static void IdemForgetSegment(int32 seg);
+static void IdemSegmentQuiet(int32 seg, TimestampTz now);
 static bool IdemSegmentDelivered(Relation heap, Relation index,
 								 IdemMaintRelay *relays, int nrelays,
 								 Snapshot snapshot, bool count_losses);
@@ -110,7 +115,7 @@ IdemReadSegmentTimes(IdemSegmentInfo **out)
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	IdemBecomeStorageOwner(&save);
-	rc = SPI_execute("SELECT seg, opened_at FROM idempotency.outbox_segments",
+	rc = SPI_execute("SELECT seg, opened_at, quiet_at FROM idempotency.outbox_segments",
 					 true, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute failed: %s", SPI_result_code_string(rc));
@@ -123,10 +128,15 @@ IdemReadSegmentTimes(IdemSegmentInfo **out)
 		TimestampTz at = DatumGetTimestampTz(SPI_getbinval(SPI_tuptable->vals[r],
 														   SPI_tuptable->tupdesc,
 														   2, &isnull));
+		Datum		quiet = SPI_getbinval(SPI_tuptable->vals[r],
+										  SPI_tuptable->tupdesc, 3, &isnull);
 
 		for (i = 0; i < n; i++)
 			if (info[i].seg == seg)
+			{
 				info[i].opened_at = at;
+				info[i].quiet_at = isnull ? 0 : DatumGetTimestampTz(quiet);
+			}
 	}
 	IdemRestoreUser(&save);
 	SPI_finish();
@@ -153,6 +163,40 @@ IdemForgetSegment(int32 seg)
 		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
 	rc = SPI_execute_plan(plan, &arg, NULL, false, 0);
 	if (rc != SPI_OK_DELETE)
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	IdemRestoreUser(&save);
+	SPI_finish();
+}
+
+/*
+ * IdemSegmentQuiet records that maintenance found segment "seg" written by
+ * no transaction at "now": its ACCESS EXCLUSIVE lock was had after the next
+ * segment's creation had committed, so every transaction that wrote to it
+ * has ended and none can write to it again.  outbox_max_age counts from
+ * then: a transaction that commits late (a prepared one, a long one) keeps
+ * the segment's events from going before a relay could read them.
+ */
+static void
+IdemSegmentQuiet(int32 seg, TimestampTz now)
+{
+	IdemSavedUser save;
+	SPIPlanPtr	plan;
+	Oid			argtypes[2] = {INT4OID, TIMESTAMPTZOID};
+	Datum		args[2];
+	int			rc;
+
+	args[0] = Int32GetDatum(seg);
+	args[1] = TimestampTzGetDatum(now);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemBecomeStorageOwner(&save);
+	plan = SPI_prepare("UPDATE idempotency.outbox_segments SET quiet_at = $2"
+					   " WHERE seg OPERATOR(pg_catalog.=) $1 AND quiet_at IS NULL",
+					   2, argtypes);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed: %s", SPI_result_code_string(SPI_result));
+	rc = SPI_execute_plan(plan, args, NULL, false, 0);
+	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	IdemRestoreUser(&save);
 	SPI_finish();
@@ -285,6 +329,7 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 	int			nrelays;
 	ListCell   *lc;
 	int			i;
+	bool		made = false;
 	TimestampTz keep_after = now - (int64) idem_outbox_retention * USECS_PER_SEC;
 	TimestampTz lose_after = now - (int64) idem_outbox_max_age * USECS_PER_SEC;
 
@@ -314,6 +359,7 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 					 errmsg("the outbox has used every segment number")));
 		(void) IdemOutboxCreateSegment(next);
 		(*created)++;
+		made = true;
 		AcceptInvalidationMessages();
 		pfree(segs);
 		nsegs = IdemReadSegmentTimes(&segs);
@@ -334,6 +380,7 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 	{
 		TimestampTz closed_at = segs[i + 1].opened_at;
 		bool		expired;
+		bool		find_quiet;
 		Relation	heap;
 		Relation	index;
 		Snapshot	snapshot;
@@ -341,32 +388,93 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 		char	   *sql;
 
 		CHECK_FOR_INTERRUPTS();
-		if (closed_at == 0 || closed_at > keep_after)
+		if (closed_at == 0)
 			continue;
-		expired = (closed_at <= lose_after);
+
+		/*
+		 * Not found quiet yet: is it now?  Not in the run that made the
+		 * next segment: until that commits, publishers still take this one
+		 * as the newest.
+		 */
+		find_quiet = (segs[i].quiet_at == 0 && !(made && i == nsegs - 2));
+		if (!find_quiet && closed_at > keep_after)
+			continue;
 		if (!ConditionalLockRelationOid(segs[i].relid, AccessExclusiveLock))
 			continue;
+		if (find_quiet)
+		{
+			IdemSegmentQuiet(segs[i].seg, now);
+			segs[i].quiet_at = now;
+		}
+		if (closed_at > keep_after)
+		{
+			UnlockRelationOid(segs[i].relid, AccessExclusiveLock);
+			continue;
+		}
+		expired = (segs[i].quiet_at != 0 && segs[i].quiet_at <= lose_after);
 		heap = try_relation_open(segs[i].relid, NoLock);
 		if (heap == NULL)
 			continue;
 
 		/*
-		 * Past the max age: every relay's lock, at once or not this run,
-		 * and its position as committed under it.
+		 * Past the max age: the lock of every relay that loses events here,
+		 * at once or not this run, and its position as committed under it.
+		 * Which relays lose events is read first from their positions as
+		 * committed: a relay only moves forward, so one that loses none
+		 * then loses none under its lock either, and its row is not
+		 * written.  Not every relay's lock: any role makes relays at will
+		 * (a call of idem_outbox_next() with a new name), and as many
+		 * locks at once would exhaust the shared lock table, failing
+		 * this run and lock requests all over the cluster while it runs.
+		 * For the same reason a segment whose losers would take more than
+		 * max_locks_per_transaction locks is left (and said so).
 		 */
 		if (expired)
 		{
 			int			k;
+			int			losers = 0;
 			bool		all = true;
+			bool	   *loses = palloc0(Max(nrelays, 1) * sizeof(bool));
 
+			snapshot = RegisterSnapshot(GetLatestSnapshot());
+			index = IdemOutboxSegmentIndex(heap, AccessShareLock);
+			(void) IdemSegmentDelivered(heap, index, relays, nrelays,
+										snapshot, true);
+			index_close(index, AccessShareLock);
+			UnregisterSnapshot(snapshot);
+			for (k = 0; k < nrelays; k++)
+			{
+				loses[k] = relays[k].lost > 0;
+				if (loses[k] && !relays[k].locked)
+					losers++;
+				relays[k].lost = 0;
+			}
+			if (losers > max_locks_per_xact)
+			{
+				ereport(LOG,
+						(errmsg("outbox segment \"%s.%s\" is past \"%s\" but is kept: %d relays lose events in it, more than \"%s\" (%d)",
+								IDEM_SCHEMA_NAME, RelationGetRelationName(heap),
+								"idempotency.outbox_max_age", losers,
+								"max_locks_per_transaction", max_locks_per_xact),
+						 errhint("Acknowledge or remove the relays that stopped, or raise \"%s\".",
+								 "max_locks_per_transaction")));
+				pfree(loses);
+				relation_close(heap, NoLock);
+				UnlockRelationOid(segs[i].relid, AccessExclusiveLock);
+				continue;
+			}
 			for (k = 0; k < nrelays && all; k++)
 			{
 				bool		acquired;
 
+				if (!loses[k] || relays[k].locked)
+					continue;
 				IdemRelayLock(relays[k].st->role, relays[k].st->relay,
 							  relays[k].st->topic, true, &acquired);
+				relays[k].locked = acquired;
 				all = acquired;
 			}
+			pfree(loses);
 			if (!all)
 			{
 				relation_close(heap, NoLock);
@@ -374,8 +482,11 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 			}
 			for (k = 0; k < nrelays; k++)
 			{
-				IdemRelayState *fresh = palloc(sizeof(IdemRelayState));
+				IdemRelayState *fresh;
 
+				if (!relays[k].locked)
+					continue;
+				fresh = palloc(sizeof(IdemRelayState));
 				IdemRelayLoad(relays[k].st->role, relays[k].st->relay,
 							  relays[k].st->topic, fresh);
 				if (fresh->found)

@@ -694,8 +694,21 @@ idem_outbox_next(PG_FUNCTION_ARGS)
 	{
 		/* the batch again: its events (one dropped since may be missing) */
 		if (stored)
-			(void) IdemRelayEmit(&st, st.acked_ev, st.batch_end + 1,
-								 0, rsinfo, &last);
+			n = IdemRelayEmit(&st, st.acked_ev, st.batch_end + 1,
+							  0, rsinfo, &last);
+
+		/*
+		 * Every event of the batch went past the max age: no row would
+		 * carry the batch's number, so the relay could neither acknowledge
+		 * it nor learn of the loss, and would get an empty batch for ever.
+		 * Report the loss as this batch: its acknowledgement moves the
+		 * relay past the batch, and the loss is reported once more, as the
+		 * next batch (the relay may have delivered the batch's events
+		 * before they went, so acknowledging a batch never acknowledges a
+		 * loss it did not report).
+		 */
+		if (n == 0 && st.lost_events > 0)
+			IdemRelayReportLoss(&st);
 	}
 	else if (stored)
 	{

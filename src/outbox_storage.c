@@ -15,7 +15,10 @@
  * PARTITION, which takes SHARE UPDATE EXCLUSIVE on the parent: publishers
  * and relays never lock the parent, only segments, so neither waits for
  * the DDL.  The parent is made on first use, not by CREATE EXTENSION, so
- * that pg_dump carries it and its segments like the ledgers.
+ * that pg_dump carries it and its segments like the ledgers; by a storage
+ * maker (a background worker) in a transaction of its own where one can be
+ * started, so that the first publisher's transaction holds nothing other
+ * roles' publishers wait for (IdemOutboxParent).
  *
  * Why not the ledgers' partitions (storage.c): a ledger row's partition
  * follows from its digest and expiry, and a lookup must find every
@@ -35,17 +38,22 @@
  * EXCLUSIVE, which waits for those.
  *
  * The xid base: event rows and relays' snapshots hold 64-bit xids plus a
- * per-database offset kept in idempotency.outbox_xid_base with the system
- * identifier of the cluster that wrote it.  pg_dump carries events,
- * positions and that row; restored into a cluster whose xid counter is
- * behind the dumped one's, new transactions would get xids that the
- * restored snapshots call finished, and their events would never be
- * relayed.  So when the row names another system (a restore into another
- * cluster, or pg_upgrade), the first call raises the base, if it must,
- * above every xid stored: new transactions then compare after everything
- * restored, and restored events and positions keep their order among
- * themselves.  pg_upgrade keeps the xid counter, so the base stays.
- *
+ * per-database offset kept in idempotency.outbox_xid_base.  pg_dump
+ * carries events and positions, not that row; restored into a cluster
+ * whose xid counter is behind the dumped one's (another cluster, or a copy
+ * of the same one made earlier: a base backup restored, a point-in-time
+ * recovery), new transactions would get xids that the restored snapshots
+ * call finished, and their events would never be relayed.  So the row,
+ * made by the extension's scripts (CREATE EXTENSION, also the one a
+ * restore runs), is checked on first use: the base is raised, if it must,
+ * above every xid stored, and the row's own xmin recorded as checked.  New
+ * transactions then compare after everything restored, and restored
+ * events and positions keep their order among themselves.  A row written
+ * since (by hand, by a restore) is checked again.  The check writes in
+ * place, under a lock released at once (IdemOutboxRaiseBase): nobody waits
+ * for the transaction of the caller that made it.  pg_upgrade keeps the xid
+ * counter and the row as it was (its xmin too): the base stays.
+
  * Copyright (c) 2026, the idempotency authors
  *
  * IDENTIFICATION
@@ -54,10 +62,12 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "compat.h"
 #include "keyhash.h"
 #include "outbox.h"
 #include "privilege.h"
 #include "stats.h"
+#include "worker.h"
 
 #include "access/genam.h"
 #include "access/htup_details.h"
@@ -140,9 +150,8 @@ typedef struct IdemOutboxCache
 	int			nsegments;
 	IdemOutboxSegment *segments;	/* sorted by seg */
 	Oid			members[NUM_MEMBERS];	/* InvalidOid: look up again */
-	bool		base_valid;		/* xid base read */
+	bool		base_valid;		/* xid base read, and checked */
 	int64		base;
-	TransactionId base_writer;	/* wrote the row: valid in that xact only */
 } IdemOutboxCache;
 
 static IdemOutboxCache cache;
@@ -153,9 +162,6 @@ static uint64 segments_generation = 0;
 typedef enum IdemOutboxStmt
 {
 	STMT_BASE_PEEK,
-	STMT_BASE_GET,
-	STMT_BASE_PUT,
-	STMT_BASE_SET,
 	STMT_SEGMENT_PUT,
 	NUM_STMTS
 } IdemOutboxStmt;
@@ -169,21 +175,8 @@ typedef struct IdemOutboxStmtDef
 
 static const IdemOutboxStmtDef stmt_defs[NUM_STMTS] = {
 	[STMT_BASE_PEEK] = {
-		"SELECT system_identifier, base FROM idempotency.outbox_xid_base",
+		"SELECT base, checked_xmin, xmin FROM idempotency.outbox_xid_base",
 		0, {InvalidOid}
-	},
-	[STMT_BASE_GET] = {
-		"SELECT system_identifier, base FROM idempotency.outbox_xid_base FOR UPDATE",
-		0, {InvalidOid}
-	},
-	[STMT_BASE_PUT] = {
-		"INSERT INTO idempotency.outbox_xid_base (one, system_identifier, base)"
-		" VALUES (true, $1, 0) ON CONFLICT DO NOTHING",
-		1, {INT8OID}
-	},
-	[STMT_BASE_SET] = {
-		"UPDATE idempotency.outbox_xid_base SET system_identifier = $1, base = $2",
-		2, {INT8OID, INT8OID}
 	},
 	[STMT_SEGMENT_PUT] = {
 		"INSERT INTO idempotency.outbox_segments (seg, opened_at) VALUES ($1, $2)"
@@ -200,8 +193,11 @@ static int	IdemOutboxReadSegments(Oid parent, IdemOutboxSegment **out);
 static int	IdemOutboxExec(IdemOutboxStmt which, Datum *values,
 						   const bool *isnull, bool read_only);
 static int64 IdemOutboxHighestStoredTxid(void);
+static bool IdemOutboxPeekBase(int64 *base, bool *checked);
+static int64 IdemOutboxRaiseBase(Oid relid, int64 high);
 static void IdemOutboxCreateParent(void);
 static void IdemOutboxStorageLock(void);
+static bool IdemOutboxMayUseMaker(void);
 
 /*
  * IdemOutboxStorageInit registers the relcache callback that invalidates
@@ -448,10 +444,13 @@ IdemOutboxStorageLock(void)
 
 /*
  * IdemOutboxParent returns the OID of the events table, making it (with its
- * first segment) if it does not exist and "create" is true.  The table is
- * made in the caller's transaction, under the outbox's storage lock, which
- * is then held until the transaction ends: other first publishers wait for
- * it and find the table.
+ * first segment) if it does not exist and "create" is true.  A storage
+ * maker (a background worker, worker.c) makes them in a transaction of its
+ * own, so that the caller's transaction holds nothing other roles'
+ * publishers would wait for.  Where one cannot be used, they are made in
+ * the caller's transaction, under the outbox's storage lock, which is then
+ * held until the transaction ends: other first publishers wait for it and
+ * find the table.
  */
 Oid
 IdemOutboxParent(bool create)
@@ -460,6 +459,13 @@ IdemOutboxParent(bool create)
 		IdemOutboxRebuild();
 	if (OidIsValid(cache.parent) || !create)
 		return cache.parent;
+
+	if (IdemOutboxMayUseMaker() && IdemWorkerMakeOutboxStorage())
+	{
+		IdemOutboxRebuild();
+		if (OidIsValid(cache.parent) && cache.nsegments > 0)
+			return cache.parent;
+	}
 
 	IdemOutboxStorageLock();
 	AcceptInvalidationMessages();
@@ -474,6 +480,38 @@ IdemOutboxParent(bool create)
 	if (cache.nsegments == 0)
 		(void) IdemOutboxCreateSegment(1);
 	return cache.parent;
+}
+
+/*
+ * IdemOutboxMayUseMaker: may a storage maker make the events table for this
+ * transaction, without waiting for it (which waits for the maker)?  Not if
+ * this transaction holds the storage lock (it made storage already), nor
+ * if it made the outbox's own tables (CREATE EXTENSION or the update in
+ * this transaction: the maker would not see them yet).
+ */
+static bool
+IdemOutboxMayUseMaker(void)
+{
+	LOCKTAG		tag;
+	HeapTuple	tup;
+	bool		ours;
+	Oid			seq = IdemOutboxMemberRelid(member_names[MEMBER_EVENT_SEQ]);
+
+	SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 0, IDEM_LOCK_OUTBOX_STORAGE);
+	if (IdemLockHeldByMe(&tag, ExclusiveLock))
+		return false;
+	if (!OidIsValid(seq))
+		return false;
+	/* the maker records the segment's time there */
+	if (IdemRelationOidLockedByMe(IdemOutboxMemberRelid(member_names[MEMBER_SEGMENTS]),
+								  ShareLock, true))
+		return false;
+	tup = SearchSysCache1(RELOID, ObjectIdGetDatum(seq));
+	if (!HeapTupleIsValid(tup))
+		return false;
+	ours = TransactionIdIsCurrentTransactionId(HeapTupleHeaderGetXmin(tup->t_data));
+	ReleaseSysCache(tup);
+	return !ours;
 }
 
 /*
@@ -705,115 +743,182 @@ IdemOutboxExec(IdemOutboxStmt which, Datum *values, const bool *isnull,
 
 /*
  * IdemOutboxXidBase returns the database's xid base (see the file header),
- * reading it once per backend; makes the row on first use, and raises the
- * base when the row was written by another cluster.  A value this
- * transaction wrote is used only until it ends (it may roll back).  In a
- * read-only transaction nothing is written: a missing row counts as 0.
+ * read once per backend once checked.  The row is made by the extension's
+ * scripts, unchecked; the first call after that (CREATE EXTENSION, or a
+ * restore, whose CREATE EXTENSION makes the row again: pg_dump does not
+ * carry it) checks it: it raises the base, if it must, above every xid
+ * stored, and records the row's xmin as checked.  All of that is written in
+ * place, under a lock released at once: no caller's transaction holds
+ * anything another one waits for, and a raise stays even if the caller
+ * rolls back (a higher base is as right as the lower one).  Where nothing
+ * may be written (a standby, a read-only transaction), an unchecked base is
+ * worked out on each call and not kept.
  */
 int64
 IdemOutboxXidBase(void)
 {
-	uint64		sysid = GetSystemIdentifier();
+	Oid			relid;
 	IdemSavedUser save;
 	bool		writable = !RecoveryInProgress() && !XactReadOnly;
-	int64		base = 0;
-	bool		found = false;
-	bool		wrote = false;
-	bool		locking = false;
+	int64		base;
+	bool		checked;
+	LOCKTAG		tag;
 
-	if (cache.base_valid &&
-		(!TransactionIdIsValid(cache.base_writer) ||
-		 TransactionIdEquals(cache.base_writer, GetTopTransactionIdIfAny())))
+	if (cache.base_valid)
 		return cache.base;
 
-	(void) IdemOutboxRequireMember(MEMBER_XID_BASE);
+	relid = IdemOutboxRequireMember(MEMBER_XID_BASE);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	IdemBecomeStorageOwner(&save);
-	for (;;)
+	if (!IdemOutboxPeekBase(&base, &checked))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the outbox's xid base is missing"),
+				 errdetail("Table \"%s.%s\" has no row.",
+						   IDEM_SCHEMA_NAME, member_names[MEMBER_XID_BASE]),
+				 errhint("As its owner, run INSERT INTO %s.%s (system_identifier, base) VALUES (0, 0).",
+						 IDEM_SCHEMA_NAME, member_names[MEMBER_XID_BASE])));
+	if (!checked && !writable)
 	{
-		Datum		arg = Int64GetDatum((int64) sysid);
-		bool		isnull;
-		int64		stored_sysid;
+		int64		high = IdemOutboxHighestStoredTxid();
+		int64		next = (int64) U64FromFullTransactionId(ReadNextFullTransactionId());
 
-		/*
-		 * Read as committed first: the row exists and is this cluster's on
-		 * every call but the first ones after CREATE EXTENSION or a
-		 * restore, and then no lock is taken (a lock on the one row would
-		 * serialize every publisher).  Otherwise, where we may write, read
-		 * it again FOR UPDATE and decide under that lock.
-		 */
-		(void) IdemOutboxExec(locking ? STMT_BASE_GET : STMT_BASE_PEEK,
-							  NULL, NULL, !locking);
-		if (writable && !locking &&
-			(SPI_processed == 0 ||
-			 (uint64) DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-												  SPI_tuptable->tupdesc, 1,
-												  &isnull)) != sysid))
-		{
-			locking = true;
-			continue;
-		}
-		if (SPI_processed == 0)
-		{
-			if (!writable)
-				break;
-			if (IdemOutboxExec(STMT_BASE_PUT, &arg, NULL, false) > 0)
-			{
-				wrote = true;
-				found = true;
-				break;
-			}
-			continue;			/* made concurrently: read it */
-		}
-		found = true;
-		stored_sysid = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-												   SPI_tuptable->tupdesc, 1,
-												   &isnull));
-		base = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-										   SPI_tuptable->tupdesc, 2, &isnull));
-		if ((uint64) stored_sysid == sysid || !writable)
-			break;
-
-		/*
-		 * Written by another cluster: make every xid from now on compare
-		 * after every one stored.  The row is locked (FOR UPDATE above):
-		 * others wait for this transaction and read what it decides.
-		 */
-		{
-			int64		high = IdemOutboxHighestStoredTxid();
-			int64		next = (int64) U64FromFullTransactionId(ReadNextFullTransactionId());
-			Datum		set[2];
-
-			if (next + base <= high)
-			{
-				ereport(LOG,
-						(errmsg("raising the outbox's xid base of database \"%s\" from " INT64_FORMAT " to " INT64_FORMAT,
-								get_database_name(MyDatabaseId), base,
-								high - next + 1),
-						 errdetail("Its events and relay positions were written by another cluster, whose transaction ids ran ahead of this one's.")));
-				base = high - next + 1;
-			}
-			set[0] = arg;
-			set[1] = Int64GetDatum(base);
-			(void) IdemOutboxExec(STMT_BASE_SET, set, NULL, false);
-			wrote = true;
-			break;
-		}
+		IdemRestoreUser(&save);
+		SPI_finish();
+		return Max(base, high - next + 1);
+	}
+	if (!checked)
+	{
+		/* one checker at a time, for as long as the check takes only */
+		SET_LOCKTAG_ADVISORY(tag, MyDatabaseId, 0, 1, IDEM_LOCK_OUTBOX_STORAGE);
+		(void) LockAcquire(&tag, ExclusiveLock, false, false);
+		if (!IdemOutboxPeekBase(&base, &checked))
+			elog(ERROR, "the outbox's xid base row went away");
+		if (!checked)
+			base = IdemOutboxRaiseBase(relid, IdemOutboxHighestStoredTxid());
+		LockRelease(&tag, ExclusiveLock, false);
 	}
 	IdemRestoreUser(&save);
 	SPI_finish();
 
-	cache.base = found ? base : 0;
-	cache.base_writer = wrote ? GetTopTransactionId() : InvalidTransactionId;
-	cache.base_valid = found;
+	cache.base = base;
+	cache.base_valid = true;
 	return cache.base;
+}
+
+/*
+ * IdemOutboxPeekBase reads the xid base row as committed (and as this
+ * transaction wrote it): its base, and whether it was checked since it was
+ * written (its checked_xmin is its own xmin: a row that pg_restore or
+ * CREATE EXTENSION wrote is not).  False if there is no row.  Inside SPI.
+ */
+static bool
+IdemOutboxPeekBase(int64 *base, bool *checked)
+{
+	bool		isnull;
+	int64		checked_xmin;
+	TransactionId xmin;
+
+	(void) IdemOutboxExec(STMT_BASE_PEEK, NULL, NULL, true);
+	if (SPI_processed == 0)
+		return false;
+	*base = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+	checked_xmin = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 2,
+											   &isnull));
+	xmin = DatumGetTransactionId(SPI_getbinval(SPI_tuptable->vals[0],
+											   SPI_tuptable->tupdesc, 3,
+											   &isnull));
+	*checked = (checked_xmin == (int64) xmin);
+	return true;
+}
+
+/*
+ * IdemOutboxRaiseBase sets, in place, the base of the xid base row to what
+ * makes every xid from now on compare after "high" (the highest one
+ * stored), if it is not that high already, and records the row as checked.
+ * Returns the base.  In place (as VACUUM writes pg_class's counters): the
+ * row's lock is never taken, so nobody waits for this transaction.  The
+ * caller holds the base's advisory lock.
+ */
+static int64
+IdemOutboxRaiseBase(Oid relid, int64 high)
+{
+	Relation	rel = table_open(relid, RowExclusiveLock);
+	TupleDesc	desc = RelationGetDescr(rel);
+	int			natts = desc->natts;
+	HeapTuple	oldtup;
+	HeapTuple	newtup;
+	void	   *state;
+	Datum	   *values = palloc(natts * sizeof(Datum));
+	bool	   *nulls = palloc(natts * sizeof(bool));
+	bool	   *replace = palloc0(natts * sizeof(bool));
+	int			att_sysid = 0;
+	int			att_base = 0;
+	int			att_checked = 0;
+	int			i;
+	int64		base;
+	int64		next;
+
+	for (i = 0; i < natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped || att->atttypid != INT8OID)
+			continue;
+		if (strcmp(NameStr(att->attname), "system_identifier") == 0)
+			att_sysid = i + 1;
+		else if (strcmp(NameStr(att->attname), "base") == 0)
+			att_base = i + 1;
+		else if (strcmp(NameStr(att->attname), "checked_xmin") == 0)
+			att_checked = i + 1;
+	}
+	if (att_sysid == 0 || att_base == 0 || att_checked == 0)
+		elog(ERROR, "table \"%s.%s\" does not have the expected columns",
+			 IDEM_SCHEMA_NAME, member_names[MEMBER_XID_BASE]);
+
+	systable_inplace_update_begin(rel, InvalidOid, false, NULL, 0, NULL,
+								  &oldtup, &state);
+	if (!HeapTupleIsValid(oldtup))
+		elog(ERROR, "the outbox's xid base row went away");
+	heap_deform_tuple(oldtup, desc, values, nulls);
+	if (nulls[att_base - 1] || nulls[att_sysid - 1] || nulls[att_checked - 1])
+	{
+		systable_inplace_update_cancel(state);
+		elog(ERROR, "the outbox's xid base row has a null");
+	}
+	base = DatumGetInt64(values[att_base - 1]);
+	next = (int64) U64FromFullTransactionId(ReadNextFullTransactionId());
+	if (next + base <= high)
+	{
+		ereport(LOG,
+				(errmsg("raising the outbox's xid base of database \"%s\" from " INT64_FORMAT " to " INT64_FORMAT,
+						get_database_name(MyDatabaseId), base, high - next + 1),
+				 errdetail("Its events and relay positions hold transaction ids ahead of this cluster's: they were restored from another cluster, or from this one before it was reset to an earlier state.")));
+		base = high - next + 1;
+	}
+	values[att_base - 1] = Int64GetDatum(base);
+	values[att_sysid - 1] = Int64GetDatum((int64) GetSystemIdentifier());
+	values[att_checked - 1] =
+		Int64GetDatum((int64) HeapTupleHeaderGetRawXmin(oldtup->t_data));
+	replace[att_base - 1] = replace[att_sysid - 1] = replace[att_checked - 1] = true;
+	newtup = heap_modify_tuple(oldtup, desc, values, nulls, replace);
+	systable_inplace_update_finish(state, newtup);
+	heap_freetuple(newtup);
+	heap_freetuple(oldtup);
+	table_close(rel, RowExclusiveLock);
+	pfree(values);
+	pfree(nulls);
+	pfree(replace);
+	return base;
 }
 
 /*
  * IdemOutboxHighestStoredTxid returns the highest xid (with its base) that
  * any event or relay position of the database holds, or 0.  Run as the
- * storage owner, inside SPI, once after a restore into another cluster.
+ * storage owner, inside SPI, once after CREATE EXTENSION or a restore.
  */
 static int64
 IdemOutboxHighestStoredTxid(void)

@@ -78,6 +78,7 @@
 #include "compat.h"
 #include "filter.h"
 #include "keyhash.h"
+#include "outbox.h"
 #include "privilege.h"
 #include "stats.h"
 #include "storage.h"
@@ -167,6 +168,7 @@ StaticAssertDecl(sizeof(IdemPartitionRequest) <= BGW_EXTRALEN,
 PGDLLEXPORT void idem_launcher_main(Datum main_arg);
 PGDLLEXPORT void idem_worker_main(Datum main_arg);
 PGDLLEXPORT void idem_partition_maker_main(Datum main_arg);
+PGDLLEXPORT void idem_outbox_storage_maker_main(Datum main_arg);
 
 static void IdemProcessUtility(PlannedStmt *pstmt, const char *queryString,
 							   bool readOnlyTree,
@@ -833,6 +835,67 @@ idem_partition_maker_main(Datum main_arg)
 	if (OidIsValid(get_extension_oid("idempotency", true)))
 		(void) IdemCreatePartition((IdemLedger) req.ledger, &req.layout,
 								   req.lane_number, req.far, req.at);
+
+	PopActiveSnapshot();
+	CommitTransactionCommand();
+	pgstat_report_activity(STATE_IDLE, NULL);
+	proc_exit(0);
+}
+
+/*
+ * IdemWorkerMakeOutboxStorage has a storage maker make the outbox's events
+ * table and its first segment in its own transaction, and waits for it, so
+ * that the first publisher of a database holds nothing (the storage lock,
+ * the new tables' catalog entries) that other roles' publishers would wait
+ * for until its transaction ends.  Returns false if a worker cannot be used
+ * here or could not be started; the caller then looks again, and makes the
+ * storage itself if it is still not there.  The caller makes sure that the
+ * worker would not wait for its transaction (outbox_storage.c).
+ */
+bool
+IdemWorkerMakeOutboxStorage(void)
+{
+	BackgroundWorker worker;
+	BackgroundWorkerHandle *handle;
+
+	if (MyBackendType != B_BACKEND || IsInParallelMode() || IsBinaryUpgrade)
+		return false;
+
+	IdemWorkerDefine(&worker, "idem_outbox_storage_maker_main",
+					 "idempotency outbox storage maker", BGW_NEVER_RESTART);
+	snprintf(worker.bgw_name, BGW_MAXLEN,
+			 "idempotency outbox storage maker for database %u", MyDatabaseId);
+	worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
+	worker.bgw_notify_pid = MyProcPid;
+
+	if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+		return false;
+	if (WaitForBackgroundWorkerShutdown(handle) != BGWH_STOPPED)
+		return false;
+	pfree(handle);
+
+	AcceptInvalidationMessages();
+	return true;
+}
+
+/*
+ * idem_outbox_storage_maker_main is a storage maker's entry point: make the
+ * outbox's events table and first segment if they are missing, commit,
+ * exit.
+ */
+void
+idem_outbox_storage_maker_main(Datum main_arg)
+{
+	IdemWorkerConnect(DatumGetObjectId(main_arg));
+
+	SetCurrentStatementStartTimestamp();
+	StartTransactionCommand();
+	PushActiveSnapshot(GetTransactionSnapshot());
+	pgstat_report_activity(STATE_RUNNING, "idempotency: making the outbox's storage");
+
+	if (OidIsValid(get_extension_oid("idempotency", true)) &&
+		OidIsValid(IdemOutboxMemberRelid("outbox_event_seq")))
+		(void) IdemOutboxParent(true);
 
 	PopActiveSnapshot();
 	CommitTransactionCommand();

@@ -21,6 +21,7 @@
 extern void IdemWorkerPreloadInit(void);
 extern bool IdemWorkerMakePartition(IdemLedger ledger, const IdemLayout *layout,
 									int lane_number, bool far, TimestampTz at);
+extern bool IdemWorkerMakeOutboxStorage(void);
 extern Size IdemWorkerShmemSize(void);
 extern void IdemWorkerShmemInit(void);
 

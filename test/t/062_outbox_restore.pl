@@ -4,7 +4,9 @@
 #
 # pg_dump carries the events table and its segments (not members of the
 # extension) with their rows, and the relays' positions, the segments' times,
-# the event sequence and the xid base (members whose rows are dumped).
+# and the event sequence (members whose rows are dumped); the xid base row
+# is not dumped: the restore's CREATE EXTENSION makes it afresh, and the
+# first call checks it against what was restored.
 # Restored into a cluster whose transaction ids are behind the dumped one's
 # (a new cluster: its counter starts low), a relay goes on where it was: the
 # batch it had not acknowledged comes again, then the events it had not read,
