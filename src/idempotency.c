@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "compat.h"
 #include "filter.h"
 #include "keys.h"
@@ -147,6 +148,7 @@ _PG_init(void)
 	if (process_shared_preload_libraries_in_progress)
 		IdemFilterDefineSettings();
 
+	IdemCitusInit();
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();

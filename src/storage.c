@@ -163,6 +163,12 @@ typedef struct IdemLedgerCache
 } IdemLedgerCache;
 
 static IdemLedgerCache ledger_cache[IDEM_NUM_LEDGERS];
+
+/*
+ * The table read in place of a ledger's (citus.c, prototype): the local
+ * shard of a distributed ledger, set per call; InvalidOid otherwise.
+ */
+static Oid	ledger_parent_override[IDEM_NUM_LEDGERS];
 static MemoryContext IdemCacheContext = NULL;
 static uint64 cache_generation = 0;
 
@@ -386,9 +392,23 @@ IdemGetLedgerCache(IdemLedger ledger)
 {
 	IdemLedgerCache *cache = &ledger_cache[ledger];
 
+	if (OidIsValid(ledger_parent_override[ledger]) &&
+		cache->parent != ledger_parent_override[ledger])
+		cache->valid = false;
 	if (!cache->valid)
 		IdemRebuildLedgerCache(ledger, cache);
 	return cache;
+}
+
+/*
+ * IdemSetLedgerParentOverride makes "relid" (a partitioned table like the
+ * ledger's: the local shard of a distributed ledger) the table the ledger's
+ * cache reads, until set again (citus.c; prototype).
+ */
+void
+IdemSetLedgerParentOverride(IdemLedger ledger, Oid relid)
+{
+	ledger_parent_override[ledger] = relid;
 }
 
 /*
@@ -416,7 +436,9 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 												 ALLOCSET_SMALL_SIZES);
 
 	nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
-	if (OidIsValid(nspid))
+	if (OidIsValid(ledger_parent_override[ledger]))
+		parent = ledger_parent_override[ledger];
+	else if (OidIsValid(nspid))
 		parent = get_relname_relid(ledger_defs[ledger].name, nspid);
 	if (!OidIsValid(parent))
 	{

@@ -42,6 +42,7 @@ typedef struct IdemLayout
 extern void IdemStorageInit(void);
 extern Oid	IdemLedgerParent(IdemLedger ledger, bool create);
 extern const char *IdemLedgerName(IdemLedger ledger);
+extern void IdemSetLedgerParentOverride(IdemLedger ledger, Oid relid);
 extern bool IdemLedgerHasColumns(IdemLedger ledger, int natts);
 extern int	IdemLedgerDefaultTtl(IdemLedger ledger);
 extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);

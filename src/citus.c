@@ -1,0 +1,129 @@
+/*-------------------------------------------------------------------------
+ *
+ * citus.c
+ *	  Ledgers distributed by Citus: a key's row lives in the ledger shard
+ *	  co-located with its tenant's rows, so Citus moves, splits and
+ *	  isolates it with them.  This file routes a call to that shard.
+ *
+ * PROTOTYPE for issue 37 (doc/scale-out.md, "Citus' own shard operations
+ * (0.5.0 design)"), behind idempotency.citus_ledgers (off by default: the
+ * extension then never looks at Citus).  With it on, on a node where
+ * idempotency.keys is distributed by its kept_scope column (the prototype
+ * stands in kept_scope for the design's "tenant" column, so the handler
+ * claims with keep_request => true), a call on key (scope, key):
+ *
+ *	1. finds the ledger shard of the tenant (= scope) with Citus'
+ *	   get_shard_id_for_distribution_column();
+ *	2. takes that shard's metadata lock in SHARE mode with Citus'
+ *	   lock_shard_metadata(), to the end of the transaction, the mode of
+ *	   Citus' own writes: a move's final write block (EXCLUSIVE) waits for
+ *	   the call, and a call that starts during the block waits for the move;
+ *	3. checks, after the lock and with a new snapshot, that the shard's
+ *	   placement is on this node: 40001 if not (the tenant moved; the
+ *	   client's retry is delegated to its new node);
+ *	4. makes the local shard's partitioned table, idempotency.keys_<shard>,
+ *	   the parent the storage cache reads (IdemSetLedgerParentOverride).
+ *
+ * The design does 1-3 through fmgr and a per-shard cache; the prototype
+ * uses SPI, which costs more per call.
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/citus.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+#include "citus.h"
+#include "privilege.h"
+#include "storage.h"
+
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "executor/spi.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/lsyscache.h"
+
+bool		idem_citus_ledgers = false;
+
+void
+IdemCitusInit(void)
+{
+	DefineCustomBoolVariable("idempotency.citus_ledgers",
+							 "Routes key ledger rows to the local shard of a ledger distributed by Citus (prototype).",
+							 "Only for a key ledger distributed with Citus, co-located with the tenant's tables.",
+							 &idem_citus_ledgers,
+							 false,
+							 PGC_SUSET,
+							 0,
+							 NULL, NULL, NULL);
+}
+
+/*
+ * IdemCitusRoute makes the local shard of "ledger" that holds "tenant" the
+ * ledger's table for the rest of this call, or refuses the call if that
+ * shard is not on this node.
+ */
+void
+IdemCitusRoute(IdemLedger ledger, text *tenant)
+{
+	IdemSavedUser save;
+	Oid			argtypes[1] = {TEXTOID};
+	Datum		args[1];
+	bool		isnull;
+	int64		shard;
+	bool		here;
+	char		relname[NAMEDATALEN];
+	Oid			relid;
+
+	if (!idem_citus_ledgers || ledger != IDEM_LEDGER_KEYS)
+		return;
+
+	args[0] = PointerGetDatum(tenant);
+	IdemBecomeStorageOwner(&save);
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+
+	/* 1 and 2: the shard, locked as Citus' own writes lock it */
+	if (SPI_execute_with_args("SELECT s, pg_catalog.lock_shard_metadata(5, ARRAY[s]) "
+							  "FROM pg_catalog.get_shard_id_for_distribution_column("
+							  "'idempotency.keys'::pg_catalog.regclass, $1) AS s",
+							  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not find the ledger shard of a tenant");
+	shard = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										SPI_tuptable->tupdesc, 1, &isnull));
+
+	/* 3: a new snapshot, after the lock: a move that committed is seen */
+	args[0] = Int64GetDatum(shard);
+	argtypes[0] = INT8OID;
+	if (SPI_execute_with_args("SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p "
+							  "JOIN pg_catalog.pg_dist_local_group l USING (groupid) "
+							  "WHERE p.shardid OPERATOR(pg_catalog.=) $1)",
+							  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT ||
+		SPI_processed != 1)
+		elog(ERROR, "could not read the placement of a ledger shard");
+	here = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+									  SPI_tuptable->tupdesc, 1, &isnull));
+	SPI_finish();
+	IdemRestoreUser(&save);
+
+	if (!here)
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("the idempotency key's tenant is not on this node"),
+				 errdetail("Its ledger shard " INT64_FORMAT " is on another node.", shard),
+				 errhint("Retry: the tenant has moved, and the retry goes to its new node.")));
+
+	/* 4: the local shard's table */
+	snprintf(relname, sizeof(relname), "%s_" INT64_FORMAT,
+			 IdemLedgerName(ledger), shard);
+	relid = get_relname_relid(relname, get_namespace_oid(IDEM_SCHEMA_NAME, false));
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("the ledger shard " INT64_FORMAT " has no table on this node", shard)));
+	IdemSetLedgerParentOverride(ledger, relid);
+}
