@@ -24,8 +24,12 @@
  *	4. makes the local shard's partitioned table, idempotency.keys_<shard>,
  *	   the parent the storage cache reads (IdemSetLedgerParentOverride).
  *
- * The design does 1-3 through fmgr and a per-shard cache; the prototype
- * uses SPI, which costs more per call.
+ * The prototype does 1-3 with two SPI plans prepared once per backend,
+ * and once per transaction and tenant: the lock, held to the end of the
+ * transaction, keeps the placement where step 3 found it, so a second
+ * call of the transaction on the same tenant (idem_complete() after
+ * idem_claim()) reuses the answer.  The design does 1-3 through fmgr with
+ * a per-shard cache.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -39,14 +43,27 @@
 #include "privilege.h"
 #include "storage.h"
 
+#include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
+#include "storage/proc.h"
 #include "executor/spi.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
 
 bool		idem_citus_ledgers = false;
+
+/* the plans of steps 1-2 and 3, prepared once per backend */
+static SPIPlanPtr shard_plan = NULL;
+static SPIPlanPtr placement_plan = NULL;
+
+/* the last routing of this backend: valid within its transaction only */
+static LocalTransactionId routed_lxid = InvalidLocalTransactionId;
+static SubTransactionId routed_subxid = InvalidSubTransactionId;
+static char routed_tenant[NAMEDATALEN * 4];
+static int	routed_tenant_len = -1;
+static Oid	routed_relid = InvalidOid;
 
 void
 IdemCitusInit(void)
@@ -81,16 +98,46 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 	if (!idem_citus_ledgers || ledger != IDEM_LEDGER_KEYS)
 		return;
 
+	/*
+	 * Routed already in this (sub)transaction: the lock keeps the placement.
+	 * (Not across subtransactions: one that rolls back releases the lock.)
+	 */
+	if (routed_lxid == MyProc->lxid &&
+		routed_subxid == GetCurrentSubTransactionId() &&
+		routed_tenant_len == VARSIZE_ANY_EXHDR(tenant) &&
+		memcmp(routed_tenant, VARDATA_ANY(tenant), routed_tenant_len) == 0)
+	{
+		IdemSetLedgerParentOverride(ledger, routed_relid);
+		return;
+	}
+
 	args[0] = PointerGetDatum(tenant);
 	IdemBecomeStorageOwner(&save);
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
+	if (shard_plan == NULL)
+	{
+		SPIPlanPtr	plan;
+		Oid			int8type[1] = {INT8OID};
+
+		plan = SPI_prepare("SELECT s, pg_catalog.lock_shard_metadata(5, ARRAY[s]) "
+						   "FROM pg_catalog.get_shard_id_for_distribution_column("
+						   "'idempotency.keys'::pg_catalog.regclass, $1) AS s",
+						   1, argtypes);
+		if (plan == NULL || SPI_keepplan(plan) != 0)
+			elog(ERROR, "could not prepare the ledger shard lookup");
+		shard_plan = plan;
+		plan = SPI_prepare("SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p "
+						   "JOIN pg_catalog.pg_dist_local_group l USING (groupid) "
+						   "WHERE p.shardid OPERATOR(pg_catalog.=) $1)",
+						   1, int8type);
+		if (plan == NULL || SPI_keepplan(plan) != 0)
+			elog(ERROR, "could not prepare the ledger placement lookup");
+		placement_plan = plan;
+	}
 
 	/* 1 and 2: the shard, locked as Citus' own writes lock it */
-	if (SPI_execute_with_args("SELECT s, pg_catalog.lock_shard_metadata(5, ARRAY[s]) "
-							  "FROM pg_catalog.get_shard_id_for_distribution_column("
-							  "'idempotency.keys'::pg_catalog.regclass, $1) AS s",
-							  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT ||
+	if (SPI_execute_plan(shard_plan, args, NULL, false, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "could not find the ledger shard of a tenant");
 	shard = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
@@ -98,11 +145,7 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 
 	/* 3: a new snapshot, after the lock: a move that committed is seen */
 	args[0] = Int64GetDatum(shard);
-	argtypes[0] = INT8OID;
-	if (SPI_execute_with_args("SELECT EXISTS (SELECT FROM pg_catalog.pg_dist_placement p "
-							  "JOIN pg_catalog.pg_dist_local_group l USING (groupid) "
-							  "WHERE p.shardid OPERATOR(pg_catalog.=) $1)",
-							  1, argtypes, args, NULL, false, 1) != SPI_OK_SELECT ||
+	if (SPI_execute_plan(placement_plan, args, NULL, false, 1) != SPI_OK_SELECT ||
 		SPI_processed != 1)
 		elog(ERROR, "could not read the placement of a ledger shard");
 	here = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
@@ -125,5 +168,13 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("the ledger shard " INT64_FORMAT " has no table on this node", shard)));
+	if (VARSIZE_ANY_EXHDR(tenant) <= (int) sizeof(routed_tenant))
+	{
+		routed_lxid = MyProc->lxid;
+		routed_subxid = GetCurrentSubTransactionId();
+		routed_tenant_len = VARSIZE_ANY_EXHDR(tenant);
+		memcpy(routed_tenant, VARDATA_ANY(tenant), routed_tenant_len);
+		routed_relid = relid;
+	}
 	IdemSetLedgerParentOverride(ledger, relid);
 }
