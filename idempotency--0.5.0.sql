@@ -614,3 +614,233 @@ BEGIN
     END LOOP;
 END
 $privileges$;
+
+-- 0.5.0: the transactional outbox (see src/outbox.h, doc/reference.md,
+-- "The transactional outbox").  Events live in idempotency.outbox, a table
+-- partitioned into segments that the first idem_publish() makes (as the
+-- ledgers' tables: not a member of the extension, so pg_dump carries it
+-- and its rows) and that maintenance drops; the tables below are members
+-- whose rows pg_dump carries (pg_extension_config_dump).  All are reached
+-- through the functions only and granted to nobody.
+
+CREATE SEQUENCE idempotency.outbox_event_seq AS pg_catalog.int8 CACHE 1;
+
+COMMENT ON SEQUENCE idempotency.outbox_event_seq IS
+'event numbers of the outbox, taken in real-time order (not cached); managed by idem_publish()';
+
+CREATE TABLE idempotency.outbox_segments (
+    seg       pg_catalog.int4        PRIMARY KEY,
+    opened_at pg_catalog.timestamptz NOT NULL
+);
+
+COMMENT ON TABLE idempotency.outbox_segments IS
+'when each segment (partition) of idempotency.outbox started taking events; managed by maintenance';
+
+CREATE TABLE idempotency.outbox_relays (
+    role          pg_catalog.regrole     NOT NULL,
+    relay         pg_catalog.text        NOT NULL,
+    topic         pg_catalog.text        NOT NULL,
+    generation    pg_catalog.int8,
+    batch         pg_catalog.int8        NOT NULL,
+    batch_end     pg_catalog.int8,
+    batch_events  pg_catalog.int4        NOT NULL,
+    acked_ev      pg_catalog.int8        NOT NULL,
+    window_done   pg_catalog.bool        NOT NULL,
+    lo_xmin       pg_catalog.int8        NOT NULL,
+    lo_xmax       pg_catalog.int8        NOT NULL,
+    lo_xip        pg_catalog.int8[]      NOT NULL,
+    lo_floor      pg_catalog.int8[]      NOT NULL,
+    lo_seq        pg_catalog.int8        NOT NULL,
+    up_xmin       pg_catalog.int8        NOT NULL,
+    up_xmax       pg_catalog.int8        NOT NULL,
+    up_xip        pg_catalog.int8[]      NOT NULL,
+    up_seq_before pg_catalog.int8        NOT NULL,
+    up_seq_after  pg_catalog.int8        NOT NULL,
+    up_at         pg_catalog.timestamptz,
+    lost_events   pg_catalog.int8        NOT NULL,
+    lost_first_ev pg_catalog.int8,
+    lost_last_ev  pg_catalog.int8,
+    lost_from     pg_catalog.timestamptz,
+    lost_to       pg_catalog.timestamptz,
+    created_at    pg_catalog.timestamptz NOT NULL,
+    acked_at      pg_catalog.timestamptz,
+    updated_at    pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, relay, topic)
+);
+
+COMMENT ON TABLE idempotency.outbox_relays IS
+'each relay''s position per (role, relay, topic): the window between two snapshots it reads, its current batch and generation; managed by idem_outbox_next() and idem_outbox_ack()';
+
+CREATE TABLE idempotency.outbox_dead_letters (
+    role         pg_catalog.regrole     NOT NULL,
+    relay        pg_catalog.text        NOT NULL,
+    topic        pg_catalog.text        NOT NULL,
+    event_id     pg_catalog.uuid        NOT NULL,
+    key          pg_catalog.text,
+    headers      pg_catalog.jsonb,
+    payload      pg_catalog.jsonb,
+    payload_raw  pg_catalog.bytea,
+    published_at pg_catalog.timestamptz NOT NULL,
+    reason       pg_catalog.text,
+    attempts     pg_catalog.int4,
+    failed_at    pg_catalog.timestamptz NOT NULL,
+    PRIMARY KEY (role, relay, topic, event_id)
+);
+
+COMMENT ON TABLE idempotency.outbox_dead_letters IS
+'events a relay gave up on, with a copy of each; managed by idem_outbox_dead_letter(), kept for idempotency.outbox_max_age';
+
+CREATE TABLE idempotency.outbox_xid_base (
+    one               pg_catalog.bool PRIMARY KEY DEFAULT true CHECK (one),
+    system_identifier pg_catalog.int8 NOT NULL,
+    base              pg_catalog.int8 NOT NULL
+);
+
+COMMENT ON TABLE idempotency.outbox_xid_base IS
+'what the outbox adds to transaction ids, and the cluster that set it: raised after a restore into another cluster';
+
+REVOKE ALL ON idempotency.outbox_event_seq, idempotency.outbox_segments,
+              idempotency.outbox_relays, idempotency.outbox_dead_letters,
+              idempotency.outbox_xid_base FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_event_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_segments', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_relays', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_dead_letters', '');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_xid_base', '');
+
+CREATE FUNCTION pg_catalog.idem_publish(topic text,
+                                        payload jsonb DEFAULT NULL,
+                                        key text DEFAULT NULL,
+                                        headers jsonb DEFAULT NULL,
+                                        payload_raw bytea DEFAULT NULL)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'idem_publish'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_publish(text, jsonb, text, jsonb, bytea) IS
+'writes one event of the calling role''s topic in the caller''s transaction, and returns its event id';
+
+CREATE FUNCTION pg_catalog.idem_outbox_next(relay text,
+                                            topic text,
+                                            max_events integer DEFAULT 100,
+                                            generation bigint DEFAULT NULL)
+RETURNS TABLE (batch bigint, event_id uuid, key text, payload jsonb,
+               payload_raw bytea, headers jsonb, published_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_outbox_next'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_next(text, text, integer, bigint) IS
+'the relay''s current batch of committed events of the calling role''s topic, in commit order: the same again until acknowledged';
+
+CREATE FUNCTION pg_catalog.idem_outbox_ack(relay text,
+                                           topic text,
+                                           batch bigint,
+                                           generation bigint DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_outbox_ack'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_ack(text, text, bigint, bigint) IS
+'moves the relay past its current batch in the caller''s transaction: true, or false if that batch was acknowledged before';
+
+CREATE FUNCTION pg_catalog.idem_outbox_dead_letter(relay text,
+                                                   topic text,
+                                                   event_id uuid,
+                                                   reason text DEFAULT NULL,
+                                                   attempts integer DEFAULT NULL)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_dead_letter'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_dead_letter(text, text, uuid, text, integer) IS
+'records that the relay gave up on one event of its current batch, with a copy of the event';
+
+CREATE FUNCTION pg_catalog.idem_outbox_dead_letters(relay text DEFAULT NULL,
+                                                    topic text DEFAULT NULL)
+RETURNS TABLE (relay text, topic text, event_id uuid, key text,
+               payload jsonb, payload_raw bytea, headers jsonb,
+               published_at timestamptz, reason text, attempts integer,
+               failed_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_outbox_dead_letters'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_dead_letters(text, text) IS
+'the calling role''s dead letters, of one relay and topic or all';
+
+CREATE FUNCTION pg_catalog.idem_outbox_relays()
+RETURNS TABLE (relay text, topic text, generation bigint, batch bigint,
+               in_flight integer, lag_events bigint,
+               lag_seconds double precision, dead_letters bigint,
+               lost_events bigint, acked_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_outbox_relays'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_relays() IS
+'the calling role''s relays: batch, lag in events and seconds, dead letters and lost events';
+
+CREATE FUNCTION idempotency.outbox_relay_info()
+RETURNS TABLE (role regrole, relay text, topic text, generation bigint,
+               batch bigint, in_flight integer, lag_events bigint,
+               lag_seconds double precision, dead_letters bigint,
+               lost_events bigint, acked_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_outbox_relay_info'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+REVOKE ALL ON FUNCTION idempotency.outbox_relay_info() FROM PUBLIC;
+
+CREATE VIEW idempotency.outbox_relay_lag AS
+SELECT r.role, r.relay, r.topic, r.generation, r.batch, r.in_flight,
+       r.lag_events, r.lag_seconds, r.dead_letters, r.lost_events,
+       r.acked_at
+  FROM idempotency.outbox_relay_info() AS r;
+
+COMMENT ON VIEW idempotency.outbox_relay_lag IS
+'every role''s outbox relays: batch, lag in events and seconds, dead letters and lost events';
+
+CREATE FUNCTION idempotency.outbox_stats_info(OUT events_published bigint,
+                                              OUT events_relayed bigint,
+                                              OUT dead_letters bigint,
+                                              OUT events_lost bigint,
+                                              OUT segments_created bigint,
+                                              OUT segments_dropped bigint)
+RETURNS record
+AS 'MODULE_PATHNAME', 'idem_outbox_stats_info'
+LANGUAGE C STRICT VOLATILE PARALLEL RESTRICTED;
+
+REVOKE ALL ON FUNCTION idempotency.outbox_stats_info() FROM PUBLIC;
+
+CREATE VIEW idempotency.outbox_stats AS
+SELECT s.events_published, s.events_relayed, s.dead_letters,
+       s.events_lost, s.segments_created, s.segments_dropped
+  FROM idempotency.outbox_stats_info() AS s;
+
+COMMENT ON VIEW idempotency.outbox_stats IS
+'the outbox''s counters of the current database since server start or idempotency.stats_reset() (needs shared_preload_libraries)';
+
+GRANT SELECT ON idempotency.outbox_relay_lag, idempotency.outbox_stats TO pg_monitor;
+GRANT EXECUTE ON FUNCTION idempotency.outbox_relay_info(),
+                          idempotency.outbox_stats_info() TO pg_monitor;
+
+-- What default privileges gave the outbox's tables and sequences beyond
+-- the above: taken back (they hold every role's events and positions).
+DO $outbox_privileges$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        SELECT c.oid::pg_catalog.regclass AS name, a.privilege_type,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END AS grantee
+          FROM pg_catalog.pg_class AS c,
+               pg_catalog.aclexplode(c.relacl) AS a
+         WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+           AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_event_seq',
+                   'outbox_segments', 'outbox_relays',
+                   'outbox_dead_letters', 'outbox_xid_base']::pg_catalog.name[])
+           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE %s ON %s FROM %s CASCADE',
+                                  item.privilege_type, item.name, item.grantee);
+    END LOOP;
+END
+$outbox_privileges$;

@@ -158,7 +158,7 @@ fill() {
     local db=$1 k=$2 u=$3 expires upper n
     expires=$(qval postgres "SELECT to_timestamp($u - 1)")
     upper=$(qval postgres "SELECT to_timestamp($u)")
-    q "$db" -c "SET bench.rows = $ROWS" -c "SET bench.expires_at = '$expires'" \
+    q "$db" -c "SET bench.rows = $ROWS" -c "SET bench.expires_at = '$expires'" -c "SET bench.upper = '$upper'" \
         -f "$WORK/sql/drop_fill.sql" >"$WORK/fill-$k.log" 2>&1 || { cat "$WORK/fill-$k.log" >&2; die "fill $k in $db failed"; }
     PART_DB[$k]=$db
     UPPER[$k]=$u

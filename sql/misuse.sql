@@ -127,7 +127,27 @@ INSERT INTO null_cases VALUES
   ('idem_sequence',         'producer',       $$SELECT idem_sequence('c', NULL, 0, 0)$$),
   ('idem_sequence',         'epoch',          $$SELECT idem_sequence('c', 'p', NULL, 0)$$),
   ('idem_sequence',         'seq',            $$SELECT idem_sequence('c', 'p', 0, NULL)$$),
-  ('idem_sequence',         'strict',         $$SELECT idem_sequence('c', 'p', 0, 0, NULL)$$);
+  ('idem_sequence',         'strict',         $$SELECT idem_sequence('c', 'p', 0, 0, NULL)$$),
+  ('idem_publish',          'topic',          $$SELECT idem_publish(NULL)$$),
+  ('idem_publish',          'payload',        $$SELECT idem_publish('t', NULL) IS NOT NULL$$),
+  ('idem_publish',          'key',            $$SELECT idem_publish('t', '{}', NULL) IS NOT NULL$$),
+  ('idem_publish',          'headers',        $$SELECT idem_publish('t', '{}', 'k', NULL) IS NOT NULL$$),
+  ('idem_publish',          'payload_raw',    $$SELECT idem_publish('t', '{}', 'k', '{}', NULL) IS NOT NULL$$),
+  ('idem_outbox_next',      'relay',          $$SELECT * FROM idem_outbox_next(NULL, 't')$$),
+  ('idem_outbox_next',      'topic',          $$SELECT * FROM idem_outbox_next('r', NULL)$$),
+  ('idem_outbox_next',      'max_events',     $$SELECT * FROM idem_outbox_next('r', 't', NULL)$$),
+  ('idem_outbox_next',      'generation',     $$SELECT count(*) FROM idem_outbox_next('r', 't', 1, NULL)$$),
+  ('idem_outbox_ack',       'relay',          $$SELECT idem_outbox_ack(NULL, 't', 1)$$),
+  ('idem_outbox_ack',       'topic',          $$SELECT idem_outbox_ack('r', NULL, 1)$$),
+  ('idem_outbox_ack',       'batch',          $$SELECT idem_outbox_ack('r', 't', NULL)$$),
+  ('idem_outbox_ack',       'generation',     $$SELECT idem_outbox_ack('r', 't', 1, NULL)$$),
+  ('idem_outbox_dead_letter', 'relay',        $$SELECT idem_outbox_dead_letter(NULL, 't', gen_random_uuid())$$),
+  ('idem_outbox_dead_letter', 'topic',        $$SELECT idem_outbox_dead_letter('r', NULL, gen_random_uuid())$$),
+  ('idem_outbox_dead_letter', 'event_id',     $$SELECT idem_outbox_dead_letter('r', 't', NULL)$$),
+  ('idem_outbox_dead_letter', 'reason',       $$SELECT idem_outbox_dead_letter('r', 't', '00000000-0000-7000-8000-000000000000', NULL)$$),
+  ('idem_outbox_dead_letter', 'attempts',     $$SELECT idem_outbox_dead_letter('r', 't', '00000000-0000-7000-8000-000000000000', 'x', NULL)$$),
+  ('idem_outbox_dead_letters', 'relay',       $$SELECT count(*) FROM idem_outbox_dead_letters(NULL)$$),
+  ('idem_outbox_dead_letters', 'topic',       $$SELECT count(*) FROM idem_outbox_dead_letters('r', NULL)$$);
 SELECT fn, arg, try(stmt) FROM null_cases;
 -- the table covers every input argument of every idem_* function
 SELECT p.proname, a.name AS argument_not_covered

@@ -222,6 +222,31 @@ IdemCheckPermsEntry(const ListCell *lc, Oid *relid, AclMode *required)
 #endif
 
 /*
+ * LogLogicalMessage(): PostgreSQL 17 added "flush", to flush a
+ * non-transactional message at once; the outbox's messages are
+ * transactional, flushed with their commit.
+ */
+#if PG_VERSION_NUM >= 170000
+#define IdemLogLogicalMessage(prefix, message, size, transactional) \
+	LogLogicalMessage((prefix), (message), (size), (transactional), false)
+#else
+#define IdemLogLogicalMessage(prefix, message, size, transactional) \
+	LogLogicalMessage((prefix), (message), (size), (transactional))
+#endif
+
+/*
+ * pg_b64_encode(): PostgreSQL 18 takes the bytes as uint8, earlier
+ * releases as char.
+ */
+#if PG_VERSION_NUM >= 180000
+#define IdemB64Encode(src, len, dst, dstlen) \
+	pg_b64_encode((const uint8 *) (src), (len), (dst), (dstlen))
+#else
+#define IdemB64Encode(src, len, dst, dstlen) \
+	pg_b64_encode((const char *) (src), (len), (dst), (dstlen))
+#endif
+
+/*
  * The module's magic block: PostgreSQL 18 lets it carry
  * the module's name and version, shown by pg_get_loaded_modules().
  */

@@ -22,6 +22,7 @@
 #include "filter.h"
 #include "keys.h"
 #include "lock_secret.h"
+#include "outbox.h"
 #include "stats.h"
 #include "storage.h"
 #include "streams.h"
@@ -49,6 +50,9 @@ int			idem_naptime = 60;
 int			idem_wait_timeout = 0;
 int			idem_max_response_bytes = 1024 * 1024;
 int			idem_position_ttl = 30 * SECS_PER_DAY;
+int			idem_outbox_retention = SECS_PER_DAY;
+int			idem_outbox_max_age = 7 * SECS_PER_DAY;
+bool		idem_outbox_logical = false;
 
 void		_PG_init(void);
 
@@ -144,6 +148,30 @@ _PG_init(void)
 							PGC_SUSET, GUC_UNIT_S,
 							NULL, NULL, NULL);
 
+	DefineCustomIntVariable("idempotency.outbox_retention",
+							gettext_noop("Sets how long the outbox keeps events after every relay of their topic acknowledged them."),
+							gettext_noop("Maintenance drops a segment of the outbox once this has passed since it stopped taking events and every relay acknowledged its events."),
+							&idem_outbox_retention,
+							SECS_PER_DAY, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomIntVariable("idempotency.outbox_max_age",
+							gettext_noop("Sets how long the outbox keeps events that a relay has not acknowledged."),
+							gettext_noop("Older events are dropped whatever the relays; each relay that lost some is told so by its next call."),
+							&idem_outbox_max_age,
+							7 * SECS_PER_DAY, 1, INT_MAX,
+							PGC_SUSET, GUC_UNIT_S,
+							NULL, NULL, NULL);
+
+	DefineCustomBoolVariable("idempotency.outbox_logical",
+							 gettext_noop("Also writes each published event as a transactional logical decoding message."),
+							 gettext_noop("Prefix \"idempotency.outbox\"; decoding plugins see it when the publishing transaction commits."),
+							 &idem_outbox_logical,
+							 false,
+							 PGC_SUSET, 0,
+							 NULL, NULL, NULL);
+
 	/* a server-start setting: defined only while preloading */
 	if (process_shared_preload_libraries_in_progress)
 		IdemFilterDefineSettings();
@@ -157,6 +185,8 @@ _PG_init(void)
 	IdemLibraryVersionInit();
 	IdemLockSecretInit();
 	IdemWaitInit();
+	IdemOutboxStorageInit();
+	IdemOutboxPublishInit();
 
 	if (process_shared_preload_libraries_in_progress)
 	{

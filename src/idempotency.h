@@ -52,6 +52,9 @@ extern int	idem_max_key_length;
 extern int	idem_wait_timeout;
 extern int	idem_max_response_bytes;
 extern int	idem_position_ttl;
+extern int	idem_outbox_retention;
+extern int	idem_outbox_max_age;
+extern bool idem_outbox_logical;
 
 /*
  * The extension's named LWLock tranche, requested in idempotency.c: [0]
@@ -92,6 +95,9 @@ typedef struct IdemDigest
 #define IDEM_LOCK_POSITION	0x4947	/* one stream partition's position */
 #define IDEM_LOCK_SEQUENCE	0x4948	/* one producer's sequence */
 #define IDEM_LOCK_RESTORE	0x4952	/* a restore of the database (worker.c) */
+#define IDEM_LOCK_OUTBOX_STORAGE 0x4953	/* making the outbox's storage */
+#define IDEM_LOCK_OUTBOX_KEY	0x4954	/* one event key of one topic and role */
+#define IDEM_LOCK_OUTBOX_RELAY	0x4955	/* one relay of one topic and role */
 
 /*
  * The value of a row's "lane" column, and of its partition's bounds: the

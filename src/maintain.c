@@ -13,6 +13,8 @@
  *	  nor expired partitions, so the drop waits for nobody and blocks nobody;
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
  *	  the parent) it is left for the next run;
+ *	- the outbox's segments: a new one, and old ones dropped
+ *	  (outbox_maintain.c);
  *	- with shared_preload_libraries, build the digest filters that live
  *	  partitions lack (after a restart, or writes by other means: filter.h).
  *
@@ -31,6 +33,7 @@
 #include "filter.h"
 #include "lock_secret.h"
 #include "keyhash.h"
+#include "outbox.h"
 #include "stats.h"
 #include "storage.h"
 #include "streams.h"
@@ -89,6 +92,14 @@ IdemMaintainDatabase(int *created, int *dropped)
 			*dropped += IdemDropExpiredPartitions(ledger, now);
 		}
 		(void) IdemStreamsMaintain(now - (int64) idem_position_ttl * USECS_PER_SEC);
+		{
+			int			segs_created;
+			int			segs_dropped;
+
+			IdemOutboxMaintain(now, &segs_created, &segs_dropped);
+			*created += segs_created;
+			*dropped += segs_dropped;
+		}
 		IdemRestrictLockSecretAcl();
 		(void) IdemFilterBuildDatabase();
 	}

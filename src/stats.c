@@ -347,7 +347,7 @@ idem_stats_info(PG_FUNCTION_ARGS)
 			values[col++] = ObjectIdGetDatum(entry->dboid);
 		else
 			nulls[col++] = true;
-		for (i = 0; i < IDEM_NUM_STATS; i++)
+		for (i = 0; i < IDEM_NUM_STATS_V2; i++)
 		{
 			uint64		v = pg_atomic_read_u64(&entry->counters[i]);
 
@@ -398,6 +398,29 @@ idem_stats_info(PG_FUNCTION_ARGS)
 	LWLockRelease(idem_stats->lock);
 
 	return (Datum) 0;
+}
+
+/*
+ * IdemStatsRead copies n counters from "first" on of database dboid into
+ * out; false if the statistics are not in shared memory or the database
+ * has none.  (Counters of other subsystems' views, such as the outbox's.)
+ */
+bool
+IdemStatsRead(Oid dboid, IdemStat first, int n, uint64 *out)
+{
+	IdemDbStats *entry;
+	int			i;
+
+	Assert(first + n <= IDEM_NUM_STATS);
+	if (idem_stats == NULL)
+		return false;
+	LWLockAcquire(idem_stats->lock, LW_SHARED);
+	entry = hash_search(idem_stats_hash, &dboid, HASH_FIND, NULL);
+	if (entry != NULL)
+		for (i = 0; i < n; i++)
+			out[i] = pg_atomic_read_u64(&entry->counters[first + i]);
+	LWLockRelease(idem_stats->lock);
+	return entry != NULL;
 }
 
 /*

@@ -35,11 +35,20 @@ typedef enum IdemStat
 	IDEM_STAT_SEQUENCE_GAPS,
 	IDEM_STAT_SEQUENCES_FENCED,
 	IDEM_STAT_STREAMS_REMOVED,	/* unused positions and sequences deleted */
+	/* since 0.5.0, shown by idempotency.outbox_stats */
+	IDEM_STAT_OUTBOX_PUBLISHED,	/* events written by idem_publish() */
+	IDEM_STAT_OUTBOX_RELAYED,	/* events of batches idem_outbox_ack() acked */
+	IDEM_STAT_OUTBOX_DEAD_LETTERS,	/* dead letters recorded */
+	IDEM_STAT_OUTBOX_LOST,		/* unacknowledged events dropped past max age */
+	IDEM_STAT_OUTBOX_SEGMENTS_CREATED,
+	IDEM_STAT_OUTBOX_SEGMENTS_DROPPED,
 	IDEM_NUM_STATS
 } IdemStat;
 
 /* the counters of idempotency.stats before 0.4.0 */
 #define IDEM_NUM_STATS_V1	(IDEM_STAT_PARTITIONS_DROPPED + 1)
+/* ... and the counters of idempotency.stats since 0.4.0 */
+#define IDEM_NUM_STATS_V2	(IDEM_STAT_STREAMS_REMOVED + 1)
 
 extern Size IdemStatsShmemSize(void);
 extern void IdemStatsShmemInit(void);
@@ -49,5 +58,6 @@ extern void IdemStatsMaintenanceHeldOff(const char *reason);
 extern void IdemStatsForgetDatabases(const Oid *dbs, int ndbs,
 									 TimestampTz listed_at);
 extern void IdemStatsRequirePreload(const char *what);
+extern bool IdemStatsRead(Oid dboid, IdemStat first, int n, uint64 *out);
 
 #endif							/* IDEMPOTENCY_STATS_H */

@@ -4,7 +4,10 @@
 # the installed extension: starts a throwaway cluster as an unprivileged user
 # on a private unix socket (test/lib/cluster.sh), makes a database with the
 # extension and an ordinary application role, runs "npm test" (npm ci, the
-# node:test suite with real HTTP servers and concurrent clients, the packed
+# node:test suite with real HTTP servers and concurrent clients, the outbox
+# relay and webhook receivers (test/outbox.test.js: against
+# conformance/outbox-fake.sql, and end to end against the extension's outbox
+# when it has one; Redis Streams when redis-server is installed), the packed
 # tarball installed into a scratch app whose README quickstarts are run as
 # written, and the TypeScript check of the .d.ts files), and stops the
 # cluster, pass or fail.

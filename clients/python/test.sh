@@ -13,7 +13,11 @@
 #      the core on psycopg 3 and psycopg2, the two-phase helper and the
 #      recoverer, the consumer helper, the asyncio core, the ASGI
 #      (FastAPI, Starlette), Django and Flask adapters behind real HTTP
-#      servers with real concurrent clients (from the source tree), and
+#      servers with real concurrent clients (from the source tree), the
+#      outbox relay and webhook receivers (test_outbox.py: against
+#      conformance/outbox-fake.sql, and end to end against the extension's
+#      outbox when it has one; Redis Streams when redis-server and
+#      python3-redis are installed, else skipped, saying so), and
 #      test_wheel.py: the wheel built offline with Debian's tools (python3
 #      -m build --no-isolation, else pip wheel --no-build-isolation) in a
 #      copy of this directory, installed into a "python3 -m venv

@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(75);
+SELECT plan(85);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -81,7 +81,9 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
               AND p.pronamespace = 'pg_catalog'::regnamespace),
           ARRAY['idem_advance', 'idem_assign', 'idem_checkpoint', 'idem_claim', 'idem_complete',
                 'idem_consume_message', 'idem_consume_messages', 'idem_lookup', 'idem_maintain',
-                'idem_positions', 'idem_recover', 'idem_release', 'idem_sequence'],
+                'idem_outbox_ack', 'idem_outbox_dead_letter', 'idem_outbox_dead_letters',
+                'idem_outbox_next', 'idem_outbox_relays', 'idem_positions', 'idem_publish',
+                'idem_recover', 'idem_release', 'idem_sequence'],
           'the API functions in pg_catalog are members of the extension');
 
 -- privileges
@@ -131,6 +133,41 @@ SELECT ok(has_function_privilege('pg_monitor', 'idempotency.filter_info()', 'EXE
           'pg_monitor can execute idempotency.filter_info()');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.filter_info()', 'EXECUTE'),
           'an ordinary role cannot execute idempotency.filter_info()');
+
+----------------------------------------------------------------------------
+-- The transactional outbox (0.5.0)
+----------------------------------------------------------------------------
+
+SELECT has_function('pg_catalog', 'idem_publish', ARRAY['text', 'jsonb', 'text', 'jsonb', 'bytea'],
+                    'idem_publish(topic, payload, key, headers, payload_raw) exists');
+SELECT function_returns('pg_catalog', 'idem_publish', ARRAY['text', 'jsonb', 'text', 'jsonb', 'bytea'], 'uuid',
+                        'idem_publish returns uuid');
+SELECT has_function('pg_catalog', 'idem_outbox_next', ARRAY['text', 'text', 'integer', 'bigint'],
+                    'idem_outbox_next(relay, topic, max_events, generation) exists');
+SELECT is((SELECT pg_get_function_result('pg_catalog.idem_outbox_next(text, text, integer, bigint)'::regprocedure)),
+          'TABLE(batch bigint, event_id uuid, key text, payload jsonb, payload_raw bytea, headers jsonb, published_at timestamp with time zone)',
+          'idem_outbox_next returns the SPEC''s columns');
+SELECT has_function('pg_catalog', 'idem_outbox_ack', ARRAY['text', 'text', 'bigint', 'bigint'],
+                    'idem_outbox_ack(relay, topic, batch, generation) exists');
+SELECT is((SELECT pg_get_function_arguments('pg_catalog.idem_outbox_next(text, text, integer, bigint)'::regprocedure)),
+          'relay text, topic text, max_events integer DEFAULT 100, generation bigint DEFAULT NULL::bigint',
+          'idem_outbox_next has the SPEC''s arguments and defaults');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_publish(text, jsonb, text, jsonb, bytea)', 'EXECUTE')
+          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_next(text, text, integer, bigint)', 'EXECUTE')
+          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_ack(text, text, bigint, bigint)', 'EXECUTE'),
+          'an ordinary role can publish and relay');
+SELECT ok(has_table_privilege('pg_monitor', 'idempotency.outbox_relay_lag', 'SELECT')
+          AND has_table_privilege('pg_monitor', 'idempotency.outbox_stats', 'SELECT'),
+          'pg_monitor can read the outbox''s views');
+SELECT ok(NOT has_table_privilege('idem_pgtap_plain', 'idempotency.outbox_relay_lag', 'SELECT')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.outbox_relay_info()', 'EXECUTE'),
+          'an ordinary role cannot read every role''s relays');
+SELECT is((SELECT count(*)::int FROM pg_class AS c, aclexplode(c.relacl) AS a
+            WHERE c.relnamespace = 'idempotency'::regnamespace
+              AND c.relname IN ('outbox_event_seq', 'outbox_segments', 'outbox_relays',
+                                'outbox_dead_letters', 'outbox_xid_base')
+              AND a.grantee <> c.relowner), 0,
+          'the outbox''s tables and sequence are granted to nobody');
 
 ----------------------------------------------------------------------------
 -- Storage table, made on first use

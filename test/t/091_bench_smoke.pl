@@ -4,7 +4,7 @@
 # Nothing else runs bench/ between releases, and the figures in
 # bench/README.md are only as good as the scripts that make them.  So each
 # script (run.sh, scale.sh, bigtxn.sh, drop.sh, soak.sh, wait.sh,
-# features.sh, streams.sh, callgrind.sh) runs
+# features.sh, streams.sh, outbox.sh, callgrind.sh) runs
 # here in its smoke mode (bench/callgrind-ratios.sh runs in full in
 # test/t/090_instructions.pl, on every major), BENCH_SMOKE=1 (bench/lib.sh): the smallest sizes,
 # one round, windows of a second or two, seconds each.  It runs as the user
@@ -326,6 +326,22 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 		is(scalar(@v), 3, 'streams.sh: a verdict for each of its 3 goals');
 		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'streams.sh: no goal SKIP');
 		like($t, qr/^elapsed: /m, 'streams.sh: ran to its end');
+	}
+}
+
+# ---------------------------------------------------------------- outbox.sh
+{
+	my $r = smoke('outbox.sh', qr/^outbox-\d{8}-\d{6}\.txt$/,
+		OUTBOX_PORT => PostgreSQL::Test::Cluster::get_free_port());
+	if ($r)
+	{
+		my ($t) = values %$r;
+		my @rounds = $t =~ /^raw round=\d+ ours_bytes=\d+ handmade_bytes=\d+ segments=\d+ ours_lag=0 handmade_left=0 /mg;
+		is(scalar(@rounds), 6, 'outbox.sh: a line per round, both outboxes relayed dry');
+		my @v = verdicts($t);
+		is(scalar(@v), 1, 'outbox.sh: a verdict for its goal (ours flat)');
+		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'outbox.sh: the goal measured');
+		like($t, qr/^elapsed: /m, 'outbox.sh: ran to its end');
 	}
 }
 

@@ -15,6 +15,7 @@
 
 const http = require('node:http');
 const { HttpIdempotency, splitTarget } = require('./http');
+const { answerWebhook, secretKey } = require('./webhooks');
 
 function toBuffer(chunk, encoding) {
   if (Buffer.isBuffer(chunk)) return chunk;
@@ -229,5 +230,69 @@ function idempotency(options = {}) {
   return pgIdempotency;
 }
 
+// webhookReceiver({ pool, consumer, secret, tolerance, limit, onError },
+// handler) → (req, res, next): verifies a Standard Webhooks delivery and
+// runs handler(tx, event, req) once per webhook-id, in the transaction
+// that records it (../outbox-behaviour.md).  The signature covers the body
+// as sent: mount it without a body parser before it (it reads the body
+// itself), or behind express.raw().
+function webhookReceiver(options, handler) {
+  if (!options || typeof options.consumer !== 'string') throw new TypeError('webhookReceiver needs { consumer }');
+  if (options.secret === undefined) throw new TypeError('webhookReceiver needs { secret }');
+  if (!options.pool && !options.client) throw new TypeError('webhookReceiver needs { pool }');
+  if (typeof handler !== 'function') throw new TypeError('webhookReceiver needs a handler (tx, event, req) => ...');
+  // a bad secret fails here, not at the first webhook
+  for (const k of Array.isArray(options.secret) ? options.secret : [options.secret]) secretKey(k);
+  const limit = options.limit === undefined ? 1024 * 1024 : options.limit;
+  const onError = options.onError || ((err) => console.error('pg-idempotency webhook receiver:', err));
+  return function pgIdempotencyWebhook(req, res, next) {
+    readRawBody(req, limit).then(async (body) => {
+      if (body === null) {
+        const err = new Error('the webhook signature covers the raw body, but a body parser read it first: '
+          + 'mount webhookReceiver before express.json(), or behind express.raw({ type: \'*/*\' })');
+        onError(err);
+        sendRaw(res, webhookProblem(500, 'misconfigured', 'The server is misconfigured', err.message), res.end);
+        return;
+      }
+      if (body === undefined) {
+        sendRaw(res, webhookProblem(413, 'too-large', 'The webhook is too large',
+          `The body is over ${limit} bytes.`), res.end);
+        return;
+      }
+      const out = await answerWebhook({ ...options, onError }, { headers: req.headers, headersDistinct: req.headersDistinct, body },
+        (tx, event) => handler(tx, event, req));
+      sendRaw(res, out, res.end);
+    }).catch(next);
+  };
+}
+
+// the body as sent: req.body from express.raw(), or read here; null when a
+// parser took it; undefined when over LIMIT bytes
+function readRawBody(req, limit) {
+  if (Buffer.isBuffer(req.body)) return Promise.resolve(req.body);
+  if (req.body !== undefined || req.readableEnded) return Promise.resolve(null);
+  return new Promise((resolve, reject) => {
+    const chunks = [];
+    let size = 0;
+    let over = false;
+    req.on('data', (c) => {
+      size += c.length;
+      if (size > limit) over = true;
+      else chunks.push(c);
+    });
+    req.on('end', () => resolve(over ? undefined : Buffer.concat(chunks)));
+    req.on('error', reject);
+  });
+}
+
+function webhookProblem(status, slug, title, detail) {
+  return {
+    status,
+    headers: { 'content-type': 'application/problem+json', 'content-language': 'en' },
+    body: Buffer.from(JSON.stringify({ type: `tag:pg-idempotency,2026:${slug}`, title, status, detail })),
+  };
+}
+
 exports.idempotency = idempotency;
+exports.webhookReceiver = webhookReceiver;
 exports.HttpIdempotency = HttpIdempotency;

@@ -10,6 +10,7 @@
 // ../http-behaviour.md.
 
 const { HttpIdempotency } = require('./http');
+const { answerWebhook, secretKey } = require('./webhooks');
 
 const kState = Symbol('pg-idempotency');
 
@@ -104,5 +105,32 @@ function fastifyIdempotency(fastify, options, done) {
 fastifyIdempotency[Symbol.for('skip-override')] = true;
 fastifyIdempotency[Symbol.for('fastify.display-name')] = 'pg-idempotency';
 
+// fastify.register(webhookReceiver, { url, pool, consumer, secret, handler,
+// tolerance, bodyLimit, onError }): a POST route at url that verifies a
+// Standard Webhooks delivery and runs handler(tx, event, request) once per
+// webhook-id, in the transaction that records it (../outbox-behaviour.md).
+// The route reads its body as bytes (a parser of its own, in the plugin's
+// encapsulated context: the app's other routes keep theirs).
+function webhookReceiver(fastify, options, done) {
+  if (!options || typeof options.consumer !== 'string') throw new TypeError('webhookReceiver needs { consumer }');
+  if (options.secret === undefined) throw new TypeError('webhookReceiver needs { secret }');
+  if (!options.pool && !options.client) throw new TypeError('webhookReceiver needs { pool }');
+  if (typeof options.handler !== 'function') throw new TypeError('webhookReceiver needs { handler: (tx, event, request) => ... }');
+  // a bad secret fails here, not at the first webhook
+  for (const k of Array.isArray(options.secret) ? options.secret : [options.secret]) secretKey(k);
+  const onError = options.onError || ((err) => fastify.log.error({ err }, 'pg-idempotency webhook receiver'));
+  fastify.removeAllContentTypeParsers();
+  fastify.addContentTypeParser('*', { parseAs: 'buffer', bodyLimit: options.bodyLimit },
+    (request, body, next) => next(null, body));
+  fastify.post(options.url || '/', async (request, reply) => {
+    const body = request.body === undefined || request.body === null ? Buffer.alloc(0) : request.body;
+    const out = await answerWebhook({ ...options, onError }, { headers: request.headers, headersDistinct: request.raw.headersDistinct, body },
+      (tx, event) => options.handler(tx, event, request));
+    return sendReply(reply, out);
+  });
+  done();
+}
+
 exports.fastifyIdempotency = fastifyIdempotency;
+exports.webhookReceiver = webhookReceiver;
 exports.HttpIdempotency = HttpIdempotency;

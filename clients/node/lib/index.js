@@ -9,6 +9,8 @@ const sql = require('./sql');
 const core = require('./core');
 const errors = require('./errors');
 const http = require('./http');
+const outbox = require('./outbox');
+const webhooks = require('./webhooks');
 
 // (assignments one by one, so that Node's ES module loader finds every
 // name: import { run } from 'pg-idempotency')
@@ -34,6 +36,21 @@ exports.recoverLapsed = core.recoverLapsed;
 exports.consume = core.consume;
 exports.streamConsumer = core.streamConsumer;
 exports.StreamConsumer = core.StreamConsumer;
+// the transactional outbox: publishing, relays, webhooks
+exports.publish = outbox.publish;
+exports.outboxNext = outbox.outboxNext;
+exports.outboxAck = outbox.outboxAck;
+exports.outboxDeadLetter = outbox.outboxDeadLetter;
+exports.outboxDeadLetters = outbox.outboxDeadLetters;
+exports.OutboxRelay = outbox.OutboxRelay;
+exports.outboxRelay = outbox.outboxRelay;
+exports.webhookSink = outbox.webhookSink;
+exports.redisStreamSink = outbox.redisStreamSink;
+exports.signWebhook = webhooks.signWebhook;
+exports.webhookHeaders = webhooks.webhookHeaders;
+exports.verifyWebhook = webhooks.verifyWebhook;
+exports.receiveWebhook = webhooks.receiveWebhook;
+exports.generateSecret = webhooks.generateSecret;
 // HTTP pieces shared by the adapters, for other frameworks
 exports.parseIdempotencyKey = http.parseIdempotencyKey;
 exports.HttpIdempotency = http.HttpIdempotency;
@@ -50,4 +67,8 @@ exports.StaleGenerationError = errors.StaleGenerationError;
 exports.SequenceGapError = errors.SequenceGapError;
 exports.TransientError = errors.TransientError;
 exports.StoreUnavailableError = errors.StoreUnavailableError;
+exports.OutboxLostError = outbox.OutboxLostError;
+exports.DeadLetterError = outbox.DeadLetterError;
+exports.DeliveryError = outbox.DeliveryError;
+exports.WebhookVerificationError = webhooks.WebhookVerificationError;
 exports.BadIdempotencyKeyError = http.BadIdempotencyKeyError;

@@ -158,13 +158,15 @@ describe('npm pack, installed into a scratch app', () => {
     // an ES module importing the named exports
     const esm = sh(process.execPath, ['--input-type=module', '-e', `
       import { run, twoPhase, consume, StaleTokenError, streamConsumer, StaleGenerationError, idempotent,
-        ConfigurationError } from 'pg-idempotency';
-      import { idempotency } from 'pg-idempotency/express';
-      import { fastifyIdempotency } from 'pg-idempotency/fastify';
+        ConfigurationError, publish, OutboxRelay, webhookSink, redisStreamSink, verifyWebhook,
+        receiveWebhook } from 'pg-idempotency';
+      import { idempotency, webhookReceiver } from 'pg-idempotency/express';
+      import { fastifyIdempotency, webhookReceiver as fastifyWebhookReceiver } from 'pg-idempotency/fastify';
       console.log([run, twoPhase, consume, StaleTokenError, streamConsumer, StaleGenerationError, idempotency,
-        fastifyIdempotency, idempotent, ConfigurationError].map((f) => typeof f).join(' '));
+        fastifyIdempotency, idempotent, ConfigurationError, publish, OutboxRelay, webhookSink, redisStreamSink,
+        verifyWebhook, receiveWebhook, webhookReceiver, fastifyWebhookReceiver].map((f) => typeof f).join(' '));
     `], { cwd: app });
-    assert.equal(esm.trim(), Array(10).fill('function').join(' '));
+    assert.equal(esm.trim(), Array(18).fill('function').join(' '));
 
     // the declarations, from the installed package
     fs.writeFileSync(path.join(app, 'tsconfig.json'), JSON.stringify({

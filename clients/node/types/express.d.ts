@@ -1,7 +1,8 @@
 // Express 5 middleware of pg-idempotency (TypeScript users: @types/express).
 
 import type { RequestHandler } from 'express';
-import type { HttpOptions, HttpIdempotency, IdempotencyContext } from './index';
+import type { HttpOptions, HttpIdempotency, IdempotencyContext, ReceiveWebhookOptions, WebhookEvent } from './index';
+import type { PoolClient } from 'pg';
 
 export { HttpIdempotency } from './index';
 
@@ -12,6 +13,10 @@ export interface IdempotencyMiddleware extends RequestHandler {
 }
 
 export function idempotency(options: HttpOptions | HttpIdempotency): IdempotencyMiddleware;
+
+/** A Standard Webhooks receiver: the handler runs once per webhook-id, in the transaction that records it. */
+export function webhookReceiver(options: ReceiveWebhookOptions & { limit?: number },
+  handler: (tx: PoolClient, event: WebhookEvent, req: import('express').Request) => unknown): RequestHandler;
 
 declare global {
   // eslint-disable-next-line @typescript-eslint/no-namespace

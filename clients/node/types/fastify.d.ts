@@ -1,7 +1,9 @@
 // Fastify 5 plugin of pg-idempotency.
 
 import type { FastifyPluginCallback } from 'fastify';
-import type { HttpOptions, IdempotencyContext } from './index';
+import type { HttpOptions, IdempotencyContext, ReceiveWebhookOptions, WebhookEvent } from './index';
+import type { FastifyRequest } from 'fastify';
+import type { PoolClient } from 'pg';
 
 export { HttpIdempotency } from './index';
 
@@ -11,6 +13,14 @@ export interface FastifyIdempotencyOptions extends HttpOptions {
 }
 
 export const fastifyIdempotency: FastifyPluginCallback<FastifyIdempotencyOptions>;
+
+export interface WebhookReceiverOptions extends ReceiveWebhookOptions {
+  url?: string;
+  bodyLimit?: number;
+  handler: (tx: PoolClient, event: WebhookEvent, request: FastifyRequest) => unknown;
+}
+/** A POST route receiving Standard Webhooks: the handler runs once per webhook-id, in the transaction that records it. */
+export const webhookReceiver: FastifyPluginCallback<WebhookReceiverOptions>;
 
 declare module 'fastify' {
   interface FastifyRequest {

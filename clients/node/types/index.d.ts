@@ -394,6 +394,141 @@ export class HttpIdempotency {
 export function parseIdempotencyKey(values: string[] | string | undefined,
   options?: { maxKeyBytes?: number; header?: string }): string;
 
+// ------------------------------------------------------------ the outbox (../outbox-behaviour.md)
+
+export interface PublishOptions {
+  payload?: unknown;
+  key?: string | null;
+  headers?: Record<string, unknown> | null;
+  raw?: Buffer | Uint8Array | null;
+}
+/** idem_publish in db's transaction; returns the event id (uuid text). */
+export function publish(db: Queryable, topic: string, options?: PublishOptions): Promise<string>;
+
+export interface OutboxEvent {
+  eventId: string;
+  key: string | null;
+  /** the payload's JSON as PostgreSQL prints jsonb (the bytes a relay sends) */
+  payloadText: string | null;
+  payload: unknown;
+  raw: Buffer | null;
+  headers: Record<string, unknown> | null;
+  publishedAt: Date;
+}
+export interface OutboxBatch {
+  /** decimal string; null when there is nothing to relay */
+  batch: string | null;
+  events: OutboxEvent[];
+}
+export function outboxNext(db: Queryable, relay: string, topic: string,
+  options?: { maxEvents?: number; generation?: Int8 | null }): Promise<OutboxBatch>;
+export function outboxAck(db: Queryable, relay: string, topic: string, batch: Int8,
+  options?: { generation?: Int8 | null }): Promise<boolean>;
+export function outboxDeadLetter(db: Queryable, relay: string, topic: string, eventId: string,
+  options?: { reason?: string | null; attempts?: number | null }): Promise<void>;
+
+export interface DeadLetter extends OutboxEvent {
+  relay: string;
+  topic: string;
+  reason: string | null;
+  attempts: number | null;
+  failedAt: Date;
+}
+/** idem_outbox_dead_letters: the calling role's dead letters, of one relay and topic or all. */
+export function outboxDeadLetters(db: Queryable, options?: { relay?: string | null; topic?: string | null }): Promise<DeadLetter[]>;
+
+export interface SinkContext { topic: string; relay: string; attempt: number }
+/** Delivers one event; throws (DeliveryError) when the attempt failed. */
+export type Sink = (event: OutboxEvent, ctx: SinkContext) => Promise<void> | void;
+
+export type WebhookSecret = string | Buffer | Uint8Array;
+export interface WebhookSinkOptions {
+  url: string | ((event: OutboxEvent) => string);
+  secret: WebhookSecret;
+  /** milliseconds (15000) */
+  timeout?: number;
+  headers?: Record<string, string>;
+  fetch?: typeof fetch;
+  /** seconds since the epoch, for webhook-timestamp */
+  now?: () => number;
+}
+export function webhookSink(options: WebhookSinkOptions): Sink;
+export interface RedisStreamSinkOptions {
+  /** a node-redis (sendCommand) or ioredis (call) client */
+  client: unknown;
+  stream?: string | ((event: OutboxEvent) => string);
+  maxLen?: number;
+  /** an event added within that many seconds is not added again */
+  dedupSeconds?: number | null;
+}
+export function redisStreamSink(options: RedisStreamSinkOptions): Sink;
+
+export interface OutboxRelayOptions {
+  pool: Pool;
+  relay: string;
+  topic: string;
+  sink: Sink;
+  maxEvents?: number;
+  generation?: Int8 | null;
+  maxAttempts?: number;
+  initialDelay?: number;
+  maxDelay?: number;
+  onDeadLetter?: 'continue' | 'stop';
+  pollInterval?: number;
+  acknowledgeLoss?: boolean;
+  onEvent?: (kind: 'delivered' | 'attempt-failed' | 'dead-letter' | 'acked' | 'idle' | 'loss' | 'database-unavailable' | 'fenced',
+    info: Record<string, unknown>) => void;
+  random?: () => number;
+  sleep?: (ms: number, signal: AbortSignal) => Promise<void>;
+}
+export interface RelayRound {
+  batch: string | null;
+  delivered: number;
+  deadLettered: number;
+  events: number;
+  acked?: boolean;
+  lost?: boolean;
+}
+export class OutboxRelay {
+  constructor(options: OutboxRelayOptions);
+  readonly stopped: boolean;
+  runOnce(): Promise<RelayRound>;
+  run(): Promise<void>;
+  stop(): void;
+}
+export function outboxRelay(options: OutboxRelayOptions): OutboxRelay;
+
+export interface WebhookEvent {
+  id: string;
+  timestamp: number;
+  headers: unknown;
+  body: Buffer;
+  text(): string;
+  json(): any;
+}
+export interface WebhookVerifyOptions {
+  /** seconds (300) */
+  tolerance?: number;
+  /** seconds since the epoch */
+  now?: number;
+}
+export function signWebhook(secret: WebhookSecret, id: string, timestamp: number | string, body: Buffer | string): string;
+export function webhookHeaders(secret: WebhookSecret, id: string, timestamp: number,
+  body: Buffer | string): { 'webhook-id': string; 'webhook-timestamp': string; 'webhook-signature': string };
+export function verifyWebhook(secret: WebhookSecret | WebhookSecret[], headers: unknown, body: Buffer | string,
+  options?: WebhookVerifyOptions): { id: string; timestamp: number };
+export function generateSecret(): string;
+export interface ReceiveWebhookOptions extends WebhookVerifyOptions, TransactionOptions {
+  consumer: string;
+  secret: WebhookSecret | WebhookSecret[];
+  pool?: Pool;
+  client?: PoolClient;
+  ttl?: Duration;
+  onError?: (err: unknown) => void;
+}
+export function receiveWebhook<T>(options: ReceiveWebhookOptions, request: { headers: unknown; body: Buffer | string },
+  fn: (tx: PoolClient, event: WebhookEvent) => Promise<T>): Promise<{ id: string; duplicate: boolean; result: T | undefined }>;
+
 // ------------------------------------------------------------ errors
 
 export class IdempotencyError extends Error {
@@ -416,6 +551,26 @@ export class StaleGenerationError extends IdempotencyError {}
 export class SequenceGapError extends IdempotencyError {}
 export class TransientError extends IdempotencyError {}
 export class StoreUnavailableError extends IdempotencyError {}
+/** ID003: events of the relay expired before it acknowledged them; ack `batch` to go on. */
+export class OutboxLostError extends IdempotencyError {
+  batch: string | null;
+}
+/** The relay stopped on an event that kept failing (onDeadLetter: 'stop'). */
+export class DeadLetterError extends IdempotencyError {
+  event: OutboxEvent;
+  failure: unknown;
+}
+/** One failed delivery attempt. */
+export class DeliveryError extends IdempotencyError {
+  status?: number;
+  permanent: boolean;
+  constructor(message: string, options?: { status?: number; permanent?: boolean; cause?: unknown });
+}
+/** A webhook the receiver refuses (400 webhook-malformed, 401 webhook-timestamp or webhook-signature). */
+export class WebhookVerificationError extends IdempotencyError {
+  status: number;
+  slug: string;
+}
 export class BadIdempotencyKeyError extends Error {
   slug: string;
   title: string;

@@ -151,6 +151,15 @@ def test_installed_from_the_wheel(venv):
     control = open(os.path.join(CLIENT_DIR, "..", "..", "idempotency.control")).read()
     assert "default_version = '%s'" % version in control
     assert typed == "True"
+    # the outbox's modules are in the wheel, and sign as the vector says
+    r = subprocess.run([py, "-c", "import pg_idempotency.outbox, "
+                        "pg_idempotency.webhooks as w; print(w.sign("
+                        "'whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw', "
+                        "'msg_p5jXN8AQM9LWM0D4loKWxJek', 1614265330, "
+                        "'{\"test\": 2432232314}'))"],
+                       env=env, cwd=qs, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
 
 
 @pytest.mark.parametrize("name,check", [

@@ -11,8 +11,12 @@ import {
   assign, advance, positions, sequence, streamConsumer, StreamConsumer, StaleGenerationError, SequenceGapError,
   Seek, OffsetRange, Position, SequenceAnswer, idempotent, KeyMismatchError, ConfigurationError,
 } from 'pg-idempotency';
-import { idempotency } from 'pg-idempotency/express';
-import { fastifyIdempotency } from 'pg-idempotency/fastify';
+import { idempotency, webhookReceiver } from 'pg-idempotency/express';
+import { fastifyIdempotency, webhookReceiver as fastifyWebhookReceiver } from 'pg-idempotency/fastify';
+import {
+  publish, OutboxRelay, webhookSink, redisStreamSink, verifyWebhook, receiveWebhook, generateSecret,
+  DeadLetterError, OutboxLostError, WebhookVerificationError, RelayRound,
+} from 'pg-idempotency';
 
 const pool = new Pool();
 
@@ -131,5 +135,42 @@ fastify.post('/orders', { config: { idempotency: { wait: 1000 } } }, async (requ
   return reply.code(201).send({ key: ctx.key });
 });
 
+async function outbox(): Promise<void> {
+  await transaction(pool, async (tx) => {
+    const id: string = await publish(tx, 'orders', { payload: { order: 1 }, key: 'order-1' });
+    return id;
+  });
+  const secret = generateSecret();
+  const relay = new OutboxRelay({
+    pool, relay: 'shipping', topic: 'orders', generation: 3, onDeadLetter: 'stop',
+    sink: webhookSink({ url: 'http://127.0.0.1:1/hooks', secret }),
+  });
+  const round: RelayRound = await relay.runOnce();
+  void round.batch;
+  relay.stop();
+  await relay.run().catch((e) => e instanceof DeadLetterError || e instanceof OutboxLostError);
+  void redisStreamSink({ client: {}, stream: 'orders' });
+  try {
+    verifyWebhook([secret], { 'webhook-id': 'x' }, Buffer.from(''));
+  } catch (e) {
+    if (e instanceof WebhookVerificationError) void e.status;
+  }
+  const r = await receiveWebhook({ pool, consumer: 'c', secret }, { headers: {}, body: '' }, async (tx, event) => {
+    await tx.query('SELECT $1', [event.id]);
+    return event.json();
+  });
+  void r.duplicate;
+  const app2 = express();
+  app2.post('/hooks', webhookReceiver({ pool, consumer: 'shipping', secret }, async (tx, event) => {
+    await tx.query('INSERT INTO shipments VALUES ($1)', [event.json().order]);
+  }));
+  const f2 = Fastify();
+  f2.register(fastifyWebhookReceiver, {
+    url: '/hooks', pool, consumer: 'shipping', secret,
+    handler: async (tx, event) => { await tx.query('SELECT $1', [event.id]); },
+  });
+}
+
 void core;
+void outbox;
 void streams;

@@ -29,7 +29,7 @@ from .errors import (Busy, ClaimNotResolved, ConfigurationError,
                      StoreUnavailable, classify, sqlstate_of)
 from .twophase import Operation, Recoverer, two_phase
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "AsyncPsycopgRunner", "AsyncRunner", "Busy", "Claim", "ClaimNotResolved",

@@ -648,3 +648,87 @@ async def _send(send: Send, resp: Response, method: str) -> None:
                 "headers": headers})
     await send({"type": "http.response.body",
                 "body": b"" if method == "HEAD" else resp.body})
+
+
+class WebhookEndpoint:
+    """
+    An ASGI endpoint receiving Standard Webhooks deliveries (an outbox
+    relay's, ../../outbox-behaviour.md): verifies the signature and runs
+    HANDLER(conn, event) once per webhook-id, in the transaction that
+    records it with idem_consume_message on CONSUMER.
+
+        async def on_order(conn, event):
+            await conn.execute("INSERT INTO shipments ...", ...)
+
+        app.add_route("/hooks/orders", WebhookEndpoint(
+            on_order, consumer="shipping", secret=SECRET, pool=pool),
+            methods=["POST"])          # FastAPI or Starlette
+
+    Connections as IdempotencyMiddleware's (one of pool, connect,
+    conninfo); a connection is taken only for a delivery whose signature
+    holds.  Answers: 200 {"id", "status": "applied" | "duplicate"}, 400
+    or 401 problems for a delivery refused, 413 over MAX_BODY_BYTES, 500
+    (the handler failed: nothing kept, the sender retries), 503.
+    """
+
+    def __init__(self, handler: Callable[[Any, Any], Awaitable[Any]], *,
+                 consumer: str, secret: Any, pool: Any = None,
+                 connect: Optional[Callable[[], Awaitable[Any]]] = None,
+                 conninfo: Optional[str] = None, tolerance: int = 300,
+                 ttl: Any = None, max_body_bytes: int = 1024 * 1024) -> None:
+        from .webhooks import secret_key
+        if sum(x is not None for x in (pool, connect, conninfo)) != 1:
+            raise TypeError("give one of pool, connect or conninfo")
+        if not inspect.iscoroutinefunction(handler):
+            raise ConfigurationError("a WebhookEndpoint handler is an "
+                                     "async def (conn, event)")
+        for s in (secret if isinstance(secret, (list, tuple)) else [secret]):
+            secret_key(s)
+        self.handler = handler
+        self.consumer = consumer
+        self.secret = secret
+        self.tolerance = tolerance
+        self.ttl = ttl
+        self.max_body_bytes = max_body_bytes
+        self._conns = IdempotencyMiddleware.__new__(IdempotencyMiddleware)
+        self._conns.pool = pool
+        self._conns.connect = connect
+        self._conns.conninfo = conninfo
+
+    async def __call__(self, scope: Scope, receive: Receive,
+                       send: Send) -> None:
+        from . import webhooks as W
+        if scope["type"] != "http":
+            raise ConfigurationError("WebhookEndpoint serves HTTP only")
+        chunks: List[bytes] = []
+        size = 0
+        while True:
+            msg = await receive()
+            if msg["type"] == "http.disconnect":
+                return
+            chunk = msg.get("body", b"")
+            size += len(chunk)
+            if size <= self.max_body_bytes:
+                chunks.append(chunk)
+            if not msg.get("more_body"):
+                break
+        method = scope["method"].upper()
+        if size > self.max_body_bytes:
+            await _send(send, W.too_large(self.max_body_bytes), method)
+            return
+        body = b"".join(chunks)
+        headers = [(k.decode("latin-1"), v.decode("latin-1"))
+                   for k, v in scope.get("headers", [])]
+        try:
+            W.verify(self.secret, headers, body, tolerance=self.tolerance)
+            async with self._conns._connection() as conn:
+                r = await W.receive_webhook_async(
+                    conn, self.consumer, self.secret, headers, body,
+                    self.handler, tolerance=self.tolerance, ttl=self.ttl)
+            resp = W.answer_received(r)
+        except Exception as e:      # noqa: BLE001 -- answered
+            if not isinstance(e, W.WebhookVerificationError):
+                logging.getLogger("pg_idempotency").error(
+                    "webhook receiver: %s", e, exc_info=e)
+            resp = W.answer_error(e)
+        await _send(send, resp, method)

@@ -222,3 +222,58 @@ def policy_view(**options: Any) -> Callable[[Any], Any]:
             policy, _ = _options(getattr(settings, "PG_IDEMPOTENCY", {}))
         return _to_django(policy.policy_response())
     return idempotency_policy
+
+
+def webhook_receiver(*, consumer: str, secret: Any,
+                     using: Optional[str] = None, tolerance: int = 300,
+                     ttl: Any = None) -> Callable[[Callable[..., Any]],
+                                                  Callable[..., Any]]:
+    """
+    A view receiving Standard Webhooks deliveries (an outbox relay's,
+    ../../outbox-behaviour.md): verifies the signature and runs the
+    decorated VIEW(request, event) once per webhook-id, inside the
+    ``transaction.atomic`` on database USING that records it with
+    idem_consume_message on CONSUMER; the view's ORM writes commit with
+    the record.  What the view returns is ignored: the answer is 200
+    {"id", "status": "applied" | "duplicate"}, a 400/401 problem for a
+    delivery refused, 500 (the view raised: nothing kept, the sender
+    retries) or 503.  The view is csrf_exempt (the signature authenticates
+    the sender).
+
+        @webhook_receiver(consumer="shipping", secret=settings.HOOK_SECRET)
+        def on_order(request, event):
+            Shipment.objects.create(order=event.json()["order"])
+    """
+    from .webhooks import secret_key
+    for s in (secret if isinstance(secret, (list, tuple)) else [secret]):
+        secret_key(s)
+
+    def deco(view: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(view)
+        def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
+            import logging
+
+            from django.db import connections
+
+            from . import webhooks as W
+            if request.method != "POST":
+                from django.http import HttpResponseNotAllowed
+                return HttpResponseNotAllowed(["POST"])
+            body = request.body
+            try:
+                r = W.receive_webhook(
+                    connections[using or "default"], consumer, secret,
+                    request.headers, body,
+                    lambda conn, event: view(request, event, *args,
+                                             **kwargs),
+                    tolerance=tolerance, ttl=ttl)
+                resp = W.answer_received(r)
+            except Exception as e:  # noqa: BLE001 -- answered
+                if not isinstance(e, W.WebhookVerificationError):
+                    logging.getLogger("pg_idempotency").error(
+                        "webhook receiver: %s", e, exc_info=e)
+                resp = W.answer_error(e)
+            return _to_django(resp)
+        wrapper.csrf_exempt = True      # type: ignore[attr-defined]
+        return wrapper
+    return deco

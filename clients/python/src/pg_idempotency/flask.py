@@ -169,3 +169,60 @@ def policy_view(**options: Any) -> Callable[[], Any]:
     def idempotency_policy() -> Any:
         return _to_flask(policy.policy_response())
     return idempotency_policy
+
+
+def webhook_receiver(*, consumer: str, secret: Any,
+                     connect: Optional[Callable[[], Any]] = None,
+                     conninfo: Optional[str] = None, tolerance: int = 300,
+                     ttl: Any = None, max_body_bytes: int = 1024 * 1024
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """
+    A view receiving Standard Webhooks deliveries (an outbox relay's,
+    ../../outbox-behaviour.md): verifies the signature and runs the
+    decorated VIEW(conn, event) once per webhook-id, in the transaction on
+    a psycopg 3 connection (CONNECT or CONNINFO, as idempotent's) that
+    records it with idem_consume_message on CONSUMER.  What the view
+    returns is ignored: the answer is 200 {"id", "status": "applied" |
+    "duplicate"}, a 400/401 problem for a delivery refused, 413, 500 (the
+    view raised: nothing kept, the sender retries) or 503.
+
+        @app.post("/hooks/orders")
+        @webhook_receiver(consumer="shipping", secret=SECRET,
+                          connect=pool.connection)
+        def on_order(conn, event):
+            conn.execute("INSERT INTO shipments ...", ...)
+    """
+    from .webhooks import secret_key
+    for s in (secret if isinstance(secret, (list, tuple)) else [secret]):
+        secret_key(s)
+
+    def deco(view: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(view)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            import logging
+
+            from flask import request
+
+            from . import webhooks as W
+            if request.content_length is not None and \
+                    request.content_length > max_body_bytes:
+                return _to_flask(W.too_large(max_body_bytes))
+            body = request.get_data(cache=True)
+            if len(body) > max_body_bytes:
+                return _to_flask(W.too_large(max_body_bytes))
+            try:
+                W.verify(secret, request.headers, body, tolerance=tolerance)
+                with _open(connect, conninfo) as conn:
+                    r = W.receive_webhook(
+                        conn, consumer, secret, request.headers, body,
+                        lambda c, event: view(c, event, *args, **kwargs),
+                        tolerance=tolerance, ttl=ttl)
+                resp = W.answer_received(r)
+            except Exception as e:  # noqa: BLE001 -- answered
+                if not isinstance(e, W.WebhookVerificationError):
+                    logging.getLogger("pg_idempotency").error(
+                        "webhook receiver: %s", e, exc_info=e)
+                resp = W.answer_error(e)
+            return _to_flask(resp)
+        return wrapper
+    return deco

@@ -1,0 +1,149 @@
+"""
+The webhook receivers of the outbox tests, one framework per process
+(WEBHOOK_FRAMEWORK: asgi (Starlette), fastapi, django or flask): POST /hooks verifies a
+Standard Webhooks delivery signed with WEBHOOK_SECRET and, once per
+webhook-id, inserts a row into received (consumer = the framework,
+event_id, n = the body's "n"); a body with "explode" makes the handler
+raise after its INSERT.  GET /idempotency answers 200 (the suite's
+readiness probe).  Prints "PORT <n>" once it listens.
+"""
+
+import json
+import os
+
+import common
+
+FRAMEWORK = os.environ["WEBHOOK_FRAMEWORK"]
+SECRET = os.environ["WEBHOOK_SECRET"]
+INSERT = "INSERT INTO received (consumer, event_id, n) VALUES (%s, %s, %s)"
+
+
+def check(body):
+    if body.get("explode"):
+        raise RuntimeError("the handler failed")
+
+
+def asgi(fastapi=False):
+    import uvicorn
+    from psycopg_pool import AsyncConnectionPool
+    from starlette.responses import PlainTextResponse
+
+    from pg_idempotency.asgi import WebhookEndpoint
+
+    name = "fastapi" if fastapi else "asgi"
+    pool = AsyncConnectionPool(common.conninfo(), min_size=1, max_size=8,
+                               open=False)
+
+    async def on_event(conn, event):
+        body = event.json()
+        await conn.execute(INSERT, (name, event.id, body.get("n")))
+        check(body)
+
+    async def ready(request):
+        return PlainTextResponse("ok")
+
+    async def startup():
+        await pool.open()
+
+    endpoint = WebhookEndpoint(on_event, consumer=name, secret=SECRET,
+                               pool=pool)
+    if fastapi:
+        from fastapi import FastAPI
+        app = FastAPI(on_startup=[startup])
+        app.add_route("/hooks", endpoint, methods=["POST"])
+        app.add_route("/idempotency", ready)
+    else:
+        from starlette.applications import Starlette
+        from starlette.routing import Route
+        app = Starlette(routes=[
+            Route("/hooks", endpoint, methods=["POST"]),
+            Route("/idempotency", ready)], on_startup=[startup])
+    sock = common.listen()
+    common.announce(sock.getsockname()[1])
+    uvicorn.Server(uvicorn.Config(app, log_level="warning",
+                                  access_log=False)).run(sockets=[sock])
+
+
+def flask():
+    from flask import Flask
+    from psycopg_pool import ConnectionPool
+    from werkzeug.serving import make_server
+
+    from pg_idempotency.flask import webhook_receiver
+
+    pool = ConnectionPool(common.conninfo(), min_size=1, max_size=8)
+    app = Flask(__name__)
+
+    @app.post("/hooks")
+    @webhook_receiver(consumer="flask", secret=SECRET,
+                      connect=pool.connection)
+    def hooks(conn, event):
+        body = event.json()
+        conn.execute(INSERT, ("flask", event.id, body.get("n")))
+        check(body)
+
+    @app.get("/idempotency")
+    def ready():
+        return "ok"
+
+    sock = common.listen()
+    port = sock.getsockname()[1]
+    server = make_server("127.0.0.1", port, app, threaded=True,
+                         fd=sock.fileno())
+    common.announce(port)
+    server.serve_forever()
+
+
+def django():
+    import socketserver
+    from wsgiref.simple_server import (WSGIRequestHandler, WSGIServer,
+                                       make_server)
+
+    import django as dj
+    from django.conf import settings
+    settings.configure(
+        DEBUG=False, SECRET_KEY="test", ALLOWED_HOSTS=["*"],
+        ROOT_URLCONF=__name__, MIDDLEWARE=[], INSTALLED_APPS=[],
+        DATABASES={"default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ["PGDATABASE"],
+            "USER": os.environ.get("IDEM_TEST_APP_USER", "app"),
+            "HOST": os.environ["PGHOST"], "PORT": os.environ["PGPORT"]}},
+        USE_TZ=True, LOGGING_CONFIG=None)
+    dj.setup()
+    from django.db import connection
+    from django.http import HttpResponse
+    from django.urls import path
+
+    from pg_idempotency.django import webhook_receiver
+
+    @webhook_receiver(consumer="django", secret=SECRET)
+    def hooks(request, event):
+        body = event.json()
+        with connection.cursor() as cur:
+            cur.execute(INSERT, ("django", event.id, body.get("n")))
+        check(body)
+
+    global urlpatterns
+    urlpatterns = [path("hooks", hooks),
+                   path("idempotency", lambda r: HttpResponse("ok"))]
+
+    class Server(socketserver.ThreadingMixIn, WSGIServer):
+        daemon_threads = True
+
+    class Quiet(WSGIRequestHandler):
+        def log_message(self, *args):
+            pass
+
+    from django.core.wsgi import get_wsgi_application
+    server = make_server("127.0.0.1", 0, get_wsgi_application(),
+                         server_class=Server, handler_class=Quiet)
+    common.announce(server.server_port)
+    server.serve_forever()
+
+
+urlpatterns = []
+
+if __name__ == "__main__":
+    {"asgi": asgi, "fastapi": lambda: asgi(fastapi=True), "flask": flask,
+     "django": django}[FRAMEWORK]()
