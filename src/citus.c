@@ -22,7 +22,11 @@
  *	   placement is on this node: 40001 if not (the tenant moved; the
  *	   client's retry is delegated to its new node);
  *	4. makes the local shard's partitioned table, idempotency.keys_<shard>,
- *	   the parent the storage cache reads (IdemSetLedgerParentOverride).
+ *	   the parent the storage cache reads (IdemSetLedgerParentOverride),
+ *	   for this call only: IdemCitusEndCall() when it returns, or the
+ *	   abort of its (sub)transaction when it fails, makes the ledger's own
+ *	   table the one read again, so that maintenance or an export run next
+ *	   in the backend reads the local ledgers, not the last call's shard.
  *
  * The prototype does 1-3 with two SPI plans prepared once per backend,
  * and once per transaction and tenant: the lock, held to the end of the
@@ -58,12 +62,27 @@ bool		idem_citus_ledgers = false;
 static SPIPlanPtr shard_plan = NULL;
 static SPIPlanPtr placement_plan = NULL;
 
+/*
+ * The routing of the running call: the ledgers whose table it overrides.
+ * Cleared when the call returns (IdemCitusEndCall) and, for a call that
+ * fails, when its (sub)transaction aborts: whatever the backend runs next
+ * (maintenance, an export) reads the ledgers' own tables.
+ */
+static bool call_routed[IDEM_NUM_LEDGERS];
+static bool xact_callbacks_registered = false;
+
 /* the last routing of this backend: valid within its transaction only */
 static LocalTransactionId routed_lxid = InvalidLocalTransactionId;
 static SubTransactionId routed_subxid = InvalidSubTransactionId;
 static char routed_tenant[NAMEDATALEN * 4];
 static int	routed_tenant_len = -1;
 static Oid	routed_relid = InvalidOid;
+
+static void IdemCitusXactCallback(XactEvent event, void *arg);
+static void IdemCitusSubXactCallback(SubXactEvent event,
+									 SubTransactionId mySubid,
+									 SubTransactionId parentSubid, void *arg);
+static void IdemCitusClearCall(void);
 
 void
 IdemCitusInit(void)
@@ -76,6 +95,61 @@ IdemCitusInit(void)
 							 PGC_SUSET,
 							 0,
 							 NULL, NULL, NULL);
+}
+
+/*
+ * IdemCitusEndCall ends the routing of the call that returns: the ledgers'
+ * own tables are read again.  Every call that routes calls it before it
+ * returns; one that fails is cleared by the abort callbacks below.
+ */
+void
+IdemCitusEndCall(void)
+{
+	IdemCitusClearCall();
+}
+
+static void
+IdemCitusClearCall(void)
+{
+	int			i;
+
+	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+	{
+		if (call_routed[i])
+		{
+			IdemSetLedgerParentOverride((IdemLedger) i, InvalidOid);
+			call_routed[i] = false;
+		}
+	}
+}
+
+/*
+ * At the end of the transaction, whatever its outcome, no call runs: the
+ * routing of one that failed goes, and so does the routing kept for the
+ * transaction (its shard lock is released).
+ */
+static void
+IdemCitusXactCallback(XactEvent event, void *arg)
+{
+	IdemCitusClearCall();
+	routed_lxid = InvalidLocalTransactionId;
+	routed_subxid = InvalidSubTransactionId;
+}
+
+/*
+ * A subtransaction that aborts ends the call that failed in it (a
+ * PL/pgSQL exception block), and releases the shard lock taken in it: a
+ * routing kept for it is forgotten.
+ */
+static void
+IdemCitusSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+						 SubTransactionId parentSubid, void *arg)
+{
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	IdemCitusClearCall();
+	if (routed_subxid == mySubid)
+		routed_subxid = InvalidSubTransactionId;
 }
 
 /*
@@ -98,6 +172,14 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 	if (!idem_citus_ledgers || ledger != IDEM_LEDGER_KEYS)
 		return;
 
+	/* registered on the first routing: nothing changes for anyone else */
+	if (!xact_callbacks_registered)
+	{
+		RegisterXactCallback(IdemCitusXactCallback, NULL);
+		RegisterSubXactCallback(IdemCitusSubXactCallback, NULL);
+		xact_callbacks_registered = true;
+	}
+
 	/*
 	 * Routed already in this (sub)transaction: the lock keeps the placement.
 	 * (Not across subtransactions: one that rolls back releases the lock.)
@@ -108,6 +190,7 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 		memcmp(routed_tenant, VARDATA_ANY(tenant), routed_tenant_len) == 0)
 	{
 		IdemSetLedgerParentOverride(ledger, routed_relid);
+		call_routed[ledger] = true;
 		return;
 	}
 
@@ -177,4 +260,5 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 		routed_relid = relid;
 	}
 	IdemSetLedgerParentOverride(ledger, relid);
+	call_routed[ledger] = true;
 }

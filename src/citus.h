@@ -22,5 +22,6 @@ extern bool idem_citus_ledgers;
 
 extern void IdemCitusInit(void);
 extern void IdemCitusRoute(IdemLedger ledger, text *tenant);
+extern void IdemCitusEndCall(void);
 
 #endif							/* IDEM_CITUS_H */

@@ -265,6 +265,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	(void) IdemLedgerParent(IDEM_LEDGER_KEYS, true);
 
 	IdemOpRun(&op, !claim.wait, IdemClaimStep, &claim);
+	IdemCitusEndCall();
 	return IdemClaimResult(&claim, &op);
 }
 
@@ -726,6 +727,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 			IdemOwnClaimResolved(claim);
 	}
 	IdemOpEnd(&op);
+	IdemCitusEndCall();
 }
 
 /*
@@ -1027,7 +1029,10 @@ idem_lookup(PG_FUNCTION_ARGS)
 				  IdemCheckKeyArg(fcinfo, 0, "key"), &digest);
 	InitMaterializedSRF(fcinfo, 0);
 	if (!OidIsValid(IdemLedgerParent(IDEM_LEDGER_KEYS, false)))
+	{
+		IdemCitusEndCall();
 		return (Datum) 0;
+	}
 	IdemOpInit(&op, IDEM_LEDGER_KEYS, GetUserId(), &digest);
 
 	/*
@@ -1042,6 +1047,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	IdemOpProbe(&op, AccessShareLock, snapshot);
 	UnregisterSnapshot(snapshot);
 	IdemOpEnd(&op);
+	IdemCitusEndCall();
 	if (op.probe.tuple == NULL)
 		return (Datum) 0;
 

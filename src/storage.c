@@ -152,6 +152,7 @@ typedef struct IdemLedgerCache
 {
 	bool		valid;
 	uint64		invalidations;	/* bumped by every invalidation of it */
+	Oid			routed;			/* the override it was read for, or InvalidOid */
 	Oid			parent;			/* InvalidOid if the table does not exist */
 	int			parent_natts;	/* its columns */
 	int			npartitions;
@@ -165,8 +166,10 @@ typedef struct IdemLedgerCache
 static IdemLedgerCache ledger_cache[IDEM_NUM_LEDGERS];
 
 /*
- * The table read in place of a ledger's (citus.c, prototype): the local
- * shard of a distributed ledger, set per call; InvalidOid otherwise.
+ * The table read in place of a ledger's (citus.c): the local shard of a
+ * distributed ledger, set by a routed call for that call only (citus.c
+ * clears it when the call returns or its (sub)transaction aborts);
+ * InvalidOid otherwise.
  */
 static Oid	ledger_parent_override[IDEM_NUM_LEDGERS];
 static MemoryContext IdemCacheContext = NULL;
@@ -392,8 +395,8 @@ IdemGetLedgerCache(IdemLedger ledger)
 {
 	IdemLedgerCache *cache = &ledger_cache[ledger];
 
-	if (OidIsValid(ledger_parent_override[ledger]) &&
-		cache->parent != ledger_parent_override[ledger])
+	/* read for another table than the one this call reads: read again */
+	if (cache->routed != ledger_parent_override[ledger])
 		cache->valid = false;
 	if (!cache->valid)
 		IdemRebuildLedgerCache(ledger, cache);
@@ -403,7 +406,8 @@ IdemGetLedgerCache(IdemLedger ledger)
 /*
  * IdemSetLedgerParentOverride makes "relid" (a partitioned table like the
  * ledger's: the local shard of a distributed ledger) the table the ledger's
- * cache reads, until set again (citus.c; prototype).
+ * cache reads, until set again; InvalidOid makes it the ledger's own table
+ * again (citus.c).
  */
 void
 IdemSetLedgerParentOverride(IdemLedger ledger, Oid relid)
@@ -435,6 +439,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 												 "idempotency partition cache",
 												 ALLOCSET_SMALL_SIZES);
 
+	cache->routed = ledger_parent_override[ledger];
 	nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
 	if (OidIsValid(ledger_parent_override[ledger]))
 		parent = ledger_parent_override[ledger];
