@@ -42,6 +42,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "compat.h"
 #include "filter.h"
 #include "keyhash.h"
@@ -73,6 +74,7 @@
 #include "utils/datetime.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -152,7 +154,7 @@ typedef struct IdemLedgerCache
 {
 	bool		valid;
 	uint64		invalidations;	/* bumped by every invalidation of it */
-	Oid			routed;			/* the override it was read for, or InvalidOid */
+	Oid			routed;			/* a shard's cache: the shard's table */
 	Oid			parent;			/* InvalidOid if the table does not exist */
 	int			parent_natts;	/* its columns */
 	int			npartitions;
@@ -166,6 +168,19 @@ typedef struct IdemLedgerCache
 static IdemLedgerCache ledger_cache[IDEM_NUM_LEDGERS];
 
 /*
+ * The caches of the local shards of ledgers distributed by Citus (citus.c),
+ * one per shard's table, made when a call is first routed to it; the same
+ * invalidations apply.  NULL until then: nothing changes without Citus.
+ */
+typedef struct IdemShardCacheEntry
+{
+	Oid			relid;			/* hash key: the shard's table */
+	IdemLedgerCache cache;
+} IdemShardCacheEntry;
+
+static HTAB *shard_caches = NULL;
+
+/*
  * The table read in place of a ledger's (citus.c): the local shard of a
  * distributed ledger, set by a routed call for that call only (citus.c
  * clears it when the call returns or its (sub)transaction aborts);
@@ -177,6 +192,8 @@ static uint64 cache_generation = 0;
 
 static void IdemRelcacheCallback(Datum arg, Oid relid);
 static IdemLedgerCache *IdemGetLedgerCache(IdemLedger ledger);
+static IdemLedgerCache *IdemShardCache(Oid relid);
+static void IdemInvalidateCache(IdemLedgerCache *cache, Oid relid);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static int	IdemReadPartitions(Oid parent, IdemPartition **out);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
@@ -205,8 +222,9 @@ IdemStorageInit(void)
  * IdemRelcacheCallback marks a ledger's cache stale when the relcache entry
  * of its parent table is invalidated (PostgreSQL does that whenever a
  * partition is attached, detached or dropped), or that of one of its
- * partitions (any DDL on it, REINDEX, VACUUM FULL, ...), or all of them.  No
- * catalog access here.
+ * partitions (any DDL on it, REINDEX, VACUUM FULL, ...), or all of them;
+ * the same for the caches of the shards of distributed ledgers, and
+ * citus.c's.  No catalog access here.
  */
 static void
 IdemRelcacheCallback(Datum arg, Oid relid)
@@ -214,18 +232,31 @@ IdemRelcacheCallback(Datum arg, Oid relid)
 	int			i;
 
 	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+		IdemInvalidateCache(&ledger_cache[i], relid);
+	if (shard_caches != NULL)
 	{
-		IdemLedgerCache *cache = &ledger_cache[i];
+		HASH_SEQ_STATUS status;
+		IdemShardCacheEntry *entry;
 
-		if (relid == InvalidOid || relid == cache->parent ||
-			(cache->npartitions > 0 &&
-			 bsearch(&relid, cache->relids, cache->npartitions, sizeof(Oid),
-					 IdemOidCmp) != NULL))
-		{
-			cache->valid = false;
-			cache->invalidations++;
-			cache_generation++;
-		}
+		hash_seq_init(&status, shard_caches);
+		while ((entry = hash_seq_search(&status)) != NULL)
+			IdemInvalidateCache(&entry->cache, relid);
+	}
+	IdemCitusInvalidate(relid);
+}
+
+static void
+IdemInvalidateCache(IdemLedgerCache *cache, Oid relid)
+{
+	if (relid == InvalidOid || relid == cache->parent ||
+		relid == cache->routed ||
+		(cache->npartitions > 0 &&
+		 bsearch(&relid, cache->relids, cache->npartitions, sizeof(Oid),
+				 IdemOidCmp) != NULL))
+	{
+		cache->valid = false;
+		cache->invalidations++;
+		cache_generation++;
 	}
 }
 
@@ -393,14 +424,45 @@ IdemPartitionsGeneration(void)
 static IdemLedgerCache *
 IdemGetLedgerCache(IdemLedger ledger)
 {
-	IdemLedgerCache *cache = &ledger_cache[ledger];
+	IdemLedgerCache *cache;
 
-	/* read for another table than the one this call reads: read again */
-	if (cache->routed != ledger_parent_override[ledger])
-		cache->valid = false;
+	/* a call routed to a shard (citus.c) reads that shard's cache */
+	if (OidIsValid(ledger_parent_override[ledger]))
+		cache = IdemShardCache(ledger_parent_override[ledger]);
+	else
+		cache = &ledger_cache[ledger];
 	if (!cache->valid)
 		IdemRebuildLedgerCache(ledger, cache);
 	return cache;
+}
+
+/*
+ * IdemShardCache returns the cache of the partitions of a shard's table
+ * "relid", a new empty one the first time.
+ */
+static IdemLedgerCache *
+IdemShardCache(Oid relid)
+{
+	IdemShardCacheEntry *entry;
+	bool		found;
+
+	if (shard_caches == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(IdemShardCacheEntry);
+		ctl.hcxt = CacheMemoryContext;
+		shard_caches = hash_create("idempotency shard partition caches", 64,
+								   &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	entry = hash_search(shard_caches, &relid, HASH_ENTER, &found);
+	if (!found)
+	{
+		memset(&entry->cache, 0, sizeof(IdemLedgerCache));
+		entry->cache.routed = relid;
+	}
+	return &entry->cache;
 }
 
 /*
@@ -439,10 +501,9 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 												 "idempotency partition cache",
 												 ALLOCSET_SMALL_SIZES);
 
-	cache->routed = ledger_parent_override[ledger];
 	nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
-	if (OidIsValid(ledger_parent_override[ledger]))
-		parent = ledger_parent_override[ledger];
+	if (OidIsValid(cache->routed))
+		parent = cache->routed;
 	else if (OidIsValid(nspid))
 		parent = get_relname_relid(ledger_defs[ledger].name, nspid);
 	if (!OidIsValid(parent))

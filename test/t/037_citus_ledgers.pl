@@ -126,5 +126,18 @@ $export;
 }), "claimed\nt\n200",
 	'an export after routed calls (one failed in an exception block) and maintenance reads the own ledger');
 
+# The setting on in a database without Citus' functions: refused, naming
+# what is missing, and nothing written.
+$node->safe_psql('postgres', 'CREATE DATABASE plain');
+$node->safe_psql('plain', 'CREATE EXTENSION idempotency');
+$node->psql('plain', q{
+\set VERBOSITY verbose
+SET idempotency.citus_ledgers = on;
+SELECT status FROM idem_claim('k', scope => 'acme', lease => '1 hour');
+}, stdout => \$stdout, stderr => \$stderr, on_error_stop => 0);
+like($stderr, qr/ERROR:  55000: idempotency.citus_ledgers is on, but Citus' function pg_catalog.get_shard_id_for_distribution_column\(\) is not found/,
+	'the setting on without Citus: 55000, naming the function');
+is($node->safe_psql('plain', $export), 'none', 'nothing written');
+
 $node->stop;
 done_testing();
