@@ -135,7 +135,7 @@ static Oid	IdemCitusFunction(const char *name, int nargs, const Oid *argtypes,
 static int64 IdemCitusShard(IdemLedger ledger, text *tenant);
 static void IdemCitusLockShard(int64 shard);
 static bool IdemCitusShardIsLocal(int64 shard);
-static int32 IdemCitusReadLocalGroup(void);
+static int32 IdemCitusReadLocalGroup(Oid local_group_rel);
 static Oid	IdemCitusShardTable(IdemLedger ledger, int64 shard);
 
 void
@@ -436,7 +436,7 @@ IdemCitusShardIsLocal(int64 shard)
 	int			i;
 
 	if (citus_api.local_group < 0)
-		citus_api.local_group = IdemCitusReadLocalGroup();
+		citus_api.local_group = IdemCitusReadLocalGroup(citus_api.local_group_rel);
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
 	rel = table_open(citus_api.placement_rel, AccessShareLock);
 	ScanKeyInit(&key, citus_api.placement_shardid, BTEqualStrategyNumber,
@@ -462,7 +462,7 @@ IdemCitusShardIsLocal(int64 shard)
 	/* this node's group is set once, when it is added: read it again */
 	if (!here && ngroups > 0)
 	{
-		citus_api.local_group = IdemCitusReadLocalGroup();
+		citus_api.local_group = IdemCitusReadLocalGroup(citus_api.local_group_rel);
 		for (i = 0; i < ngroups && !here; i++)
 			here = (groups[i] == citus_api.local_group);
 	}
@@ -470,7 +470,7 @@ IdemCitusShardIsLocal(int64 shard)
 }
 
 static int32
-IdemCitusReadLocalGroup(void)
+IdemCitusReadLocalGroup(Oid local_group_rel)
 {
 	Relation	rel;
 	SysScanDesc scan;
@@ -479,7 +479,7 @@ IdemCitusReadLocalGroup(void)
 	int32		group = -1;
 
 	snapshot = RegisterSnapshot(GetLatestSnapshot());
-	rel = table_open(citus_api.local_group_rel, AccessShareLock);
+	rel = table_open(local_group_rel, AccessShareLock);
 	scan = systable_beginscan(rel, InvalidOid, false, snapshot, 0, NULL);
 	if ((tup = systable_getnext(scan)) != NULL)
 	{
@@ -529,4 +529,53 @@ IdemCitusShardTable(IdemLedger ledger, int64 shard)
 	entry = hash_search(shard_tables, &shard, HASH_ENTER, &found);
 	entry->relid = relid;
 	return relid;
+}
+
+/*
+ * IdemCitusDistributed tells whether Citus distributes table "relid" on
+ * this node (it is listed in pg_dist_partition), and sets *coordinator to
+ * whether this node is the coordinator (group 0), the one node where the
+ * partitions of a distributed table can be made and dropped.  Without
+ * Citus: false.  For maintenance (a catalog read per round, whatever the
+ * setting: a worker cannot do that DDL in any case).
+ */
+bool
+IdemCitusDistributed(Oid relid, bool *coordinator)
+{
+	Oid			dist_rel;
+	Oid			dist_idx;
+	AttrNumber	att;
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	Snapshot	snapshot;
+	bool		found;
+	Oid			local_group_rel;
+
+	*coordinator = true;
+	dist_rel = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	dist_idx = get_relname_relid("pg_dist_partition_logical_relid_index",
+								 PG_CATALOG_NAMESPACE);
+	if (!OidIsValid(relid) || !OidIsValid(dist_rel) || !OidIsValid(dist_idx))
+		return false;
+	att = get_attnum(dist_rel, "logicalrelid");
+	if (att == InvalidAttrNumber)
+		return false;
+
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	rel = table_open(dist_rel, AccessShareLock);
+	ScanKeyInit(&key, att, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(relid));
+	scan = systable_beginscan(rel, dist_idx, true, snapshot, 1, &key);
+	found = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	UnregisterSnapshot(snapshot);
+	if (!found)
+		return false;
+
+	local_group_rel = get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE);
+	if (OidIsValid(local_group_rel))
+		*coordinator = (IdemCitusReadLocalGroup(local_group_rel) == 0);
+	return true;
 }

@@ -24,5 +24,6 @@ extern void IdemCitusInit(void);
 extern void IdemCitusRoute(IdemLedger ledger, text *tenant);
 extern void IdemCitusEndCall(void);
 extern void IdemCitusInvalidate(Oid relid);
+extern bool IdemCitusDistributed(Oid relid, bool *coordinator);
 
 #endif							/* IDEM_CITUS_H */

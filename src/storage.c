@@ -1276,6 +1276,24 @@ IdemPartitionDDLHeld(IdemLedger ledger)
 }
 
 /*
+ * IdemCheckPartitionMadeHere refuses to make a partition for a call routed
+ * to a shard of a distributed ledger (citus.c): only the coordinator's
+ * maintenance makes them, on every worker at once.  Called before a
+ * partition maker is asked too: its DDL on the distributed table would wait
+ * for this call's locks while the call waits for it.
+ */
+void
+IdemCheckPartitionMadeHere(IdemLedger ledger)
+{
+	if (OidIsValid(ledger_parent_override[ledger]))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the ledger shard \"%s\" has no partition for this key's expiry",
+						get_rel_name(ledger_parent_override[ledger])),
+				 errhint("The partitions of a ledger distributed by Citus are made by idem_maintain() on the coordinator.")));
+}
+
+/*
  * IdemCreatePartition makes the partition of lane "lane_number" of a layout
  * (or of that lane's far partitions) that contains time "at": see
  * IdemCreateLanePartition.
@@ -1322,8 +1340,13 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	fsec_t		fsec;
 	int			i;
 	Oid			relid;
+	bool		distributed;
+	bool		coordinator;
 
+	IdemCheckPartitionMadeHere(ledger);
 	(void) IdemLedgerParent(ledger, true);
+	distributed = IdemCitusDistributed(IdemLedgerParent(ledger, false),
+									   &coordinator);
 
 	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
@@ -1396,6 +1419,20 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 		appendStringInfo(&sql,
 						 "ALTER INDEX IF EXISTS idempotency.%s SET (deduplicate_items = off); ",
 						 quote_identifier(idxname.data));
+
+	/*
+	 * A ledger distributed by Citus (citus.c): each statement runs on its
+	 * own, as Citus sends a statement's text to the workers and refuses a
+	 * text of several ("cannot execute multiple utility events"); the
+	 * partition gets a replica identity in the same transaction, on its
+	 * shards too, so that Citus can move it logically at any time (the
+	 * prototype's FULL; see doc/scale-out.md).
+	 */
+	if (distributed)
+	{
+		IdemExecAsOwner(sql.data, 0);
+		resetStringInfo(&sql);
+	}
 	appendStringInfo(&sql,
 					 "ALTER TABLE idempotency.%s ATTACH PARTITION idempotency.%s "
 					 "FOR VALUES FROM (%d, ",
@@ -1405,6 +1442,13 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemAppendTimestamp(&sql, upper);
 	appendStringInfoString(&sql, ")");
 	IdemExecAsOwner(sql.data, 0);
+	if (distributed)
+	{
+		resetStringInfo(&sql);
+		appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
+						 quote_identifier(name.data));
+		IdemExecAsOwner(sql.data, 0);
+	}
 
 	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	IdemRestrictTableAcl(relid);

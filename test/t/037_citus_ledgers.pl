@@ -126,6 +126,31 @@ $export;
 }), "claimed\nt\n200",
 	'an export after routed calls (one failed in an exception block) and maintenance reads the own ledger');
 
+# Partitions of the distributed ledger are made by maintenance on the
+# coordinator (Citus makes their shards), with a replica identity so that
+# Citus can move them logically; a routed call that lacks one does not make
+# it.  The newest partition is dropped, and made again by idem_maintain().
+my $newest = $node->safe_psql('postgres', q{
+SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+ WHERE i.inhparent = 'idempotency.keys'::regclass
+ ORDER BY pg_get_expr(c.relpartbound, c.oid) DESC LIMIT 1});
+$node->safe_psql('postgres', "DROP TABLE idempotency.$newest");
+is($node->safe_psql('postgres', q{SELECT partitions_created >= 1 FROM idem_maintain()}),
+	't', 'maintenance on the coordinator made the dropped partition again');
+is($node->safe_psql('postgres', qq{
+SELECT string_agg(DISTINCT c.relreplident::text, ',')
+  FROM pg_class c
+ WHERE c.relname = '$newest' OR c.relname ~ ('^' || '$newest' || '_[0-9]+\$')}),
+	'f', 'the partition made by maintenance and its shards have a replica identity (FULL)');
+
+$node->psql('postgres', q{
+\set VERBOSITY verbose
+SET idempotency.citus_ledgers = on;
+SELECT status FROM idem_claim('far', scope => 'acme', ttl => '29 days', lease => '1 hour');
+}, stdout => \$stdout, stderr => \$stderr, on_error_stop => 0);
+like($stderr, qr/ERROR:  55000: the ledger shard "keys_[0-9]+" has no partition for this key's expiry/,
+	'a routed call that lacks a partition does not make one: 55000');
+
 # The setting on in a database without Citus' functions: refused, naming
 # what is missing, and nothing written.
 $node->safe_psql('postgres', 'CREATE DATABASE plain');
