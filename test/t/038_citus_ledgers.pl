@@ -1,5 +1,5 @@
 
-# test/t/037_citus_ledgers.pl -- idempotency.citus_ledgers (issue 37): a
+# test/t/038_citus_ledgers.pl -- idempotency.citus_ledgers (issue 37): a
 # call on a key ledger distributed by Citus reads and writes the local
 # shard of its tenant, and only that call does.  Whatever the same backend
 # runs next (an export, maintenance), after a call that returned, failed,
