@@ -235,3 +235,10 @@ BEGIN
     END LOOP;
 END
 $outbox_privileges$;
+-- 0.5.0: expired keys remembered (idempotency.key_memory; the memory's
+-- tables are made on first use by maintenance, like the ledgers)
+COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval, boolean, boolean) IS
+'claims an idempotency key: claimed (do the work), completed (replay the stored response), in_progress (409), mismatch (422) or expired (410: remembered after its ttl, idempotency.key_memory)';
+
+COMMENT ON FUNCTION pg_catalog.idem_lookup(text, text) IS
+'the calling role''s own live record of one idempotency key, for support work (status expired: remembered after its ttl)';

@@ -13,10 +13,12 @@
 #
 #   not preloaded, the simple protocol
 #     consume/consume_raw, claim_complete/claim_raw, replay/replay_raw,
-#     batch/batch_raw
+#     batch/batch_raw, advance/advance_raw, replay_ended/replay_raw (a
+#     replay while a partition has ended and is not dropped yet)
 #   preloaded (the digest filters), prepared as pgbench -M prepared runs them
 #     consume_prep/consume_raw_prep, claim_complete_prep/claim_raw_prep,
-#     replay_prep/replay_pl_prep, batch/batch_raw
+#     replay_prep/replay_pl_prep, batch/batch_raw,
+#     advance_prep/advance_raw_prep
 #
 # A ratio is what test/t/090_instructions.pl guards: an absolute count moves
 # with the CPU (glibc and OpenSSL choose their code by what the CPU has),
@@ -45,8 +47,8 @@ CALLS=${CALLS:-$(bench_size 1000 100)}
 OUT=${OUT:-$(bench_resdir)/callgrind-ratios-latest.txt}
 mkdir -p "$(dirname "$OUT")"
 
-PAIRS_PLAIN="consume/consume_raw claim_complete/claim_raw replay/replay_raw batch/batch_raw"
-PAIRS_PRELOAD="consume_prep/consume_raw_prep claim_complete_prep/claim_raw_prep replay_prep/replay_pl_prep batch/batch_raw"
+PAIRS_PLAIN="consume/consume_raw claim_complete/claim_raw replay/replay_raw batch/batch_raw advance/advance_raw replay_ended/replay_raw"
+PAIRS_PRELOAD="consume_prep/consume_raw_prep claim_complete_prep/claim_raw_prep replay_prep/replay_pl_prep batch/batch_raw advance_prep/advance_raw_prep"
 
 TMP=$(mktemp -d "${TMPDIR:-/tmp}/idem-ratios.XXXXXX")
 chmod 755 "$TMP"

@@ -48,12 +48,27 @@
 #   advance_raw      the hand-written offsets table's upsert of the same
 #                    (INSERT ... ON CONFLICT DO UPDATE SET next_offset =
 #                    greatest(...))
+#   advance_prep, advance_raw_prep
+#                    the statements of bench/streams.sh's advance_100 and
+#                    offsets_100, prepared as pgbench -M prepared runs
+#                    them: idem_advance() with the generation of an
+#                    idem_assign() of the partition (made at set-up), and
+#                    the upsert
+#   batch1000, batch1000_raw
+#                    batch and batch_raw with 1,000 ids per statement, the
+#                    statements of bench/run.sh's idem_batch and
+#                    plain_batch prepared (CALLS a multiple of 1000)
 #   claim_complete_prep, replay_prep
 #                    claim_complete and replay through prepared statements
 #                    (PREPARE once per run, EXECUTE per call), as pgbench
 #                    -M prepared and most drivers call: no parse analysis
 #                    or planning of the call (the function's argument
 #                    defaults are read from pg_proc and planned there)
+#   claim_idem_prep  bench/run.sh's keys_idem as pgbench -M prepared runs
+#                    it: the request and response bodies are constants of
+#                    the prepared statements, as the raw SQL's body is in
+#                    claim_raw_prep (claim_complete_prep passes them as
+#                    parameters, each call parsing its jsonb)
 #   consume_prep, consume_raw_prep, claim_raw_prep, replay_pl_prep
 #                    the statements of bench/run.sh's variants idem_p2,
 #                    plain_insert, keys_raw and replay_plpgsql, prepared as
@@ -71,9 +86,10 @@
 # with initdb --locale=C.UTF-8.  Unpinned, a
 # run that crosses the end of a partition measures the calls of the state
 # after it: until maintenance drops the ended partition, a call whose key
-# the filters do not rule out asks the lock manager whether a transaction
-# still writes there (src/probe.c, IdemMayHaveWriters), about 12,000
-# instructions more per replay (22,000 preloaded); and the plain tables'
+# the filters do not rule out probes it too (src/probe.c,
+# IdemLockEndedPartition), about 11,000 instructions more per replay (up
+# to 0.4.0, which asked the lock manager for a SHARE lock first: 22,000,
+# see workload replay_ended); and the plain tables'
 # text keys cost what the environment's locale makes them cost.
 # CALLGRIND_CLOCK=real runs on the real clock (and then the run says so);
 # building the library needs a C compiler.
@@ -83,6 +99,22 @@
 # it; every run then starts with idem_maintain(), which builds the filters
 # (shared memory starts empty in each single-user run), counted in both
 # runs and so cancelled out.
+#
+# CALLGRIND_KEY_MEMORY=30d (a number of days) measures with
+# idempotency.key_memory on and a full memory (issue 35): before the
+# measured runs, on each of that many past days a single-user run claims
+# and completes CALLGRIND_MEMORY_KEYS (default 2,000) keys of one scope
+# and consumes as many message ids of one consumer, with a ttl of a day,
+# and runs maintenance with the memory on, which drops the partitions
+# that have ended into the memory (one piece per ended partition); the
+# last maintenance runs at the pinned clock.  Every measured run starts
+# with SET idempotency.key_memory.
+# The keys and ids the workloads use are new: what is measured is the
+# cost of a never-seen key or id with the memory on, against the same
+# workloads run without this setting.  The run also prints the storage
+# of the memory: bytes per remembered key and message id (the pieces'
+# heap and index, pg_total_relation_size), and bytes per ledger row (the
+# partitions' heap and indexes, just before they were dropped).
 #
 # CALLGRIND_KEEP=DIR keeps the callgrind output files there
 # (<workload>-1.cg for CALLS calls, <workload>-2.cg for 2 x CALLS), for
@@ -178,6 +210,14 @@ statements() {
 				echo "SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'b' || g FROM generate_series($i, $((i + 99))) g))"
 			fi
 			;;
+		batch1000)
+			[ "$i" != "$from" ] || echo "PREPARE batch1000(int) AS SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'k' || g FROM generate_series(\$1, \$1 + 999) g))"
+			if (((i - from) % 1000 == 0)); then echo "EXECUTE batch1000($i)"; fi
+			;;
+		batch1000_raw)
+			[ "$i" != "$from" ] || echo "PREPARE batch1000_raw(int) AS WITH t AS (INSERT INTO plain_msg SELECT 'c', 'k' || g, now() + interval '7 days' FROM generate_series(\$1, \$1 + 999) g ON CONFLICT DO NOTHING RETURNING id) SELECT count(*) FROM t"
+			if (((i - from) % 1000 == 0)); then echo "EXECUTE batch1000_raw($i)"; fi
+			;;
 		batch_raw)
 			if (((i - from) % 100 == 0)); then
 				echo "WITH t AS (INSERT INTO plain_msg SELECT 'c', 'b' || g, now() + interval '7 days' FROM generate_series($i, $((i + 99))) g ON CONFLICT DO NOTHING RETURNING id) SELECT count(*) FROM t"
@@ -229,6 +269,16 @@ statements() {
 			[ "$i" != "$from" ] || echo "PREPARE consume_raw(text) AS INSERT INTO plain_messages (consumer, message_id) VALUES ('c', \$1) ON CONFLICT DO NOTHING"
 			echo "EXECUTE consume_raw('p$i')"
 			;;
+		claim_idem_prep)
+			if [ "$i" = "$from" ]; then
+				echo "PREPARE claim_c(text) AS SELECT status FROM idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')"
+				echo "PREPARE complete_c(text) AS SELECT idem_complete(\$1, 201, '{\"charge\": 1}')"
+			fi
+			echo "BEGIN"
+			echo "EXECUTE claim_c('k$i')"
+			echo "EXECUTE complete_c('k$i')"
+			echo "COMMIT"
+			;;
 		claim_raw_prep)
 			if [ "$i" = "$from" ]; then
 				echo "PREPARE raw_claim(text) AS INSERT INTO raw_keys (key, status) VALUES (\$1, 'in_progress') ON CONFLICT DO NOTHING"
@@ -244,6 +294,14 @@ statements() {
 			echo "EXECUTE pl_replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
 			;;
 		advance) echo "SELECT count(*) FROM idem_advance('c', 's', 0, $((i * 100)), $((i * 100 + 99)))" ;;
+		advance_prep)
+			[ "$i" != "$from" ] || echo "PREPARE adv(int, bigint, bigint) AS SELECT first_offset, last_offset FROM idem_advance('c', 's', \$1, \$2, \$3, 1)"
+			echo "EXECUTE adv(1, $((i * 100)), $((i * 100 + 99)))"
+			;;
+		advance_raw_prep)
+			[ "$i" != "$from" ] || echo "PREPARE offs(int, bigint) AS INSERT INTO plain_offsets (consumer, stream, part, next_offset) VALUES ('c', 's', \$1, \$2) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)"
+			echo "EXECUTE offs(1, $((i * 100 + 100)))"
+			;;
 		advance_raw) echo "INSERT INTO plain_offsets VALUES ('c', 's', 0, $((i * 100 + 100))) ON CONFLICT (consumer, stream, part) DO UPDATE SET next_offset = greatest(plain_offsets.next_offset, EXCLUDED.next_offset)" ;;
 		replay | replay_ended) echo "SELECT status, response_code, response_body FROM idem_claim('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')" ;;
 		replay_raw) echo "SELECT status, code, body FROM plain_keys WHERE key = 'done$(((i - 1) % 500 + 1))' AND expires_at > now()" ;;
@@ -260,6 +318,9 @@ statements() {
 	echo "CREATE TABLE plain_msg (consumer text, id text, expires_at timestamptz, PRIMARY KEY (consumer, id))"
 	echo "CREATE TABLE plain_keys (key text PRIMARY KEY, fingerprint bytea, status text DEFAULT 'in_progress', code int, body jsonb, expires_at timestamptz)"
 	echo "CREATE TABLE plain_offsets (consumer text, stream text, part int, next_offset bigint, PRIMARY KEY (consumer, stream, part))"
+	# partition 1 of stream s, assigned with generation 1 (advance_prep,
+	# 0.4.0 and later)
+	case " $WORKLOADS " in *" advance_prep "*) echo "SELECT count(*) FROM idem_assign('c', 's', ARRAY[1], 1)" ;; esac
 	# bench/run.sh's baselines, one statement per line as the single-user
 	# server reads them
 	awk '/^--/ { next }
@@ -281,6 +342,46 @@ statements() {
 } >"$WORK/setup.sql"
 single "$WORK/setup.sql" none setup
 
+# CALLGRIND_KEY_MEMORY: a memory of that many days (see the top)
+MEMORY_SET=""
+if [ -n "${CALLGRIND_KEY_MEMORY:-}" ]; then
+	[ "$CLOCK" != real ] || die "CALLGRIND_KEY_MEMORY needs the pinned clock"
+	days=${CALLGRIND_KEY_MEMORY%d}
+	[[ "$days" =~ ^[0-9]+$ ]] && [ "$days" -gt 1 ] || die "CALLGRIND_KEY_MEMORY is a number of days, such as 30d"
+	MEMORY_SET="SET idempotency.key_memory = '${days}d'"
+	per_day=${CALLGRIND_MEMORY_KEYS:-2000}
+	for ((d = days; d >= 2; d--)); do
+		fake_clock $((clock_epoch - d * 86400))
+		{ echo "$MEMORY_SET"
+		  echo "SELECT idem_maintain()"
+		  echo "BEGIN"
+		  echo "SELECT count(*) FROM (SELECT idem_claim('old$d-' || g, '{}', ttl => '1 day'), idem_complete('old$d-' || g, 200, '{}') FROM generate_series(1, $per_day) g) s"
+		  echo "COMMIT"
+		  echo "SELECT count(*) FROM idem_consume_messages('c', ARRAY(SELECT 'old$d-' || g FROM generate_series(1, $per_day) g), ttl => '1 day')"
+		} >"$WORK/old$d.sql"
+		single "$WORK/old$d.sql" none "old$d"
+	done
+	fake_clock "$clock_epoch"
+	# the ledger rows' bytes, the drop into the memory, then its bytes
+	{ echo "SELECT 'ledger ' || p.table_name || ' ' || sum(pg_total_relation_size(p.partition)) || ' ' || sum(CASE p.table_name WHEN 'keys' THEN (SELECT count(*) FROM idempotency.keys k WHERE k.tableoid = p.partition) ELSE (SELECT count(*) FROM idempotency.messages m WHERE m.tableoid = p.partition) END) AS r FROM idempotency.partitions p WHERE p.upper_bound <= now() GROUP BY p.table_name"
+	  echo "$MEMORY_SET"
+	  echo "SELECT idem_maintain()"
+	  echo "SELECT 'memory keys ' || (SELECT sum(pg_total_relation_size(i.inhrelid)) FROM pg_inherits i WHERE i.inhparent = 'idempotency.keys_memory'::regclass) || ' ' || (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = 'idempotency.keys_memory'::regclass) || ' ' || (SELECT sum((length(digests) - 1 - get_byte(digests, 0)) / (16 - get_byte(digests, 0))) FROM idempotency.keys_memory) AS r"
+	  echo "SELECT 'memory messages ' || (SELECT sum(pg_total_relation_size(i.inhrelid)) FROM pg_inherits i WHERE i.inhparent = 'idempotency.messages_memory'::regclass) || ' ' || (SELECT count(*) FROM pg_inherits i WHERE i.inhparent = 'idempotency.messages_memory'::regclass) || ' ' || (SELECT sum((length(digests) - 1 - get_byte(digests, 0)) / (16 - get_byte(digests, 0))) FROM idempotency.messages_memory) AS r"
+	} >"$WORK/remember.sql"
+	single "$WORK/remember.sql" none remember
+	# "ledger keys BYTES ROWS" (the partitions the last run drops) and
+	# "memory keys BYTES PIECES REMEMBERED" in its output
+	sizes=$(grep -oE '"(ledger|memory) [a-z]+ [0-9]+ [0-9]+( [0-9]+)?"' "$WORK/remember.out" | tr -d '"')
+	[ -n "$sizes" ] || die "no sizes from the memory's setup"
+	MEMORY_SIZES=$(awk '
+		$1 == "ledger" { lb[$2] = $3; lr[$2] = $4 }
+		$1 == "memory" { mb[$2] = $3; mp[$2] = $4; mn[$2] = $5 }
+		END { for (t in mb) { if (mn[t] == 0 || lr[t] == 0) continue
+		      printf "# key memory, %s: %d remembered in %d pieces, %.1f bytes each; a ledger row: %.1f bytes\n",
+		             t, mn[t], mp[t], mb[t] / mn[t], lb[t] / lr[t] } }' <<<"$sizes")
+fi
+
 : >"$OUT"
 say "# instructions per call (callgrind), $("$PG_CONFIG" --version), $CALLS calls per run"
 if [ "$CLOCK" = real ]; then
@@ -288,12 +389,18 @@ if [ "$CLOCK" = real ]; then
 else
 	say "# clock: pinned at $(date -u -d "@$clock_epoch" '+%Y-%m-%d %H:%M:%S') UTC at each server start, locale C.UTF-8"
 fi
+if [ -n "$MEMORY_SET" ]; then
+	say "# with idempotency.key_memory = '${days}d' and a full memory"
+	say "$MEMORY_SIZES"
+fi
 say "# workload  instructions_per_call"
 base=1
 for w in $WORKLOADS; do
-	{ [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
+	{ [ -z "$MEMORY_SET" ] || echo "$MEMORY_SET"
+	  [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
 	  statements "$w" "$base" $((base + CALLS - 1)); } >"$WORK/$w-1.sql"
-	{ [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
+	{ [ -z "$MEMORY_SET" ] || echo "$MEMORY_SET"
+	  [ "${CALLGRIND_PRELOAD:-0}" != 1 ] || echo "SELECT idem_maintain()"
 	  statements "$w" $((base + CALLS)) $((base + 3 * CALLS - 1)); } >"$WORK/$w-2.sql"
 	base=$((base + 3 * CALLS))
 	if [ "$w" = replay_ended ]; then

@@ -142,6 +142,50 @@ bench_status() {
     fi
 }
 
+# ---------------------------------------------------------------- server CPU
+# The server's CPU time per transaction of a pgbench run, beside its
+# throughput.  On a machine with few cores the client and the kernel take
+# a share of every transaction that both sides of a ratio pay alike, which
+# pulls throughput ratios towards 1; the CPU time of the backends that ran
+# the transactions is what the server itself spent.  A process's CPU time
+# is added to its parent's cutime and cstime (/proc/PID/stat, fields 16 and
+# 17) when the parent reaps it: the postmaster's grow by what every backend
+# used, once it has exited.  So a run's figure is the growth of the
+# postmaster's over the run, from before pgbench connects to after its
+# backends have been reaped, divided by the transactions pgbench made: it
+# counts each backend's start and exit too (4 per run), and an autovacuum
+# worker that exited meanwhile, which are small beside a run of seconds.
+# Resolution: a clock tick (10 ms) over the whole run.
+#
+#   bench_pm_ticks DIR   the cutime + cstime of the postmaster of the cluster
+#                        in DIR (test/lib/cluster.sh), in clock ticks, once
+#                        none of its children serves a connection or waits to
+#                        be reaped (at most 10 s; the figure then may miss a
+#                        backend, and NA is printed instead)
+#   bench_cpu_us T0 T1 N microseconds of server CPU per transaction: ticks T0
+#                        to T1 over N transactions (NA if any is missing)
+
+bench_pm_ticks() {
+    local pm i
+    pm=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null) || { echo NA; return 0; }
+    for i in $(seq 1 500); do
+        # a backend's process title names its client ([local] on a unix
+        # socket); a child reaped not yet is a zombie
+        if ! ps --ppid "$pm" -o stat=,args= 2>/dev/null |
+                awk '$1 ~ /^Z/ || /\[local\]/ { f = 1 } END { exit !f }'; then
+            awk '{ sub(/^.*\) /, ""); print $14 + $15 }' "/proc/$pm/stat" 2>/dev/null || echo NA
+            return 0
+        fi
+        sleep 0.02
+    done
+    echo NA
+}
+bench_cpu_us() {
+    awk -v a="$1" -v b="$2" -v n="$3" -v hz="$(getconf CLK_TCK)" -v re="$_BENCH_NUM" 'BEGIN{
+        if (a !~ re || b !~ re || n !~ re || n + 0 <= 0) print "NA"
+        else printf "%.4g\n", (b - a) * 1e6 / hz / n }'
+}
+
 # ---------------------------------------------------------------- settings
 # Every script takes its PostgreSQL from PGBIN, its sizes and times from its
 # own variables (see each script's header) and writes to BENCH_RESULTS:

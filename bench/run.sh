@@ -400,15 +400,21 @@ for v in "${VARIANTS[@]}"; do
 done
 
 # ---------------------------------------------------------------- pgbench runs
-declare -A TPS=()
+declare -A TPS=() CPU=()
 
+# run_pgbench also leaves the server's CPU time per transaction of the run
+# (bench/lib.sh, bench_cpu_us) in $WORK/cpu_last
 run_pgbench() {   # variant tag pgbench-option... -> echoes tps or ERR
-    local v=$1 tag=$2 out rc=0 tps failed
+    local v=$1 tag=$2 out rc=0 tps failed t0 t1 ntx
     shift 2
+    t0=$(bench_pm_ticks "$C")
     out=$(cluster_run "$C" pgbench "$@" -D replay_keys="$REPLAY_KEYS" \
              -f "$WORK/sql/${V_SQL[$v]}" "${V_DB[$v]}" 2>&1) || rc=$?
+    t1=$(bench_pm_ticks "$C")
+    ntx=$(printf '%s\n' "$out" | awk '/^number of transactions actually processed:/{print $6; exit}')
+    bench_cpu_us "$t0" "$t1" "${ntx:-NA}" >"$WORK/cpu_last"
     {
-        echo "=== $tag $v db=${V_DB[$v]} script=${V_SQL[$v]} rc=$rc"
+        echo "=== $tag $v db=${V_DB[$v]} script=${V_SQL[$v]} rc=$rc server_cpu_us_per_tx=$(cat "$WORK/cpu_last")"
         echo "$out"
     } >>"$PGBLOG"
     tps=$(printf '%s\n' "$out" | awk '/^tps = /{print $3; exit}')
@@ -437,14 +443,16 @@ if [ "$WARMUP" -gt 0 ]; then
     for v in "${VARIANTS[@]}"; do run_pgbench "$v" warmup "${PGB_OPTS[@]}" -T "$WARMUP" >/dev/null; done
 fi
 
-raw "# raw: round variant database tps ids_per_second"
+raw "# raw: round variant database tps ids_per_second server_cpu_us_per_tx"
 for r in $(seq 1 "$ROUNDS"); do
     for v in "${VARIANTS[@]}"; do
         t=$(run_pgbench "$v" "round$r" "${PGB_OPTS[@]}" -T "$SECS")
         TPS[$v,$r]=$t
+        CPU[$v,$r]=NA
+        [ "$t" = ERR ] || CPU[$v,$r]=$(cat "$WORK/cpu_last")
         ids=$(mul "$t" "${V_IDS[$v]}")
-        raw "raw round=$r variant=$v db=${V_DB[$v]} tps=$t ids_per_s=$ids"
-        note "  round $r  $(printf '%-14s %12s tps %14s ids/s' "$v" "$t" "$ids")"
+        raw "raw round=$r variant=$v db=${V_DB[$v]} tps=$t ids_per_s=$ids cpu_us=${CPU[$v,$r]}"
+        note "  round $r  $(printf '%-14s %12s tps %14s ids/s %10s us cpu/tx' "$v" "$t" "$ids" "${CPU[$v,$r]}")"
     done
 done
 
@@ -601,6 +609,19 @@ floor_rounds() {  # extvariant rawvariant floorvariant -> "median|r1 r2 r3"
     done
     printf '%s|%s' "$(median "${list[@]}")" "${list[*]}"
 }
+cpu_med() {  # variant -> median server CPU per transaction over rounds (us)
+    local v=$1 r vals=()
+    for r in $(seq 1 "$ROUNDS"); do vals+=("${CPU[$v,$r]:-NA}"); done
+    median "${vals[@]}"
+}
+# base / extension of the server's CPU per transaction: the ratio of the
+# medians over rounds (above 1: the extension costs the server less), and
+# the per-round ratios
+cpu_ratio() {  # basevariant extvariant -> "ratio|r1 r2 ..."
+    local b=$1 e=$2 r list=()
+    for r in $(seq 1 "$ROUNDS"); do list+=("$(div "${CPU[$b,$r]:-NA}" "${CPU[$e,$r]:-NA}")"); done
+    printf '%s|%s' "$(div "$(cpu_med "$b")" "$(cpu_med "$e")")" "${list[*]}"
+}
 usec() {  # tps -> microseconds per transaction (NA stays NA)
     awk -v t="$1" -v re="$_BENCH_NUM" 'BEGIN{ if (t !~ re || t <= 0) print "NA"; else printf "%.1f", 1e6 / t }'
 }
@@ -618,17 +639,19 @@ say "machine : $(nproc) cores, $(uname -r); absolute numbers are context only --
 [ "$EXT_OK" = 1 ] && [ "$KEYS_OK" = 0 ] && [ "$KEY_RUN" = 1 ] && say "NOTE    : $KEYS_WHY -- keys_idem and replay_idem not measured"
 [ -n "${PROBE_NOTE:-}" ] && say "NOTE    : $PROBE_NOTE"
 say ""
-hdr=$(printf '%-34s %-13s %6s %7s %12s %14s   %s' "variant" "database" "parts" "ids/tx" "median tps" "median ids/s" "tps per round")
+hdr=$(printf '%-34s %-13s %6s %7s %12s %14s %10s   %s' "variant" "database" "parts" "ids/tx" "median tps" "median ids/s" "cpu us/tx" "tps per round")
 say "$hdr"
 say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
 for v in "${VARIANTS[@]}"; do
     m=$(med "$v")
     per=""
     for r in $(seq 1 "$ROUNDS"); do per+="$(awk -v x="${TPS[$v,$r]:-ERR}" 'BEGIN{if (x=="ERR") print x; else printf "%.0f", x}') "; done
-    say "$(printf '%-34s %-13s %6s %7s %12s %14s   %s' "${V_LABEL[$v]}" "${V_DB[$v]}" "${LIVE[${V_DB[$v]}]:--}" \
+    say "$(printf '%-34s %-13s %6s %7s %12s %14s %10s   %s' "${V_LABEL[$v]}" "${V_DB[$v]}" "${LIVE[${V_DB[$v]}]:--}" \
         "${V_IDS[$v]}" "$(awk -v x="$m" 'BEGIN{if (x=="NA") print x; else printf "%.0f", x}')" \
-        "$(awk -v x="$m" -v k="${V_IDS[$v]}" 'BEGIN{if (x=="NA") print x; else printf "%.0f", x*k}')" "$per")"
+        "$(awk -v x="$m" -v k="${V_IDS[$v]}" 'BEGIN{if (x=="NA") print x; else printf "%.0f", x*k}')" "$(cpu_med "$v")" "$per")"
 done
+say "(cpu us/tx: the server's CPU time per transaction, user + system of its backends, median over rounds; bench/lib.sh, bench_cpu_us)"
+
 [ "$MSG_RUN" = 1 ] && say "(parts = live partitions of idempotency.messages, upper > now(), measured after idem_maintain(); 1d/2h = message_ttl/partition_interval, premake 0)"
 [ "$KEY_RUN" = 1 ] && say "(keys: parts = live partitions of idempotency.keys (key_ttl 1d, partition_interval 1d, premake 0); (a)/(b) databases have no extension; both replay variants share bench_replay, $REPLAY_KEYS completed keys per design)"
 say ""
@@ -680,6 +703,20 @@ bar "keys: (b) PL/pgSQL design / (a) raw SQL"                      "$(ratio_roun
 aim_bar "above the floor: claim+complete / (a) raw SQL"           "$(floor_rounds keys_idem keys_raw floor_txn)" "<=" 0.8
 aim_bar "above the floor: replay / (b) PL/pgSQL replay"           "$(floor_rounds replay_idem replay_plpgsql floor_stmt)" "<=" 0.8
 fi
+
+# The goals of issue 36, in the server's CPU per transaction: base /
+# extension, the ratio of the medians over rounds (above 1: the extension
+# costs the server less).  A pair is judged when both of its variants ran.
+cpu_bar() {  # label base ext op target
+    { in_list "$2" "${VARIANTS[*]}" && in_list "$3" "${VARIANTS[*]}"; } || return 0
+    local r
+    r=$(cpu_ratio "$2" "$3")
+    check "$1" "${r%%|*}" "$4" "$5" "$(cpu_med "$2") / $(cpu_med "$3") us; rounds: ${r#*|}"
+}
+cpu_bar "cpu/tx: (a) plain INSERT / consume"                       plain_insert idem_p2 ">=" 1.25
+cpu_bar "cpu/tx: (a) raw SQL insert + update / claim+complete"     keys_raw keys_idem ">=" 1.25
+cpu_bar "cpu/tx: (b) PL/pgSQL replay / replay"                     replay_plpgsql replay_idem ">=" 1.5
+cpu_bar "cpu/tx: plain INSERT..SELECT x1000 / batch x1000"         plain_batch idem_batch ">=" 1.0
 
 # the floor pairs in time per transaction, for reading the aims
 FLOOR_ROWS=()

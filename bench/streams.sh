@@ -172,13 +172,19 @@ PGB_OPTS=(-n -M prepared -c 4 -j 2)
 # every pgbench run starts its offsets above those of the runs before
 STEP=1000000000000
 RUN_NO=0
-declare -A TPS=() LAST_BASE=()
+declare -A TPS=() CPU=() LAST_BASE=()
+# run_pgbench also leaves the server's CPU time per transaction of the run
+# (bench/lib.sh, bench_cpu_us) in $WORK/cpu_last
 run_pgbench() {   # variant seconds tag -> echoes tps or ERR
-    local v=$1 secs=$2 tag=$3 out rc=0 tps failed
+    local v=$1 secs=$2 tag=$3 out rc=0 tps failed t0 t1 ntx
+    t0=$(bench_pm_ticks "$C")
     out=$(cluster_run "$C" pgbench "${PGB_OPTS[@]}" -T "$secs" \
              -D n=0 -D "base=$((RUN_NO * STEP))" -D "B=${V_B[$v]}" \
              -f "$WORK/sql/${V_SQL[$v]}" "b_$v" 2>&1) || rc=$?
-    { echo "=== $tag $v B=${V_B[$v]} base=$((RUN_NO * STEP)) script=${V_SQL[$v]} rc=$rc"; echo "$out"; } >>"$PGBLOG"
+    t1=$(bench_pm_ticks "$C")
+    ntx=$(printf '%s\n' "$out" | awk '/^number of transactions actually processed:/{print $6; exit}')
+    bench_cpu_us "$t0" "$t1" "${ntx:-NA}" >"$WORK/cpu_last"
+    { echo "=== $tag $v B=${V_B[$v]} base=$((RUN_NO * STEP)) script=${V_SQL[$v]} rc=$rc server_cpu_us_per_tx=$(cat "$WORK/cpu_last")"; echo "$out"; } >>"$PGBLOG"
     tps=$(printf '%s\n' "$out" | awk '/^tps = /{print $3; exit}')
     printf '%s\n' "$out" | awk '/^number of transactions actually processed:/{print $6; exit}' >>"$WORK/processed_$v"
     failed=$(printf '%s\n' "$out" | awk -F': *' '/number of failed transactions/{split($2,a," "); print a[1]; exit}')
@@ -203,8 +209,10 @@ for r in $(seq 1 "$ROUNDS"); do
         LAST_BASE[$v]=$((RUN_NO * STEP))
         t=$(run_pgbench "$v" "$SECS" "round$r")
         TPS[$v,$r]=$t
-        raw "raw round=$r variant=$v batch=${V_B[$v]} tps=$t records_per_s=$(recs "$t" "${V_B[$v]}")"
-        note "  round $r  $(printf '%-13s %12s tps %14s records/s' "$v" "$t" "$(recs "$t" "${V_B[$v]}")")"
+        CPU[$v,$r]=NA
+        [ "$t" = ERR ] || CPU[$v,$r]=$(cat "$WORK/cpu_last")
+        raw "raw round=$r variant=$v batch=${V_B[$v]} tps=$t records_per_s=$(recs "$t" "${V_B[$v]}") cpu_us=${CPU[$v,$r]}"
+        note "  round $r  $(printf '%-13s %12s tps %14s records/s %10s us cpu/tx' "$v" "$t" "$(recs "$t" "${V_B[$v]}")" "${CPU[$v,$r]}")"
     done
 done
 
@@ -272,6 +280,19 @@ bar() {  # label "ratio|per-round" [op target]
     else info "$label" "$val" "${per:+rounds: $per}"; fi
 }
 int() { awk -v x="$1" -v re="$_BENCH_NUM" 'BEGIN{ if (x !~ re) print "NA"; else printf "%.0f", x }'; }
+cpu_med() {  # variant -> median server CPU per transaction over rounds (us)
+    local v=$1 r vals=()
+    for r in $(seq 1 "$ROUNDS"); do vals+=("${CPU[$v,$r]:-NA}"); done
+    median "${vals[@]}"
+}
+# base / extension of the server's CPU per transaction: the ratio of the
+# medians over rounds (above 1: the extension costs the server less), and
+# the per-round ratios
+cpu_ratio() {  # base ext -> "ratio|r1 r2 ..."
+    local r list=()
+    for r in $(seq 1 "$ROUNDS"); do list+=("$(div "${CPU[$1,$r]:-NA}" "${CPU[$2,$r]:-NA}")"); done
+    printf '%s|%s' "$(div "$(cpu_med "$1")" "$(cpu_med "$2")")" "${list[*]}"
+}
 
 say ""
 say "== bench/streams.sh  $(date -u '+%Y-%m-%d %H:%M:%S UTC')  PostgreSQL $PGVER  extension $EXTVER"
@@ -281,7 +302,7 @@ say "          ($ROUNDS rounds, variants interleaved, medians; one partition per
 say "server  : synchronous_commit=off shared_buffers=1GB max_wal_size=4GB checkpoint_timeout=30min, autovacuum on"
 say "machine : $(nproc) cores, $(uname -r); absolute numbers are context only -- compare the ratios"
 say ""
-hdr=$(printf '%-13s %5s %11s %14s   %s' "variant" "batch" "median tps" "records/s" "records/s per round")
+hdr=$(printf '%-13s %5s %11s %14s %10s   %s' "variant" "batch" "median tps" "records/s" "cpu us/tx" "records/s per round")
 say "$hdr"
 say "$(printf '%s' "$hdr" | tr -c '\n' '-')"
 for v in "${VARIANTS[@]}"; do
@@ -289,9 +310,10 @@ for v in "${VARIANTS[@]}"; do
     for r in $(seq 1 "$ROUNDS"); do per+="$(int "$(recs "${TPS[$v,$r]:-ERR}" "${V_B[$v]}")") "; done
     tl=()
     for r in $(seq 1 "$ROUNDS"); do tl+=("${TPS[$v,$r]:-ERR}"); done
-    say "$(printf '%-13s %5s %11s %14s   %s' "$v" "${V_B[$v]}" "$(int "$(median "${tl[@]}")")" \
-        "$(int "$(med_recs "$v")")" "${per% }")"
+    say "$(printf '%-13s %5s %11s %14s %10s   %s' "$v" "${V_B[$v]}" "$(int "$(median "${tl[@]}")")" \
+        "$(int "$(med_recs "$v")")" "$(cpu_med "$v")" "${per% }")"
 done
+say "(cpu us/tx: the server's CPU time per transaction, user + system of its backends, median over rounds; bench/lib.sh, bench_cpu_us)"
 say ""
 hdr=$(printf '%-62s %10s  %-9s %-4s' "goal (records/s ratio = median over rounds of per-round ratios)" "ratio" "target" "result")
 say "$hdr"
@@ -308,6 +330,23 @@ pair advance_1000 offsets_1000
 pair advance_1000 advance_1
 pair ledger_1000 ledger_1
 pair offsets_1000 offsets_1
+# issue 36: the server's CPU per transaction, base / extension (ratio of the
+# medians; above 1: the extension costs the server less)
+cpu_pair() {  # base ext [op target]
+    if in_run "$1" && in_run "$2"; then
+        local r
+        r=$(cpu_ratio "$1" "$2")
+        if [ $# -ge 4 ]; then
+            check "cpu/tx: $1 / $2" "${r%%|*}" "$3" "$4" "$(cpu_med "$1") / $(cpu_med "$2") us; rounds: ${r#*|}"
+        else
+            info "cpu/tx: $1 / $2" "${r%%|*}" "$(cpu_med "$1") / $(cpu_med "$2") us; rounds: ${r#*|}"
+        fi
+    fi
+}
+cpu_pair offsets_100 advance_100 ">=" 1
+cpu_pair offsets_1 advance_1
+cpu_pair offsets_1000 advance_1000
+cpu_pair ledger_100 advance_100
 
 if [ "$NREC" -gt 0 ]; then
     say ""

@@ -234,5 +234,38 @@ DROP TABLE pg_temp.positions;
 RESET ROLE;
 DROP SCHEMA regress_idem_evil CASCADE;
 
+-- ------------------------------------------------------------ direct rows
+-- The rows are read and written without SQL (src/keyed_rows.c).  Calls of
+-- one statement see each other's writes: each advances past the one before,
+-- and a repeated sequence number is a duplicate.
+SET ROLE regress_idem_stream_a;
+SELECT g, a.* FROM generate_series(0, 2) AS g,
+  LATERAL idem_advance('scratch', 'orders', 3, g * 10, g * 10 + 19, 1) AS a;
+SELECT s, idem_sequence('scratch', 'producer-9', 1, s) FROM (VALUES (1), (1), (2), (4)) AS v(s);
+-- a row updated in every call stays on its page (HOT updates, the page
+-- pruned before each read): 500 calls, each its own transaction, would
+-- leave 500 row versions, five pages' worth, if the dead ones piled up
+DO $$
+BEGIN
+  FOR i IN 1..500 LOOP
+    PERFORM idem_advance('scratch', 'hot', 0, i * 10, i * 10 + 9);
+    COMMIT;
+  END LOOP;
+END $$;
+SELECT part, next_offset FROM idem_positions('scratch', 'hot');
+RESET ROLE;
+SELECT pg_relation_size('idempotency.positions') <= 2 * 8192 AS stays_on_its_page;
+-- a DBA's change of the table is refused, in a session that used the
+-- table before too: the check is made again after the table's relcache
+-- invalidation (src/keyed_rows.c, IdemKeyedOpen)
+ALTER TABLE idempotency.positions DROP CONSTRAINT positions_pkey;
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6000, 6009);
+RESET ROLE;
+ALTER TABLE idempotency.positions ADD PRIMARY KEY (role, consumer, stream, part);
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6000, 6009);
+RESET ROLE;
+
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_stream_a, regress_idem_stream_b;

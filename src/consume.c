@@ -123,6 +123,8 @@ IdemRecordStep(IdemOp *op, void *arg)
 		return IDEM_STEP_WAIT;	/* answer for the writer's outcome */
 	if (op->probe.found != IDEM_FOUND_NONE)
 		return IDEM_STEP_DONE;	/* consumed already */
+	if (op->probe.remembered && rec->ttl != NULL)
+		return IDEM_STEP_DONE;	/* consumed, expired and remembered */
 	if (!IdemOpFindTarget(op))
 		return IDEM_STEP_MAKE_TARGET;
 	IdemOpInsert(op, NULL);

@@ -98,6 +98,26 @@ extern void IdemFilterAdd(Oid relid, int16 lane, Oid role,
 extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
 
+/*
+ * Filters of the pieces of the memory (memory.c): a piece is written once,
+ * in the transaction that makes it, and then only read, so its filter is
+ * filled with the pairs the piece gets, then made READY.  The hooks do not
+ * watch the pieces: only the extension writes them.
+ */
+typedef struct IdemFilterFill
+{
+	int			slot;			/* -1: no filter */
+	uint64		incarnation;
+	uint64		seq;
+	uint64		secret_id;
+} IdemFilterFill;
+extern bool IdemFilterFillBegin(IdemLedger ledger, Oid relid, int16 lane,
+								uint64 n, IdemFilterFill *fill);
+extern void IdemFilterFillAdd(IdemFilterFill *fill, Oid role,
+							  const pg_uuid_t *digest);
+extern bool IdemFilterFillEnd(IdemFilterFill *fill);
+extern bool IdemFilterIsReady(Oid relid);
+
 /* The library's own DDL, which the hooks let through (privilege.c) */
 extern void IdemFilterOwnSql(const char *sql);
 

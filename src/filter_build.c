@@ -21,6 +21,7 @@
 #include "idempotency.h"
 #include "filter.h"
 #include "filter_internal.h"
+#include "memory.h"
 #include "storage.h"
 
 #include "access/genam.h"
@@ -230,6 +231,24 @@ IdemFilterBuildDatabase(void)
 		}
 	}
 
+	/* and the pieces of the memory, whose filters memory.c fills */
+	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+	{
+		ListCell   *lc;
+		List	   *pieces = IdemMemoryPieces(ledger);
+
+		foreach(lc, pieces)
+		{
+			if (nall == size)
+			{
+				size *= 2;
+				all = repalloc(all, size * sizeof(Oid));
+			}
+			all[nall++] = ((IdemPartition *) lfirst(lc))->relid;
+		}
+		list_free_deep(pieces);
+	}
+
 	/* free the slots of partitions gone (made before this run began) */
 	IdemFilterForgetSlots(MyDatabaseId, started, all, nall);
 
@@ -265,6 +284,62 @@ IdemFilterBuildDatabase(void)
 				built++;
 		}
 	}
+	built += IdemMemoryBuildFilters();
 	pfree(all);
 	return built;
+}
+
+/*
+ * IdemFilterFillBegin takes a slot for the filter of piece "relid" of a
+ * ledger's memory, sized for n pairs, and publishes it FILLING; false (and
+ * no filter) where filters are not used or none can be had.  The caller
+ * adds every pair of the piece (IdemFilterFillAdd), then makes it READY
+ * (IdemFilterFillEnd).  Nobody else writes a piece: no scan races the
+ * filling.
+ */
+bool
+IdemFilterFillBegin(IdemLedger ledger, Oid relid, int16 lane, uint64 n,
+					IdemFilterFill *fill)
+{
+	fill->slot = -1;
+	if (!IdemFilterUsable(lane) || !OidIsValid(relid) ||
+		!IdemFilterKeyed(&fill->secret_id) ||
+		IdemFilterExternalBusy(&fill->seq) || IdemFilterHasSubscription())
+		return false;
+	fill->slot = IdemFilterTake(relid, lane, ledger,
+								Max(n, IDEM_FILTER_PAGE_ITEMS),
+								fill->secret_id, &fill->incarnation);
+	return fill->slot >= 0;
+}
+
+/* IdemFilterFillAdd adds one pair to a filter being filled */
+void
+IdemFilterFillAdd(IdemFilterFill *fill, Oid role, const pg_uuid_t *digest)
+{
+	if (fill->slot >= 0)
+		IdemFilterAddTo(&idem_filter_slots[fill->slot],
+						IdemFilterItem(role, digest, fill->secret_id));
+}
+
+/* IdemFilterFillEnd makes a filled filter READY; true if it became so */
+bool
+IdemFilterFillEnd(IdemFilterFill *fill)
+{
+	if (fill->slot < 0)
+		return false;
+	return IdemFilterFinish(fill->slot, fill->incarnation, fill->seq);
+}
+
+/* IdemFilterIsReady: has relation "relid" a READY filter? */
+bool
+IdemFilterIsReady(Oid relid)
+{
+	uint64		incarnation;
+	IdemFilterSlot *slot;
+
+	if (idem_filter_shared == NULL)
+		return false;
+	slot = IdemFilterFind(relid, &incarnation);
+	return slot != NULL &&
+		pg_atomic_read_u32(&slot->state) == IDEM_FILTER_READY;
 }

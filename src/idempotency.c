@@ -20,12 +20,13 @@
 #include "citus.h"
 #include "compat.h"
 #include "filter.h"
+#include "keyed_rows.h"
 #include "keys.h"
 #include "lock_secret.h"
+#include "memory.h"
 #include "outbox.h"
 #include "stats.h"
 #include "storage.h"
-#include "streams.h"
 #include "wait.h"
 #include "worker.h"
 
@@ -171,6 +172,7 @@ _PG_init(void)
 							 false,
 							 PGC_SUSET, 0,
 							 NULL, NULL, NULL);
+	IdemMemoryDefineSettings();
 
 	/* a server-start setting: defined only while preloading */
 	if (process_shared_preload_libraries_in_progress)
@@ -180,8 +182,9 @@ _PG_init(void)
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
+	IdemMemoryInit();
 	IdemOwnClaimsInit();
-	IdemStreamsInit();
+	IdemKeyedRowsInit();
 	IdemLibraryVersionInit();
 	IdemLockSecretInit();
 	IdemWaitInit();

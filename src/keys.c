@@ -344,7 +344,12 @@ IdemClaimStep(IdemOp *op, void *arg)
 							   IdemRowExpiry(op));
 	}
 	if (!found_row)
+	{
+		/* expired, and remembered: its response is gone, it must not run */
+		if (op->probe.remembered)
+			return IdemClaimAnswer(claim, "expired", false, false, 0);
 		return IdemClaimWrite(claim, op);
+	}
 
 	/* a live row, committed or our own: a released key has no request */
 	if (state != KEY_RELEASED && claim->fingerprint != NULL &&
@@ -559,8 +564,9 @@ IdemClaimResult(IdemClaim *claim, IdemOp *op)
 		IdemStatsAdd(IDEM_STAT_REPLAYS, 1);
 	else if (strcmp(status, "in_progress") == 0)
 		IdemStatsAdd(IDEM_STAT_CONFLICTS, 1);
-	else
+	else if (strcmp(status, "mismatch") == 0)
 		IdemStatsAdd(IDEM_STAT_MISMATCHES, 1);
+	/* "expired" has no counter of its own (idempotency.stats) */
 
 	memset(nulls, true, sizeof(nulls));
 	values[0] = CStringGetTextDatum(status);
@@ -1048,6 +1054,15 @@ idem_lookup(PG_FUNCTION_ARGS)
 	UnregisterSnapshot(snapshot);
 	IdemOpEnd(&op);
 	IdemCitusEndCall();
+	if (op.probe.tuple == NULL && op.probe.remembered)
+	{
+		/* expired and remembered (memory.c): nothing but the status */
+		memset(nulls, true, sizeof(nulls));
+		values[0] = CStringGetTextDatum("expired");
+		nulls[0] = false;
+		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, values, nulls);
+		return (Datum) 0;
+	}
 	if (op.probe.tuple == NULL)
 		return (Datum) 0;
 

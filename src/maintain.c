@@ -12,7 +12,10 @@
  *	  its rows have expired, and calls on the ledgers never lock the parent
  *	  nor expired partitions, so the drop waits for nobody and blocks nobody;
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
- *	  the parent) it is left for the next run;
+ *	  the parent) it is left for the next run.  With idempotency.key_memory,
+ *	  the drop first writes the piece of the ledger's memory that remembers
+ *	  its keys (memory.c), in the same subtransaction;
+ *	- drop the pieces of the memory that key_memory has passed (memory.c);
  *	- the outbox's segments: a new one, and old ones dropped
  *	  (outbox_maintain.c);
  *	- with shared_preload_libraries, build the digest filters that live
@@ -34,6 +37,7 @@
 #include "filter.h"
 #include "lock_secret.h"
 #include "keyhash.h"
+#include "memory.h"
 #include "outbox.h"
 #include "stats.h"
 #include "storage.h"
@@ -104,6 +108,8 @@ IdemMaintainDatabase(int *created, int *dropped)
 			*created += IdemMakePartitionsAhead(ledger, now);
 			*dropped += IdemDropExpiredPartitions(ledger, now);
 		}
+		*dropped += IdemMemoryForget(now, IDEM_DROP_LOCK_TIMEOUT_MS);
+		IdemMemoryUpkeep();
 		(void) IdemStreamsMaintain(now - (int64) idem_position_ttl * USECS_PER_SEC);
 		{
 			int			segs_created;
@@ -217,7 +223,9 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
 
 		CHECK_FOR_INTERRUPTS();
 		if (p->upper <= now &&
-			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS))
+			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS,
+							  idem_key_memory > 0 ? IdemMemoryRemember : NULL,
+							  &ledger))
 			dropped++;
 	}
 	list_free_deep(partitions);

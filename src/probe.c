@@ -74,6 +74,7 @@
 #include "filter.h"
 #include "keyhash.h"
 #include "lock_secret.h"
+#include "memory.h"
 #include "protocol.h"
 #include "storage.h"
 #include "wait.h"
@@ -102,6 +103,7 @@
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
 
+static bool IdemLockEndedPartition(Oid relid);
 static bool IdemMayHaveWriters(Oid relid);
 static bool IdemMustKeepKeyLock(Relation partition);
 static void IdemOpMakeTarget(IdemOp *op);
@@ -128,10 +130,10 @@ static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
  * move: under debug_discard_caches, every lock taken and every read of the
  * catalogs discards them.)  Returns how many it opened.
  *
- * A partition whose range has ended is probed only if a transaction that
- * may still be writing into it holds a lock on it, and then under a lock
- * of its own that IdemClosePartitions releases: calls never hold locks on
- * ended partitions, so that maintenance can drop them.
+ * A partition whose range has ended is probed under a lock that
+ * IdemClosePartitions releases, unless no transaction can still be
+ * writing into it (IdemLockEndedPartition): calls hold no lock on ended
+ * partitions past their probe, so that maintenance can drop them.
  *
  * A partition whose digest filter rules the role's key out (filter.h) is
  * neither locked nor opened: no row of the key can be there.  If a new row
@@ -173,10 +175,8 @@ IdemOpenLivePartitions(IdemLedger ledger, Oid role, const pg_uuid_t *digest,
 				LockRelationOid(parts[i].relid, lockmode);
 				parts[i].ended = false;
 			}
-			else if (!IdemMayHaveWriters(parts[i].relid))
+			else if (!IdemLockEndedPartition(parts[i].relid))
 				locked[i] = false;
-			else
-				LockRelationOid(parts[i].relid, AccessShareLock);
 		}
 		if (generation != IdemPartitionsGeneration() &&
 			!IdemSamePartitions(ledger, digest, now, parts, n))
@@ -206,17 +206,63 @@ IdemOpenLivePartitions(IdemLedger ledger, Oid role, const pg_uuid_t *digest,
 }
 
 /*
+ * IdemLockEndedPartition locks an ended partition ACCESS SHARE for a probe
+ * and returns true, or returns false, with nothing locked, if no other
+ * transaction can still be writing into it.
+ *
+ * A transaction that wrote a row there (while the partition was live)
+ * still holds ROW EXCLUSIVE on it until it ends, and may be writing the
+ * very key the caller probes: a caller that skipped the partition would
+ * miss that row and not wait for its writer (specs/ended_writer.spec).
+ * Which transactions hold a weak relation lock is known only to each of
+ * them (the lock manager's fast path keeps it in the holder's own slots),
+ * and asking means visiting every backend's slots under its fast-path
+ * LWLock.  Up to 0.4.0 every such probe asked, with a conditional SHARE
+ * lock, a strong lock: that cost more than the probe it might save (21,800
+ * instructions per call, bench/README.md, "The guard: ratios counted side
+ * by side"), grew with max_connections and held up every backend taking a
+ * fast-path lock meanwhile.  So the partition is simply probed, under an
+ * ACCESS SHARE lock taken without waiting: a weak lock, in this backend's
+ * own fast-path slots, and one the writers' locks do not conflict with.
+ * The probe then finds any row of the key a transaction is writing there
+ * and waits for that transaction, as in a live partition.
+ *
+ * ACCESS SHARE is refused at once only when someone holds, or waits for,
+ * ACCESS EXCLUSIVE on the partition: maintenance dropping it.  Then the
+ * question is asked (IdemMayHaveWriters), and the caller waits for the
+ * lock only if a writer may be there: a DROP queued behind such a writer
+ * is not granted before the writer ends, and the caller, which must wait
+ * for the writer anyway, waits for the DROP too (and then finds the
+ * partition gone, see IdemOpenLivePartitions); with no writer there, the
+ * caller neither probes nor waits for the DROP.
+ */
+static bool
+IdemLockEndedPartition(Oid relid)
+{
+	if (ConditionalLockRelationOid(relid, AccessShareLock))
+		return true;
+	if (!IdemMayHaveWriters(relid))
+		return false;
+	LockRelationOid(relid, AccessShareLock);
+	return true;
+}
+
+/*
  * IdemMayHaveWriters: may another transaction hold ROW EXCLUSIVE on this
  * ended partition, that is, may it have written rows there and still be
- * running?  Every writer keeps that lock until it ends.  Asked without
- * waiting for anyone:
- *	- if SHARE can be had at once, nobody holds a lock that writes take;
- *	- if not, and someone holds a lock that conflicts with writes (a DROP
- *	  of the partition by maintenance, whose transaction is still open),
- *	  nobody can be writing there either.
- * Otherwise there may be a writer (or a lock is only queued): the caller
- * probes the partition.  On a standby, where no such lock can be taken,
- * the answer is always yes.
+ * running?  Every writer keeps that lock until it ends.  Asked, without
+ * waiting for anyone, when ACCESS SHARE could not be had at once (see
+ * IdemLockEndedPartition):
+ *	- if someone holds a lock that conflicts with writes (a DROP of the
+ *	  partition by maintenance, whose transaction is still open), nobody
+ *	  can be writing there;
+ *	- if nobody holds a lock that conflicts with SHARE (ROW EXCLUSIVE is
+ *	  one), nobody is writing there either: the DROP is only queued,
+ *	  behind readers.
+ * Otherwise there may be a writer: the caller probes the partition.  On a
+ * standby, where no such lock can be taken, the answer is always yes.
+ * Both questions visit every backend's fast-path slots: they are asked
+ * only while a DROP is under way.
  */
 static bool
 IdemMayHaveWriters(Oid relid)
@@ -227,15 +273,14 @@ IdemMayHaveWriters(Oid relid)
 
 	if (RecoveryInProgress())
 		return true;
-	if (ConditionalLockRelationOid(relid, ShareLock))
-	{
-		UnlockRelationOid(relid, ShareLock);
-		return false;
-	}
 	SET_LOCKTAG_RELATION(tag, MyDatabaseId, relid);
 	holders = GetLockConflicts(&tag, RowExclusiveLock, &nholders);
 	pfree(holders);
-	return nholders == 0;
+	if (nholders > 0)
+		return false;
+	holders = GetLockConflicts(&tag, ShareLock, &nholders);
+	pfree(holders);
+	return nholders > 0;
 }
 
 /*
@@ -299,15 +344,20 @@ IdemOpenPartitionRels(IdemOpenPartition *op, IdemLedger ledger,
 
 /*
  * IdemClosePartitions closes what IdemOpenLivePartitions opened, keeping the
- * locks, except those taken only to look into ended partitions.
+ * locks, except those taken only to look into ended partitions: on the
+ * partition and on the indexes the probe opened (a DROP needs them all).
  */
 void
 IdemClosePartitions(IdemOpenPartition *open, int nopen)
 {
 	int			i;
+	int			j;
 
 	for (i = 0; i < nopen; i++)
 	{
+		if (open[i].part.ended)
+			for (j = 0; j < open[i].nopened; j++)
+				UnlockRelationOid(open[i].index_oids[j], open[i].index_lockmode);
 		IdemClosePartitionIndexes(&open[i]);
 		table_close(open[i].heap, NoLock);
 		if (open[i].part.ended)
@@ -505,6 +555,7 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 	result->xwait = InvalidTransactionId;
 	result->which = -1;
 	result->tuple = NULL;
+	result->remembered = false;
 	ItemPointerSetInvalid(&result->tid);
 
 	for (i = 0; i < nopen && result->found == IDEM_FOUND_NONE; i++)
@@ -562,7 +613,12 @@ IdemProbe(IdemOpenPartition *open, int nopen, Oid role,
 				result->xwait = dirty.xmin;
 			}
 			else if (expired)
-				continue;		/* committed and expired: as if absent */
+			{
+				/* committed and expired: as if absent, unless remembered */
+				result->remembered |= IdemMemoryRowRemembered(slot, &open[i].part,
+															   now);
+				continue;
+			}
 			else if (snapshot != NULL)
 				result->found = IDEM_FOUND_DONE;
 			else if (TransactionIdIsValid(dirty.xmax))
@@ -911,6 +967,8 @@ IdemOpProbe(IdemOp *op, LOCKMODE lockmode, Snapshot snapshot)
 			  op->ledger == IDEM_LEDGER_KEYS, snapshot, &op->probe);
 	if (op->probe.tuple != NULL)
 		IdemOpDeform(op, RelationGetDescr(op->open[op->probe.which].heap));
+	/* no live row: is the key remembered? (memory.c) */
+	IdemMemoryProbe(op);
 }
 
 /*

@@ -71,6 +71,8 @@ typedef struct IdemProbeResult
 	int			which;			/* index of the partition among those open */
 	ItemPointerData tid;		/* the row */
 	HeapTuple	tuple;			/* copy of the row, if asked for */
+	bool		remembered;		/* with no live row: the key expired and is
+								 * remembered (memory.c) */
 } IdemProbeResult;
 
 /*

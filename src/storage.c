@@ -195,7 +195,6 @@ static IdemLedgerCache *IdemGetLedgerCache(IdemLedger ledger);
 static IdemLedgerCache *IdemShardCache(Oid relid);
 static void IdemInvalidateCache(IdemLedgerCache *cache, Oid relid);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
-static int	IdemReadPartitions(Oid parent, IdemPartition **out);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
 static int	IdemRelNatts(Oid relid);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
@@ -206,7 +205,6 @@ static void *IdemCacheCopy(void *data, Size size);
 static void IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent,
 							   IdemPartition *parts, Oid *relids, int n,
 							   const int16 *layouts, int nlayouts);
-static void IdemAppendTimestamp(StringInfo buf, TimestampTz t);
 
 /*
  * IdemStorageInit registers the relcache callback that invalidates the
@@ -566,7 +564,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
  * of the (lane, lane) x (lower, upper) shape this extension makes are left
  * out.
  */
-static int
+int
 IdemReadPartitions(Oid parent, IdemPartition **out)
 {
 	Relation	inhrel;
@@ -1192,7 +1190,17 @@ IdemUpgradeLedgerIndex(IdemLedger ledger)
 void
 IdemEnsureExtensionDependency(IdemLedger ledger)
 {
-	Oid			parent = IdemLedgerParent(ledger, false);
+	IdemEnsureRelationDependency(IdemLedgerParent(ledger, false));
+}
+
+/*
+ * IdemEnsureRelationDependency re-creates the AUTO dependency of a table
+ * the extension made on first use (a ledger's, or its memory's) on the
+ * extension when it is missing.
+ */
+void
+IdemEnsureRelationDependency(Oid parent)
+{
 	Oid			extoid;
 	Relation	deprel;
 	ScanKeyData key[2];
@@ -1466,7 +1474,10 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 /*
  * IdemDropPartition drops one partition, waiting at most lock_timeout_ms for
  * its locks.  Returns false, leaving everything as it was, if the locks
- * could not be had in time; other errors propagate.
+ * could not be had in time; other errors propagate.  "prepare", if not
+ * NULL, runs first in the same subtransaction (memory.c writes the piece
+ * that remembers the partition's keys there), so that it commits or rolls
+ * back with the DROP.
  *
  * Only the partition and its parent are locked: the ledgers' readers and
  * writers never lock the parent, and no live row is in an expired partition,
@@ -1480,7 +1491,8 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
  * nothing of anyone else's belongs on them.
  */
 bool
-IdemDropPartition(Oid relid, int lock_timeout_ms)
+IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
+				  void *arg)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
@@ -1502,6 +1514,8 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 								   quote_identifier(nspname),
 								   quote_identifier(relname));
 
+		if (prepare != NULL)
+			prepare(relid, lock_timeout_ms, arg);
 		IdemExecAsOwner(sql, lock_timeout_ms);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
@@ -1537,7 +1551,7 @@ IdemDropPartition(Oid relid, int lock_timeout_ms)
 }
 
 /* appends t as a quoted timestamptz literal in UTC */
-static void
+void
 IdemAppendTimestamp(StringInfo buf, TimestampTz t)
 {
 	struct pg_tm tm;

@@ -16,6 +16,7 @@
 
 #include "idempotency.h"
 
+#include "lib/stringinfo.h"
 #include "nodes/pg_list.h"
 
 /* Partitions beyond the maintained horizon that cover max_ttl */
@@ -70,7 +71,12 @@ extern void IdemPartitionBounds(const IdemLayout *layout, int lane_number,
 extern void IdemNewPartitionBounds(const IdemLayout *layout, int lane_number,
 								   bool far, TimestampTz at,
 								   TimestampTz *lower, TimestampTz *upper);
-extern bool IdemDropPartition(Oid relid, int lock_timeout_ms);
+typedef void (*IdemDropPrepare) (Oid relid, int lock_timeout_ms, void *arg);
+extern bool IdemDropPartition(Oid relid, int lock_timeout_ms,
+							  IdemDropPrepare prepare, void *arg);
+extern int	IdemReadPartitions(Oid parent, IdemPartition **out);
+extern void IdemAppendTimestamp(StringInfo buf, TimestampTz t);
+extern void IdemEnsureRelationDependency(Oid relid);
 extern bool IdemPartitionDDLHeld(IdemLedger ledger);
 extern void IdemEnsureExtensionDependency(IdemLedger ledger);
 extern bool IdemUpgradeLedgerIndex(IdemLedger ledger);

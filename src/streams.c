@@ -23,14 +23,15 @@
  * deadlock.  The role's OID is a field of the tag of its own, so that no
  * role can take a lock another role's calls need (IdemStreamLockTag).
  * Under the lock, the row is read FOR UPDATE under a fresh snapshot (as
- * committed, plus this transaction's changes), and inserted or updated.
- * The row lock keeps maintenance's DELETE of unused rows off a row a call
- * has read (IdemStreamsMaintain), and every write checks that it wrote its
- * row (IdemStreamWrote).
+ * committed, plus this transaction's changes), and inserted or updated,
+ * directly (keyed_rows.h: one probe of the primary key, the row lock, a HOT
+ * update; no SQL).  The row lock keeps maintenance's DELETE of unused rows
+ * off a row a call has read (IdemStreamsMaintain).
  *
- * The tables belong to the storage owner and are granted to nobody: the
- * statements run as that owner (privilege.c), are prepared once per
- * backend, and name every table and operator with its schema.
+ * The tables belong to the storage owner and are granted to nobody: a call
+ * reaches only its own role's rows.  The statements that list or export
+ * rows run as that owner (privilege.c), are prepared once per backend, and
+ * name every table and operator with its schema.
  *
  * A lower generation than the stored one (a consumer still working on a
  * partition that was assigned to another since: a zombie) is refused with
@@ -47,6 +48,7 @@
  */
 #include "idempotency.h"
 #include "compat.h"
+#include "keyed_rows.h"
 #include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"
@@ -84,14 +86,8 @@ PG_FUNCTION_INFO_V1(idem_import_sequence);
 /* The statements on the stream tables */
 typedef enum IdemStreamStmt
 {
-	STMT_GET_POSITION,
-	STMT_INSERT_POSITION,
-	STMT_UPDATE_POSITION,
 	STMT_LIST_POSITIONS,
 	STMT_TOUCH_POSITIONS,
-	STMT_GET_SEQUENCE,
-	STMT_INSERT_SEQUENCE,
-	STMT_UPDATE_SEQUENCE,
 	STMT_EXPORT_POSITIONS,
 	STMT_EXPORT_SEQUENCES,
 	IDEM_NUM_STREAM_STMTS
@@ -107,27 +103,8 @@ typedef struct IdemStreamStmtDef
 #define POSITION_WHERE \
 	" WHERE role OPERATOR(pg_catalog.=) $1 AND consumer OPERATOR(pg_catalog.=) $2" \
 	" AND stream OPERATOR(pg_catalog.=) $3"
-#define SEQUENCE_WHERE \
-	" WHERE role OPERATOR(pg_catalog.=) $1 AND consumer OPERATOR(pg_catalog.=) $2" \
-	" AND producer OPERATOR(pg_catalog.=) $3"
 
 static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
-	[STMT_GET_POSITION] = {
-		"SELECT next_offset, generation, updated_at FROM idempotency.positions"
-		POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4 FOR UPDATE",
-		4, {OIDOID, TEXTOID, TEXTOID, INT4OID}
-	},
-	[STMT_INSERT_POSITION] = {
-		"INSERT INTO idempotency.positions"
-		" (role, consumer, stream, part, next_offset, generation, updated_at)"
-		" VALUES ($1, $2, $3, $4, $5, $6, $7)",
-		7, {OIDOID, TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, TIMESTAMPTZOID}
-	},
-	[STMT_UPDATE_POSITION] = {
-		"UPDATE idempotency.positions SET next_offset = $5, generation = $6,"
-		" updated_at = $7" POSITION_WHERE " AND part OPERATOR(pg_catalog.=) $4",
-		7, {OIDOID, TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, TIMESTAMPTZOID}
-	},
 	[STMT_LIST_POSITIONS] = {
 		"SELECT part, next_offset, generation, updated_at FROM idempotency.positions"
 		POSITION_WHERE " ORDER BY part",
@@ -137,21 +114,6 @@ static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
 		"UPDATE idempotency.positions SET updated_at = $4" POSITION_WHERE
 		" AND updated_at OPERATOR(pg_catalog.<) $5",
 		5, {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
-	},
-	[STMT_GET_SEQUENCE] = {
-		"SELECT epoch, seq FROM idempotency.sequences" SEQUENCE_WHERE " FOR UPDATE",
-		3, {OIDOID, TEXTOID, TEXTOID}
-	},
-	[STMT_INSERT_SEQUENCE] = {
-		"INSERT INTO idempotency.sequences"
-		" (role, consumer, producer, epoch, seq, updated_at)"
-		" VALUES ($1, $2, $3, $4, $5, $6)",
-		6, {OIDOID, TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID}
-	},
-	[STMT_UPDATE_SEQUENCE] = {
-		"UPDATE idempotency.sequences SET epoch = $4, seq = $5, updated_at = $6"
-		SEQUENCE_WHERE,
-		6, {OIDOID, TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID}
 	},
 	/* of roles that exist; consumers NULL: all */
 	[STMT_EXPORT_POSITIONS] = {
@@ -176,10 +138,26 @@ static const IdemStreamStmtDef stmt_defs[IDEM_NUM_STREAM_STMTS] = {
 /* prepared once per backend (SPI_keepplan) */
 static SPIPlanPtr stmt_plans[IDEM_NUM_STREAM_STMTS];
 
+/* The stream tables, read and written directly (keyed_rows.h) */
+static IdemKeyedTable positions_table = {
+	"positions", 7, 4, {OIDOID, TEXTOID, TEXTOID, INT4OID}, InvalidOid
+};
+static IdemKeyedTable sequences_table = {
+	"sequences", 6, 3, {OIDOID, TEXTOID, TEXTOID}, InvalidOid
+};
+
+/* columns of idempotency.positions and idempotency.sequences, from 0 */
+#define POSITION_NEXT_OFFSET	4
+#define POSITION_GENERATION		5
+#define POSITION_UPDATED_AT		6
+#define SEQUENCE_EPOCH			3
+#define SEQUENCE_SEQ			4
+#define SEQUENCE_UPDATED_AT		5
+
 /* One position as read */
 typedef struct IdemPosition
 {
-	bool		found;
+	IdemKeyedRow row;			/* found, and the version locked */
 	bool		has_next;
 	int64		next_offset;
 	bool		has_generation;
@@ -190,14 +168,18 @@ static void IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part);
 static int	IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull);
 static void IdemStreamBegin(IdemSavedUser *save);
 static void IdemStreamEnd(const IdemSavedUser *save);
-static void IdemGetPosition(Oid role, text *consumer, text *stream, int32 part,
-							IdemPosition *pos);
-static void IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
-							const IdemPosition *old, bool has_next,
-							int64 next_offset, bool has_generation,
-							int64 generation, TimestampTz now);
-static void IdemStreamWrote(int processed, bool position, text *name,
-							int32 part);
+static void IdemGetPosition(IdemKeyedRows *rows, Oid role, text *consumer,
+							text *stream, int32 part, IdemPosition *pos);
+static void IdemPutPosition(IdemKeyedRows *rows, Oid role, text *consumer,
+							text *stream, int32 part, IdemPosition *old,
+							bool has_next, int64 next_offset,
+							bool has_generation, int64 generation,
+							TimestampTz now);
+static bool IdemGetSequence(IdemKeyedRows *rows, Oid role, text *consumer,
+							text *producer, IdemKeyedRow *row);
+static void IdemPutSequence(IdemKeyedRows *rows, Oid role, text *consumer,
+							text *producer, IdemKeyedRow *row, int64 epoch,
+							int64 seq, TimestampTz now);
 static void IdemCheckGeneration(const IdemPosition *pos, int64 generation,
 								text *stream, int32 part);
 static void IdemRefuseUnfenced(const IdemPosition *pos, text *stream,
@@ -226,123 +208,6 @@ IdemStreamLockTag(LOCKTAG *tag, uint32 kind, Oid role, text *a, text *b,
 						 VARDATA_ANY(b), VARSIZE_ANY_EXHDR(b), part);
 }
 
-/*
- * The stream locks the current transaction holds, counted by the
- * subtransaction nesting level that took each first: a subtransaction that
- * rolls back releases the locks it took, and gives them back to the count;
- * one that commits hands them to its parent.  Outside a transaction, all
- * zero.
- */
-static int *stream_locks_at = NULL;	/* [level], in TopMemoryContext */
-static int	stream_locks_levels = 0;	/* allocated length */
-static int	stream_locks_held = 0;	/* the sum */
-
-static void IdemStreamLocksXactCallback(XactEvent event, void *arg);
-static void IdemStreamLocksSubXactCallback(SubXactEvent event,
-										   SubTransactionId mySubid,
-										   SubTransactionId parentSubid,
-										   void *arg);
-
-/* registers the transaction callbacks; called once from _PG_init */
-void
-IdemStreamsInit(void)
-{
-	RegisterXactCallback(IdemStreamLocksXactCallback, NULL);
-	RegisterSubXactCallback(IdemStreamLocksSubXactCallback, NULL);
-}
-
-static void
-IdemStreamLocksXactCallback(XactEvent event, void *arg)
-{
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			if (stream_locks_levels > 0)
-				memset(stream_locks_at, 0, stream_locks_levels * sizeof(int));
-			stream_locks_held = 0;
-			break;
-		default:
-			break;
-	}
-}
-
-static void
-IdemStreamLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
-							   SubTransactionId parentSubid, void *arg)
-{
-	int			level = GetCurrentTransactionNestLevel();
-
-	if (level >= stream_locks_levels || stream_locks_at[level] == 0)
-		return;
-	switch (event)
-	{
-		case SUBXACT_EVENT_ABORT_SUB:
-			stream_locks_held -= stream_locks_at[level];
-			stream_locks_at[level] = 0;
-			break;
-		case SUBXACT_EVENT_COMMIT_SUB:
-			stream_locks_at[level - 1] += stream_locks_at[level];
-			stream_locks_at[level] = 0;
-			break;
-		default:
-			break;
-	}
-}
-
-/*
- * IdemStreamLockAcquire takes a stream lock (IdemStreamLockTag) until the
- * transaction ends.
- *
- * Each lock takes an entry of the lock table every backend shares, for as
- * long as the transaction lasts.  Unbounded, one transaction of one role
- * (an idem_assign of 15,000 partitions, say) filled the table, and every
- * other session's next lock failed (53200, out of shared memory), new
- * connections included.  So a transaction may hold at most
- * max_locks_per_transaction of them (PostgreSQL sizes the table for that
- * many per backend): the next new one is refused with 53000, and only this
- * transaction fails.  A lock it holds already is taken again freely.
- */
-static void
-IdemStreamLockAcquire(const LOCKTAG *tag)
-{
-	int			level = GetCurrentTransactionNestLevel();
-
-	if (stream_locks_held >= max_locks_per_xact &&
-		!IdemLockHeldByMe(tag, ExclusiveLock))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-				 errmsg("too many stream partitions and producers locked by this transaction"),
-				 errdetail("Each holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
-						   stream_locks_held, "max_locks_per_transaction"),
-				 errhint("Assign, advance, check or import fewer partitions and producers in one transaction, or raise \"%s\".",
-						 "max_locks_per_transaction")));
-	/* room to count it, before it is taken */
-	if (level >= stream_locks_levels)
-	{
-		int			n = Max(level + 1, 8);
-
-		if (stream_locks_at == NULL)
-			stream_locks_at = MemoryContextAllocZero(TopMemoryContext,
-													 n * sizeof(int));
-		else
-		{
-			stream_locks_at = repalloc(stream_locks_at, n * sizeof(int));
-			memset(stream_locks_at + stream_locks_levels, 0,
-				   (n - stream_locks_levels) * sizeof(int));
-		}
-		stream_locks_levels = n;
-	}
-	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
-	{
-		stream_locks_at[level]++;
-		stream_locks_held++;
-	}
-}
-
 /* takes the lock on one position or sequence, until the transaction ends */
 static void
 IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part)
@@ -350,7 +215,7 @@ IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part)
 	LOCKTAG		tag;
 
 	IdemStreamLockTag(&tag, kind, role, a, b, part);
-	IdemStreamLockAcquire(&tag);
+	IdemKeyedLockAcquire(&tag);
 }
 
 /*
@@ -417,78 +282,78 @@ IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
 	return (int) SPI_processed;
 }
 
-/* reads one position (locked by the caller) */
+/* reads one position (locked by the caller) FOR UPDATE */
 static void
-IdemGetPosition(Oid role, text *consumer, text *stream, int32 part,
-				IdemPosition *pos)
+IdemGetPosition(IdemKeyedRows *rows, Oid role, text *consumer, text *stream,
+				int32 part, IdemPosition *pos)
 {
-	Datum		args[4];
-	bool		isnull;
+	Datum		key[4];
 
-	args[0] = ObjectIdGetDatum(role);
-	args[1] = PointerGetDatum(consumer);
-	args[2] = PointerGetDatum(stream);
-	args[3] = Int32GetDatum(part);
+	key[0] = ObjectIdGetDatum(role);
+	key[1] = PointerGetDatum(consumer);
+	key[2] = PointerGetDatum(stream);
+	key[3] = Int32GetDatum(part);
 	memset(pos, 0, sizeof(*pos));
-	if (IdemStreamExec(STMT_GET_POSITION, args, NULL) == 0)
+	if (!IdemKeyedFetch(rows, key, &pos->row))
 		return;
-	pos->found = true;
-	pos->next_offset = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-												   SPI_tuptable->tupdesc, 1,
-												   &isnull));
-	pos->has_next = !isnull;
-	pos->generation = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-												  SPI_tuptable->tupdesc, 2,
-												  &isnull));
-	pos->has_generation = !isnull;
+	pos->has_next = !pos->row.nulls[POSITION_NEXT_OFFSET];
+	if (pos->has_next)
+		pos->next_offset = DatumGetInt64(pos->row.values[POSITION_NEXT_OFFSET]);
+	pos->has_generation = !pos->row.nulls[POSITION_GENERATION];
+	if (pos->has_generation)
+		pos->generation = DatumGetInt64(pos->row.values[POSITION_GENERATION]);
 }
 
-/* writes one position (locked by the caller): insert or update */
+/* writes one position (read by IdemGetPosition): insert or update */
 static void
-IdemPutPosition(Oid role, text *consumer, text *stream, int32 part,
-				const IdemPosition *old, bool has_next, int64 next_offset,
-				bool has_generation, int64 generation, TimestampTz now)
+IdemPutPosition(IdemKeyedRows *rows, Oid role, text *consumer, text *stream,
+				int32 part, IdemPosition *old, bool has_next,
+				int64 next_offset, bool has_generation, int64 generation,
+				TimestampTz now)
 {
-	Datum		args[7];
+	Datum		values[7];
 	bool		isnull[7] = {false};
 
-	args[0] = ObjectIdGetDatum(role);
-	args[1] = PointerGetDatum(consumer);
-	args[2] = PointerGetDatum(stream);
-	args[3] = Int32GetDatum(part);
-	args[4] = Int64GetDatum(next_offset);
-	isnull[4] = !has_next;
-	args[5] = Int64GetDatum(generation);
-	isnull[5] = !has_generation;
-	args[6] = TimestampTzGetDatum(now);
-	IdemStreamWrote(IdemStreamExec(old->found ? STMT_UPDATE_POSITION : STMT_INSERT_POSITION,
-								   args, isnull),
-					true, stream, part);
+	values[0] = ObjectIdGetDatum(role);
+	values[1] = PointerGetDatum(consumer);
+	values[2] = PointerGetDatum(stream);
+	values[3] = Int32GetDatum(part);
+	values[POSITION_NEXT_OFFSET] = Int64GetDatum(next_offset);
+	isnull[POSITION_NEXT_OFFSET] = !has_next;
+	values[POSITION_GENERATION] = Int64GetDatum(generation);
+	isnull[POSITION_GENERATION] = !has_generation;
+	values[POSITION_UPDATED_AT] = TimestampTzGetDatum(now);
+	IdemKeyedWrite(rows, &old->row, values, isnull);
 }
 
-/*
- * IdemStreamWrote checks that a write of a position or sequence row (the
- * UPDATE or INSERT after the row was read FOR UPDATE) wrote one row.  The
- * row lock taken by the read keeps maintenance's DELETE away (it skips
- * locked rows), so this cannot fail; if it ever did, the call would
- * answer for a write that was not made (a range handed out twice, a
- * sequence "new" twice), so it fails the transaction instead, with nothing
- * recorded and the SQLSTATE that says "retry".
- */
-static void
-IdemStreamWrote(int processed, bool position, text *name, int32 part)
+/* reads one producer's sequence (locked by the caller) FOR UPDATE */
+static bool
+IdemGetSequence(IdemKeyedRows *rows, Oid role, text *consumer, text *producer,
+				IdemKeyedRow *row)
 {
-	if (processed == 1)
-		return;
-	ereport(ERROR,
-			(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-			 position ?
-			 errmsg("could not record the position of partition %d of stream \"%s\": its row was removed concurrently",
-					part, IdemKeyForMessage(text_to_cstring(name))) :
-			 errmsg("could not record the sequence of producer \"%s\": its row was removed concurrently",
-					IdemKeyForMessage(text_to_cstring(name))),
-			 errdetail("Nothing was recorded."),
-			 errhint("Retry the transaction.")));
+	Datum		key[3];
+
+	key[0] = ObjectIdGetDatum(role);
+	key[1] = PointerGetDatum(consumer);
+	key[2] = PointerGetDatum(producer);
+	return IdemKeyedFetch(rows, key, row);
+}
+
+/* writes one producer's sequence (read by IdemGetSequence) */
+static void
+IdemPutSequence(IdemKeyedRows *rows, Oid role, text *consumer, text *producer,
+				IdemKeyedRow *row, int64 epoch, int64 seq, TimestampTz now)
+{
+	Datum		values[6];
+	bool		isnull[6] = {false};
+
+	values[0] = ObjectIdGetDatum(role);
+	values[1] = PointerGetDatum(consumer);
+	values[2] = PointerGetDatum(producer);
+	values[SEQUENCE_EPOCH] = Int64GetDatum(epoch);
+	values[SEQUENCE_SEQ] = Int64GetDatum(seq);
+	values[SEQUENCE_UPDATED_AT] = TimestampTzGetDatum(now);
+	IdemKeyedWrite(rows, row, values, isnull);
 }
 
 /*
@@ -647,7 +512,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	IdemPosition *pos;
 	LOCKTAG    *tags;
 	TimestampTz now = GetCurrentTimestamp();
-	IdemSavedUser save;
+	IdemKeyedRows rows;
 	int			i;
 
 	IdemCheckLibraryVersion();
@@ -656,7 +521,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	parts = IdemPartsArg(fcinfo, 2, &nparts);
 	generation = IdemNonNegativeArg(fcinfo, 3, "generation");
 	IdemCheckWritable("idem_assign()");
-	InitMaterializedSRF(fcinfo, 0);
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 
 	/*
 	 * The partitions' locks, in the order of their tags: two assignments of
@@ -670,18 +535,18 @@ idem_assign(PG_FUNCTION_ARGS)
 						  parts[i]);
 	qsort(tags, nparts, sizeof(LOCKTAG), IdemCompareLockTags);
 	for (i = 0; i < nparts; i++)
-		IdemStreamLockAcquire(&tags[i]);
-	IdemStreamBegin(&save);
+		IdemKeyedLockAcquire(&tags[i]);
+	IdemKeyedOpen(&rows, &positions_table);
 	for (i = 0; i < nparts; i++)
 	{
-		IdemGetPosition(role, consumer, stream, parts[i], &pos[i]);
+		IdemGetPosition(&rows, role, consumer, stream, parts[i], &pos[i]);
 		IdemCheckGeneration(&pos[i], generation, stream, parts[i]);
 	}
 	for (i = 0; i < nparts; i++)
-		IdemPutPosition(role, consumer, stream, parts[i], &pos[i],
+		IdemPutPosition(&rows, role, consumer, stream, parts[i], &pos[i],
 						pos[i].has_next, pos[i].next_offset, true, generation,
 						now);
-	IdemStreamEnd(&save);
+	IdemKeyedClose(&rows);
 
 	for (i = 0; i < nparts; i++)
 	{
@@ -724,7 +589,7 @@ idem_advance(PG_FUNCTION_ARGS)
 	bool		fresh;
 	bool		has_generation;
 	TimestampTz now = GetCurrentTimestamp();
-	IdemSavedUser save;
+	IdemKeyedRows rows;
 
 	IdemCheckLibraryVersion();
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
@@ -745,11 +610,11 @@ idem_advance(PG_FUNCTION_ARGS)
 	if (fenced)
 		generation = IdemNonNegativeArg(fcinfo, 5, "generation");
 	IdemCheckWritable("idem_advance()");
-	InitMaterializedSRF(fcinfo, 0);
+	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
-	IdemStreamBegin(&save);
-	IdemGetPosition(role, consumer, stream, part, &pos);
+	IdemKeyedOpen(&rows, &positions_table);
+	IdemGetPosition(&rows, role, consumer, stream, part, &pos);
 	if (fenced)
 		IdemCheckGeneration(&pos, generation, stream, part);
 	else if (pos.has_generation)
@@ -758,10 +623,10 @@ idem_advance(PG_FUNCTION_ARGS)
 	has_generation = fenced || pos.has_generation;
 	if (fenced && pos.has_generation)
 		generation = Max(generation, pos.generation);
-	IdemPutPosition(role, consumer, stream, part, &pos, true,
+	IdemPutPosition(&rows, role, consumer, stream, part, &pos, true,
 					fresh ? last + 1 : pos.next_offset,
 					has_generation, generation, now);
-	IdemStreamEnd(&save);
+	IdemKeyedClose(&rows);
 
 	if (fresh)
 	{
@@ -847,8 +712,8 @@ idem_sequence(PG_FUNCTION_ARGS)
 	int64		seq;
 	bool		strict;
 	TimestampTz now = GetCurrentTimestamp();
-	IdemSavedUser save;
-	Datum		args[6];
+	IdemKeyedRows rows;
+	IdemKeyedRow row;
 	const char *answer;
 	bool		write = true;
 
@@ -865,27 +730,13 @@ idem_sequence(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idem_sequence()");
 
 	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
-	IdemStreamBegin(&save);
-	args[0] = ObjectIdGetDatum(role);
-	args[1] = PointerGetDatum(consumer);
-	args[2] = PointerGetDatum(producer);
-	args[3] = Int64GetDatum(epoch);
-	args[4] = Int64GetDatum(seq);
-	args[5] = TimestampTzGetDatum(now);
-	if (IdemStreamExec(STMT_GET_SEQUENCE, args, NULL) == 0)
-	{
+	IdemKeyedOpen(&rows, &sequences_table);
+	if (!IdemGetSequence(&rows, role, consumer, producer, &row))
 		answer = "new";
-		IdemStreamWrote(IdemStreamExec(STMT_INSERT_SEQUENCE, args, NULL),
-						false, producer, 0);
-		write = false;
-	}
 	else
 	{
-		bool		isnull;
-		int64		stored_epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-															   SPI_tuptable->tupdesc, 1, &isnull));
-		int64		stored_seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-															 SPI_tuptable->tupdesc, 2, &isnull));
+		int64		stored_epoch = DatumGetInt64(row.values[SEQUENCE_EPOCH]);
+		int64		stored_seq = DatumGetInt64(row.values[SEQUENCE_SEQ]);
 
 		if (epoch < stored_epoch)
 		{
@@ -898,7 +749,7 @@ idem_sequence(PG_FUNCTION_ARGS)
 		else if (seq <= stored_seq)
 		{
 			answer = "duplicate";
-			args[4] = Int64GetDatum(stored_seq);	/* only used now */
+			seq = stored_seq;	/* only used now */
 			IdemStatsAdd(IDEM_STAT_SEQUENCE_DUPLICATES, 1);
 		}
 		else
@@ -915,11 +766,10 @@ idem_sequence(PG_FUNCTION_ARGS)
 						 errhint("Pass strict => false to process it and count the gap.")));
 			answer = "gap";
 		}
-		if (write)
-			IdemStreamWrote(IdemStreamExec(STMT_UPDATE_SEQUENCE, args, NULL),
-							false, producer, 0);
 	}
-	IdemStreamEnd(&save);
+	if (write)
+		IdemPutSequence(&rows, role, consumer, producer, &row, epoch, seq, now);
+	IdemKeyedClose(&rows);
 	PG_RETURN_TEXT_P(cstring_to_text(answer));
 }
 
@@ -1111,7 +961,7 @@ idem_import_position(PG_FUNCTION_ARGS)
 	int64		next_offset;
 	int64		generation;
 	IdemPosition pos;
-	IdemSavedUser save;
+	IdemKeyedRows rows;
 	IdemImportOutcome outcome;
 
 	IdemCheckLibraryVersion();
@@ -1132,9 +982,9 @@ idem_import_position(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idempotency.import_position()");
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
-	IdemStreamBegin(&save);
-	IdemGetPosition(role, consumer, stream, part, &pos);
-	if (!pos.found)
+	IdemKeyedOpen(&rows, &positions_table);
+	IdemGetPosition(&rows, role, consumer, stream, part, &pos);
+	if (!pos.row.found)
 		outcome = IDEM_IMPORT_INSERTED;
 	else if (generation > (pos.has_generation ? pos.generation : -1) ||
 			 (generation == (pos.has_generation ? pos.generation : -1) &&
@@ -1143,10 +993,10 @@ idem_import_position(PG_FUNCTION_ARGS)
 	else
 		outcome = IDEM_IMPORT_KEPT;
 	if (outcome != IDEM_IMPORT_KEPT)
-		IdemPutPosition(role, consumer, stream, part, &pos,
+		IdemPutPosition(&rows, role, consumer, stream, part, &pos,
 						!nulls[4], next_offset, !nulls[5], generation,
 						DatumGetTimestampTz(rec[6]));
-	IdemStreamEnd(&save);
+	IdemKeyedClose(&rows);
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));
 }
 
@@ -1161,46 +1011,42 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 {
 	Datum		rec[Natts_sequence_record];
 	bool		nulls[Natts_sequence_record];
-	Datum		args[6];
 	Oid			role;
-	IdemSavedUser save;
+	text	   *consumer;
+	text	   *producer;
+	int64		epoch;
+	int64		seq;
+	IdemKeyedRows rows;
+	IdemKeyedRow row;
 	IdemImportOutcome outcome;
 
 	IdemCheckLibraryVersion();
 	IdemDeformRecord(fcinfo, Natts_sequence_record, Natts_sequence_record,
 					 sequence_record_types, "sequence_record", rec, nulls);
 	role = IdemImportRole(rec[0], nulls[0]);
-	args[0] = ObjectIdGetDatum(role);
-	args[1] = PointerGetDatum(IdemImportedText(rec, nulls, 1, "consumer"));
-	args[2] = PointerGetDatum(IdemImportedText(rec, nulls, 2, "producer"));
-	args[3] = Int64GetDatum(IdemImportedNonNegative(rec, nulls, 3, "epoch", false));
-	args[4] = Int64GetDatum(IdemImportedNonNegative(rec, nulls, 4, "seq", false));
+	consumer = IdemImportedText(rec, nulls, 1, "consumer");
+	producer = IdemImportedText(rec, nulls, 2, "producer");
+	epoch = IdemImportedNonNegative(rec, nulls, 3, "epoch", false);
+	seq = IdemImportedNonNegative(rec, nulls, 4, "seq", false);
 	IdemRequireField(nulls[5], "updated_at");
-	args[5] = rec[5];
 	IdemCheckWritable("idempotency.import_sequence()");
 
-	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, DatumGetTextPP(args[1]),
-				   DatumGetTextPP(args[2]), 0);
-	IdemStreamBegin(&save);
-	if (IdemStreamExec(STMT_GET_SEQUENCE, args, NULL) == 0)
+	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
+	IdemKeyedOpen(&rows, &sequences_table);
+	if (!IdemGetSequence(&rows, role, consumer, producer, &row))
 		outcome = IDEM_IMPORT_INSERTED;
 	else
 	{
-		bool		isnull;
-		int64		epoch = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-														SPI_tuptable->tupdesc, 1, &isnull));
-		int64		seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-													  SPI_tuptable->tupdesc, 2, &isnull));
+		int64		stored_epoch = DatumGetInt64(row.values[SEQUENCE_EPOCH]);
+		int64		stored_seq = DatumGetInt64(row.values[SEQUENCE_SEQ]);
 
-		outcome = (DatumGetInt64(args[3]) > epoch ||
-				   (DatumGetInt64(args[3]) == epoch && DatumGetInt64(args[4]) > seq)) ?
+		outcome = (epoch > stored_epoch ||
+				   (epoch == stored_epoch && seq > stored_seq)) ?
 			IDEM_IMPORT_REPLACED : IDEM_IMPORT_KEPT;
 	}
 	if (outcome != IDEM_IMPORT_KEPT)
-		IdemStreamWrote(IdemStreamExec(outcome == IDEM_IMPORT_INSERTED ?
-									   STMT_INSERT_SEQUENCE : STMT_UPDATE_SEQUENCE,
-									   args, NULL),
-						false, DatumGetTextPP(args[2]), 0);
-	IdemStreamEnd(&save);
+		IdemPutSequence(&rows, role, consumer, producer, &row, epoch, seq,
+						DatumGetTimestampTz(rec[5]));
+	IdemKeyedClose(&rows);
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));
 }

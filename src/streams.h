@@ -15,7 +15,6 @@
 
 #include "idempotency.h"
 
-extern void IdemStreamsInit(void);
 extern uint64 IdemStreamsMaintain(TimestampTz before);
 
 #endif							/* IDEMPOTENCY_STREAMS_H */

@@ -109,7 +109,7 @@ PORT_BASE=${IDEM_RELEASE_PORT_BASE:-56000}
 # ttls and partitions of one or two seconds that the calls must beat, a
 # 1 ms lock_timeout that must fire before isolationtester looks (see the
 # header)
-VALGRIND_TIMING_SPECS=${VALGRIND_TIMING_SPECS-cache_errors ended_partition maintain_drop short_ttl}
+VALGRIND_TIMING_SPECS=${VALGRIND_TIMING_SPECS-cache_errors ended_partition ended_writer maintain_drop short_ttl}
 VALGRIND_TIMEOUT=${VALGRIND_TIMEOUT:-7200}
 # the regress tests make valgrind leaves out (see the header)
 VALGRIND_SKIP_REGRESS="discard_caches"

@@ -122,6 +122,9 @@ CREATE ROLE idem_app LOGIN;
 CREATE DATABASE idem_node OWNER idem_app;
 -- the 54000 tests need responses over the bound; small ones are cheaper
 ALTER DATABASE idem_node SET idempotency.max_response_bytes = '64kB';
+-- expired keys are remembered (the 410 expired tests); keys of the other
+-- tests live for hours
+ALTER DATABASE idem_node SET idempotency.key_memory = '1h';
 SQL
 cluster_psql "$DB" -q -d idem_node <<'SQL' || exit 1
 CREATE EXTENSION idempotency;

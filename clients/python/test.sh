@@ -102,6 +102,9 @@ CREATE ROLE app LOGIN;
 CREATE SCHEMA AUTHORIZATION app;
 -- small enough that a test can go over it (54000)
 ALTER DATABASE clients SET idempotency.max_response_bytes = '64kB';
+-- expired keys are remembered (the 410 expired tests); keys of the other
+-- tests live for hours
+ALTER DATABASE clients SET idempotency.key_memory = '1h';
 SQL
 
 export PGHOST="$WORK/cluster/sock" PGPORT="$BASE" PGDATABASE=clients

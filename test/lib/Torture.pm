@@ -858,6 +858,8 @@ the node itself), $opts{seconds} its duration, $opts{clients} its client
 count (default 8), $opts{mode} the pgbench protocol (default extended),
 $opts{maintain_loop} whether a ninth client also calls idem_maintain()
 every 200 ms (directly on the node) besides the background worker,
+$opts{memory_us} the server's idempotency.key_memory in microseconds (a key
+or id must not run again before its ttl and the memory have both passed),
 $opts{label} the prefix of test names.  Checks: both pgbench runs end well
 (pgbench_summary), the invariants hold (check_torture), partitions were
 dropped during the run (those present at the start are all gone, the
@@ -944,10 +946,12 @@ sub run_torture
 			         coalesce(last_maintenance_error, '')
 			    FROM idempotency.stats WHERE datname = current_database()}),
 		-1);
+	# with idempotency.key_memory, a key or id is not new again before
+	# the memory has passed too
 	check_torture(
 		$node, $db, $label,
-		key_ttl_us     => 2_000_000,
-		message_ttl_us => 2_000_000);
+		key_ttl_us     => 2_000_000 + ($o{memory_us} // 0),
+		message_ttl_us => 2_000_000 + ($o{memory_us} // 0));
 
 	my ($loop_calls, $loop_dropped) = split /\|/,
 	  $q->(q{SELECT count(*), coalesce(sum(dropped), 0) FROM maint_log});

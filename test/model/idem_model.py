@@ -573,6 +573,9 @@ class Model:
         self.msg_ttl = settings['message_ttl']
         self.max_ttl = settings['max_ttl']
         self.max_len = settings['max_key_length']
+        # idempotency.key_memory (0, or longer than the run): an expired key
+        # or id that was not released stays remembered
+        self.memory = settings.get('key_memory', 0) > 0
         self.superuser = superuser
         self.u = universe     # digest -> ('k', scope, key) / ('m', consumer, id)
         # a completed key is replaced by an import only if it is completed
@@ -684,6 +687,10 @@ class Model:
                 and ch.pick(2) == 1):
             cands = self.inprog_candidates(w, kid, None) | {None}
             return self.out_inprogress(cands, 'key lock busy')
+        if v is None and self.memory and gone is not None and gone.st != 'r':
+            # expired and remembered (key_memory): answered, nothing written
+            return self.out_fixed(['expired', None, None, None, None, None],
+                                  'expired, remembered')
         if v is None:
             # a claim decides expiry and writes its token with one clock:
             # the path that took the row as expired must match that clock
@@ -837,6 +844,10 @@ class Model:
         v = w.own_key(c.sess, kid)
         if v is None:
             v = self.key_live(w, c, ch, kid)
+            gone = w.keys.get(kid) if v is None else None
+            if self.memory and gone is not None and gone.st != 'r':
+                return Ok('expired, remembered',
+                          check=expect_rows([['expired'] + [None] * 7]))
         if v is None:
             return Ok('no row', check=expect_rows([]))
         st = {'p': 'in_progress', 'c': 'completed', 'r': 'released'}[v.st]
@@ -878,6 +889,8 @@ class Model:
             return Ok('false (consumed by this transaction)', check=expect_rows([['f']]))
         if self.msg_live(w, c, ch, mid):
             return Ok('false (consumed)', check=expect_rows([['f']]))
+        if self.memory and mid in w.msgs:
+            return Ok('false (expired, remembered)', check=expect_rows([['f']]))
         ttl = a['ttl'] if a['ttl'] is not None else self.msg_ttl
         lo, hi = self.win_of(c)
 
@@ -912,6 +925,8 @@ class Model:
                 return Block(u, ('m', mid))
             if w.own_msg(s, mid) is not None or self.msg_live(w, c, ch, mid):
                 continue
+            if self.memory and mid in w.msgs:
+                continue        # expired, remembered
             w.write_msg(s, mid, (lo + ttl, hi + ttl))
             new = new | {i}
         w.conts.pop(s, None)
@@ -1300,7 +1315,11 @@ class Driver:
             'message_ttl': int(st['idempotency.message_ttl']) * 1000000,
             'max_ttl': int(st['idempotency.max_ttl']) * 1000000,
             'max_key_length': int(st['idempotency.max_key_length']),
+            'key_memory': int(st.get('idempotency.key_memory', '0')) * 1000000,
         }
+        if 0 < settings['key_memory'] < 3600 * 1000000:
+            raise RuntimeError("idempotency.key_memory must be 0 or at least an hour "
+                               "(the model remembers every expired key and id for the whole run)")
         if settings['key_ttl'] > 10 * 1000000 or settings['message_ttl'] > 10 * 1000000:
             raise RuntimeError("idempotency.key_ttl and message_ttl must be a few seconds "
                                "(the model's keys must expire during the run)")

@@ -16,6 +16,8 @@
 # Settings (environment):
 #   MODEL_SEEDS   comma-separated seeds (default 1,2,3); SEED=<n> runs only n
 #   MODEL_STEPS   rounds per seed (default 10000; a release run: 200000)
+#   MODEL_MEMORY_SEEDS  seeds run again with idempotency.key_memory = 1h
+#                 (default 1; empty: none)
 #   MODEL_STRICT  1: also generate what is known to differ (see the script)
 #   MODEL_LATE_CANCELS  the share of cancelled waits whose backend is held
 #                 until the round is observed (default 0.5, see the script)
@@ -117,13 +119,28 @@ for my $scenario ('late-cancel', 'concurrent-errors')
 	note($out) if $ok;
 }
 
-# and a cancel acted on late now and then in the random rounds
+# and a cancel acted on late now and then in the random rounds; then
+# MODEL_MEMORY_SEEDS (default 1) again with idempotency.key_memory = 1h
+# (every key and id that expires during the run is remembered: a claim
+# answers "expired", a consume false)
 local $ENV{MODEL_LATE_CANCELS} = $ENV{MODEL_LATE_CANCELS} // '0.5';
-for my $seed (@seeds)
+my @memory_seeds = split /,/, ($ENV{MODEL_MEMORY_SEEDS} // '1');
+my @runs = ((map { [ $_, '' ] } @seeds), (map { [ $_, 'memory' ] } @memory_seeds));
+for my $run (@runs)
 {
+	my ($seed, $memory) = @$run;
+	if ($memory && $node->safe_psql('postgres', 'SHOW idempotency.key_memory') eq '0')
+	{
+		$node->safe_psql('postgres', q{ALTER SYSTEM SET idempotency.key_memory = '1h'});
+		$node->reload;
+		ok( poll_until(
+				'key_memory in force',
+				sub { $node->safe_psql('postgres', 'SHOW idempotency.key_memory') eq '1h' }),
+			'idempotency.key_memory = 1h from now on');
+	}
 	my ($out, $err) = ('', '');
 	# every statement and answer, kept when the seed finds a difference
-	my $trace = "$PostgreSQL::Test::Utils::log_path/060_model_seed$seed.trace";
+	my $trace = "$PostgreSQL::Test::Utils::log_path/060_model_seed$seed$memory.trace";
 	my $ok = eval {
 		IPC::Run::run(
 			[
@@ -143,8 +160,10 @@ for my $seed (@seeds)
 		note($out);
 		unlink $trace;
 	}
-	ok($ok, "seed $seed: $steps rounds, every answer is one the contract allows")
-	  or diag("$out\n$err\n(exit status $rc)\nreplay: SEED=$seed MODEL_STEPS=$steps\n"
+	ok($ok, "seed $seed: $steps rounds" . ($memory ? ' with key_memory' : '')
+		  . ', every answer is one the contract allows')
+	  or diag("$out\n$err\n(exit status $rc)\nreplay: SEED=$seed MODEL_STEPS=$steps"
+		  . ($memory ? ' (key_memory = 1h: MODEL_SEEDS= MODEL_MEMORY_SEEDS=$seed)' : '') . "\n"
 		  . "every step of the run: $trace");
 }
 

@@ -154,8 +154,8 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 			idem_batch floor_txn keys_raw keys_plpgsql keys_idem replay_plpgsql
 			replay_idem))
 		{
-			like($t, qr/^raw round=1 variant=$v db=\S+ tps=$number /m,
-				"run.sh: variant $v measured (its pgbench run did not fail)");
+			like($t, qr/^raw round=1 variant=$v db=\S+ tps=$number ids_per_s=$number cpu_us=$number$/m,
+				"run.sh: variant $v measured (its pgbench run did not fail), with its server CPU");
 			like($t,
 				qr/^raw wal variant=$v db=\S+ transactions=\d+ calls=\d+ bytes=$number bytes_per_call=$number$/m,
 				"run.sh: WAL per call of variant $v measured");
@@ -172,8 +172,8 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 		like($t, qr/^raw storage kind=idem rows=2000 /m,
 			'run.sh: storage of the message ledger measured');
 		my @v = verdicts($t);
-		is(scalar(@v), 11,
-			'run.sh: the 8 bars and 3 aims (above the round-trip floor) of a default run');
+		is(scalar(@v), 14,
+			'run.sh: the 8 bars, 3 aims (above the round-trip floor) and 3 server-CPU goals of a default run');
 		# an aim is SKIP, its figure undefined, when the raw SQL was no
 		# slower than the floor in its round: figures, not checked here
 		my @lines = grep { /\s(?:>=|<=|=)\s+\S+\s+SKIP\b/ } split /\n/, $t;
@@ -310,7 +310,7 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 			for my $d (qw(advance ledger offsets))
 			{
 				like($t,
-					qr/^raw round=1 variant=${d}_$b batch=$b tps=$number records_per_s=$number$/m,
+					qr/^raw round=1 variant=${d}_$b batch=$b tps=$number records_per_s=$number cpu_us=$number$/m,
 					"streams.sh: variant ${d}_$b measured");
 			}
 		}
@@ -323,7 +323,7 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 			}
 		}
 		my @v = verdicts($t);
-		is(scalar(@v), 3, 'streams.sh: a verdict for each of its 3 goals');
+		is(scalar(@v), 4, 'streams.sh: a verdict for each of its 4 goals (3 of throughput, 1 of server CPU)');
 		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'streams.sh: no goal SKIP');
 		like($t, qr/^elapsed: /m, 'streams.sh: ran to its end');
 	}

@@ -10,7 +10,7 @@ const sql = require('./sql');
 const {
   mapError, isRetryable, isUnavailable, ProgrammingError, TransientError,
   StoreUnavailableError, ResponseTooLargeError, StaleTokenError,
-  KeyInProgressError, KeyMismatchError,
+  KeyInProgressError, KeyMismatchError, KeyExpiredError,
 } = require('./errors');
 
 const ISOLATION = {
@@ -261,6 +261,9 @@ function idempotent(fn, opts = {}) {
     if (out.status === 'in_progress') throw new KeyInProgressError(`another call holds key ${JSON.stringify(key)}`);
     if (out.status === 'mismatch') {
       throw new KeyMismatchError(`key ${JSON.stringify(key)} was used with other arguments`);
+    }
+    if (out.status === 'expired') {
+      throw new KeyExpiredError(`key ${JSON.stringify(key)} expired: its value is no longer kept, and the call is not run again`);
     }
     if (out.replayed) {
       const stored = out.response.body;

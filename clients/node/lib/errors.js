@@ -33,6 +33,11 @@ class KeyInProgressError extends IdempotencyError {}
 // mismatch).
 class KeyMismatchError extends IdempotencyError {}
 
+// idempotent(): the key expired and the server remembers it (idem_claim's
+// expired, idempotency.key_memory): its value is gone and fn must not run
+// again.  HTTP: 410 expired.
+class KeyExpiredError extends IdempotencyError {}
+
 // 55006 "is stale": the key was taken over (its lease lapsed and another
 // caller claimed or recovered it); this holder must stop.
 class StaleTokenError extends IdempotencyError {}
@@ -128,6 +133,7 @@ module.exports = {
   ConfigurationError,
   KeyInProgressError,
   KeyMismatchError,
+  KeyExpiredError,
   StaleTokenError,
   KeyBusyError,
   ResponseTooLargeError,

@@ -231,6 +231,14 @@ class HttpIdempotency {
     if (this.ttlMs === null || !(this.ttlMs > 0)) {
       throw new TypeError('pg-idempotency: ttl must be milliseconds or a simple interval such as "24 hours"');
     }
+    // the server's idempotency.key_memory, as advertised (null: not said)
+    this.keyMemoryMs = null;
+    if (options.keyMemory !== undefined && options.keyMemory !== null) {
+      this.keyMemoryMs = sql.durationMs(options.keyMemory);
+      if (this.keyMemoryMs === null || this.keyMemoryMs < 0) {
+        throw new TypeError('pg-idempotency: keyMemory must be milliseconds or a simple interval such as "30 days"');
+      }
+    }
     this.required = options.required !== false;
     this.methods = options.methods === null ? null
       : new Set((options.methods || ['POST', 'PATCH']).map((m) => String(m).toUpperCase()));
@@ -285,6 +293,7 @@ class HttpIdempotency {
       type: this.problemType(slug), title, status, detail,
       key_retention_seconds: Math.round(this.ttlMs / 1000),
     };
+    if (slug === 'expired') doc.key_memory_seconds = this.keyMemorySeconds();
     const headers = { 'content-type': 'application/problem+json', 'content-language': 'en' };
     if (this.docsUrl) headers.link = `<${this.docsUrl}>; rel="describedby"`;
     if ((status === 409 || status === 503) && this.retryAfter !== null) {
@@ -297,6 +306,19 @@ class HttpIdempotency {
   inProgress() {
     return this.problem(409, 'in-progress', 'A request is outstanding for this Idempotency-Key',
       `A request with the same ${this.header} for the same operation is being processed. Retry it later.`);
+  }
+
+  // 410: the key's retention passed and the server still remembers it
+  // (idempotency.key_memory): its response is gone and the request must not
+  // run a second time
+  expired() {
+    return this.problem(410, 'expired', 'Idempotency-Key has expired',
+      `This ${this.header} was used for a request whose response is no longer kept. ` +
+      'The request was not processed again; send a new request with a new key.');
+  }
+
+  keyMemorySeconds() {
+    return this.keyMemoryMs === null ? null : Math.round(this.keyMemoryMs / 1000);
   }
 
   busy() {
@@ -386,6 +408,8 @@ class HttpIdempotency {
       case 'mismatch':
         return this.problem(422, 'mismatch', 'Idempotency-Key is already used for another request',
           `This ${this.header} was used with a different request. A key must not be reused for another request.`);
+      case 'expired':
+        return this.expired();
       default:
         throw new Error(`unexpected idem_claim status ${c.status}`);
     }
@@ -408,6 +432,8 @@ class HttpIdempotency {
       anonymous: this.anonymous,
       fingerprint,
       key_retention_seconds: Math.round(this.ttlMs / 1000),
+      key_memory_seconds: this.keyMemorySeconds(),
+      expired_key: '410 expired',
       concurrent_duplicate: waitSeconds === null ? '409 with Retry-After'
         : `waits up to ${waitSeconds} s for the first request, then ${this.timeoutStatus}`,
       wait_seconds: waitSeconds,

@@ -60,6 +60,7 @@ exports.ProgrammingError = errors.ProgrammingError;
 exports.ConfigurationError = errors.ConfigurationError;
 exports.KeyInProgressError = errors.KeyInProgressError;
 exports.KeyMismatchError = errors.KeyMismatchError;
+exports.KeyExpiredError = errors.KeyExpiredError;
 exports.StaleTokenError = errors.StaleTokenError;
 exports.KeyBusyError = errors.KeyBusyError;
 exports.ResponseTooLargeError = errors.ResponseTooLargeError;

@@ -41,6 +41,7 @@ const ROUTES = {
   '/export': { replayHeaders: ['x-custom', 'set-cookie'] },
   '/big': {},
   '/big-413': { tooLargeStatus: 413 },
+  '/late': { ttl: '1 second', keyMemory: '30 days' },
 };
 
 // The business part, framework-free: returns { status, headers, body }

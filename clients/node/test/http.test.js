@@ -86,6 +86,27 @@ for (const framework of ['express', 'fastify']) {
       assert.equal(again.headers['idempotent-replayed'], 'true');
     });
 
+    it('answers 410 expired to a retry after the retention while the server remembers the key', async () => {
+      // idempotency.key_memory is set on the test database (test.sh)
+      const key = uid();
+      assert.equal((await post('/late', sq(key), { item: 'late' })).status, 201);
+      await waitFor('the key expired and remembered', async () => {
+        const r = await lookup(pool, key, { scope: scopeOf('/late') });
+        return r !== null && r.status === 'expired';
+      });
+      const res = await post('/late', sq(key), { item: 'late' });
+      assert.equal(res.status, 410);
+      assert.equal(res.headers['content-type'], 'application/problem+json');
+      assert.equal(res.headers['retry-after'], undefined);
+      const doc = res.json();
+      assert.equal(doc.type, `${TAG}expired`);
+      assert.equal(doc.status, 410);
+      assert.equal(doc.key_retention_seconds, 1);
+      assert.equal(doc.key_memory_seconds, 30 * 86400);
+      assert.equal(await rowsFor(key), 1, 'the handler did not run again');
+      assert.equal((await post('/late', sq(uid()), { item: 'late' })).status, 201);
+    });
+
     it('answers 400 to each bad key, and writes nothing', async () => {
       const long = 'k'.repeat(256);
       const cases = [

@@ -29,7 +29,8 @@ export interface ClaimOptions {
   keepRequest?: boolean;
 }
 
-export type ClaimStatus = 'claimed' | 'completed' | 'in_progress' | 'mismatch';
+/** expired: the key's retention passed and the server remembers it (idempotency.key_memory); nothing ran. */
+export type ClaimStatus = 'claimed' | 'completed' | 'in_progress' | 'mismatch' | 'expired';
 
 export interface ClaimResult {
   status: ClaimStatus;
@@ -57,7 +58,8 @@ export interface HolderOptions {
   token?: string | bigint | number | null;
 }
 
-export interface LookupResult {
+/** One live key, as lookup() gives it. */
+export interface LiveLookupResult {
   status: 'in_progress' | 'completed' | 'released';
   token: string;
   recoveryPoint: string | null;
@@ -70,6 +72,23 @@ export interface LookupResult {
   leaseExpiresAt: Date | null;
   request: unknown;
 }
+
+/** A key whose retention passed and that the server remembers (idempotency.key_memory): nothing else is kept. */
+export interface ExpiredLookupResult {
+  status: 'expired';
+  token: null;
+  recoveryPoint: null;
+  responseCode: null;
+  responseBody: null;
+  responseHeaders: null;
+  responseRaw: null;
+  claimedAt: null;
+  expiresAt: null;
+  leaseExpiresAt: null;
+  request: null;
+}
+
+export type LookupResult = LiveLookupResult | ExpiredLookupResult;
 
 export interface RecoveredClaim {
   key: string;
@@ -321,6 +340,8 @@ export interface HttpOptions {
   pool: Pool;
   /** Retention of a key, passed as ttl to every claim and advertised (default '24 hours'). */
   ttl?: Duration;
+  /** The server's idempotency.key_memory, advertised in the policy and the 410 answer (default: not said). */
+  keyMemory?: Duration | null;
   /** Default true: a request without Idempotency-Key is 400; false: it runs without dedup. */
   required?: boolean;
   /** Methods that take a key (default ['POST', 'PATCH']; null: every method). */
@@ -542,6 +563,8 @@ export class ConfigurationError extends ProgrammingError {}
 export class KeyInProgressError extends IdempotencyError {}
 /** idempotent(): the key was used with other arguments. */
 export class KeyMismatchError extends IdempotencyError {}
+/** idempotent(): the key expired and is remembered (idempotency.key_memory); fn did not run. */
+export class KeyExpiredError extends IdempotencyError {}
 export class StaleTokenError extends IdempotencyError {}
 export class KeyBusyError extends IdempotencyError {}
 export class ResponseTooLargeError extends IdempotencyError {}

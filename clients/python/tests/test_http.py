@@ -337,6 +337,39 @@ def test_retention_is_advertised_and_real(svc):
     assert secs == (7200,)
 
 
+def test_expired_and_remembered_key_is_410(svc):
+    """A retry after the key's retention, while the server remembers it
+    (idempotency.key_memory, set on the test database by test.sh): 410
+    expired, the handler does not run again; a new key runs."""
+    name, env = FRAMEWORKS[svc.framework]
+    s = Server(name, dict(env, IDEM_TTL="1 second", IDEM_KEY_MEMORY="30 days"))
+    try:
+        assert s.port and request(s.port, "/idempotency", method="GET").json()[
+            "key_memory_seconds"] == 30 * 86400
+        key = new_key()
+        assert charge(s.port, key).status == 201
+
+        def expired():
+            with su_connect() as c:
+                c.execute("SET ROLE %s" % APP_USER)
+                return c.execute("SELECT status FROM idem_lookup(%s, %s)",
+                                 (key, "POST /charges")).fetchone()
+        assert wait_until(lambda: expired() == ("expired",),
+                          "the key expired and remembered")
+        ans = charge(s.port, key)
+        assert ans.status == 410, ans
+        doc = ans.json()
+        assert doc["type"] == "http://docs.example/idempotency#expired"
+        assert doc["status"] == 410
+        assert doc["key_retention_seconds"] == 1
+        assert doc["key_memory_seconds"] == 30 * 86400
+        assert ans.header("Retry-After") is None
+        assert charges_for(key) == 1
+        assert charge(s.port, new_key()).status == 201
+    finally:
+        s.stop()
+
+
 def test_store_unreachable_is_503_never_run_anyway(servers):
     """Django with its database unreachable: 503 with Retry-After, and the
     handler does not run without its key."""

@@ -59,7 +59,8 @@ async function core(): Promise<void> {
     if (err instanceof StaleTokenError || err instanceof ResponseTooLargeError) console.error(err.code);
   }
   const l = await lookup(pool, 'k3');
-  if (l) console.log(l.expiresAt.getTime() - l.claimedAt.getTime());
+  if (l && l.status !== 'expired') console.log(l.expiresAt.getTime() - l.claimedAt.getTime());
+  else if (l) console.log(l.status, l.token === null);
   await transaction(pool, async (tx) => tx.query('SELECT 1'), { isolationLevel: 'serializable', retries: 5 });
 }
 

@@ -23,7 +23,8 @@ from .core import (Claim, advance, assign, checkpoint, claim, claim_key,
                    lookup, positions, recover, release, run_in_transaction,
                    sequence)
 from .errors import (Busy, ClaimNotResolved, ConfigurationError,
-                     IdempotencyError, KeyInProgress, KeyMismatch, NoCaller,
+                     IdempotencyError, KeyExpired, KeyInProgress, KeyMismatch,
+                     NoCaller,
                      ProgrammingError, ResponseTooLarge, RetryableConflict,
                      SequenceGap, StaleGeneration, StaleToken,
                      StoreUnavailable, classify, sqlstate_of)
@@ -34,7 +35,8 @@ __version__ = "0.5.0"
 __all__ = [
     "AsyncPsycopgRunner", "AsyncRunner", "Busy", "Claim", "ClaimNotResolved",
     "ClaimResult", "ConfigurationError", "DbapiRunner", "DjangoRunner",
-    "IdempotencyError", "KeyInProgress", "KeyMismatch", "KeyRecord",
+    "IdempotencyError", "KeyExpired", "KeyInProgress", "KeyMismatch",
+    "KeyRecord",
     "NoCaller", "OffsetRange", "Operation",
     "Position", "ProgrammingError", "PsycopgRunner", "RawJson", "Recovered",
     "Recoverer", "ResponseTooLarge", "RetryableConflict", "Runner",

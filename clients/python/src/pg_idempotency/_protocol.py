@@ -73,7 +73,7 @@ class StoredResponse:
 @dataclass(frozen=True)
 class ClaimResult:
     """One idem_claim answer."""
-    status: str                     # claimed, completed, in_progress, mismatch
+    status: str                     # claimed, completed, in_progress, mismatch, expired
     token: Optional[int] = None
     recovery_point: Optional[str] = None
     response: Optional[StoredResponse] = None
@@ -82,13 +82,14 @@ class ClaimResult:
 
 @dataclass(frozen=True)
 class KeyRecord:
-    """One idem_lookup row."""
+    """One idem_lookup row (status "expired": the key expired and is
+    remembered, idempotency.key_memory; every other field is None)."""
     status: str
-    token: int
+    token: Optional[int]
     recovery_point: Optional[str]
     response: Optional[StoredResponse]
-    claimed_at: datetime.datetime
-    expires_at: datetime.datetime
+    claimed_at: Optional[datetime.datetime]
+    expires_at: Optional[datetime.datetime]
     lease_expires_at: Optional[datetime.datetime]
     request: Any
 

@@ -19,7 +19,8 @@ from ._sql import AsyncRunner, Interval, async_runner_for
 from .consumer import record_offset
 from .core import (Wait, _default_request, _replay_value, _to_json,
                    wait_bounds)
-from .errors import (ClaimNotResolved, KeyInProgress, KeyMismatch,
+from .errors import (ClaimNotResolved, KeyExpired, KeyInProgress,
+                     KeyMismatch,
                      ProgrammingError, RetryableConflict, classify)
 
 T = TypeVar("T")
@@ -207,6 +208,9 @@ async def _claim_or_raise(runner: AsyncRunner, key: str, request: Any,
         raise KeyInProgress("another request holds key %r" % key)
     if result.status == "mismatch":
         raise KeyMismatch("key %r was used with a different request" % key)
+    if result.status == "expired":
+        raise KeyExpired("key %r expired: its response is no longer kept, "
+                         "and the request is not run again" % key)
     return Claim(runner, key, scope, result)
 
 

@@ -23,7 +23,8 @@ from . import _protocol as P
 from ._protocol import (ClaimResult, Headers, KeyRecord, OffsetRange,
                         Position, Recovered, SequenceAnswer, StoredResponse)
 from ._sql import Interval, Runner, interval_seconds, runner_for
-from .errors import (ClaimNotResolved, KeyInProgress, KeyMismatch,
+from .errors import (ClaimNotResolved, KeyExpired, KeyInProgress,
+                     KeyMismatch,
                      ProgrammingError, RetryableConflict, classify)
 
 T = TypeVar("T")
@@ -264,6 +265,9 @@ def _claim_or_raise(runner: Runner, key: str, request: Any, scope: str,
         raise KeyInProgress("another request holds key %r" % key)
     if result.status == "mismatch":
         raise KeyMismatch("key %r was used with a different request" % key)
+    if result.status == "expired":
+        raise KeyExpired("key %r expired: its response is no longer kept, "
+                         "and the request is not run again" % key)
     return Claim(runner, key, scope, result)
 
 

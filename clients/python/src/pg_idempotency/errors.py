@@ -41,6 +41,17 @@ class KeyMismatch(IdempotencyError):
     title = "Idempotency-Key is already used for another request"
 
 
+class KeyExpired(IdempotencyError):
+    """
+    The key's retention passed and the server remembers it (idem_claim:
+    expired, with idempotency.key_memory): its response is no longer kept
+    and the request must not run again.  HTTP 410 (expired).
+    """
+    http_status = 410
+    problem = "expired"
+    title = "Idempotency-Key has expired"
+
+
 class Busy(IdempotencyError):
     """
     A wait for the key ran out: lock_timeout (55P03) or statement_timeout

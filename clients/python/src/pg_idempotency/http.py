@@ -43,7 +43,7 @@ from . import core
 from ._protocol import RawJson, StoredResponse
 from ._sql import AsyncRunner, Interval, Runner, interval_seconds
 from .errors import (ConfigurationError, IdempotencyError, KeyInProgress,
-                     KeyMismatch, NoCaller, RetryableConflict,
+                     KeyExpired, KeyMismatch, NoCaller, RetryableConflict,
                      StoreUnavailable, classify)
 
 #: where the adapters log what makes them answer 500 (no-caller,
@@ -304,6 +304,9 @@ class Options:
     #: how long a key is kept: passed to every claim as its ttl, and
     #: advertised (policy document, problem documents)
     ttl: Interval = 86400
+    #: the server's idempotency.key_memory, advertised (policy document,
+    #: the 410 expired answer); None: not said
+    key_memory: Optional[Interval] = None
     #: None: a duplicate of a request in flight gets 409 at once; seconds:
     #: it waits that long (lock_timeout and idempotency.wait_timeout, SET
     #: LOCAL for the claim) and replays the outcome, then 409
@@ -355,6 +358,8 @@ class Options:
             raise ValueError("never replayed: %s" % ", ".join(bad))
         self._replay = frozenset(h.lower() for h in self.replay_headers)
         self.ttl_seconds = int(interval_seconds(self.ttl))
+        self.key_memory_seconds = (None if self.key_memory is None
+                                   else int(interval_seconds(self.key_memory)))
         if self.wait is not None:
             self.wait = interval_seconds(self.wait)
         if self.fingerprint_fields is not None:
@@ -477,6 +482,8 @@ class Policy:
         doc = {"type": self.problem_type(slug), "title": title,
                "status": status, "detail": detail,
                "key_retention_seconds": o.ttl_seconds}
+        if slug == "expired":
+            doc["key_memory_seconds"] = o.key_memory_seconds
         hdrs = [("Content-Type", "application/problem+json"),
                 ("Content-Language", "en")]
         if o.docs_url:
@@ -504,6 +511,10 @@ class Policy:
         if isinstance(err, KeyMismatch):
             detail = ("This %s was used with a different request. A key "
                       "must not be reused for another request." % o.header)
+        if isinstance(err, KeyExpired):
+            detail = ("This %s was used for a request whose response is no "
+                      "longer kept. The request was not processed again; "
+                      "send a new request with a new key." % o.header)
         if isinstance(err, (StoreUnavailable, RetryableConflict)):
             detail = "The request was not processed; retry it later."
         if err.problem == "taken-over":
@@ -551,6 +562,8 @@ class Policy:
             "anonymous": o.anonymous,
             "fingerprint": fingerprint,
             "key_retention_seconds": o.ttl_seconds,
+            "key_memory_seconds": o.key_memory_seconds,
+            "expired_key": "410 expired",
             "concurrent_duplicate": ("409 with Retry-After" if wait is None
                                      else "waits up to %s s for the first "
                                      "request, then %d" % (wait,
@@ -641,6 +654,8 @@ class Policy:
             return self.error_response(KeyInProgress())
         if result.status == "mismatch":
             return self.error_response(KeyMismatch())
+        if result.status == "expired":
+            return self.error_response(KeyExpired())
         return None
 
     def _finish_sync(self, runner: Runner, key: str, scope: str,

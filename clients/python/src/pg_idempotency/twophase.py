@@ -17,7 +17,8 @@ from typing import Any, Callable, Iterator, Optional
 from ._protocol import Headers, Recovered, StoredResponse
 from ._sql import Interval, Runner, runner_for
 from .core import Wait, checkpoint, claim, complete, recover, release
-from .errors import (ClaimNotResolved, KeyInProgress, KeyMismatch,
+from .errors import (ClaimNotResolved, KeyExpired, KeyInProgress,
+                     KeyMismatch,
                      ProgrammingError)
 
 log = logging.getLogger("pg_idempotency")
@@ -122,6 +123,9 @@ def two_phase(conn: Any, key: str, request: Any = None, *, lease: Interval,
         raise KeyInProgress("another process holds key %r" % key)
     if result.status == "mismatch":
         raise KeyMismatch("key %r was used with a different request" % key)
+    if result.status == "expired":
+        raise KeyExpired("key %r expired: its response is no longer kept, "
+                         "and the request is not run again" % key)
     op = Operation(runner, key, scope, result.token, result.recovery_point,
                    request, result.response)
     if op.replayed:

@@ -45,6 +45,10 @@ def options():
             "policy_path": "/idempotency", "anonymous": True}
     if os.environ.get("IDEM_WAIT"):
         opts["wait"] = float(os.environ["IDEM_WAIT"])
+    if os.environ.get("IDEM_TTL"):
+        opts["ttl"] = os.environ["IDEM_TTL"]
+    if os.environ.get("IDEM_KEY_MEMORY"):
+        opts["key_memory"] = os.environ["IDEM_KEY_MEMORY"]
     if os.environ.get("IDEM_TOO_LARGE_STATUS"):
         opts["too_large_status"] = int(os.environ["IDEM_TOO_LARGE_STATUS"])
     if os.environ.get("IDEM_BUSY_STATUS"):

@@ -1,0 +1,683 @@
+/*-------------------------------------------------------------------------
+ *
+ * keyed_rows.c
+ *	  Tables of one row per (role, names...), read and written directly
+ *	  under a keyed lock: the locks (bounded per transaction), and the
+ *	  rows (one probe of the primary key, the row lock, an insert or a HOT
+ *	  update), without SQL.
+ *
+ * The stream positions and producer sequences (streams.c) are such tables:
+ * a call locks its row's identity until its transaction ends, reads the
+ * row, decides, and writes it.  Through SPI, each of those steps was a
+ * statement: parse analysis once, but the executor started, run and shut
+ * down for every read and every write, more than half of a call's cost.
+ * Here the same steps are the access methods' own calls:
+ *
+ *	- the read probes the primary key with every key column under a fresh
+ *	  snapshot (GetLatestSnapshot: what is committed now, and this
+ *	  transaction's own changes, as the SPI statement saw), and locks the
+ *	  version found FOR UPDATE (table_tuple_lock, LockTupleExclusive,
+ *	  waiting).  In READ COMMITTED, a version updated meanwhile is
+ *	  followed to its newest one, and a row deleted meanwhile (maintenance's
+ *	  DELETE, committed while the lock waited) is looked for again, and is
+ *	  then found missing; under REPEATABLE READ or SERIALIZABLE either
+ *	  fails with SQLSTATE 40001, as the executor's SELECT ... FOR UPDATE
+ *	  does.  The row lock is what keeps maintenance's DELETE (FOR UPDATE
+ *	  SKIP LOCKED) off a row a call has read and is about to write;
+ *	- the write is simple_heap_insert, or simple_heap_update of the version
+ *	  locked: heap-only (HOT) when the primary key's columns are unchanged
+ *	  (they always are) and the page has room, so no index entry is added;
+ *	  otherwise the executor's ExecInsertIndexTuples adds the entries of
+ *	  every index, the primary key's uniqueness checked as an INSERT would.
+ *	  The row lock leaves no other writer, so the write cannot find the row
+ *	  gone (a write that wrote nothing, which the SQL form had to check);
+ *	- a read after this transaction wrote in the same command advances the
+ *	  command counter first (as SPI did before each statement), so that the
+ *	  read sees the write;
+ *	- the primary key is not always probed: a backend remembers where the
+ *	  newest version of the rows it used last is (the TID of the version it
+ *	  wrote or locked), and reads that version first.  If it is still there,
+ *	  visible to the fresh snapshot and of the same key, it is the row (a
+ *	  primary key has one visible version per key), and the probe, which
+ *	  walks the row's whole HOT chain from the version the index entry
+ *	  points to (up to a page of dead versions between two prunings, on a
+ *	  row updated in every call), is saved; the page is pruned first, as an
+ *	  index scan does, so that the updates stay HOT.  Otherwise (another backend
+ *	  updated the row since, VACUUM removed the version, the table was
+ *	  truncated or made anew) the primary key is probed.
+ *
+ * The table's OID is cached per backend and forgotten on any relcache
+ * invalidation of it (a DROP EXTENSION, a DBA's ALTER, an index added or
+ * dropped), and its primary key is checked to be a btree on the first
+ * columns of the table at the first open after one.  The primary key is
+ * opened only when a fetch probes it or the check needs it: a call that
+ * reads the remembered version and updates it in place (HOT) never uses
+ * it.  Nothing here checks privileges: the tables belong to the storage
+ * owner and are granted to nobody, and the calling file decides who may
+ * reach which rows (streams.c: only the caller's role's).
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/keyed_rows.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+#include "compat.h"
+#include "keyed_rows.h"
+
+#include "access/genam.h"
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/relscan.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_index.h"
+#include "catalog/pg_type.h"
+#include "common/hashfn.h"
+#include "executor/executor.h"
+#include "miscadmin.h"
+#include "nodes/execnodes.h"
+#include "utils/lsyscache.h"
+#include "storage/bufmgr.h"
+#include "storage/lmgr.h"
+#include "utils/fmgroids.h"
+#include "utils/inval.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+/* ----------------------------------------------------------------
+ * The keyed locks of the current transaction, counted
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * The keyed locks the current transaction holds, counted by the
+ * subtransaction nesting level that took each first: a subtransaction that
+ * rolls back releases the locks it took, and gives them back to the count;
+ * one that commits hands them to its parent.  Outside a transaction, all
+ * zero.
+ */
+static int *keyed_locks_at = NULL;	/* [level], in TopMemoryContext */
+static int	keyed_locks_levels = 0; /* allocated length */
+static int	keyed_locks_held = 0;	/* the sum */
+
+/* the tables whose OIDs this backend caches (the relcache callback's) */
+#define IDEM_KEYED_MAX_TABLES	8
+static IdemKeyedTable *keyed_tables[IDEM_KEYED_MAX_TABLES];
+static int	nkeyed_tables = 0;
+
+/*
+ * Where the newest version of a row this backend used was, by a hash of
+ * its key (IdemKeyedFetch): a hint, checked before it is used.
+ */
+#define IDEM_KEYED_TIDS			64
+typedef struct IdemKeyedTid
+{
+	IdemKeyedTable *table;
+	Oid			relid;
+	uint32		hash;
+	ItemPointerData tid;
+} IdemKeyedTid;
+static IdemKeyedTid keyed_tids[IDEM_KEYED_TIDS];
+
+/* the transaction and command of this backend's last keyed write */
+static TransactionId last_write_xid = InvalidTransactionId;
+static CommandId last_write_cid = InvalidCommandId;
+
+static void IdemKeyedLocksXactCallback(XactEvent event, void *arg);
+static void IdemKeyedLocksSubXactCallback(SubXactEvent event,
+										  SubTransactionId mySubid,
+										  SubTransactionId parentSubid,
+										  void *arg);
+static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
+static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
+static void IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows);
+static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
+						   Snapshot snapshot);
+static void IdemKeyedIndexEntries(IdemKeyedRows *rows, HeapTuple tuple,
+								  IdemIndexUpdate which);
+static uint32 IdemKeyedHash(const IdemKeyedTable *table, const Datum *key);
+static bool IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key,
+									 uint32 hash, Snapshot snapshot);
+static void IdemKeyedRemember(IdemKeyedRows *rows, uint32 hash,
+							  ItemPointer tid);
+
+/* registers the callbacks; called once from _PG_init */
+void
+IdemKeyedRowsInit(void)
+{
+	RegisterXactCallback(IdemKeyedLocksXactCallback, NULL);
+	RegisterSubXactCallback(IdemKeyedLocksSubXactCallback, NULL);
+	CacheRegisterRelcacheCallback(IdemKeyedRelcacheCallback, (Datum) 0);
+}
+
+static void
+IdemKeyedLocksXactCallback(XactEvent event, void *arg)
+{
+	switch (event)
+	{
+		case XACT_EVENT_COMMIT:
+		case XACT_EVENT_PARALLEL_COMMIT:
+		case XACT_EVENT_ABORT:
+		case XACT_EVENT_PARALLEL_ABORT:
+		case XACT_EVENT_PREPARE:
+			if (keyed_locks_levels > 0)
+				memset(keyed_locks_at, 0, keyed_locks_levels * sizeof(int));
+			keyed_locks_held = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+static void
+IdemKeyedLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+							  SubTransactionId parentSubid, void *arg)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (level >= keyed_locks_levels || keyed_locks_at[level] == 0)
+		return;
+	switch (event)
+	{
+		case SUBXACT_EVENT_ABORT_SUB:
+			keyed_locks_held -= keyed_locks_at[level];
+			keyed_locks_at[level] = 0;
+			break;
+		case SUBXACT_EVENT_COMMIT_SUB:
+			keyed_locks_at[level - 1] += keyed_locks_at[level];
+			keyed_locks_at[level] = 0;
+			break;
+		default:
+			break;
+	}
+}
+
+/*
+ * IdemKeyedLockAcquire takes a keyed lock (a stream lock of keyhash.c's
+ * form) in ExclusiveLock mode until the transaction ends.
+ *
+ * Each lock takes an entry of the lock table every backend shares, for as
+ * long as the transaction lasts.  Unbounded, one transaction of one role
+ * (an idem_assign of 15,000 partitions, say) filled the table, and every
+ * other session's next lock failed (53200, out of shared memory), new
+ * connections included.  So a transaction may hold at most
+ * max_locks_per_transaction of them (PostgreSQL sizes the table for that
+ * many per backend): the next new one is refused with 53000, and only this
+ * transaction fails.  A lock it holds already is taken again freely.
+ */
+void
+IdemKeyedLockAcquire(const LOCKTAG *tag)
+{
+	int			level = GetCurrentTransactionNestLevel();
+
+	if (keyed_locks_held >= max_locks_per_xact &&
+		!IdemLockHeldByMe(tag, ExclusiveLock))
+		ereport(ERROR,
+				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+				 errmsg("too many stream partitions and producers locked by this transaction"),
+				 errdetail("Each holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
+						   keyed_locks_held, "max_locks_per_transaction"),
+				 errhint("Assign, advance, check or import fewer partitions and producers in one transaction, or raise \"%s\".",
+						 "max_locks_per_transaction")));
+	/* room to count it, before it is taken */
+	if (level >= keyed_locks_levels)
+	{
+		int			n = Max(level + 1, 8);
+
+		if (keyed_locks_at == NULL)
+			keyed_locks_at = MemoryContextAllocZero(TopMemoryContext,
+													n * sizeof(int));
+		else
+		{
+			keyed_locks_at = repalloc(keyed_locks_at, n * sizeof(int));
+			memset(keyed_locks_at + keyed_locks_levels, 0,
+				   (n - keyed_locks_levels) * sizeof(int));
+		}
+		keyed_locks_levels = n;
+	}
+	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+	{
+		keyed_locks_at[level]++;
+		keyed_locks_held++;
+	}
+}
+
+/* ----------------------------------------------------------------
+ * The rows
+ * ----------------------------------------------------------------
+ */
+
+/* forgets the cached OID of a keyed table that may have changed */
+static void
+IdemKeyedRelcacheCallback(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < nkeyed_tables; i++)
+		if (!OidIsValid(relid) || keyed_tables[i]->relid == relid)
+		{
+			keyed_tables[i]->relid = InvalidOid;
+			keyed_tables[i]->checked = false;
+		}
+}
+
+/*
+ * IdemKeyedLockTable locks the table ROW EXCLUSIVE and returns its OID: the
+ * cached one, or else the one its name has now, if no invalidation has come
+ * for it once locked (locking accepts invalidations: a table dropped or
+ * renamed meanwhile is looked up again).  The name is looked up as the
+ * extension's, whatever the caller's privileges on its schema.
+ */
+static Oid
+IdemKeyedLockTable(IdemKeyedTable *table)
+{
+	int			i;
+
+	for (i = 0; i < nkeyed_tables; i++)
+		if (keyed_tables[i] == table)
+			break;
+	if (i == nkeyed_tables)
+	{
+		if (nkeyed_tables == IDEM_KEYED_MAX_TABLES)
+			elog(ERROR, "too many keyed tables");
+		keyed_tables[nkeyed_tables++] = table;
+	}
+	for (;;)
+	{
+		Oid			relid = table->relid;
+
+		if (!OidIsValid(relid))
+		{
+			relid = get_relname_relid(table->relname,
+									  get_namespace_oid(IDEM_SCHEMA_NAME, false));
+			if (!OidIsValid(relid))
+				ereport(ERROR,
+						(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+						 errmsg("table \"%s.%s\" does not exist",
+								IDEM_SCHEMA_NAME, table->relname),
+						 errhint("Recreate the extension, or restore the table.")));
+			table->relid = relid;
+		}
+		LockRelationOid(relid, RowExclusiveLock);
+		if (table->relid == relid)
+			return relid;
+		UnlockRelationOid(relid, RowExclusiveLock);
+	}
+}
+
+/*
+ * IdemKeyedOpen opens a keyed table, ROW EXCLUSIVE (kept until the
+ * transaction ends, as a statement's), for one call.  Its primary key is
+ * opened when a fetch needs to probe it (IdemKeyedOpenPrimaryKey), and
+ * checked at the first open after any relcache invalidation of the table
+ * (adding, dropping or changing an index or a column sends one).
+ */
+void
+IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
+{
+	rows->table = table;
+	rows->hash = 0;
+	rows->pkey = NULL;
+	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
+	if (!table->checked || RelationGetDescr(rows->heap)->natts != table->natts)
+	{
+		IdemKeyedOpenPrimaryKey(rows);
+		table->checked = true;
+	}
+	rows->slot = table_slot_create(rows->heap, NULL);
+}
+
+/*
+ * IdemKeyedOpenPrimaryKey opens the primary key of an open keyed table,
+ * ROW EXCLUSIVE, checking that the table has the columns and the primary
+ * key the extension made.
+ */
+static void
+IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows)
+{
+	IdemKeyedTable *table = rows->table;
+	Oid			pkoid;
+	Form_pg_index form;
+	int			i;
+	bool		ok;
+
+	if (rows->pkey != NULL)
+		return;
+	pkoid = RelationGetPrimaryKeyIndex(rows->heap);
+	if (!OidIsValid(pkoid))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s.%s\" has no primary key",
+						IDEM_SCHEMA_NAME, table->relname)));
+	rows->pkey = index_open(pkoid, RowExclusiveLock);
+	form = rows->pkey->rd_index;
+	ok = RelationGetDescr(rows->heap)->natts == table->natts &&
+		rows->pkey->rd_rel->relam == BTREE_AM_OID &&
+		form->indisvalid && form->indnkeyatts == table->nkeys;
+	for (i = 0; ok && i < table->nkeys; i++)
+		ok = form->indkey.values[i] == i + 1 &&
+			rows->pkey->rd_opcintype[i] == table->keytypes[i];
+	if (!ok)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("table \"%s.%s\" does not have the columns and primary key the extension made",
+						IDEM_SCHEMA_NAME, table->relname),
+				 errhint("Recreate the extension, or restore the table's definition.")));
+}
+
+/* IdemKeyedClose closes what IdemKeyedOpen opened, keeping the locks */
+void
+IdemKeyedClose(IdemKeyedRows *rows)
+{
+	ExecDropSingleTupleTableSlot(rows->slot);
+	if (rows->pkey != NULL)
+		index_close(rows->pkey, NoLock);
+	table_close(rows->heap, NoLock);
+}
+
+/*
+ * IdemKeyedProbe looks the row of this key up in the primary key under the
+ * snapshot, into rows->slot; returns whether it found it.
+ */
+static bool
+IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key, Snapshot snapshot)
+{
+	IdemKeyedTable *table = rows->table;
+	ScanKeyData skeys[IDEM_KEYED_MAX_ATTS];
+	IndexScanDesc scan;
+	bool		found;
+	int			i;
+
+	IdemKeyedOpenPrimaryKey(rows);
+	for (i = 0; i < table->nkeys; i++)
+	{
+		RegProcedure eq;
+
+		switch (table->keytypes[i])
+		{
+			case OIDOID:
+				eq = F_OIDEQ;
+				break;
+			case TEXTOID:
+				eq = F_TEXTEQ;
+				break;
+			case INT4OID:
+				eq = F_INT4EQ;
+				break;
+			case INT8OID:
+				eq = F_INT8EQ;
+				break;
+			default:
+				elog(ERROR, "unexpected key type %u", table->keytypes[i]);
+				eq = InvalidOid;	/* keep compiler quiet */
+		}
+		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
+							   InvalidOid, rows->pkey->rd_indcollation[i],
+							   eq, key[i]);
+	}
+	scan = index_beginscan(rows->heap, rows->pkey, snapshot, table->nkeys, 0);
+	index_rescan(scan, skeys, table->nkeys, NULL, 0);
+	found = index_getnext_slot(scan, ForwardScanDirection, rows->slot);
+	index_endscan(scan);
+	return found;
+}
+
+/*
+ * IdemKeyedFetch reads the row whose primary key is key[0 .. nkeys), and
+ * locks it FOR UPDATE: row->found, and its values.  The caller holds the
+ * keyed lock on the row's identity.  See the top of the file for what a
+ * concurrent change of the row does.
+ */
+bool
+IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key, IdemKeyedRow *row)
+{
+	IdemKeyedTable *table = rows->table;
+	int			i;
+
+	/* see this transaction's writes of the same command */
+	if (TransactionIdIsValid(last_write_xid) &&
+		last_write_cid == GetCurrentCommandId(false) &&
+		TransactionIdEquals(last_write_xid, GetTopTransactionIdIfAny()))
+		CommandCounterIncrement();
+
+	rows->hash = IdemKeyedHash(table, key);
+	for (;;)
+	{
+		Snapshot	snapshot = GetLatestSnapshot();
+		bool		found;
+		ItemPointerData tid;
+		TM_FailureData tmfd;
+		TM_Result	result;
+
+		found = IdemKeyedFetchRemembered(rows, key, rows->hash, snapshot);
+		if (!found)
+			found = IdemKeyedProbe(rows, key, snapshot);
+		if (found)
+			tid = rows->slot->tts_tid;
+		if (!found)
+		{
+			ExecClearTuple(rows->slot);
+			row->found = false;
+			return false;
+		}
+
+		result = table_tuple_lock(rows->heap, &tid, snapshot, rows->slot,
+								  GetCurrentCommandId(false),
+								  LockTupleExclusive, LockWaitBlock,
+								  IsolationUsesXactSnapshot() ? 0 :
+								  TUPLE_LOCK_FLAG_FIND_LAST_VERSION,
+								  &tmfd);
+		switch (result)
+		{
+			case TM_Ok:
+				break;
+			case TM_Deleted:
+				if (IsolationUsesXactSnapshot())
+					ereport(ERROR,
+							(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+							 errmsg("could not serialize access due to concurrent delete")));
+				/* gone while the lock waited: look again (no row, or a new one) */
+				continue;
+			case TM_Updated:
+				/* only under a transaction snapshot: READ COMMITTED follows */
+				ereport(ERROR,
+						(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+						 errmsg("could not serialize access due to concurrent update")));
+				break;
+			default:
+				/* not after the command counter moved past our writes */
+				elog(ERROR, "unexpected result %d locking a row of \"%s.%s\"",
+					 (int) result, IDEM_SCHEMA_NAME, table->relname);
+		}
+		row->found = true;
+		row->tid = rows->slot->tts_tid;
+		IdemKeyedRemember(rows, rows->hash, &row->tid);
+		slot_getallattrs(rows->slot);
+		for (i = 0; i < table->natts; i++)
+		{
+			row->values[i] = rows->slot->tts_values[i];
+			row->nulls[i] = rows->slot->tts_isnull[i];
+		}
+		return true;
+	}
+}
+
+/*
+ * IdemKeyedWrite writes values/nulls (every column, the key's the same as
+ * the fetch's) as the row IdemKeyedFetch read: inserted if it found none,
+ * else as the new version of the one it locked.  row then names the new
+ * version.
+ */
+void
+IdemKeyedWrite(IdemKeyedRows *rows, IdemKeyedRow *row, Datum *values,
+			   const bool *nulls)
+{
+	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rows->heap), values,
+										(bool *) nulls);
+	IdemIndexUpdate which;
+
+	if (row->found)
+		which = IdemSimpleHeapUpdate(rows->heap, &row->tid, tuple);
+	else
+	{
+		simple_heap_insert(rows->heap, tuple);
+		which = IDEM_INDEX_UPDATE_ALL;
+	}
+	IdemKeyedIndexEntries(rows, tuple, which);
+	last_write_xid = GetTopTransactionIdIfAny();
+	last_write_cid = GetCurrentCommandId(true);
+	row->found = true;
+	row->tid = tuple->t_self;
+	IdemKeyedRemember(rows, rows->hash, &row->tid);
+	heap_freetuple(tuple);
+}
+
+/*
+ * IdemKeyedIndexEntries adds the index entries a row version just written
+ * needs (none after a HOT update), through the executor's own
+ * ExecInsertIndexTuples: the primary key's uniqueness is checked there, as
+ * for an INSERT, and an index a DBA added is kept complete.
+ */
+static void
+IdemKeyedIndexEntries(IdemKeyedRows *rows, HeapTuple tuple,
+					  IdemIndexUpdate which)
+{
+	EState	   *estate;
+	ResultRelInfo *rri;
+	TupleTableSlot *slot;
+	List	   *recheck;
+
+	if (which == IDEM_INDEX_UPDATE_NONE)
+		return;
+	estate = CreateExecutorState();
+	rri = makeNode(ResultRelInfo);
+	InitResultRelInfo(rri, rows->heap, 0, NULL, 0);
+	ExecOpenIndices(rri, false);
+	slot = MakeSingleTupleTableSlot(RelationGetDescr(rows->heap),
+									&TTSOpsHeapTuple);
+	ExecStoreHeapTuple(tuple, slot, false);
+	recheck = IdemExecInsertIndexTuples(rri, slot, estate,
+										which == IDEM_INDEX_UPDATE_SUMMARIZING);
+	if (recheck != NIL)
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("table \"%s.%s\" has a deferrable unique or exclusion constraint",
+						IDEM_SCHEMA_NAME, rows->table->relname),
+				 errhint("Drop the constraint.")));
+	ExecDropSingleTupleTableSlot(slot);
+	ExecCloseIndices(rri);
+	FreeExecutorState(estate);
+}
+
+/* a hash of a key of the table, for keyed_tids */
+static uint32
+IdemKeyedHash(const IdemKeyedTable *table, const Datum *key)
+{
+	uint32		h = hash_bytes_uint32((uint32) table->nkeys);
+	int			i;
+
+	for (i = 0; i < table->nkeys; i++)
+	{
+		uint32		k;
+
+		if (table->keytypes[i] == TEXTOID)
+		{
+			text	   *t = DatumGetTextPP(key[i]);
+
+			k = hash_bytes((const unsigned char *) VARDATA_ANY(t),
+						   VARSIZE_ANY_EXHDR(t));
+		}
+		else if (table->keytypes[i] == INT8OID)
+			k = hash_bytes_uint32((uint32) DatumGetInt64(key[i])) ^
+				hash_bytes_uint32((uint32) (DatumGetInt64(key[i]) >> 32));
+		else
+			k = hash_bytes_uint32(DatumGetUInt32(key[i]));
+		h = hash_combine(h, k);
+	}
+	return h;
+}
+
+/*
+ * IdemKeyedFetchRemembered reads, into rows->slot, the version of the row
+ * of this key that this backend wrote or locked last, if it is remembered,
+ * and is still there, visible to the snapshot and of this key (its text
+ * columns the same bytes, stored inline); returns false otherwise.
+ */
+static bool
+IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
+						 Snapshot snapshot)
+{
+	IdemKeyedTable *table = rows->table;
+	IdemKeyedTid *e = &keyed_tids[hash % IDEM_KEYED_TIDS];
+	Buffer		buffer;
+	int			i;
+
+	if (e->table != table || e->hash != hash ||
+		e->relid != RelationGetRelid(rows->heap))
+		return false;
+	/* (a block VACUUM truncated away cannot be read) */
+	if (ItemPointerGetBlockNumber(&e->tid) >=
+		RelationGetNumberOfBlocks(rows->heap))
+		return false;
+
+	/*
+	 * Prune the page first, as an index scan does before it reads a row
+	 * there (heapam_index_fetch_tuple): a row updated in every call leaves
+	 * a dead version each time, and only pruning frees their room for the
+	 * next HOT update.  Never after the row is read: pruning moves the
+	 * live versions' data within the page.
+	 */
+	buffer = ReadBuffer(rows->heap, ItemPointerGetBlockNumber(&e->tid));
+	heap_page_prune_opt(rows->heap, buffer);
+	ReleaseBuffer(buffer);
+	if (!table_tuple_fetch_row_version(rows->heap, &e->tid, snapshot,
+									   rows->slot))
+		return false;
+	slot_getsomeattrs(rows->slot, table->nkeys);
+	for (i = 0; i < table->nkeys; i++)
+	{
+		Datum		d = rows->slot->tts_values[i];
+
+		if (rows->slot->tts_isnull[i])
+			return false;
+		if (table->keytypes[i] == TEXTOID)
+		{
+			text	   *want = DatumGetTextPP(key[i]);
+
+			if (VARATT_IS_EXTENDED(DatumGetPointer(d)) &&
+				!VARATT_IS_SHORT(DatumGetPointer(d)))
+				return false;	/* compressed or out of line */
+			if (VARSIZE_ANY_EXHDR(DatumGetPointer(d)) != VARSIZE_ANY_EXHDR(want) ||
+				memcmp(VARDATA_ANY(DatumGetPointer(d)), VARDATA_ANY(want),
+					   VARSIZE_ANY_EXHDR(want)) != 0)
+				return false;
+		}
+		else if (table->keytypes[i] == INT8OID)
+		{
+			if (DatumGetInt64(d) != DatumGetInt64(key[i]))
+				return false;
+		}
+		else if (DatumGetUInt32(d) != DatumGetUInt32(key[i]))
+			return false;
+	}
+	return true;
+}
+
+/* remembers where the newest version of the row of this key is */
+static void
+IdemKeyedRemember(IdemKeyedRows *rows, uint32 hash, ItemPointer tid)
+{
+	IdemKeyedTid *e = &keyed_tids[hash % IDEM_KEYED_TIDS];
+
+	e->table = rows->table;
+	e->relid = RelationGetRelid(rows->heap);
+	e->hash = hash;
+	e->tid = *tid;
+}
