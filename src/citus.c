@@ -129,6 +129,7 @@ static void IdemCitusSubXactCallback(SubXactEvent event,
 									 SubTransactionId mySubid,
 									 SubTransactionId parentSubid, void *arg);
 static void IdemCitusClearCall(void);
+static void IdemCitusRelcacheCallback(Datum arg, Oid relid);
 static void IdemCitusLookupApi(void);
 static Oid	IdemCitusFunction(const char *name, int nargs, const Oid *argtypes,
 							  Oid rettype);
@@ -240,6 +241,7 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 	{
 		RegisterXactCallback(IdemCitusXactCallback, NULL);
 		RegisterSubXactCallback(IdemCitusSubXactCallback, NULL);
+		IdemRegisterRelcacheCallback(IdemCitusRelcacheCallback);
 		xact_callbacks_registered = true;
 	}
 	if (!citus_api.valid)
@@ -277,13 +279,11 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 }
 
 /*
- * IdemCitusInvalidate, called by storage.c's relcache callback (PostgreSQL
- * has room for ten such callbacks per backend, and Citus takes several):
- * Citus' placement catalog or a shard's table invalidated, look them up
+ * Citus' placement catalog or a shard's table invalidated: look them up
  * again.  No catalog access here.
  */
-void
-IdemCitusInvalidate(Oid relid)
+static void
+IdemCitusRelcacheCallback(Datum arg, Oid relid)
 {
 	if (relid == InvalidOid || relid == citus_api.placement_rel ||
 		relid == citus_api.local_group_rel)

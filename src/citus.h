@@ -23,7 +23,6 @@ extern bool idem_citus_ledgers;
 extern void IdemCitusInit(void);
 extern void IdemCitusRoute(IdemLedger ledger, text *tenant);
 extern void IdemCitusEndCall(void);
-extern void IdemCitusInvalidate(Oid relid);
 extern bool IdemCitusDistributed(Oid relid, bool *coordinator);
 
 #endif							/* IDEM_CITUS_H */

@@ -210,7 +210,7 @@ static void IdemOutboxStorageLock(void);
 void
 IdemOutboxStorageInit(void)
 {
-	CacheRegisterRelcacheCallback(IdemOutboxRelcacheCallback, (Datum) 0);
+	IdemRegisterRelcacheCallback(IdemOutboxRelcacheCallback);
 }
 
 /*

@@ -213,7 +213,38 @@ static void IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent,
 void
 IdemStorageInit(void)
 {
-	CacheRegisterRelcacheCallback(IdemRelcacheCallback, (Datum) 0);
+	IdemRegisterRelcacheCallback(IdemRelcacheCallback);
+}
+
+/* the extension's relcache callbacks, called by IdemRelcacheDispatch */
+#define IDEM_MAX_RELCACHE_HANDLERS 16
+static IdemRelcacheHandler relcache_handlers[IDEM_MAX_RELCACHE_HANDLERS];
+static int	n_relcache_handlers = 0;
+
+static void
+IdemRelcacheDispatch(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < n_relcache_handlers; i++)
+		relcache_handlers[i] (arg, relid);
+}
+
+/*
+ * IdemRegisterRelcacheCallback adds a handler of relcache invalidations.
+ * The extension registers one callback with PostgreSQL for all of them:
+ * PostgreSQL has room for ten per backend (MAX_RELCACHE_CALLBACKS), and
+ * with Citus preloaded (five) one each ran out ("out of
+ * relcache_callback_list slots", FATAL at the first use of the extension).
+ */
+void
+IdemRegisterRelcacheCallback(IdemRelcacheHandler handler)
+{
+	if (n_relcache_handlers == 0)
+		CacheRegisterRelcacheCallback(IdemRelcacheDispatch, (Datum) 0);
+	if (n_relcache_handlers >= IDEM_MAX_RELCACHE_HANDLERS)
+		elog(FATAL, "out of idempotency relcache handler slots");
+	relcache_handlers[n_relcache_handlers++] = handler;
 }
 
 /*
@@ -221,8 +252,8 @@ IdemStorageInit(void)
  * of its parent table is invalidated (PostgreSQL does that whenever a
  * partition is attached, detached or dropped), or that of one of its
  * partitions (any DDL on it, REINDEX, VACUUM FULL, ...), or all of them;
- * the same for the caches of the shards of distributed ledgers, and
- * citus.c's.  No catalog access here.
+ * the same for the caches of the shards of distributed ledgers.  No
+ * catalog access here.
  */
 static void
 IdemRelcacheCallback(Datum arg, Oid relid)
@@ -240,7 +271,6 @@ IdemRelcacheCallback(Datum arg, Oid relid)
 		while ((entry = hash_seq_search(&status)) != NULL)
 			IdemInvalidateCache(&entry->cache, relid);
 	}
-	IdemCitusInvalidate(relid);
 }
 
 static void
