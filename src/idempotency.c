@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "compat.h"
 #include "filter.h"
 #include "keyed_rows.h"
@@ -177,6 +178,7 @@ _PG_init(void)
 	if (process_shared_preload_libraries_in_progress)
 		IdemFilterDefineSettings();
 
+	IdemCitusInit();
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();

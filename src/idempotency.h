@@ -152,4 +152,12 @@ extern int	IdemCompareVersions(const char *a, const char *b);
 extern bool IdemInstalledVersionAtLeast(const char *version);
 extern uint64 IdemInstalledVersionGeneration(void);
 
+/*
+ * The extension's relcache callbacks: one registered with PostgreSQL
+ * (storage.c), which calls each of these.  PostgreSQL has room for ten per
+ * backend, and a preloaded Citus takes five of them.
+ */
+typedef void (*IdemRelcacheHandler) (Datum arg, Oid relid);
+extern void IdemRegisterRelcacheCallback(IdemRelcacheHandler handler);
+
 #endif							/* IDEMPOTENCY_H */

@@ -154,7 +154,7 @@ IdemKeyedRowsInit(void)
 {
 	RegisterXactCallback(IdemKeyedLocksXactCallback, NULL);
 	RegisterSubXactCallback(IdemKeyedLocksSubXactCallback, NULL);
-	CacheRegisterRelcacheCallback(IdemKeyedRelcacheCallback, (Datum) 0);
+	IdemRegisterRelcacheCallback(IdemKeyedRelcacheCallback);
 }
 
 static void

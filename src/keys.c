@@ -40,6 +40,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "keyhash.h"
 #include "keys.h"
 #include "protocol.h"
@@ -151,6 +152,7 @@ static bool IdemImportIsNewer(IdemOp *op, IdemImport *imp);
 static void
 IdemKeyDigest(text *scope, text *key, IdemDigest *digest)
 {
+	IdemCitusRoute(IDEM_LEDGER_KEYS, scope);
 	IdemComputeDigest(VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope),
 					  VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), digest);
 }
@@ -263,6 +265,7 @@ idem_claim(PG_FUNCTION_ARGS)
 	(void) IdemLedgerParent(IDEM_LEDGER_KEYS, true);
 
 	IdemOpRun(&op, !claim.wait, IdemClaimStep, &claim);
+	IdemCitusEndCall();
 	return IdemClaimResult(&claim, &op);
 }
 
@@ -508,6 +511,17 @@ IdemClaimKeep(IdemClaim *claim, IdemOp *op, bool afresh)
 	op->values[Anum_keys_recover_at - 1] = TimestampTzGetDatum(claim->lease_until);
 	op->nulls[Anum_keys_recover_at - 1] =
 		op->nulls[Anum_keys_kept_key - 1] || !claim->has_lease;
+
+	/*
+	 * A ledger distributed by Citus (citus.c, prototype): kept_scope stands
+	 * in for the design's "tenant" column, its distribution column, and is
+	 * set on every row.
+	 */
+	if (idem_citus_ledgers)
+	{
+		op->values[Anum_keys_kept_scope - 1] = PointerGetDatum(claim->scope);
+		op->nulls[Anum_keys_kept_scope - 1] = false;
+	}
 }
 
 /*
@@ -719,6 +733,7 @@ IdemKeyAct(FunctionCallInfo fcinfo, IdemKeyAction action, int scope_argno,
 			IdemOwnClaimResolved(claim);
 	}
 	IdemOpEnd(&op);
+	IdemCitusEndCall();
 }
 
 /*
@@ -1020,7 +1035,10 @@ idem_lookup(PG_FUNCTION_ARGS)
 				  IdemCheckKeyArg(fcinfo, 0, "key"), &digest);
 	InitMaterializedSRF(fcinfo, 0);
 	if (!OidIsValid(IdemLedgerParent(IDEM_LEDGER_KEYS, false)))
+	{
+		IdemCitusEndCall();
 		return (Datum) 0;
+	}
 	IdemOpInit(&op, IDEM_LEDGER_KEYS, GetUserId(), &digest);
 
 	/*
@@ -1035,6 +1053,7 @@ idem_lookup(PG_FUNCTION_ARGS)
 	IdemOpProbe(&op, AccessShareLock, snapshot);
 	UnregisterSnapshot(snapshot);
 	IdemOpEnd(&op);
+	IdemCitusEndCall();
 	if (op.probe.tuple == NULL && op.probe.remembered)
 	{
 		/* expired and remembered (memory.c): nothing but the status */

@@ -99,7 +99,7 @@ static void IdemReadLockSecret(void);
 void
 IdemLockSecretInit(void)
 {
-	CacheRegisterRelcacheCallback(IdemLockSecretRelcacheCallback, (Datum) 0);
+	IdemRegisterRelcacheCallback(IdemLockSecretRelcacheCallback);
 }
 
 /* No catalog access here */

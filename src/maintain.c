@@ -33,6 +33,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "filter.h"
 #include "lock_secret.h"
 #include "keyhash.h"
@@ -86,7 +87,19 @@ IdemMaintainDatabase(int *created, int *dropped)
 
 		for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
 		{
+			bool		coordinator;
+
 			if (!IdemLedgerDefined(ledger))
+				continue;
+
+			/*
+			 * A ledger distributed by Citus (citus.c): its partitions are
+			 * made and dropped on the coordinator, which Citus lets do it
+			 * on every worker in the same transaction; a worker leaves
+			 * them alone.
+			 */
+			if (IdemCitusDistributed(IdemLedgerParent(ledger, false),
+									 &coordinator) && !coordinator)
 				continue;
 			(void) IdemLedgerParent(ledger, true);
 			(void) IdemUpgradeLedgerIndex(ledger);

@@ -183,7 +183,7 @@ IdemMemoryDefineSettings(void)
 void
 IdemMemoryInit(void)
 {
-	CacheRegisterRelcacheCallback(IdemMemoryRelcacheCallback, (Datum) 0);
+	IdemRegisterRelcacheCallback(IdemMemoryRelcacheCallback);
 }
 
 static void

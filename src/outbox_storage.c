@@ -206,7 +206,7 @@ static bool IdemOutboxMayUseMaker(void);
 void
 IdemOutboxStorageInit(void)
 {
-	CacheRegisterRelcacheCallback(IdemOutboxRelcacheCallback, (Datum) 0);
+	IdemRegisterRelcacheCallback(IdemOutboxRelcacheCallback);
 }
 
 /*

@@ -665,6 +665,7 @@ IdemOpMakeTarget(IdemOp *op)
 	if (IdemPartitionFor(op->ledger, &op->digest.uuid, op->lane, op->far,
 						 op->expires_at, &target))
 		return;
+	IdemCheckPartitionMadeHere(op->ledger);
 	if (!IdemWorkerMakePartition(op->ledger, &op->layout, lane_number, op->far,
 								 op->expires_at))
 		(void) IdemCreatePartition(op->ledger, &op->layout, lane_number,

@@ -42,6 +42,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "compat.h"
 #include "filter.h"
 #include "keyhash.h"
@@ -73,6 +74,7 @@
 #include "utils/datetime.h"
 #include "utils/fmgroids.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
@@ -152,6 +154,7 @@ typedef struct IdemLedgerCache
 {
 	bool		valid;
 	uint64		invalidations;	/* bumped by every invalidation of it */
+	Oid			routed;			/* a shard's cache: the shard's table */
 	Oid			parent;			/* InvalidOid if the table does not exist */
 	int			parent_natts;	/* its columns */
 	int			npartitions;
@@ -163,11 +166,34 @@ typedef struct IdemLedgerCache
 } IdemLedgerCache;
 
 static IdemLedgerCache ledger_cache[IDEM_NUM_LEDGERS];
+
+/*
+ * The caches of the local shards of ledgers distributed by Citus (citus.c),
+ * one per shard's table, made when a call is first routed to it; the same
+ * invalidations apply.  NULL until then: nothing changes without Citus.
+ */
+typedef struct IdemShardCacheEntry
+{
+	Oid			relid;			/* hash key: the shard's table */
+	IdemLedgerCache cache;
+} IdemShardCacheEntry;
+
+static HTAB *shard_caches = NULL;
+
+/*
+ * The table read in place of a ledger's (citus.c): the local shard of a
+ * distributed ledger, set by a routed call for that call only (citus.c
+ * clears it when the call returns or its (sub)transaction aborts);
+ * InvalidOid otherwise.
+ */
+static Oid	ledger_parent_override[IDEM_NUM_LEDGERS];
 static MemoryContext IdemCacheContext = NULL;
 static uint64 cache_generation = 0;
 
 static void IdemRelcacheCallback(Datum arg, Oid relid);
 static IdemLedgerCache *IdemGetLedgerCache(IdemLedger ledger);
+static IdemLedgerCache *IdemShardCache(Oid relid);
+static void IdemInvalidateCache(IdemLedgerCache *cache, Oid relid);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
 static int	IdemRelNatts(Oid relid);
@@ -187,14 +213,46 @@ static void IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent,
 void
 IdemStorageInit(void)
 {
-	CacheRegisterRelcacheCallback(IdemRelcacheCallback, (Datum) 0);
+	IdemRegisterRelcacheCallback(IdemRelcacheCallback);
+}
+
+/* the extension's relcache callbacks, called by IdemRelcacheDispatch */
+#define IDEM_MAX_RELCACHE_HANDLERS 16
+static IdemRelcacheHandler relcache_handlers[IDEM_MAX_RELCACHE_HANDLERS];
+static int	n_relcache_handlers = 0;
+
+static void
+IdemRelcacheDispatch(Datum arg, Oid relid)
+{
+	int			i;
+
+	for (i = 0; i < n_relcache_handlers; i++)
+		relcache_handlers[i] (arg, relid);
+}
+
+/*
+ * IdemRegisterRelcacheCallback adds a handler of relcache invalidations.
+ * The extension registers one callback with PostgreSQL for all of them:
+ * PostgreSQL has room for ten per backend (MAX_RELCACHE_CALLBACKS), and
+ * with Citus preloaded (five) one each ran out ("out of
+ * relcache_callback_list slots", FATAL at the first use of the extension).
+ */
+void
+IdemRegisterRelcacheCallback(IdemRelcacheHandler handler)
+{
+	if (n_relcache_handlers == 0)
+		CacheRegisterRelcacheCallback(IdemRelcacheDispatch, (Datum) 0);
+	if (n_relcache_handlers >= IDEM_MAX_RELCACHE_HANDLERS)
+		elog(FATAL, "out of idempotency relcache handler slots");
+	relcache_handlers[n_relcache_handlers++] = handler;
 }
 
 /*
  * IdemRelcacheCallback marks a ledger's cache stale when the relcache entry
  * of its parent table is invalidated (PostgreSQL does that whenever a
  * partition is attached, detached or dropped), or that of one of its
- * partitions (any DDL on it, REINDEX, VACUUM FULL, ...), or all of them.  No
+ * partitions (any DDL on it, REINDEX, VACUUM FULL, ...), or all of them;
+ * the same for the caches of the shards of distributed ledgers.  No
  * catalog access here.
  */
 static void
@@ -203,18 +261,30 @@ IdemRelcacheCallback(Datum arg, Oid relid)
 	int			i;
 
 	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+		IdemInvalidateCache(&ledger_cache[i], relid);
+	if (shard_caches != NULL)
 	{
-		IdemLedgerCache *cache = &ledger_cache[i];
+		HASH_SEQ_STATUS status;
+		IdemShardCacheEntry *entry;
 
-		if (relid == InvalidOid || relid == cache->parent ||
-			(cache->npartitions > 0 &&
-			 bsearch(&relid, cache->relids, cache->npartitions, sizeof(Oid),
-					 IdemOidCmp) != NULL))
-		{
-			cache->valid = false;
-			cache->invalidations++;
-			cache_generation++;
-		}
+		hash_seq_init(&status, shard_caches);
+		while ((entry = hash_seq_search(&status)) != NULL)
+			IdemInvalidateCache(&entry->cache, relid);
+	}
+}
+
+static void
+IdemInvalidateCache(IdemLedgerCache *cache, Oid relid)
+{
+	if (relid == InvalidOid || relid == cache->parent ||
+		relid == cache->routed ||
+		(cache->npartitions > 0 &&
+		 bsearch(&relid, cache->relids, cache->npartitions, sizeof(Oid),
+				 IdemOidCmp) != NULL))
+	{
+		cache->valid = false;
+		cache->invalidations++;
+		cache_generation++;
 	}
 }
 
@@ -382,11 +452,57 @@ IdemPartitionsGeneration(void)
 static IdemLedgerCache *
 IdemGetLedgerCache(IdemLedger ledger)
 {
-	IdemLedgerCache *cache = &ledger_cache[ledger];
+	IdemLedgerCache *cache;
 
+	/* a call routed to a shard (citus.c) reads that shard's cache */
+	if (OidIsValid(ledger_parent_override[ledger]))
+		cache = IdemShardCache(ledger_parent_override[ledger]);
+	else
+		cache = &ledger_cache[ledger];
 	if (!cache->valid)
 		IdemRebuildLedgerCache(ledger, cache);
 	return cache;
+}
+
+/*
+ * IdemShardCache returns the cache of the partitions of a shard's table
+ * "relid", a new empty one the first time.
+ */
+static IdemLedgerCache *
+IdemShardCache(Oid relid)
+{
+	IdemShardCacheEntry *entry;
+	bool		found;
+
+	if (shard_caches == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(IdemShardCacheEntry);
+		ctl.hcxt = CacheMemoryContext;
+		shard_caches = hash_create("idempotency shard partition caches", 64,
+								   &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	entry = hash_search(shard_caches, &relid, HASH_ENTER, &found);
+	if (!found)
+	{
+		memset(&entry->cache, 0, sizeof(IdemLedgerCache));
+		entry->cache.routed = relid;
+	}
+	return &entry->cache;
+}
+
+/*
+ * IdemSetLedgerParentOverride makes "relid" (a partitioned table like the
+ * ledger's: the local shard of a distributed ledger) the table the ledger's
+ * cache reads, until set again; InvalidOid makes it the ledger's own table
+ * again (citus.c).
+ */
+void
+IdemSetLedgerParentOverride(IdemLedger ledger, Oid relid)
+{
+	ledger_parent_override[ledger] = relid;
 }
 
 /*
@@ -414,7 +530,9 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 												 ALLOCSET_SMALL_SIZES);
 
 	nspid = get_namespace_oid(IDEM_SCHEMA_NAME, true);
-	if (OidIsValid(nspid))
+	if (OidIsValid(cache->routed))
+		parent = cache->routed;
+	else if (OidIsValid(nspid))
 		parent = get_relname_relid(ledger_defs[ledger].name, nspid);
 	if (!OidIsValid(parent))
 	{
@@ -1196,6 +1314,24 @@ IdemPartitionDDLHeld(IdemLedger ledger)
 }
 
 /*
+ * IdemCheckPartitionMadeHere refuses to make a partition for a call routed
+ * to a shard of a distributed ledger (citus.c): only the coordinator's
+ * maintenance makes them, on every worker at once.  Called before a
+ * partition maker is asked too: its DDL on the distributed table would wait
+ * for this call's locks while the call waits for it.
+ */
+void
+IdemCheckPartitionMadeHere(IdemLedger ledger)
+{
+	if (OidIsValid(ledger_parent_override[ledger]))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the ledger shard \"%s\" has no partition for this key's expiry",
+						get_rel_name(ledger_parent_override[ledger])),
+				 errhint("The partitions of a ledger distributed by Citus are made by idem_maintain() on the coordinator.")));
+}
+
+/*
  * IdemCreatePartition makes the partition of lane "lane_number" of a layout
  * (or of that lane's far partitions) that contains time "at": see
  * IdemCreateLanePartition.
@@ -1242,8 +1378,13 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	fsec_t		fsec;
 	int			i;
 	Oid			relid;
+	bool		distributed;
+	bool		coordinator;
 
+	IdemCheckPartitionMadeHere(ledger);
 	(void) IdemLedgerParent(ledger, true);
+	distributed = IdemCitusDistributed(IdemLedgerParent(ledger, false),
+									   &coordinator);
 
 	IdemSetLedgerLockTag(&tag, ledger, IDEM_LOCK_CREATE);
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
@@ -1316,6 +1457,20 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 		appendStringInfo(&sql,
 						 "ALTER INDEX IF EXISTS idempotency.%s SET (deduplicate_items = off); ",
 						 quote_identifier(idxname.data));
+
+	/*
+	 * A ledger distributed by Citus (citus.c): each statement runs on its
+	 * own, as Citus sends a statement's text to the workers and refuses a
+	 * text of several ("cannot execute multiple utility events"); the
+	 * partition gets a replica identity in the same transaction, on its
+	 * shards too, so that Citus can move it logically at any time (the
+	 * prototype's FULL; see doc/scale-out.md).
+	 */
+	if (distributed)
+	{
+		IdemExecAsOwner(sql.data, 0);
+		resetStringInfo(&sql);
+	}
 	appendStringInfo(&sql,
 					 "ALTER TABLE idempotency.%s ATTACH PARTITION idempotency.%s "
 					 "FOR VALUES FROM (%d, ",
@@ -1325,6 +1480,13 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemAppendTimestamp(&sql, upper);
 	appendStringInfoString(&sql, ")");
 	IdemExecAsOwner(sql.data, 0);
+	if (distributed)
+	{
+		resetStringInfo(&sql);
+		appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
+						 quote_identifier(name.data));
+		IdemExecAsOwner(sql.data, 0);
+	}
 
 	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	IdemRestrictTableAcl(relid);

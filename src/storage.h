@@ -43,6 +43,8 @@ typedef struct IdemLayout
 extern void IdemStorageInit(void);
 extern Oid	IdemLedgerParent(IdemLedger ledger, bool create);
 extern const char *IdemLedgerName(IdemLedger ledger);
+extern void IdemSetLedgerParentOverride(IdemLedger ledger, Oid relid);
+extern void IdemCheckPartitionMadeHere(IdemLedger ledger);
 extern bool IdemLedgerHasColumns(IdemLedger ledger, int natts);
 extern int	IdemLedgerDefaultTtl(IdemLedger ledger);
 extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);

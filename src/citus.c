@@ -1,0 +1,581 @@
+/*-------------------------------------------------------------------------
+ *
+ * citus.c
+ *	  Ledgers distributed by Citus: a key's row lives in the ledger shard
+ *	  co-located with its tenant's rows, so Citus moves, splits and
+ *	  isolates it with them.  This file routes a call to that shard.
+ *
+ * PROTOTYPE for issue 37 (doc/scale-out.md, "Citus' own shard operations
+ * (0.5.0 design)"), behind idempotency.citus_ledgers (off by default: the
+ * extension then never looks at Citus).  With it on, on a node where
+ * idempotency.keys is distributed by its kept_scope column (the prototype
+ * stands in kept_scope for the design's "tenant" column, and keys.c sets
+ * it on every row while the setting is on), a call on key (scope, key):
+ *
+ *	1. finds the ledger shard of the tenant (= scope) with Citus'
+ *	   get_shard_id_for_distribution_column();
+ *	2. takes that shard's metadata lock in SHARE mode with Citus'
+ *	   lock_shard_metadata(), to the end of the transaction, the mode of
+ *	   Citus' own writes: a move's final write block (EXCLUSIVE) waits for
+ *	   the call, and a call that starts during the block waits for the move;
+ *	3. checks, after the lock and with a new snapshot, that the shard's
+ *	   placement is on this node: 40001 if not (the tenant moved; the
+ *	   client's retry is delegated to its new node);
+ *	4. makes the local shard's partitioned table, idempotency.keys_<shard>,
+ *	   the parent the storage cache reads (IdemSetLedgerParentOverride),
+ *	   for this call only: IdemCitusEndCall() when it returns, or the
+ *	   abort of its (sub)transaction when it fails, makes the ledger's own
+ *	   table the one read again, so that maintenance or an export run next
+ *	   in the backend reads the local ledgers, not the last call's shard.
+ *
+ * Steps 1 and 2 call Citus' SQL functions through fmgr (looked up by name
+ * and signature once per backend: the library is never linked against
+ * Citus), step 3 reads Citus' catalog pg_dist_placement by its shardid
+ * index, step 4 keeps each shard's table per backend (storage.c keeps its
+ * partitions per shard).  All of it runs once per transaction and tenant:
+ * the lock, held to the end of the transaction, keeps the placement where
+ * step 3 found it, so a second call of the transaction on the same tenant
+ * (idem_complete() after idem_claim()) reuses the answer.  What is looked
+ * up once is forgotten when Citus' catalogs or the shard's table are
+ * invalidated (DROP EXTENSION citus, a shard dropped).
+ *
+ * Copyright (c) 2026, the idempotency authors
+ *
+ * IDENTIFICATION
+ *	  src/citus.c
+ *
+ *-------------------------------------------------------------------------
+ */
+#include "idempotency.h"
+#include "citus.h"
+#include "privilege.h"
+#include "storage.h"
+
+#include "access/genam.h"
+#include "access/htup_details.h"
+#include "access/skey.h"
+#include "access/table.h"
+#include "access/xact.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_collation.h"
+#include "catalog/pg_namespace.h"
+#include "catalog/pg_type.h"
+#include "fmgr.h"
+#include "nodes/makefuncs.h"
+#include "parser/parse_func.h"
+#include "storage/lockdefs.h"
+#include "storage/proc.h"
+#include "utils/array.h"
+#include "utils/builtins.h"
+#include "utils/fmgroids.h"
+#include "utils/guc.h"
+#include "utils/hsearch.h"
+#include "utils/inval.h"
+#include "utils/lsyscache.h"
+#include "utils/memutils.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
+
+bool		idem_citus_ledgers = false;
+
+/*
+ * Citus' interface as this backend found it: its two functions, ready to
+ * call, and its placement catalog.  Looked up on the first routing, again
+ * after an invalidation of that catalog (Citus dropped or updated).
+ */
+typedef struct IdemCitusApi
+{
+	bool		valid;
+	MemoryContext cxt;			/* the FmgrInfos' and the call expression's */
+	FmgrInfo	shard_fn;		/* get_shard_id_for_distribution_column() */
+	FmgrInfo	lock_fn;		/* lock_shard_metadata() */
+	Oid			placement_rel;	/* pg_catalog.pg_dist_placement */
+	Oid			placement_idx;	/* its index on shardid */
+	AttrNumber	placement_shardid;
+	AttrNumber	placement_groupid;
+	Oid			local_group_rel;	/* pg_catalog.pg_dist_local_group */
+	int32		local_group;	/* this node's group, -1 until read */
+} IdemCitusApi;
+
+static IdemCitusApi citus_api;
+
+/* step 4's answer per shard: its local table, until that is invalidated */
+typedef struct IdemShardTable
+{
+	int64		shard;			/* hash key */
+	Oid			relid;			/* InvalidOid once invalidated */
+} IdemShardTable;
+
+static HTAB *shard_tables = NULL;
+
+/*
+ * The routing of the running call: the ledgers whose table it overrides.
+ * Cleared when the call returns (IdemCitusEndCall) and, for a call that
+ * fails, when its (sub)transaction aborts: whatever the backend runs next
+ * (maintenance, an export) reads the ledgers' own tables.
+ */
+static bool call_routed[IDEM_NUM_LEDGERS];
+static bool xact_callbacks_registered = false;
+
+/* the last routing of this backend: valid within its transaction only */
+static LocalTransactionId routed_lxid = InvalidLocalTransactionId;
+static SubTransactionId routed_subxid = InvalidSubTransactionId;
+static char routed_tenant[NAMEDATALEN * 4];
+static int	routed_tenant_len = -1;
+static Oid	routed_relid = InvalidOid;
+
+static void IdemCitusXactCallback(XactEvent event, void *arg);
+static void IdemCitusSubXactCallback(SubXactEvent event,
+									 SubTransactionId mySubid,
+									 SubTransactionId parentSubid, void *arg);
+static void IdemCitusClearCall(void);
+static void IdemCitusRelcacheCallback(Datum arg, Oid relid);
+static void IdemCitusLookupApi(void);
+static Oid	IdemCitusFunction(const char *name, int nargs, const Oid *argtypes,
+							  Oid rettype);
+static int64 IdemCitusShard(IdemLedger ledger, text *tenant);
+static void IdemCitusLockShard(int64 shard);
+static bool IdemCitusShardIsLocal(int64 shard);
+static int32 IdemCitusReadLocalGroup(Oid local_group_rel);
+static Oid	IdemCitusShardTable(IdemLedger ledger, int64 shard);
+
+void
+IdemCitusInit(void)
+{
+	DefineCustomBoolVariable("idempotency.citus_ledgers",
+							 "Routes key ledger rows to the local shard of a ledger distributed by Citus (prototype).",
+							 "Only for a key ledger distributed with Citus, co-located with the tenant's tables.",
+							 &idem_citus_ledgers,
+							 false,
+							 PGC_SUSET,
+							 0,
+							 NULL, NULL, NULL);
+}
+
+/*
+ * IdemCitusEndCall ends the routing of the call that returns: the ledgers'
+ * own tables are read again.  Every call that routes calls it before it
+ * returns; one that fails is cleared by the abort callbacks below.
+ */
+void
+IdemCitusEndCall(void)
+{
+	IdemCitusClearCall();
+}
+
+static void
+IdemCitusClearCall(void)
+{
+	int			i;
+
+	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+	{
+		if (call_routed[i])
+		{
+			IdemSetLedgerParentOverride((IdemLedger) i, InvalidOid);
+			call_routed[i] = false;
+		}
+	}
+}
+
+/*
+ * At the end of the transaction, whatever its outcome, no call runs: the
+ * routing of one that failed goes, and so does the routing kept for the
+ * transaction (its shard lock is released).
+ */
+static void
+IdemCitusXactCallback(XactEvent event, void *arg)
+{
+	IdemCitusClearCall();
+	routed_lxid = InvalidLocalTransactionId;
+	routed_subxid = InvalidSubTransactionId;
+}
+
+/*
+ * A subtransaction that aborts ends the call that failed in it (a
+ * PL/pgSQL exception block), and releases the shard lock taken in it: a
+ * routing kept for it is forgotten.
+ */
+static void
+IdemCitusSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
+						 SubTransactionId parentSubid, void *arg)
+{
+	if (event != SUBXACT_EVENT_ABORT_SUB)
+		return;
+	IdemCitusClearCall();
+	if (routed_subxid == mySubid)
+		routed_subxid = InvalidSubTransactionId;
+}
+
+/*
+ * IdemCitusRoute makes the local shard of "ledger" that holds "tenant" the
+ * ledger's table for the rest of this call, or refuses the call if that
+ * shard is not on this node.
+ */
+void
+IdemCitusRoute(IdemLedger ledger, text *tenant)
+{
+	IdemSavedUser save;
+	int64		shard;
+	Oid			relid;
+
+	if (!idem_citus_ledgers || ledger != IDEM_LEDGER_KEYS)
+		return;
+
+	/*
+	 * Routed already in this (sub)transaction: the lock keeps the placement.
+	 * (Not across subtransactions: one that rolls back releases the lock.)
+	 */
+	if (routed_lxid == MyProc->lxid &&
+		routed_subxid == GetCurrentSubTransactionId() &&
+		routed_tenant_len == VARSIZE_ANY_EXHDR(tenant) &&
+		memcmp(routed_tenant, VARDATA_ANY(tenant), routed_tenant_len) == 0)
+	{
+		IdemSetLedgerParentOverride(ledger, routed_relid);
+		call_routed[ledger] = true;
+		return;
+	}
+
+	/* registered on the first routing: nothing changes for anyone else */
+	if (!xact_callbacks_registered)
+	{
+		RegisterXactCallback(IdemCitusXactCallback, NULL);
+		RegisterSubXactCallback(IdemCitusSubXactCallback, NULL);
+		IdemRegisterRelcacheCallback(IdemCitusRelcacheCallback);
+		xact_callbacks_registered = true;
+	}
+	if (!citus_api.valid)
+		IdemCitusLookupApi();
+
+	/*
+	 * 1 and 2: the shard, locked as Citus' own writes lock it, as the
+	 * ledgers' owner (lock_shard_metadata() wants the table's owner).
+	 */
+	IdemBecomeStorageOwner(&save);
+	shard = IdemCitusShard(ledger, tenant);
+	IdemCitusLockShard(shard);
+	IdemRestoreUser(&save);
+
+	/* 3: after the lock, with a new snapshot: a move that committed is seen */
+	if (!IdemCitusShardIsLocal(shard))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("the idempotency key's tenant is not on this node"),
+				 errdetail("Its ledger shard " INT64_FORMAT " is on another node.", shard),
+				 errhint("Retry: the tenant has moved, and the retry goes to its new node.")));
+
+	/* 4: the local shard's table */
+	relid = IdemCitusShardTable(ledger, shard);
+	if (VARSIZE_ANY_EXHDR(tenant) <= (int) sizeof(routed_tenant))
+	{
+		routed_lxid = MyProc->lxid;
+		routed_subxid = GetCurrentSubTransactionId();
+		routed_tenant_len = VARSIZE_ANY_EXHDR(tenant);
+		memcpy(routed_tenant, VARDATA_ANY(tenant), routed_tenant_len);
+		routed_relid = relid;
+	}
+	IdemSetLedgerParentOverride(ledger, relid);
+	call_routed[ledger] = true;
+}
+
+/*
+ * Citus' placement catalog or a shard's table invalidated: look them up
+ * again.  No catalog access here.
+ */
+static void
+IdemCitusRelcacheCallback(Datum arg, Oid relid)
+{
+	if (relid == InvalidOid || relid == citus_api.placement_rel ||
+		relid == citus_api.local_group_rel)
+		citus_api.valid = false;
+	if (shard_tables != NULL)
+	{
+		HASH_SEQ_STATUS status;
+		IdemShardTable *entry;
+
+		hash_seq_init(&status, shard_tables);
+		while ((entry = hash_seq_search(&status)) != NULL)
+			if (relid == InvalidOid || relid == entry->relid)
+				entry->relid = InvalidOid;
+	}
+}
+
+/*
+ * IdemCitusLookupApi finds Citus' functions and catalog by name and
+ * signature.  Citus is never linked: a node without it gets an error that
+ * says what is missing.
+ */
+static void
+IdemCitusLookupApi(void)
+{
+	Oid			shard_args[2] = {REGCLASSOID, ANYOID};
+	Oid			lock_args[2] = {INT4OID, INT8ARRAYOID};
+	Oid			shard_fn;
+	Oid			lock_fn;
+	MemoryContext old;
+	List	   *args;
+
+	shard_fn = IdemCitusFunction("get_shard_id_for_distribution_column",
+								 2, shard_args, INT8OID);
+	lock_fn = IdemCitusFunction("lock_shard_metadata", 2, lock_args, VOIDOID);
+	citus_api.placement_rel = get_relname_relid("pg_dist_placement",
+												PG_CATALOG_NAMESPACE);
+	citus_api.placement_idx = get_relname_relid("pg_dist_placement_shardid_index",
+												PG_CATALOG_NAMESPACE);
+	citus_api.local_group_rel = get_relname_relid("pg_dist_local_group",
+												  PG_CATALOG_NAMESPACE);
+	citus_api.placement_shardid = get_attnum(citus_api.placement_rel, "shardid");
+	citus_api.placement_groupid = get_attnum(citus_api.placement_rel, "groupid");
+	if (!OidIsValid(citus_api.placement_idx) ||
+		!OidIsValid(citus_api.local_group_rel) ||
+		citus_api.placement_shardid == InvalidAttrNumber ||
+		citus_api.placement_groupid == InvalidAttrNumber)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency.citus_ledgers is on, but Citus' catalogs pg_dist_placement and pg_dist_local_group are not as expected"),
+				 errhint("Turn idempotency.citus_ledgers off on nodes without Citus.")));
+
+	if (citus_api.cxt == NULL)
+		citus_api.cxt = AllocSetContextCreate(CacheMemoryContext,
+											  "idempotency Citus routing",
+											  ALLOCSET_SMALL_SIZES);
+	else
+		MemoryContextReset(citus_api.cxt);
+	fmgr_info_cxt(shard_fn, &citus_api.shard_fn, citus_api.cxt);
+	fmgr_info_cxt(lock_fn, &citus_api.lock_fn, citus_api.cxt);
+
+	/*
+	 * get_shard_id_for_distribution_column() takes "any": it reads the type
+	 * of its second argument from the call's expression, text here.
+	 */
+	old = MemoryContextSwitchTo(citus_api.cxt);
+	args = list_make2(makeConst(REGCLASSOID, -1, InvalidOid, sizeof(Oid),
+								(Datum) 0, true, true),
+					  makeConst(TEXTOID, -1, DEFAULT_COLLATION_OID, -1,
+								(Datum) 0, true, false));
+	citus_api.shard_fn.fn_expr = (Node *) makeFuncExpr(shard_fn, INT8OID, args,
+													   InvalidOid, InvalidOid,
+													   COERCE_EXPLICIT_CALL);
+	MemoryContextSwitchTo(old);
+	citus_api.local_group = -1;
+	citus_api.valid = true;
+}
+
+static Oid
+IdemCitusFunction(const char *name, int nargs, const Oid *argtypes, Oid rettype)
+{
+	Oid			fn;
+
+	fn = LookupFuncName(list_make2(makeString("pg_catalog"), makeString(pstrdup(name))),
+						nargs, argtypes, true);
+	if (!OidIsValid(fn) || get_func_rettype(fn) != rettype)
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency.citus_ledgers is on, but Citus' function pg_catalog.%s() is not found", name),
+				 errdetail("The routing of calls to the local shard of a distributed ledger calls it."),
+				 errhint("Turn idempotency.citus_ledgers off on nodes without Citus.")));
+	return fn;
+}
+
+/* 1: the shard of the ledger holding the tenant */
+static int64
+IdemCitusShard(IdemLedger ledger, text *tenant)
+{
+	LOCAL_FCINFO(fcinfo, 2);
+	Oid			ledger_rel = IdemLedgerParent(ledger, false);
+	Datum		result;
+
+	if (!OidIsValid(ledger_rel))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("idempotency.citus_ledgers is on, but the ledger \"%s\" does not exist",
+						IdemLedgerName(ledger)),
+				 errhint("Distribute the ledger on the coordinator (doc/scale-out.md), or turn idempotency.citus_ledgers off.")));
+	InitFunctionCallInfoData(*fcinfo, &citus_api.shard_fn, 2, InvalidOid,
+							 NULL, NULL);
+	fcinfo->args[0].value = ObjectIdGetDatum(ledger_rel);
+	fcinfo->args[0].isnull = false;
+	fcinfo->args[1].value = PointerGetDatum(tenant);
+	fcinfo->args[1].isnull = false;
+	result = FunctionCallInvoke(fcinfo);
+	if (fcinfo->isnull || DatumGetInt64(result) == 0)
+		elog(ERROR, "could not find the ledger shard of a tenant");
+	return DatumGetInt64(result);
+}
+
+/* 2: the shard's metadata lock, SHARE as Citus' own writes take it */
+static void
+IdemCitusLockShard(int64 shard)
+{
+	Datum		elem = Int64GetDatum(shard);
+	ArrayType  *shards;
+
+	shards = construct_array(&elem, 1, INT8OID, sizeof(int64),
+							 FLOAT8PASSBYVAL, TYPALIGN_DOUBLE);
+	(void) FunctionCall2(&citus_api.lock_fn, Int32GetDatum(ShareLock),
+						 PointerGetDatum(shards));
+	pfree(shards);
+}
+
+/*
+ * 3: whether a placement of the shard is in this node's group, read under
+ * the latest snapshot (Citus' catalogs are tables, not system catalogs:
+ * the catalog snapshot would not show a move that committed meanwhile).
+ */
+static bool
+IdemCitusShardIsLocal(int64 shard)
+{
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	Snapshot	snapshot;
+	int32		groups[8];
+	int			ngroups = 0;
+	bool		here = false;
+	int			i;
+
+	if (citus_api.local_group < 0)
+		citus_api.local_group = IdemCitusReadLocalGroup(citus_api.local_group_rel);
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	rel = table_open(citus_api.placement_rel, AccessShareLock);
+	ScanKeyInit(&key, citus_api.placement_shardid, BTEqualStrategyNumber,
+				F_INT8EQ, Int64GetDatum(shard));
+	scan = systable_beginscan(rel, citus_api.placement_idx, true, snapshot,
+							  1, &key);
+	while ((tup = systable_getnext(scan)) != NULL)
+	{
+		bool		isnull;
+		Datum		group = heap_getattr(tup, citus_api.placement_groupid,
+										 RelationGetDescr(rel), &isnull);
+
+		if (!isnull && ngroups < lengthof(groups))
+			groups[ngroups++] = DatumGetInt32(group);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	UnregisterSnapshot(snapshot);
+
+	for (i = 0; i < ngroups && !here; i++)
+		here = (groups[i] == citus_api.local_group);
+
+	/* this node's group is set once, when it is added: read it again */
+	if (!here && ngroups > 0)
+	{
+		citus_api.local_group = IdemCitusReadLocalGroup(citus_api.local_group_rel);
+		for (i = 0; i < ngroups && !here; i++)
+			here = (groups[i] == citus_api.local_group);
+	}
+	return here;
+}
+
+static int32
+IdemCitusReadLocalGroup(Oid local_group_rel)
+{
+	Relation	rel;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	Snapshot	snapshot;
+	int32		group = -1;
+
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	rel = table_open(local_group_rel, AccessShareLock);
+	scan = systable_beginscan(rel, InvalidOid, false, snapshot, 0, NULL);
+	if ((tup = systable_getnext(scan)) != NULL)
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, 1, RelationGetDescr(rel), &isnull);
+
+		if (!isnull)
+			group = DatumGetInt32(d);
+	}
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	UnregisterSnapshot(snapshot);
+	return group;
+}
+
+/* 4: the local table of the ledger's shard, idempotency.<ledger>_<shard> */
+static Oid
+IdemCitusShardTable(IdemLedger ledger, int64 shard)
+{
+	IdemShardTable *entry;
+	bool		found;
+	char		relname[NAMEDATALEN];
+	Oid			relid;
+
+	if (shard_tables == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(int64);
+		ctl.entrysize = sizeof(IdemShardTable);
+		ctl.hcxt = CacheMemoryContext;
+		shard_tables = hash_create("idempotency ledger shard tables", 64,
+								   &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	entry = hash_search(shard_tables, &shard, HASH_FIND, &found);
+	if (found && OidIsValid(entry->relid))
+		return entry->relid;
+
+	snprintf(relname, sizeof(relname), "%s_" INT64_FORMAT,
+			 IdemLedgerName(ledger), shard);
+	relid = get_relname_relid(relname, get_namespace_oid(IDEM_SCHEMA_NAME, false));
+	if (!OidIsValid(relid))
+		ereport(ERROR,
+				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+				 errmsg("the ledger shard " INT64_FORMAT " has no table on this node", shard),
+				 errhint("Retry: the tenant has moved, and the retry goes to its new node.")));
+	entry = hash_search(shard_tables, &shard, HASH_ENTER, &found);
+	entry->relid = relid;
+	return relid;
+}
+
+/*
+ * IdemCitusDistributed tells whether Citus distributes table "relid" on
+ * this node (it is listed in pg_dist_partition), and sets *coordinator to
+ * whether this node is the coordinator (group 0), the one node where the
+ * partitions of a distributed table can be made and dropped.  Without
+ * Citus: false.  For maintenance (a catalog read per round, whatever the
+ * setting: a worker cannot do that DDL in any case).
+ */
+bool
+IdemCitusDistributed(Oid relid, bool *coordinator)
+{
+	Oid			dist_rel;
+	Oid			dist_idx;
+	AttrNumber	att;
+	Relation	rel;
+	ScanKeyData key;
+	SysScanDesc scan;
+	Snapshot	snapshot;
+	bool		found;
+	Oid			local_group_rel;
+
+	*coordinator = true;
+	dist_rel = get_relname_relid("pg_dist_partition", PG_CATALOG_NAMESPACE);
+	dist_idx = get_relname_relid("pg_dist_partition_logical_relid_index",
+								 PG_CATALOG_NAMESPACE);
+	if (!OidIsValid(relid) || !OidIsValid(dist_rel) || !OidIsValid(dist_idx))
+		return false;
+	att = get_attnum(dist_rel, "logicalrelid");
+	if (att == InvalidAttrNumber)
+		return false;
+
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	rel = table_open(dist_rel, AccessShareLock);
+	ScanKeyInit(&key, att, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(relid));
+	scan = systable_beginscan(rel, dist_idx, true, snapshot, 1, &key);
+	found = HeapTupleIsValid(systable_getnext(scan));
+	systable_endscan(scan);
+	table_close(rel, AccessShareLock);
+	UnregisterSnapshot(snapshot);
+	if (!found)
+		return false;
+
+	local_group_rel = get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE);
+	if (OidIsValid(local_group_rel))
+		*coordinator = (IdemCitusReadLocalGroup(local_group_rel) == 0);
+	return true;
+}
