@@ -101,7 +101,7 @@ cannot be avoided, accepted and counted in the statistics:
 Usage:
   idem_model.py --dsn DSN [--seed N | --seeds 1,2,3] [--steps N]
                 [--sessions N] [--trace FILE] [--verbose]
-                [--scenario late-cancel|concurrent-errors]
+                [--scenario late-cancel|late-cancel-cycle|concurrent-errors]
 Environment: SEED, MODEL_SEEDS, MODEL_STEPS, MODEL_SESSIONS, MODEL_STRICT,
   MODEL_CLOCK_TOL_MS (default 2), MODEL_SETTLE_SECONDS (default 60),
   MODEL_LATE_CANCELS (default 0).
@@ -1517,6 +1517,17 @@ class Driver:
                 return None
             h = self.monitor_waits([pid]).get(pid)
             if h in self.pid2s:
+                # A wait that closes a cycle is found by this backend's own
+                # deadlock check only (the others in the cycle may have run
+                # theirs before it began waiting): a stopped backend never
+                # runs it, and the round would never settle.  Not held.
+                waits = self.monitor_waits(list(self.pid2s))
+                if self.has_cycle({self.pid2s[a]: self.pid2s[b]
+                                   for a, b in waits.items()
+                                   if a in self.pid2s and b in self.pid2s}):
+                    key = ('run', 'holds left out: the wait closes a cycle')
+                    self.stats[key] = self.stats.get(key, 0) + 1
+                    return None
                 os.kill(pid, signal.SIGSTOP)
                 if self.monitor_waits([pid]).get(pid) == h:
                     self.note(f"S{s}'s backend stopped until the round is observed")
@@ -2599,6 +2610,40 @@ class Driver:
         self.finish()
         return time.monotonic() - t_start
 
+    def late_cancel_cycle(self):
+        """--scenario late-cancel-cycle: the wait of the statement to be held
+        (see hold_when_waiting) closes a cycle of waits (seed 1's step 5481
+        in a newcomer's run on PostgreSQL 17).  S3 claims key a and S2 key b
+        in their transactions; S3 claims b with wait => true and waits for
+        S2, and its deadlock check runs (once, deadlock_timeout after its
+        wait began: there is nothing to observe, so the scenario lets that
+        time pass); then S2 claims a with wait => true and is cancelled.
+        Its wait closes the cycle, which only S2's own deadlock check can
+        find: held, S2 never runs it and the round never settles.  It must
+        not be held, and the round must settle."""
+        t_start = time.monotonic()
+        self.late = 1.0
+        ka, kb = self.fixed_key('cycle-a'), self.fixed_key('cycle-b')
+        first, second = self.sess[-1], self.sess[-2]
+        for s in (first, second):
+            self.fixed_step([self.fixed_begin(s)])
+        self.fixed_step([self.fixed_claim(first, ka, False)])
+        self.fixed_step([self.fixed_claim(second, kb, False)])
+        self.fixed_step([self.fixed_claim(first, kb, True)])
+        if first not in self.inflight:
+            raise Difference(f"late-cancel-cycle scenario: S{first}'s claim did not wait for S{second}")
+        timeout = self.mon.execute(
+            "SELECT setting::float8 / 1000 FROM pg_settings WHERE name = 'deadlock_timeout'").fetchone()[0]
+        time.sleep(2 * timeout + 0.5)
+        c = self.fixed_claim(second, ka, True)
+        c.racy = {'57014'}
+        self.fixed_step([c], cancel_after=second, hold=True)
+        if not self.stats.get(('run', 'holds left out: the wait closes a cycle')):
+            raise Difference(f"late-cancel-cycle scenario: S{second}'s claim did not close a cycle "
+                             "of waits (or was held)")
+        self.finish()
+        return time.monotonic() - t_start
+
     def concurrent_errors(self, tries=1000):
         """--scenario concurrent-errors: two transactions each claim a key,
         then each releases the other's key, both at once: 55006 (held by
@@ -2720,7 +2765,7 @@ def main():
     ap.add_argument('--sessions', type=int, default=int(os.environ.get('MODEL_SESSIONS', 3)))
     ap.add_argument('--trace', default=None)
     ap.add_argument('--verbose', action='store_true')
-    ap.add_argument('--scenario', choices=['late-cancel', 'concurrent-errors'], default=None,
+    ap.add_argument('--scenario', choices=['late-cancel', 'late-cancel-cycle', 'concurrent-errors'], default=None,
                     help='one fixed interleaving instead of random rounds')
     args = ap.parse_args()
     if args.seed is not None:
@@ -2742,6 +2787,7 @@ def main():
             d = Driver(args.dsn, seed, args.steps, args.sessions, tol, settle, args.verbose, trace)
             if args.scenario:
                 secs = (d.late_cancel() if args.scenario == 'late-cancel'
+                        else d.late_cancel_cycle() if args.scenario == 'late-cancel-cycle'
                         else d.concurrent_errors())
                 print(f"scenario {args.scenario}: {d.step} steps in {secs:.1f} s, no difference")
             else:

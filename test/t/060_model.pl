@@ -98,10 +98,13 @@ my $log_off = log_size($node);
 #     while its backend is stopped, and answers 57014 once S3 rolls back;
 #     the script and the server run as one user here, so the script may
 #     stop the backend;
+#   late-cancel-cycle: the same, where S2's wait closes a cycle of waits
+#     (S3 waits for S2 already, its deadlock check done): S2 must not be
+#     held, since only its own deadlock check can find the cycle;
 #   concurrent-errors: two transactions release each other's key at once,
 #     each reads the other's row before either error aborts, and both
 #     answer 55006 (repeated until they have).
-for my $scenario ('late-cancel', 'concurrent-errors')
+for my $scenario ('late-cancel', 'late-cancel-cycle', 'concurrent-errors')
 {
 	my ($out, $err) = ('', '');
 	my $ok = eval {
