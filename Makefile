@@ -45,6 +45,9 @@ EXTRA_CLEAN = tmp_check_regress tmp_check_iso output_iso results regression.diff
 
 PG_CPPFLAGS = -I$(srcdir)/src -DIDEM_VERSION=\"$(EXTVERSION)\"
 
+# set before anything below runs it
+PG_CONFIG ?= pg_config
+
 # A syscache on pg_extension (PostgreSQL 16+, and back-patched into later
 # 15.x minor releases) lets src/library_version.c notice ALTER EXTENSION
 # UPDATE at once; without one it checks once per transaction.
@@ -52,8 +55,6 @@ ifneq (,$(shell grep -qs EXTENSIONOID $(addprefix $(shell $(PG_CONFIG) --include
 PG_CPPFLAGS += -DIDEM_HAVE_EXTENSION_SYSCACHE
 endif
 PG_CFLAGS = -Wno-unused-parameter
-
-PG_CONFIG ?= pg_config
 
 # SHA-256 straight from OpenSSL (src/keyhash.c) when PostgreSQL is built
 # with it, as every Debian and PGDG build is
