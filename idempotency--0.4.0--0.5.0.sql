@@ -248,3 +248,87 @@ COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval,
 
 COMMENT ON FUNCTION pg_catalog.idem_lookup(text, text) IS
 'the calling role''s own live record of one idempotency key, for support work (status expired: remembered after its ttl)';
+
+-- 0.5.0: moving the key memory with a tenant (see src/memory_transfer.c,
+-- doc/scale-out.md): the expired keys and message ids remembered
+-- (idempotency.key_memory) of chosen scopes or consumers, as
+-- idempotency.memory_record rows (0.5.0's form: role, digest, expired_by)
+CREATE TYPE idempotency.memory_record AS (
+    role       name,
+    digest     uuid,
+    expired_by timestamptz
+);
+
+COMMENT ON TYPE idempotency.memory_record IS
+'one remembered expired key or message id as idempotency.export_key_memory() and export_message_memory() give it and the import functions take it';
+
+CREATE FUNCTION idempotency.export_key_memory(scopes text[] DEFAULT NULL)
+RETURNS SETOF idempotency.memory_record
+AS 'MODULE_PATHNAME', 'idem_export_key_memory'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_key_memory(text[]) IS
+'the expired idempotency keys of the given scopes (all if NULL) remembered now (idempotency.key_memory), of every role, for idempotency.import_key_memory() on another node';
+
+CREATE FUNCTION idempotency.import_key_memory(r record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_key_memory'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_key_memory(record) IS
+'remembers an exported expired idempotency key for idempotency.key_memory after it expired, unless this node does already: inserted, kept or expired';
+
+CREATE FUNCTION idempotency.export_message_memory(consumers text[] DEFAULT NULL)
+RETURNS SETOF idempotency.memory_record
+AS 'MODULE_PATHNAME', 'idem_export_message_memory'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_message_memory(text[]) IS
+'the expired message ids of the given consumers (all if NULL) remembered now (idempotency.key_memory), of every role, for idempotency.import_message_memory() on another node';
+
+CREATE FUNCTION idempotency.import_message_memory(r record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_message_memory'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_message_memory(record) IS
+'remembers an exported expired message id for idempotency.key_memory after it expired, unless this node does already: inserted, kept or expired';
+
+REVOKE ALL ON FUNCTION idempotency.export_key_memory(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_key_memory(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_message_memory(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_message_memory(record) FROM PUBLIC;
+
+-- what default privileges of the installing role granted on them, taken back
+-- (PUBLIC keeps USAGE on the type, as on the other record types)
+DO $memory_transfer_privileges$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        SELECT pg_catalog.format('FUNCTION %s', p.oid::pg_catalog.regprocedure) AS name,
+               a.privilege_type,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END AS grantee
+          FROM pg_catalog.pg_proc AS p,
+               pg_catalog.aclexplode(p.proacl) AS a
+         WHERE p.oid OPERATOR(pg_catalog.=) ANY (ARRAY[
+                   'idempotency.export_key_memory(text[])'::pg_catalog.regprocedure,
+                   'idempotency.import_key_memory(record)'::pg_catalog.regprocedure,
+                   'idempotency.export_message_memory(text[])'::pg_catalog.regprocedure,
+                   'idempotency.import_message_memory(record)'::pg_catalog.regprocedure]::pg_catalog.oid[])
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        UNION ALL
+        SELECT pg_catalog.format('TYPE %s', t.oid::pg_catalog.regtype), a.privilege_type,
+               pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee))
+          FROM pg_catalog.pg_type AS t,
+               pg_catalog.aclexplode(t.typacl) AS a
+         WHERE t.oid OPERATOR(pg_catalog.=) 'idempotency.memory_record'::pg_catalog.regtype
+           AND a.grantee OPERATOR(pg_catalog.<>) t.typowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE %s ON %s FROM %s CASCADE',
+                                  item.privilege_type, item.name, item.grantee);
+    END LOOP;
+END
+$memory_transfer_privileges$;

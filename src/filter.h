@@ -99,11 +99,18 @@ extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
 
 /*
- * Filters of the pieces of the memory (memory.c): a piece is written once,
- * in the transaction that makes it, and then only read, so its filter is
- * filled with the pairs the piece gets, then made READY.  The hooks do not
- * watch the pieces: only the extension writes them.
+ * The filter of a ledger's memory (memory.c): one for all the pieces of
+ * all lanes of the memory, keyed by the memory table's OID with lane value
+ * IDEM_FILTER_MEMORY_LANE (no layout has that many lanes, so that it is
+ * never taken for a partition's size), so that a key the memory does not
+ * hold costs one test whatever the number of pieces.  It is filled from
+ * every piece, then made READY; a piece written later (by maintenance or
+ * an import, both under the maintenance lock, as the filling is) adds its
+ * pairs with IdemFilterAdd before it commits; a piece dropped leaves its
+ * bits, and maintenance fills the filter again.  The hooks do not watch
+ * the pieces: only the extension writes them.
  */
+#define IDEM_FILTER_MEMORY_LANE		((int16) 0xFF7F)
 typedef struct IdemFilterFill
 {
 	int			slot;			/* -1: no filter */

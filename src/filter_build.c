@@ -231,22 +231,19 @@ IdemFilterBuildDatabase(void)
 		}
 	}
 
-	/* and the pieces of the memory, whose filters memory.c fills */
+	/* and the memory tables, whose filters memory.c fills */
 	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
 	{
-		ListCell   *lc;
-		List	   *pieces = IdemMemoryPieces(ledger);
+		Oid			parent = IdemMemoryParent(ledger);
 
-		foreach(lc, pieces)
+		if (!OidIsValid(parent))
+			continue;
+		if (nall == size)
 		{
-			if (nall == size)
-			{
-				size *= 2;
-				all = repalloc(all, size * sizeof(Oid));
-			}
-			all[nall++] = ((IdemPartition *) lfirst(lc))->relid;
+			size *= 2;
+			all = repalloc(all, size * sizeof(Oid));
 		}
-		list_free_deep(pieces);
+		all[nall++] = parent;
 	}
 
 	/* free the slots of partitions gone (made before this run began) */
@@ -290,12 +287,12 @@ IdemFilterBuildDatabase(void)
 }
 
 /*
- * IdemFilterFillBegin takes a slot for the filter of piece "relid" of a
- * ledger's memory, sized for n pairs, and publishes it FILLING; false (and
- * no filter) where filters are not used or none can be had.  The caller
- * adds every pair of the piece (IdemFilterFillAdd), then makes it READY
- * (IdemFilterFillEnd).  Nobody else writes a piece: no scan races the
- * filling.
+ * IdemFilterFillBegin takes a slot for the filter of a ledger's memory
+ * "relid" (the memory table), sized for n pairs, and publishes it FILLING;
+ * false (and no filter) where filters are not used or none can be had.
+ * The caller adds every pair of every piece (IdemFilterFillAdd), then
+ * makes it READY (IdemFilterFillEnd).  Pieces are written under the
+ * maintenance lock, which the caller holds: no write races the filling.
  */
 bool
 IdemFilterFillBegin(IdemLedger ledger, Oid relid, int16 lane, uint64 n,

@@ -1030,6 +1030,7 @@ IdemFilterSizeHint(Oid db, int ledger, int16 lane)
 
 		if (pg_atomic_read_u32(&slot->state) == IDEM_FILTER_FREE ||
 			slot->db != db || slot->ledger != ledger ||
+			slot->lane == IDEM_FILTER_MEMORY_LANE ||
 			IdemLaneLanes(slot->lane) != IdemLaneLanes(lane) ||
 			IdemLaneIsFar(slot->lane) != IdemLaneIsFar(lane))
 			continue;

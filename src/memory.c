@@ -30,25 +30,37 @@
  * the p bytes every digest of the chunk starts with, and each digest's
  * remaining 16 - p bytes in order.  A digest's first 4 bytes depend on its
  * namespace only, so the chunks of a namespace with many keys take 12 bytes
- * or less per key; with one namespace per key, 15 or 16.  The index on
- * (role, last) finds the one chunk that can hold a digest with one descent,
- * and a binary search in it answers exactly: nothing probabilistic decides
- * an answer.  With the library preloaded each piece also has a digest
- * filter (filter.h), filled with its pairs when it is written and from its
- * chunks after a restart (IdemMemoryBuildFilters): a key the piece does
- * not hold is ruled out without a probe, as for the ledger's partitions; a
- * filter only rules out, a "maybe" is answered by the probe.  The role
- * leads the index, as in the ledgers (doc/design.md,
- * "Who holds what"): one role's probe never returns, fetches or searches
- * another role's chunk.
+ * or less per key; with one namespace per key, 15 or 16.  Pages are filled
+ * in turn, without a free space map (three pages a piece).  A piece of
+ * more than IDEM_MEMORY_INDEX_PAGES pages gets an index on (role, last),
+ * which finds the one chunk that can hold a digest with one descent; a
+ * smaller one has none (a B-tree takes two pages however small: at 2,000
+ * keys a day it doubled a piece) and a probe reads its few pages.  A binary
+ * search in the chunk answers exactly: nothing probabilistic decides an
+ * answer.  With the library preloaded the memory of each ledger has one
+ * digest filter (filter.h) for all its pieces, filled from their chunks by
+ * maintenance (IdemMemoryBuildFilters) and given the pairs of each piece
+ * written since: a key no piece holds is ruled out with one test, however
+ * many pieces there are; a piece dropped leaves its bits until maintenance
+ * fills the filter again.  A filter only rules out, a "maybe" is answered
+ * by the probes.  The role leads every chunk's key, as in the ledgers
+ * (doc/design.md, "Who holds what"): one role's probe never returns,
+ * fetches or searches another role's chunk.
+ *
+ * Imported pairs (memory_transfer.c: a tenant moved from another node) go
+ * into pieces of their own, lane IDEM_MEMORY_IMPORT_LANE, a UTC day wide,
+ * indexed, one chunk per pair whose expires_at is when its key had expired
+ * (IdemMemoryImport); a probe answers for such a chunk only while that is
+ * less than key_memory ago.
  *
  * Forgetting: maintenance drops a piece once key_memory has passed since
  * its range ended (IdemMemoryForget), whole, like the ledgers' partitions.
  * A call consults only pieces whose range ended less than key_memory ago,
  * so that lowering the setting takes effect at once.  Pieces are written
  * once and then only read (an import adds chunks of a single digest to
- * them), and calls release their locks on a piece as soon as they have
- * read it, so that dropping it waits for nobody.
+ * the pieces of imported keys), all under the maintenance lock, and calls
+ * release their locks on a piece as soon as they have read it, so that
+ * dropping it waits for nobody.
  *
  * Like the ledgers, the memory tables are made on first use as the owner
  * of schema idempotency, are not members of the extension (pg_dump and
@@ -77,6 +89,7 @@
 #include "access/tableam.h"
 #include "access/xact.h"
 #include "catalog/dependency.h"
+#include "catalog/index.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_extension.h"
@@ -94,11 +107,13 @@
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/datetime.h"
 #include "utils/syscache.h"
 #include "utils/timestamp.h"
 
 /* The columns of a memory table */
-#define Anum_memory_expires_at		1	/* the piece's lower bound */
+#define Anum_memory_expires_at		1	/* the piece's lower bound; imported:
+											 * when the key had expired */
 #define Anum_memory_role			2
 #define Anum_memory_lane			3
 #define Anum_memory_last			4	/* the chunk's greatest digest */
@@ -111,6 +126,14 @@
  * line (the column's storage is PLAIN).
  */
 #define IDEM_MEMORY_CHUNK_BYTES		(MaxHeapTupleSize - 64)
+
+/*
+ * A piece of more pages than this gets a (role, last) index; a smaller one
+ * is read whole by a probe.  A B-tree takes two pages (its metapage and a
+ * leaf) however few its entries: on a piece of 16 pages or more, at most
+ * an eighth of the heap.
+ */
+#define IDEM_MEMORY_INDEX_PAGES		16
 
 int			idem_key_memory = 0;
 
@@ -132,6 +155,7 @@ typedef struct IdemMemoryCache
 	Oid			parent;
 	int			npieces;
 	IdemPartition *pieces;		/* sorted by (lane, lower) */
+	bool		has_legacy;		/* a piece of a legacy lane (no filter) */
 } IdemMemoryCache;
 
 static IdemMemoryCache memory_cache[IDEM_NUM_LEDGERS];
@@ -152,14 +176,17 @@ static bool IdemMemoryLaneOf(const IdemDigest *digest, int16 lane,
 static bool IdemMemoryProbeEnded(IdemLedger ledger, const IdemPartition *part,
 								 Oid role, const IdemDigest *digest,
 								 TimestampTz now);
-static bool IdemMemoryProbePiece(Oid relid, Oid role, const pg_uuid_t *digest);
+static bool IdemMemoryProbePiece(Oid relid, Oid role, const pg_uuid_t *digest,
+								 TimestampTz since);
 static bool IdemMemoryChunkHas(bytea *chunk, const pg_uuid_t *digest);
+static bool IdemMemoryChunkAnswers(TupleTableSlot *slot,
+								   const pg_uuid_t *digest, TimestampTz since);
 static void IdemMemoryChunkFill(bytea *chunk, Oid role, IdemFilterFill *fill);
 static int	IdemMemoryPairCmp(const void *a, const void *b);
 static int	IdemMemoryCommonPrefix(const pg_uuid_t *a, const pg_uuid_t *b);
 static void IdemMemoryInsertChunk(Relation rel, const IdemPartition *piece,
 								  Oid role, const IdemMemoryPair *pairs,
-								  int n, int prefix);
+								  int n, int prefix, bool indexed);
 static Oid	IdemMemoryIndexOf(Relation heap);
 static void IdemMemoryAttach(IdemLedger ledger, const char *name,
 							 const IdemPartition *piece, int lock_timeout_ms);
@@ -231,18 +258,24 @@ IdemGetMemoryCache(IdemLedger ledger)
 	/* from here on, an invalidation of the table makes the result stale */
 	cache->parent = parent;
 	if (OidIsValid(parent))
-		n = IdemReadPartitions(parent, &parts);
+		n = IdemReadPartitions(parent, IDEM_MEMORY_IMPORT_LANE, &parts);
 
 	if (cache->pieces != NULL)
 		pfree(cache->pieces);
 	cache->pieces = NULL;
 	cache->npieces = 0;
+	cache->has_legacy = false;
 	if (n > 0)
 	{
+		int			i;
+
 		cache->pieces = MemoryContextAlloc(IdemMemoryContext,
 										   n * sizeof(IdemPartition));
 		memcpy(cache->pieces, parts, n * sizeof(IdemPartition));
 		cache->npieces = n;
+		for (i = 0; i < n; i++)
+			if (IdemLaneIsLegacy(parts[i].lane))
+				cache->has_legacy = true;
 	}
 	if (parts != NULL)
 		pfree(parts);
@@ -315,10 +348,8 @@ IdemMemoryMakeParent(IdemLedger ledger)
 				   "digests pg_catalog.bytea NOT NULL"
 				   ") PARTITION BY RANGE (lane, expires_at); "
 				   "ALTER TABLE idempotency.%s ALTER COLUMN digests SET STORAGE PLAIN; "
-				   "CREATE INDEX %s_role_last_idx ON idempotency.%s (role, last) "
-				   "WITH (deduplicate_items = off); "
 				   "COMMENT ON TABLE idempotency.%s IS %s",
-				   name, name, name, name, name,
+				   name, name, name,
 				   quote_literal_cstr(ledger == IDEM_LEDGER_KEYS ?
 									  "Expired idempotency keys remembered (idempotency.key_memory); managed by the idempotency extension." :
 									  "Expired message ids remembered (idempotency.key_memory); managed by the idempotency extension."));
@@ -431,6 +462,7 @@ IdemMemoryRecalls(IdemLedger ledger, Oid role, const IdemDigest *digest,
 	int			n;
 	int			i;
 	bool		found = false;
+	bool		ruled_out;
 
 	if (idem_key_memory <= 0)
 		return false;
@@ -449,25 +481,38 @@ IdemMemoryRecalls(IdemLedger ledger, Oid role, const IdemDigest *digest,
 		return true;
 
 	/*
+	 * The memory's filter (one for all its pieces) rules out a key none of
+	 * them holds with one test; pieces of legacy lanes, which it does not
+	 * cover, are probed all the same.
+	 */
+	cache = IdemGetMemoryCache(ledger);
+	if (cache->npieces == 0)
+		return false;
+	ruled_out = IdemFilterRulesOut(cache->parent, IDEM_FILTER_MEMORY_LANE,
+								   role, &digest->uuid);
+	if (ruled_out && !cache->has_legacy)
+		return false;
+
+	/*
 	 * The pieces of the key's lanes whose range ended less than key_memory
 	 * ago; copied, since locking a piece may rebuild the cache.
 	 */
-	cache = IdemGetMemoryCache(ledger);
 	n = 0;
-	parts = palloc(Max(cache->npieces, 1) * sizeof(IdemPartition));
+	parts = palloc(cache->npieces * sizeof(IdemPartition));
 	for (i = 0; i < cache->npieces; i++)
 	{
-		if (cache->pieces[i].upper > since)
+		if (cache->pieces[i].upper > since &&
+			(!ruled_out || IdemLaneIsLegacy(cache->pieces[i].lane)))
 			parts[n++] = cache->pieces[i];
 	}
 	for (i = 0; i < n && !found; i++)
 	{
 		pg_uuid_t	form;
 
-		/* a piece's filter rules out the keys it does not hold */
-		if (IdemMemoryLaneOf(digest, parts[i].lane, &form) &&
-			!IdemFilterRulesOut(parts[i].relid, parts[i].lane, role, &form))
-			found = IdemMemoryProbePiece(parts[i].relid, role, &form);
+		if (IdemMemoryLaneOf(digest, parts[i].lane, &form))
+			found = IdemMemoryProbePiece(parts[i].relid, role, &form,
+										 parts[i].lane == IDEM_MEMORY_IMPORT_LANE ?
+										 since : DT_NOBEGIN);
 	}
 	pfree(parts);
 	return found;
@@ -482,7 +527,15 @@ static bool
 IdemMemoryLaneOf(const IdemDigest *digest, int16 lane, pg_uuid_t *form)
 {
 	bool		legacy = IdemLaneIsLegacy(lane);
-	int16		value = IdemLaneValue(&digest->uuid, IdemLaneLanes(lane), legacy);
+	int16		value;
+
+	/* the pieces of imported keys take every key */
+	if (lane == IDEM_MEMORY_IMPORT_LANE)
+	{
+		*form = digest->uuid;
+		return true;
+	}
+	value = IdemLaneValue(&digest->uuid, IdemLaneLanes(lane), legacy);
 
 	if (!legacy && IdemLaneIsFar(lane))
 		value = IdemFarLane(value);
@@ -524,19 +577,21 @@ IdemMemoryProbeEnded(IdemLedger ledger, const IdemPartition *part, Oid role,
 }
 
 /*
- * IdemMemoryProbePiece: does piece "relid" remember the role's digest?  One
- * descent of its (role, last) index to the role's first chunk whose last
- * digest is not smaller, and a binary search in that chunk.  The locks are
- * released at once: the piece does not change.
+ * IdemMemoryProbePiece: does piece "relid" remember the role's digest?  A
+ * piece of more than IDEM_MEMORY_INDEX_PAGES pages has a (role, last)
+ * index: one descent to the role's first chunk whose last digest is not
+ * smaller, and a binary search in that chunk.  A smaller piece has none
+ * (the index would cost more than its heap): its few pages are read, and
+ * the chunk of the role whose range holds the digest is searched.  A
+ * piece of imported keys (since > DT_NOBEGIN) answers only for a chunk
+ * whose key expired after "since".  The locks are released at once.
  */
 static bool
-IdemMemoryProbePiece(Oid relid, Oid role, const pg_uuid_t *digest)
+IdemMemoryProbePiece(Oid relid, Oid role, const pg_uuid_t *digest,
+					 TimestampTz since)
 {
 	Relation	heap;
-	Relation	index;
 	Oid			indexoid;
-	IndexScanDesc scan;
-	ScanKeyData skeys[2];
 	TupleTableSlot *slot;
 	bool		found = false;
 
@@ -547,36 +602,90 @@ IdemMemoryProbePiece(Oid relid, Oid role, const pg_uuid_t *digest)
 		return false;
 	}
 	heap = table_open(relid, NoLock);
-	if (RelationGetDescr(heap)->natts != Natts_memory ||
-		!OidIsValid(indexoid = IdemMemoryIndexOf(heap)))
+	if (RelationGetDescr(heap)->natts != Natts_memory)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("piece \"%s\" of the idempotency memory does not have its columns and index",
+				 errmsg("piece \"%s\" of the idempotency memory does not have its columns",
 						RelationGetRelationName(heap))));
-	index = index_open(indexoid, AccessShareLock);
-
-	ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_OIDEQ,
-				ObjectIdGetDatum(role));
-	ScanKeyInit(&skeys[1], 2, BTGreaterEqualStrategyNumber, F_UUID_GE,
-				UUIDPGetDatum(digest));
+	indexoid = IdemMemoryIndexOf(heap);
 	slot = table_slot_create(heap, NULL);
-	scan = IdemIndexBeginScan(heap, index, SnapshotSelf, 2);
-	index_rescan(scan, skeys, 2, NULL, 0);
-	if (index_getnext_slot(scan, ForwardScanDirection, slot))
+	if (OidIsValid(indexoid))
 	{
+		Relation	index = index_open(indexoid, AccessShareLock);
+		IndexScanDesc scan;
+		ScanKeyData skeys[2];
 		bool		isnull;
-		Datum		chunk = slot_getattr(slot, Anum_memory_digests, &isnull);
 
-		if (!isnull)
-			found = IdemMemoryChunkHas(DatumGetByteaPP(chunk), digest);
+		ScanKeyInit(&skeys[0], 1, BTEqualStrategyNumber, F_OIDEQ,
+					ObjectIdGetDatum(role));
+		ScanKeyInit(&skeys[1], 2, BTGreaterEqualStrategyNumber, F_UUID_GE,
+					UUIDPGetDatum(digest));
+		scan = IdemIndexBeginScan(heap, index, SnapshotSelf, 2);
+		index_rescan(scan, skeys, 2, NULL, 0);
+
+		/*
+		 * The first chunk whose last digest is not smaller is the only one
+		 * that can hold it, but for imported chunks of that one digest
+		 */
+		while (!found && index_getnext_slot(scan, ForwardScanDirection, slot))
+		{
+			found = IdemMemoryChunkAnswers(slot, digest, since);
+			if (memcmp(DatumGetUUIDP(slot_getattr(slot, Anum_memory_last,
+												  &isnull))->data,
+					   digest->data, IDEM_DIGEST_LEN) != 0)
+				break;
+		}
+		index_endscan(scan);
+		index_close(index, NoLock);
+		UnlockRelationOid(indexoid, AccessShareLock);
 	}
-	index_endscan(scan);
+	else
+	{
+		TableScanDesc scan = table_beginscan(heap, SnapshotSelf, 0, NULL);
+
+		/* every chunk of the role whose last digest is not smaller */
+		while (!found &&
+			   table_scan_getnextslot(scan, ForwardScanDirection, slot))
+		{
+			bool		isnull;
+			Datum		d;
+
+			d = slot_getattr(slot, Anum_memory_role, &isnull);
+			if (isnull || DatumGetObjectId(d) != role)
+				continue;
+			d = slot_getattr(slot, Anum_memory_last, &isnull);
+			if (isnull ||
+				memcmp(DatumGetUUIDP(d)->data, digest->data, IDEM_DIGEST_LEN) < 0)
+				continue;
+			found = IdemMemoryChunkAnswers(slot, digest, since);
+		}
+		table_endscan(scan);
+	}
 	ExecDropSingleTupleTableSlot(slot);
-	index_close(index, NoLock);
 	table_close(heap, NoLock);
-	UnlockRelationOid(indexoid, AccessShareLock);
 	UnlockRelationOid(relid, AccessShareLock);
 	return found;
+}
+
+/*
+ * IdemMemoryChunkAnswers: does the chunk in the slot hold the digest, with
+ * its key expired after "since" (DT_NOBEGIN: whenever)?
+ */
+static bool
+IdemMemoryChunkAnswers(TupleTableSlot *slot, const pg_uuid_t *digest,
+					   TimestampTz since)
+{
+	bool		isnull;
+	Datum		d;
+
+	if (since != DT_NOBEGIN)
+	{
+		d = slot_getattr(slot, Anum_memory_expires_at, &isnull);
+		if (isnull || DatumGetTimestampTz(d) <= since)
+			return false;
+	}
+	d = slot_getattr(slot, Anum_memory_digests, &isnull);
+	return !isnull && IdemMemoryChunkHas(DatumGetByteaPP(d), digest);
 }
 
 /* the OID of a piece's (role, last) index: its first index on role */
@@ -710,9 +819,10 @@ IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg)
 	Size		nunique;
 	bool		with_state;
 	StringInfoData name;
+	Oid			parent;
 	Oid			piece_relid;
 	Relation	piece_rel;
-	IdemFilterFill fill;
+	BlockNumber pages;
 
 	if (relname == NULL)
 		return;
@@ -779,7 +889,7 @@ IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg)
 	n = nunique;
 
 	/* <memory table><the partition's name after its ledger's name> */
-	(void) IdemMemoryMakeParent(ledger);
+	parent = IdemMemoryMakeParent(ledger);
 	initStringInfo(&name);
 	appendStringInfoString(&name, memory_names[ledger]);
 	if (strncmp(relname, ledger_name, strlen(ledger_name)) == 0)
@@ -795,11 +905,6 @@ IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg)
 	if (!OidIsValid(piece_relid))
 		elog(ERROR, "could not find table \"%s.%s\" after creating it",
 			 IDEM_SCHEMA_NAME, name.data);
-
-	/* its filter, with every pair (filter.h); READY once they are in */
-	if (IdemFilterFillBegin(ledger, piece_relid, piece.lane, n, &fill))
-		for (i = 0; i < n; i++)
-			IdemFilterFillAdd(&fill, pairs[i].role, &pairs[i].digest);
 
 	/* the chunks, role by role, each as long as a page allows */
 	piece_rel = table_open(piece_relid, RowExclusiveLock);
@@ -823,13 +928,32 @@ IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg)
 		}
 		CHECK_FOR_INTERRUPTS();
 		IdemMemoryInsertChunk(piece_rel, &piece, pairs[i].role, &pairs[i],
-							  (int) (j + 1 - i), prefix);
+							  (int) (j + 1 - i), prefix, false);
 		i = j + 1;
 	}
+	pages = RelationGetNumberOfBlocks(piece_rel);
 	table_close(piece_rel, NoLock);
-	pfree(pairs);
-	(void) IdemFilterFillEnd(&fill);
 	CommandCounterIncrement();
+
+	/*
+	 * The memory's filter, if it has one, takes the pairs (filter.h): the
+	 * caller holds the maintenance lock, under which the filter is filled.
+	 */
+	if (!IdemLaneIsLegacy(piece.lane))
+		for (i = 0; i < n; i++)
+			IdemFilterAdd(parent, IDEM_FILTER_MEMORY_LANE, pairs[i].role,
+						  &pairs[i].digest);
+	pfree(pairs);
+
+	/* a piece too small for an index to pay is read whole by a probe */
+	if (pages > IDEM_MEMORY_INDEX_PAGES)
+	{
+		sql = psprintf("CREATE INDEX ON idempotency.%s (role, last) "
+					   "WITH (deduplicate_items = off)",
+					   quote_identifier(name.data));
+		IdemExecAsOwner(sql, lock_timeout_ms);
+		pfree(sql);
+	}
 
 	/* attached with the partition's bounds: ATTACH builds its index */
 	IdemMemoryAttach(ledger, name.data, &piece, lock_timeout_ms);
@@ -866,11 +990,15 @@ IdemMemoryAttach(IdemLedger ledger, const char *name,
 
 /*
  * IdemMemoryInsertChunk writes one chunk of a piece: the role's digests
- * pairs[0 .. n-1], sorted, all starting with the same "prefix" bytes.
+ * pairs[0 .. n-1], sorted, all starting with the same "prefix" bytes; its
+ * expires_at is piece->lower.  With "indexed", also the entries of the
+ * piece's indexes (plain columns: (role, last)); a piece written by
+ * maintenance gets its index once its chunks are in.
  */
 static void
 IdemMemoryInsertChunk(Relation rel, const IdemPartition *piece, Oid role,
-					  const IdemMemoryPair *pairs, int n, int prefix)
+					  const IdemMemoryPair *pairs, int n, int prefix,
+					  bool indexed)
 {
 	int			width = IDEM_DIGEST_LEN - prefix;
 	Size		len = 1 + prefix + (Size) n * width;
@@ -893,17 +1021,54 @@ IdemMemoryInsertChunk(Relation rel, const IdemPartition *piece, Oid role,
 	values[Anum_memory_last - 1] = UUIDPGetDatum(&pairs[n - 1].digest);
 	values[Anum_memory_digests - 1] = PointerGetDatum(chunk);
 	tuple = heap_form_tuple(RelationGetDescr(rel), values, nulls);
-	simple_heap_insert(rel, tuple);
+	/* pages are filled in turn: no free space map (3 pages) to keep */
+	heap_insert(rel, tuple, GetCurrentCommandId(true), HEAP_INSERT_SKIP_FSM,
+				NULL);
+	if (indexed)
+	{
+		List	   *indexes = RelationGetIndexList(rel);
+		ListCell   *lc;
+
+		foreach(lc, indexes)
+		{
+			Relation	index = index_open(lfirst_oid(lc), RowExclusiveLock);
+			IndexInfo  *info = BuildIndexInfo(index);
+			Datum		ivalues[INDEX_MAX_KEYS];
+			bool		inulls[INDEX_MAX_KEYS];
+			int			k;
+
+			if (info->ii_Expressions != NIL || info->ii_Predicate != NIL)
+				elog(ERROR, "index \"%s\" of a piece of the idempotency memory is not on plain columns",
+					 RelationGetRelationName(index));
+			for (k = 0; k < info->ii_NumIndexAttrs; k++)
+			{
+				AttrNumber	attnum = info->ii_IndexAttrNumbers[k];
+
+				if (attnum < 1 || attnum > Natts_memory)
+					elog(ERROR, "index \"%s\" of a piece of the idempotency memory is not on plain columns",
+						 RelationGetRelationName(index));
+				ivalues[k] = values[attnum - 1];
+				inulls[k] = false;
+			}
+			(void) index_insert(index, ivalues, inulls, &tuple->t_self, rel,
+								UNIQUE_CHECK_NO, false, info);
+			index_close(index, NoLock);
+		}
+		list_free(indexes);
+	}
 	heap_freetuple(tuple);
 	pfree(chunk);
 }
 
 /*
  * IdemMemoryBuildFilters, from IdemFilterBuildDatabase (each maintenance
- * run): fills the filter of every piece that has none READY (after a
- * restart, or an external write that made the database's filters
- * UNUSABLE) from its chunks.  A piece whose lock cannot be had at once is
- * left for the next run.  Returns how many filters became READY.
+ * run, under the maintenance lock): fills the filter of each ledger's
+ * memory that has none READY (after a restart, after pieces were dropped
+ * (IdemMemoryForget), or after an external write that made the database's
+ * filters UNUSABLE) from the chunks of all its pieces of current lanes,
+ * those this transaction wrote included.  If a piece cannot be read at
+ * once, the filter is left for the next run: a filter missing a piece
+ * would rule out its keys.  Returns how many filters became READY.
  */
 int
 IdemMemoryBuildFilters(void)
@@ -913,52 +1078,82 @@ IdemMemoryBuildFilters(void)
 
 	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
 	{
-		List	   *pieces = IdemMemoryPieces(ledger);
+		Oid			parent = IdemMemoryParent(ledger);
+		List	   *pieces;
+		List	   *rels = NIL;
 		ListCell   *lc;
+		uint64		hint = 0;
+		bool		complete = true;
+		IdemFilterFill fill;
+		Snapshot	snapshot;
 
+		CHECK_FOR_INTERRUPTS();
+		if (!OidIsValid(parent) || IdemFilterIsReady(parent))
+			continue;
+		pieces = IdemMemoryPieces(ledger);
 		foreach(lc, pieces)
 		{
 			IdemPartition *p = (IdemPartition *) lfirst(lc);
 			Relation	rel;
-			TableScanDesc scan;
-			HeapTuple	tuple;
-			IdemFilterFill fill;
 
-			CHECK_FOR_INTERRUPTS();
-			if (IdemLaneIsLegacy(p->lane) || IdemFilterIsReady(p->relid) ||
-				!ConditionalLockRelationOid(p->relid, AccessShareLock))
+			if (IdemLaneIsLegacy(p->lane))
 				continue;
+			if (!ConditionalLockRelationOid(p->relid, AccessShareLock))
+			{
+				complete = false;
+				break;
+			}
 			rel = try_relation_open(p->relid, NoLock);
 			if (rel == NULL)
-				continue;
-			if (RelationGetDescr(rel)->natts != Natts_memory ||
-				!IdemFilterFillBegin(ledger, p->relid, p->lane,
-									 (uint64) RelationGetNumberOfBlocks(rel) *
-									 (BLCKSZ / 12), &fill))
+				continue;		/* dropped: nothing to hold */
+			if (RelationGetDescr(rel)->natts != Natts_memory)
 			{
 				relation_close(rel, AccessShareLock);
-				continue;
+				complete = false;
+				break;
 			}
-			scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
-			while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
-			{
-				bool		isnull;
-				bool		role_isnull;
-				Datum		chunk = heap_getattr(tuple, Anum_memory_digests,
-												 RelationGetDescr(rel), &isnull);
-				Datum		role = heap_getattr(tuple, Anum_memory_role,
-												RelationGetDescr(rel), &role_isnull);
+			hint += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12);
+			rels = lappend(rels, rel);
+		}
+		list_free_deep(pieces);
 
-				if (!isnull && !role_isnull)
-					IdemMemoryChunkFill(DatumGetByteaPP(chunk),
-										DatumGetObjectId(role), &fill);
+		/* the pieces this transaction wrote too */
+		CommandCounterIncrement();
+		snapshot = RegisterSnapshot(GetLatestSnapshot());
+		if (complete &&
+			IdemFilterFillBegin(ledger, parent, IDEM_FILTER_MEMORY_LANE, hint,
+								&fill))
+		{
+			foreach(lc, rels)
+			{
+				Relation	rel = (Relation) lfirst(lc);
+				TableScanDesc scan;
+				HeapTuple	tuple;
+
+				CHECK_FOR_INTERRUPTS();
+				scan = table_beginscan(rel, snapshot, 0, NULL);
+				while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+				{
+					bool		isnull;
+					bool		role_isnull;
+					Datum		chunk = heap_getattr(tuple, Anum_memory_digests,
+													 RelationGetDescr(rel), &isnull);
+					Datum		role = heap_getattr(tuple, Anum_memory_role,
+													RelationGetDescr(rel), &role_isnull);
+
+					if (!isnull && !role_isnull)
+						IdemMemoryChunkFill(DatumGetByteaPP(chunk),
+											DatumGetObjectId(role), &fill);
+				}
+				table_endscan(scan);
 			}
-			table_endscan(scan);
-			relation_close(rel, AccessShareLock);
 			if (IdemFilterFillEnd(&fill))
 				built++;
 		}
-		list_free_deep(pieces);
+		UnregisterSnapshot(snapshot);
+		foreach(lc, rels)
+			relation_close((Relation) lfirst(lc), AccessShareLock);
+		list_free(rels);
 	}
 	return built;
 }
@@ -1003,6 +1198,7 @@ IdemMemoryForget(TimestampTz now, int lock_timeout_ms)
 	{
 		List	   *pieces = IdemMemoryPieces(ledger);
 		ListCell   *lc;
+		bool		stale = false;
 
 		foreach(lc, pieces)
 		{
@@ -1011,9 +1207,202 @@ IdemMemoryForget(TimestampTz now, int lock_timeout_ms)
 			CHECK_FOR_INTERRUPTS();
 			if (p->upper <= since &&
 				IdemDropPartition(p->relid, lock_timeout_ms, NULL, NULL))
+			{
 				dropped++;
+				stale = true;
+			}
 		}
 		list_free_deep(pieces);
+
+		/*
+		 * The memory's filter still has the dropped pieces' bits: freed, to
+		 * be filled again from the pieces left (IdemMemoryBuildFilters, later
+		 * in this run); meanwhile calls probe the pieces.
+		 */
+		if (stale)
+			IdemFilterForget(IdemMemoryParent(ledger));
 	}
 	return dropped;
+}
+
+/* ----------------------------------------------------------------
+ * Moving a tenant's memory (memory_transfer.c)
+ * ----------------------------------------------------------------
+ */
+
+/*
+ * IdemMemoryForEach calls fn for every (role, digest) pair the pieces of a
+ * ledger's memory remember after "since", with the instant by which its
+ * key had expired (its piece's upper bound; an imported key's own).  A
+ * piece of a legacy lane (digests of another form) is an error: its keys
+ * could not be found by the new node.
+ */
+void
+IdemMemoryForEach(IdemLedger ledger, TimestampTz since,
+				  IdemMemoryPairFn fn, void *arg)
+{
+	List	   *pieces = IdemMemoryPieces(ledger);
+	ListCell   *lc;
+
+	foreach(lc, pieces)
+	{
+		IdemPartition *p = (IdemPartition *) lfirst(lc);
+		Relation	rel;
+		TableScanDesc scan;
+		HeapTuple	tuple;
+
+		if (p->upper <= since)
+			continue;
+		if (IdemLaneIsLegacy(p->lane))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("cannot export the memory of \"%s.%s\" while it holds keys written before version 0.3.0",
+							IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+					 errdetail("Piece \"%s\" is remembered until idempotency.key_memory after %s.",
+							   get_rel_name(p->relid), timestamptz_to_str(p->upper))));
+		LockRelationOid(p->relid, AccessShareLock);
+		rel = try_relation_open(p->relid, NoLock);
+		if (rel == NULL)
+		{
+			UnlockRelationOid(p->relid, AccessShareLock);
+			continue;
+		}
+		scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+		while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+		{
+			TupleDesc	desc = RelationGetDescr(rel);
+			bool		isnull[3];
+			Datum		chunk = heap_getattr(tuple, Anum_memory_digests, desc, &isnull[0]);
+			Datum		role = heap_getattr(tuple, Anum_memory_role, desc, &isnull[1]);
+			Datum		at = heap_getattr(tuple, Anum_memory_expires_at, desc, &isnull[2]);
+			TimestampTz expired_by = p->upper;
+			const uint8 *data;
+			int			len;
+			int			prefix;
+			int			width;
+			int			i;
+			pg_uuid_t	digest;
+
+			CHECK_FOR_INTERRUPTS();
+			if (isnull[0] || isnull[1] || isnull[2])
+				continue;
+			if (p->lane == IDEM_MEMORY_IMPORT_LANE)
+			{
+				expired_by = DatumGetTimestampTz(at);
+				if (expired_by <= since)
+					continue;
+			}
+			data = (const uint8 *) VARDATA_ANY(DatumGetByteaPP(chunk));
+			len = VARSIZE_ANY_EXHDR(DatumGetByteaPP(chunk));
+			if (len < 1 || data[0] >= IDEM_DIGEST_LEN || len < 1 + data[0])
+				continue;
+			prefix = data[0];
+			width = IDEM_DIGEST_LEN - prefix;
+			memcpy(digest.data, data + 1, prefix);
+			for (i = 0; 1 + prefix + (i + 1) * width <= len; i++)
+			{
+				memcpy(digest.data + prefix, data + 1 + prefix + i * width, width);
+				fn(DatumGetObjectId(role), &digest, expired_by, arg);
+			}
+		}
+		table_endscan(scan);
+		relation_close(rel, AccessShareLock);
+	}
+	list_free_deep(pieces);
+}
+
+/*
+ * IdemMemoryImport remembers the role's digest, whose key had expired by
+ * "expired_by" on another node, for idempotency.key_memory after that,
+ * unless this node remembers it already (or it is past the memory).  The
+ * pair goes into a piece of imported keys (lane IDEM_MEMORY_IMPORT_LANE, a
+ * UTC day wide, made on first use with its index), in a chunk of its own
+ * whose expires_at is expired_by; the memory's filter takes it.  Under the
+ * maintenance lock, taken here: neither a filling of the filter nor a drop
+ * of the piece runs meanwhile.
+ */
+IdemImportOutcome
+IdemMemoryImport(IdemLedger ledger, Oid role, const pg_uuid_t *uuid,
+				 TimestampTz expired_by)
+{
+	TimestampTz now = GetCurrentTimestamp();
+	TimestampTz since = now - (int64) idem_key_memory * USECS_PER_SEC;
+	IdemDigest	digest;
+	LOCKTAG		tag;
+	IdemMemoryCache *cache;
+	IdemPartition piece = {0};
+	bool		have_piece = false;
+	Oid			parent;
+	Relation	rel;
+	IdemMemoryPair pair;
+	int			i;
+
+	if (idem_key_memory <= 0 || expired_by <= since)
+		return IDEM_IMPORT_EXPIRED;
+
+	IdemSetLedgerLockTag(&tag, 0, IDEM_LOCK_MAINTAIN);
+	(void) LockAcquire(&tag, ExclusiveLock, false, false);
+	AcceptInvalidationMessages();
+
+	memset(&digest, 0, sizeof(digest));
+	digest.uuid = *uuid;
+	if (IdemMemoryRecalls(ledger, role, &digest, now))
+		return IDEM_IMPORT_KEPT;
+
+	/* the day's piece of imported keys */
+	piece.lane = IDEM_MEMORY_IMPORT_LANE;
+	piece.lower = expired_by - ((expired_by % USECS_PER_DAY) + USECS_PER_DAY) % USECS_PER_DAY;
+	piece.upper = piece.lower + USECS_PER_DAY;
+	parent = IdemMemoryMakeParent(ledger);
+	cache = IdemGetMemoryCache(ledger);
+	for (i = 0; i < cache->npieces; i++)
+	{
+		if (cache->pieces[i].lane == IDEM_MEMORY_IMPORT_LANE &&
+			cache->pieces[i].lower == piece.lower)
+		{
+			piece = cache->pieces[i];
+			have_piece = true;
+			break;
+		}
+	}
+	if (!have_piece)
+	{
+		char	   *name;
+		char	   *sql;
+		struct pg_tm tm;
+		fsec_t		fsec;
+
+		if (timestamp2tm(piece.lower, NULL, &tm, &fsec, NULL, NULL) != 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_DATETIME_VALUE_OUT_OF_RANGE),
+					 errmsg("timestamp out of range")));
+		name = psprintf("%s_import_%04d%02d%02d", memory_names[ledger],
+						tm.tm_year, tm.tm_mon, tm.tm_mday);
+		sql = psprintf("CREATE TABLE idempotency.%s (LIKE idempotency.%s INCLUDING STORAGE); "
+					   "CREATE INDEX ON idempotency.%s (role, last) "
+					   "WITH (deduplicate_items = off)",
+					   quote_identifier(name), memory_names[ledger],
+					   quote_identifier(name));
+		IdemExecAsOwner(sql, 0);
+		pfree(sql);
+		IdemMemoryAttach(ledger, name, &piece, 0);
+		piece.relid = get_relname_relid(name,
+										get_namespace_oid(IDEM_SCHEMA_NAME, false));
+		if (!OidIsValid(piece.relid))
+			elog(ERROR, "could not find table \"%s.%s\" after creating it",
+				 IDEM_SCHEMA_NAME, name);
+		pfree(name);
+	}
+
+	/* a chunk of the one digest, expiring with it, and its index entry */
+	pair.role = role;
+	pair.digest = *uuid;
+	rel = table_open(piece.relid, RowExclusiveLock);
+	piece.lower = expired_by;	/* the chunk's expires_at */
+	IdemMemoryInsertChunk(rel, &piece, role, &pair, 1, IDEM_DIGEST_LEN - 1,
+						  true);
+	table_close(rel, NoLock);
+	CommandCounterIncrement();
+	IdemFilterAdd(parent, IDEM_FILTER_MEMORY_LANE, role, uuid);
+	return IDEM_IMPORT_INSERTED;
 }

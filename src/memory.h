@@ -20,6 +20,7 @@
 #include "idempotency.h"
 #include "protocol.h"
 #include "storage.h"
+#include "transfer.h"
 
 #include "executor/tuptable.h"
 
@@ -40,12 +41,23 @@ extern int	IdemMemoryForget(TimestampTz now, int lock_timeout_ms);
 extern void IdemMemoryUpkeep(void);
 extern int	IdemMemoryBuildFilters(void);
 
-/* Moving a tenant's memory (transfer.c) */
+/*
+ * Moving a tenant's memory (memory_transfer.c): the pairs the pieces
+ * remember, and a pair imported from another node, kept in a piece of
+ * imported keys, lane IDEM_MEMORY_IMPORT_LANE (a value no ledger lane
+ * takes: no layout has 127 lanes).
+ */
+#define IDEM_MEMORY_IMPORT_LANE		((int16) 0xFF7E)
+typedef void (*IdemMemoryPairFn) (Oid role, const pg_uuid_t *digest,
+								  TimestampTz expired_by, void *arg);
 extern bool IdemMemoryRecalls(IdemLedger ledger, Oid role,
 							  const IdemDigest *digest, TimestampTz now);
 extern Oid	IdemMemoryParent(IdemLedger ledger);
 extern List *IdemMemoryPieces(IdemLedger ledger);
-extern void IdemMemoryImport(IdemLedger ledger, Oid role,
-							 const pg_uuid_t *digest, TimestampTz until);
+extern void IdemMemoryForEach(IdemLedger ledger, TimestampTz since,
+							  IdemMemoryPairFn fn, void *arg);
+extern IdemImportOutcome IdemMemoryImport(IdemLedger ledger, Oid role,
+										  const pg_uuid_t *digest,
+										  TimestampTz expired_by);
 
 #endif							/* IDEMPOTENCY_MEMORY_H */

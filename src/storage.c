@@ -197,7 +197,7 @@ static void IdemInvalidateCache(IdemLedgerCache *cache, Oid relid);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
 static int	IdemRelNatts(Oid relid);
-static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
+static bool IdemReadBound(PartitionBoundSpec *spec, int16 also_lane, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
 static int	IdemOidCmp(const void *a, const void *b);
@@ -555,7 +555,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	 * end: an error while reading (a cancel, a lock timeout) leaves
 	 * nothing behind for the backend's life.
 	 */
-	n = IdemReadPartitions(parent, &parts);
+	n = IdemReadPartitions(parent, 0, &parts);
 
 	/* the OIDs, sorted, for the invalidation callback */
 	relids = palloc(Max(n, 1) * sizeof(Oid));
@@ -595,7 +595,7 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
  * out.
  */
 int
-IdemReadPartitions(Oid parent, IdemPartition **out)
+IdemReadPartitions(Oid parent, int16 also_lane, IdemPartition **out)
 {
 	Relation	inhrel;
 	SysScanDesc scan;
@@ -636,7 +636,7 @@ IdemReadPartitions(Oid parent, IdemPartition **out)
 		spec = (PartitionBoundSpec *) stringToNode(TextDatumGetCString(datum));
 		ReleaseSysCache(reltup);
 		if (!IsA(spec, PartitionBoundSpec) ||
-			!IdemReadBound(spec, &p.lane, &p.lower, &p.upper))
+			!IdemReadBound(spec, also_lane, &p.lane, &p.lower, &p.upper))
 			continue;
 		p.relid = inh->inhrelid;
 
@@ -707,11 +707,12 @@ IdemSetLedgerCache(IdemLedgerCache *cache, Oid parent, IdemPartition *parts,
 
 /*
  * IdemReadBound extracts (lane, lower, upper) from a range bound of the form
- * FROM (lane, lower) TO (lane, upper).  Returns false for any other shape.
+ * FROM (lane, lower) TO (lane, upper).  Returns false for any other shape,
+ * or a lane value no layout has, unless it is "also_lane" (0: none).
  */
 static bool
-IdemReadBound(PartitionBoundSpec *spec, int16 *lane, TimestampTz *lower,
-			  TimestampTz *upper)
+IdemReadBound(PartitionBoundSpec *spec, int16 also_lane, int16 *lane,
+			  TimestampTz *lower, TimestampTz *upper)
 {
 	PartitionRangeDatum *lo_lane,
 			   *lo_time,
@@ -742,6 +743,8 @@ IdemReadBound(PartitionBoundSpec *spec, int16 *lane, TimestampTz *lower,
 	*lane = DatumGetInt16(castNode(Const, lo_lane->value)->constvalue);
 	*lower = DatumGetTimestampTz(castNode(Const, lo_time->value)->constvalue);
 	*upper = DatumGetTimestampTz(castNode(Const, hi_time->value)->constvalue);
+	if (also_lane != 0 && *lane == also_lane)
+		return true;
 	return IdemLaneLanes(*lane) >= 1 && IdemLaneLanes(*lane) <= IDEM_MAX_LANES &&
 		IdemLaneNumber(*lane) < IdemLaneLanes(*lane) &&
 		!(IdemLaneIsLegacy(*lane) && IdemLaneIsFar(*lane)) &&
