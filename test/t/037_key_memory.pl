@@ -107,15 +107,21 @@ ok( poll_until(
 				          WHERE datname = 'src'}) eq 't';
 		}),
 	'the worker maintained src once since the restart');
-# the worker's round gave the pieces their digest filters again (shared
-# memory starts empty), built from their chunks: the answers stay
+# the worker's round gave the memory of each ledger its digest filter again
+# (shared memory starts empty; one filter for all the pieces), built from
+# the chunks: the answers stay
 is( $node->safe_psql(
 		'src', q{SELECT count(*) FILTER (WHERE f.state = 'ready') || ' of ' || count(*)
-		           FROM pg_inherits i
-		           LEFT JOIN idempotency.filter_info() f ON f.partition = i.inhrelid
+		           FROM (VALUES ('idempotency.keys_memory'::regclass),
+		                        ('idempotency.messages_memory'::regclass)) m (t)
+		           LEFT JOIN idempotency.filter_info() f ON f.partition = m.t}),
+	'2 of 2', 'the memory of each ledger has a READY filter after the restart');
+is( $node->safe_psql(
+		'src', q{SELECT count(*) FROM idempotency.filter_info() f
+		           JOIN pg_inherits i ON i.inhrelid = f.partition
 		          WHERE i.inhparent IN ('idempotency.keys_memory'::regclass,
 		                                'idempotency.messages_memory'::regclass)}),
-	'2 of 2', 'every piece of the memory has a READY filter after the restart');
+	'0', 'and no piece has a filter of its own');
 is($node->safe_psql('src', $answers_sql), 'expired expired false claimed',
 	'the filters rebuilt from the pieces keep the answers');
 
@@ -171,6 +177,62 @@ is( $node->safe_psql(
 		'dst', q{SELECT count(*) FROM pg_class
 		          WHERE relname LIKE 'keys\_memory%' OR relname LIKE 'messages\_memory%'}),
 	'0', 'DROP EXTENSION takes the memory tables with it');
+
+# ------------------------------------ 2b. the filter filled again in a run
+# One maintenance run writes a new piece (a partition dropped into the
+# memory) and drops an old one (the memory has passed for it): it frees
+# the memory's filter, whose bits the dropped piece would keep, and fills
+# it again from the pieces, the one its own transaction wrote included. A
+# filter filled without that piece rules out its key: "claimed".
+$node->safe_psql('postgres', 'CREATE DATABASE refill');
+$node->safe_psql('refill', 'CREATE EXTENSION idempotency');
+ok( poll_until(
+		"the worker's first round in refill",
+		sub {
+			$node->safe_psql(
+				'refill', q{SELECT coalesce(maintenance_runs, 0) > 0 FROM idempotency.stats
+				             WHERE datname = 'refill'}) eq 't';
+		}),
+	'the worker maintained refill once (it sleeps an hour after)');
+is( $node->safe_psql(
+		'refill', q{
+SET idempotency.partition_interval = '1s';
+SET idempotency.key_ttl = '1s';
+SET idempotency.premake = 0;
+SET idempotency.key_memory = '3s';
+CREATE FUNCTION pg_temp.remember(k text) RETURNS timestamptz LANGUAGE plpgsql AS $$
+BEGIN
+  PERFORM idem_claim(k, ttl => '1 second');
+  PERFORM idem_complete(k, 200);
+  RETURN (SELECT p.upper_bound FROM idempotency.partitions p
+           WHERE p.partition = (SELECT k2.tableoid FROM idempotency.keys k2
+                                 WHERE k2.expires_at > now() ORDER BY k2.expires_at DESC LIMIT 1));
+END $$;
+CREATE FUNCTION pg_temp.wait_until(t timestamptz) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+  WHILE clock_timestamp() <= t LOOP
+    PERFORM pg_sleep(0.05);
+  END LOOP;
+END $$;
+SELECT pg_temp.remember('first') AS first_ends \gset
+SELECT pg_temp.wait_until(:'first_ends') \gset
+SELECT count(*) AS n FROM idem_maintain() \gset
+-- the filter, of the first piece alone
+SELECT count(*) AS n FROM idem_maintain() \gset
+SELECT pg_temp.remember('second') AS second_ends \gset
+SELECT pg_temp.wait_until(:'second_ends') \gset
+-- the memory passes for the first piece (its range is its partition's)
+SELECT pg_temp.wait_until(:'first_ends'::timestamptz + interval '3.1 seconds') \gset
+SELECT partitions_dropped AS n FROM idem_maintain() \gset
+SELECT (SELECT count(*) FROM pg_inherits
+         WHERE inhparent = 'idempotency.keys_memory'::regclass) || ' '
+    || (SELECT state FROM idempotency.filter_info()
+         WHERE partition = 'idempotency.keys_memory'::regclass) || ' '
+    || (SELECT status FROM idem_claim('second', ttl => '1 second', lease => '1 second')) || ' '
+    || (SELECT status FROM idem_claim('first', ttl => '1 second', lease => '1 second'));
+}),
+	'1 ready expired claimed',
+	'a run that writes a piece and drops one fills the filter again with the new piece');
 
 # ------------------------------------------------- 3. the update from 0.4.0
 # A database on 0.4.0 (no memory there) whose key and message id expired
