@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(85);
+SELECT plan(91);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -168,6 +168,22 @@ SELECT is((SELECT count(*)::int FROM pg_class AS c, aclexplode(c.relacl) AS a
                                 'outbox_dead_letters', 'outbox_xid_base')
               AND a.grantee <> c.relowner), 0,
           'the outbox''s tables and sequence are granted to nobody');
+
+-- Moving the key memory (0.5.0): executable by superusers and grantees only
+SELECT has_function('idempotency', 'export_key_memory', ARRAY['text[]'],
+                    'idempotency.export_key_memory(text[]) exists');
+SELECT has_function('idempotency', 'import_key_memory', ARRAY['record'],
+                    'idempotency.import_key_memory(record) exists');
+SELECT has_function('idempotency', 'export_message_memory', ARRAY['text[]'],
+                    'idempotency.export_message_memory(text[]) exists');
+SELECT has_function('idempotency', 'import_message_memory', ARRAY['record'],
+                    'idempotency.import_message_memory(record) exists');
+SELECT has_type('idempotency', 'memory_record', 'type idempotency.memory_record exists');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_key_memory(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_key_memory(record)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_message_memory(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_message_memory(record)', 'EXECUTE'),
+          'an ordinary role cannot export or import the key memory');
 
 ----------------------------------------------------------------------------
 -- Storage table, made on first use
