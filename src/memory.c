@@ -135,6 +135,15 @@
  */
 #define IDEM_MEMORY_INDEX_PAGES		16
 
+/*
+ * The memory's filter is made for this many times the pairs its pieces
+ * hold: a false positive costs a probe of every piece of the key's lane
+ * (29 with a month of daily pieces), not of one partition, so it is made
+ * at 20 bits a pair (about 0.03 % false positives) rather than at the
+ * partitions' 10 (about 1 %): 2.5 bytes of filter memory a pair.
+ */
+#define IDEM_MEMORY_FILTER_SLACK	2
+
 int			idem_key_memory = 0;
 
 /* The memory table of each ledger */
@@ -1112,7 +1121,8 @@ IdemMemoryBuildFilters(void)
 				complete = false;
 				break;
 			}
-			hint += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12);
+			hint += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12) *
+				IDEM_MEMORY_FILTER_SLACK;
 			rels = lappend(rels, rel);
 		}
 		list_free_deep(pieces);
