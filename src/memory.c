@@ -1085,11 +1085,12 @@ IdemMemoryBuildFilters(void)
 	int			built = 0;
 	int			ledger;
 
+	/* the pieces this transaction wrote too */
+	CommandCounterIncrement();
 	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
 	{
 		Oid			parent = IdemMemoryParent(ledger);
 		List	   *pieces;
-		List	   *rels = NIL;
 		ListCell   *lc;
 		uint64		hint = 0;
 		bool		complete = true;
@@ -1100,6 +1101,13 @@ IdemMemoryBuildFilters(void)
 		if (!OidIsValid(parent) || IdemFilterIsReady(parent))
 			continue;
 		pieces = IdemMemoryPieces(ledger);
+
+		/*
+		 * The filter's size, from the pieces' pages.  Nothing writes or
+		 * drops a piece but under the maintenance lock, which the caller
+		 * holds: the pieces stay as they are until the filling has read
+		 * them, each under a lock of its own, one at a time.
+		 */
 		foreach(lc, pieces)
 		{
 			IdemPartition *p = (IdemPartition *) lfirst(lc);
@@ -1114,56 +1122,75 @@ IdemMemoryBuildFilters(void)
 			}
 			rel = try_relation_open(p->relid, NoLock);
 			if (rel == NULL)
+			{
+				UnlockRelationOid(p->relid, AccessShareLock);
 				continue;		/* dropped: nothing to hold */
+			}
+			hint += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12) *
+				IDEM_MEMORY_FILTER_SLACK;
+			relation_close(rel, AccessShareLock);
+		}
+		if (!complete ||
+			!IdemFilterFillBegin(ledger, parent, IDEM_FILTER_MEMORY_LANE, hint,
+								 &fill))
+		{
+			list_free_deep(pieces);
+			continue;
+		}
+
+		snapshot = RegisterSnapshot(GetLatestSnapshot());
+		foreach(lc, pieces)
+		{
+			IdemPartition *p = (IdemPartition *) lfirst(lc);
+			Relation	rel;
+			TableScanDesc scan;
+			HeapTuple	tuple;
+
+			CHECK_FOR_INTERRUPTS();
+			if (IdemLaneIsLegacy(p->lane))
+				continue;
+			if (!ConditionalLockRelationOid(p->relid, AccessShareLock))
+			{
+				complete = false;
+				break;
+			}
+			rel = try_relation_open(p->relid, NoLock);
+			if (rel == NULL)
+			{
+				UnlockRelationOid(p->relid, AccessShareLock);
+				continue;
+			}
 			if (RelationGetDescr(rel)->natts != Natts_memory)
 			{
 				relation_close(rel, AccessShareLock);
 				complete = false;
 				break;
 			}
-			hint += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12) *
-				IDEM_MEMORY_FILTER_SLACK;
-			rels = lappend(rels, rel);
-		}
-		list_free_deep(pieces);
-
-		/* the pieces this transaction wrote too */
-		CommandCounterIncrement();
-		snapshot = RegisterSnapshot(GetLatestSnapshot());
-		if (complete &&
-			IdemFilterFillBegin(ledger, parent, IDEM_FILTER_MEMORY_LANE, hint,
-								&fill))
-		{
-			foreach(lc, rels)
+			scan = table_beginscan(rel, snapshot, 0, NULL);
+			while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 			{
-				Relation	rel = (Relation) lfirst(lc);
-				TableScanDesc scan;
-				HeapTuple	tuple;
+				bool		isnull;
+				bool		role_isnull;
+				Datum		chunk = heap_getattr(tuple, Anum_memory_digests,
+												 RelationGetDescr(rel), &isnull);
+				Datum		role = heap_getattr(tuple, Anum_memory_role,
+												RelationGetDescr(rel), &role_isnull);
 
-				CHECK_FOR_INTERRUPTS();
-				scan = table_beginscan(rel, snapshot, 0, NULL);
-				while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
-				{
-					bool		isnull;
-					bool		role_isnull;
-					Datum		chunk = heap_getattr(tuple, Anum_memory_digests,
-													 RelationGetDescr(rel), &isnull);
-					Datum		role = heap_getattr(tuple, Anum_memory_role,
-													RelationGetDescr(rel), &role_isnull);
-
-					if (!isnull && !role_isnull)
-						IdemMemoryChunkFill(DatumGetByteaPP(chunk),
-											DatumGetObjectId(role), &fill);
-				}
-				table_endscan(scan);
+				if (!isnull && !role_isnull)
+					IdemMemoryChunkFill(DatumGetByteaPP(chunk),
+										DatumGetObjectId(role), &fill);
 			}
-			if (IdemFilterFillEnd(&fill))
-				built++;
+			table_endscan(scan);
+			relation_close(rel, AccessShareLock);
 		}
 		UnregisterSnapshot(snapshot);
-		foreach(lc, rels)
-			relation_close((Relation) lfirst(lc), AccessShareLock);
-		list_free(rels);
+		list_free_deep(pieces);
+
+		/* a filter missing a piece would rule out its keys: none */
+		if (!complete)
+			IdemFilterForget(parent);
+		else if (IdemFilterFillEnd(&fill))
+			built++;
 	}
 	return built;
 }
