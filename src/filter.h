@@ -111,6 +111,16 @@ extern void IdemFilterForget(Oid relid);
  * the pieces: only the extension writes them.
  */
 #define IDEM_FILTER_MEMORY_LANE		((int16) 0xFF7F)
+
+/*
+ * Without shared filters (the library not preloaded, or filter_memory 0),
+ * a backend keeps its own filter of the memory (memory.c), keyed like the
+ * shared ones: IdemFilterKeyedItem gives what it holds of a pair, false
+ * when there is no secret to key it with.
+ */
+extern bool IdemFiltersShared(void);
+extern bool IdemFilterKeyedItem(Oid role, const pg_uuid_t *digest,
+								uint64 *secret_id, uint64 *item);
 typedef struct IdemFilterFill
 {
 	int			slot;			/* -1: no filter */

@@ -1117,6 +1117,27 @@ IdemFilterItem(Oid role, const pg_uuid_t *digest, uint64 secret_id)
  * ----------------------------------------------------------------
  */
 
+/* IdemFiltersShared: are there shared filters in this backend? */
+bool
+IdemFiltersShared(void)
+{
+	return idem_filter_shared != NULL;
+}
+
+/*
+ * IdemFilterKeyedItem sets *item to what a filter holds of the pair, under
+ * the database's secret (*secret_id names it); false if there is none.
+ */
+bool
+IdemFilterKeyedItem(Oid role, const pg_uuid_t *digest, uint64 *secret_id,
+					uint64 *item)
+{
+	if (!IdemFilterKeyed(secret_id))
+		return false;
+	*item = IdemFilterItem(role, digest, *secret_id);
+	return true;
+}
+
 /*
  * IdemFilterRulesOut: is it certain that partition "relid" (of lane value
  * "lane") holds no row of this role with this digest?  False whenever that

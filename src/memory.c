@@ -153,6 +153,23 @@ static const char *const memory_names[IDEM_NUM_LEDGERS] = {
 };
 
 /*
+ * A backend's own filter of a ledger's memory, without shared filters
+ * (IdemMemoryLocalBuild): a blocked Bloom filter of 512-bit blocks, 7 bits
+ * a pair in one block, 20 bits a pair, keyed like the shared ones.
+ */
+typedef struct IdemMemoryLocalFilter
+{
+	bool		valid;			/* built for the cache's pieces */
+	bool		usable;			/* false: too large, or no secret */
+	uint64		secret_id;
+	uint32		nblocks;		/* a power of two */
+	uint64	   *words;			/* nblocks * 8 */
+} IdemMemoryLocalFilter;
+
+/* at most this many pairs in a backend's own filter (2.5 MB) */
+#define IDEM_MEMORY_LOCAL_MAX_PAIRS	1000000
+
+/*
  * The pieces of each memory table, read from the catalogs like the
  * ledgers' partitions (IdemReadPartitions) and kept until a relcache
  * invalidation of the table (sent by ATTACH and DROP of a piece).
@@ -165,6 +182,7 @@ typedef struct IdemMemoryCache
 	int			npieces;
 	IdemPartition *pieces;		/* sorted by (lane, lower) */
 	bool		has_legacy;		/* a piece of a legacy lane (no filter) */
+	IdemMemoryLocalFilter local;	/* of these pieces */
 } IdemMemoryCache;
 
 static IdemMemoryCache memory_cache[IDEM_NUM_LEDGERS];
@@ -179,6 +197,10 @@ typedef struct IdemMemoryPair
 
 static void IdemMemoryRelcacheCallback(Datum arg, Oid relid);
 static IdemMemoryCache *IdemGetMemoryCache(IdemLedger ledger);
+static bool IdemMemoryLocalRulesOut(IdemLedger ledger, Oid role,
+									const pg_uuid_t *digest);
+static void IdemMemoryLocalBuild(IdemLedger ledger);
+static uint64 IdemMemoryLocalMix(uint64 x);
 static Oid	IdemMemoryMakeParent(IdemLedger ledger);
 static bool IdemMemoryLaneOf(const IdemDigest *digest, int16 lane,
 							 pg_uuid_t *form);
@@ -274,6 +296,9 @@ IdemGetMemoryCache(IdemLedger ledger)
 	cache->pieces = NULL;
 	cache->npieces = 0;
 	cache->has_legacy = false;
+	if (cache->local.words != NULL)
+		pfree(cache->local.words);
+	memset(&cache->local, 0, sizeof(cache->local));
 	if (n > 0)
 	{
 		int			i;
@@ -497,8 +522,12 @@ IdemMemoryRecalls(IdemLedger ledger, Oid role, const IdemDigest *digest,
 	cache = IdemGetMemoryCache(ledger);
 	if (cache->npieces == 0)
 		return false;
-	ruled_out = IdemFilterRulesOut(cache->parent, IDEM_FILTER_MEMORY_LANE,
-								   role, &digest->uuid);
+	if (IdemFiltersShared())
+		ruled_out = IdemFilterRulesOut(cache->parent, IDEM_FILTER_MEMORY_LANE,
+									   role, &digest->uuid);
+	else
+		ruled_out = IdemMemoryLocalRulesOut(ledger, role, &digest->uuid);
+	cache = IdemGetMemoryCache(ledger);
 	if (ruled_out && !cache->has_legacy)
 		return false;
 
@@ -525,6 +554,192 @@ IdemMemoryRecalls(IdemLedger ledger, Oid role, const IdemDigest *digest,
 	}
 	pfree(parts);
 	return found;
+}
+
+/*
+ * IdemMemoryLocalRulesOut, without shared filters: does this backend's own
+ * filter of the ledger's memory rule the pair out?  The filter is built on
+ * first use after the pieces' cache was read (a piece attached, dropped or
+ * imported into sends an invalidation of the memory table, which throws
+ * both away), so that a never-seen key costs one test here too; the
+ * build reads every piece once per backend and per change of the memory.
+ */
+static bool
+IdemMemoryLocalRulesOut(IdemLedger ledger, Oid role, const pg_uuid_t *digest)
+{
+	IdemMemoryCache *cache = IdemGetMemoryCache(ledger);
+	IdemMemoryLocalFilter *f;
+	uint64		secret_id;
+	uint64		item;
+	uint64		h;
+	const uint64 *block;
+	int			i;
+
+	if (!cache->local.valid)
+		IdemMemoryLocalBuild(ledger);
+	cache = IdemGetMemoryCache(ledger);
+	f = &cache->local;
+	if (!f->valid || !f->usable ||
+		!IdemFilterKeyedItem(role, digest, &secret_id, &item) ||
+		secret_id != f->secret_id)
+		return false;
+	h = IdemMemoryLocalMix(item);
+	block = f->words + (Size) (h & (f->nblocks - 1)) * 8;
+	for (i = 0; i < 7; i++)
+	{
+		uint32		bit = (uint32) (item >> (9 * i)) & 511;
+
+		if ((block[bit >> 6] & ((uint64) 1 << (bit & 63))) == 0)
+			return true;
+	}
+	return false;
+}
+
+/* MurmurHash3's 64-bit finalizer: the block, from other bits of the item */
+static uint64
+IdemMemoryLocalMix(uint64 x)
+{
+	x ^= x >> 33;
+	x *= UINT64CONST(0xFF51AFD7ED558CCD);
+	x ^= x >> 33;
+	x *= UINT64CONST(0xC4CEB9FE1A85EC53);
+	x ^= x >> 33;
+	return x;
+}
+
+/*
+ * IdemMemoryLocalBuild builds this backend's filter of a ledger's memory
+ * from the chunks of its pieces of current lanes, under a snapshot taken
+ * now.  Left unusable if the pieces hold more than
+ * IDEM_MEMORY_LOCAL_MAX_PAIRS (calls probe them), if there is no secret,
+ * or if a piece cannot be read; not valid (built again by the next call)
+ * if the pieces' cache was read again meanwhile.
+ */
+static void
+IdemMemoryLocalBuild(IdemLedger ledger)
+{
+	IdemMemoryCache *cache = IdemGetMemoryCache(ledger);
+	uint64		generation = cache->invalidations;
+	List	   *pieces = IdemMemoryPieces(ledger);
+	List	   *rels = NIL;
+	ListCell   *lc;
+	uint64		pairs = 0;
+	uint64		secret_id;
+	uint64		item;
+	uint32		nblocks = 1;
+	uint64	   *words = NULL;
+	bool		usable = true;
+	Snapshot	snapshot;
+	pg_uuid_t	zero = {{0}};
+
+	if (!IdemFilterKeyedItem(InvalidOid, &zero, &secret_id, &item))
+		usable = false;
+	foreach(lc, pieces)
+	{
+		IdemPartition *p = (IdemPartition *) lfirst(lc);
+		Relation	rel;
+
+		if (!usable)
+			break;
+		if (IdemLaneIsLegacy(p->lane))
+			continue;
+		LockRelationOid(p->relid, AccessShareLock);
+		rel = try_relation_open(p->relid, NoLock);
+		if (rel == NULL)
+		{
+			UnlockRelationOid(p->relid, AccessShareLock);
+			continue;
+		}
+		if (RelationGetDescr(rel)->natts != Natts_memory)
+		{
+			relation_close(rel, AccessShareLock);
+			usable = false;
+			break;
+		}
+		pairs += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12);
+		rels = lappend(rels, rel);
+	}
+	if (pairs > IDEM_MEMORY_LOCAL_MAX_PAIRS)
+		usable = false;
+	if (usable)
+	{
+		while ((uint64) nblocks * 512 < pairs * 20)
+			nblocks *= 2;
+		words = MemoryContextAllocZero(IdemMemoryContext,
+									   (Size) nblocks * 8 * sizeof(uint64));
+		snapshot = RegisterSnapshot(GetLatestSnapshot());
+		foreach(lc, rels)
+		{
+			Relation	rel = (Relation) lfirst(lc);
+			TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
+			HeapTuple	tuple;
+
+			while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
+			{
+				TupleDesc	desc = RelationGetDescr(rel);
+				bool		isnull[2];
+				Datum		chunk = heap_getattr(tuple, Anum_memory_digests, desc, &isnull[0]);
+				Datum		role = heap_getattr(tuple, Anum_memory_role, desc, &isnull[1]);
+				const uint8 *data;
+				int			len;
+				int			prefix;
+				int			width;
+				int			i;
+				pg_uuid_t	digest;
+
+				CHECK_FOR_INTERRUPTS();
+				if (isnull[0] || isnull[1])
+					continue;
+				data = (const uint8 *) VARDATA_ANY(DatumGetByteaPP(chunk));
+				len = VARSIZE_ANY_EXHDR(DatumGetByteaPP(chunk));
+				if (len < 1 || data[0] >= IDEM_DIGEST_LEN || len < 1 + data[0])
+					continue;
+				prefix = data[0];
+				width = IDEM_DIGEST_LEN - prefix;
+				memcpy(digest.data, data + 1, prefix);
+				for (i = 0; 1 + prefix + (i + 1) * width <= len; i++)
+				{
+					uint64		h;
+					uint64	   *block;
+					int			k;
+
+					memcpy(digest.data + prefix, data + 1 + prefix + i * width, width);
+					(void) IdemFilterKeyedItem(DatumGetObjectId(role), &digest,
+											   &secret_id, &item);
+					h = IdemMemoryLocalMix(item);
+					block = words + (Size) (h & (nblocks - 1)) * 8;
+					for (k = 0; k < 7; k++)
+					{
+						uint32		bit = (uint32) (item >> (9 * k)) & 511;
+
+						block[bit >> 6] |= (uint64) 1 << (bit & 63);
+					}
+				}
+			}
+			table_endscan(scan);
+		}
+		UnregisterSnapshot(snapshot);
+	}
+	foreach(lc, rels)
+		relation_close((Relation) lfirst(lc), AccessShareLock);
+	list_free(rels);
+	list_free_deep(pieces);
+
+	/* the pieces' cache read again meanwhile: built for other pieces */
+	cache = IdemGetMemoryCache(ledger);
+	if (cache->invalidations != generation || !cache->valid)
+	{
+		if (words != NULL)
+			pfree(words);
+		return;
+	}
+	if (cache->local.words != NULL)
+		pfree(cache->local.words);
+	cache->local.words = words;
+	cache->local.nblocks = nblocks;
+	cache->local.secret_id = secret_id;
+	cache->local.usable = usable;
+	cache->local.valid = true;
 }
 
 /*
@@ -1439,6 +1654,8 @@ IdemMemoryImport(IdemLedger ledger, Oid role, const pg_uuid_t *uuid,
 	IdemMemoryInsertChunk(rel, &piece, role, &pair, 1, IDEM_DIGEST_LEN - 1,
 						  true);
 	table_close(rel, NoLock);
+	/* the backends' own filters of the memory are built again */
+	CacheInvalidateRelcacheByRelid(parent);
 	CommandCounterIncrement();
 	IdemFilterAdd(parent, IDEM_FILTER_MEMORY_LANE, role, uuid);
 	return IDEM_IMPORT_INSERTED;
