@@ -42,8 +42,12 @@
  * maintenance (IdemMemoryBuildFilters) and given the pairs of each piece
  * written since: a key no piece holds is ruled out with one test, however
  * many pieces there are; a piece dropped leaves its bits until maintenance
- * fills the filter again.  A filter only rules out, a "maybe" is answered
- * by the probes.  The role leads every chunk's key, as in the ledgers
+ * fills the filter again.  Without shared filters (not preloaded, or
+ * filter_memory 0) each backend builds a filter of its own from the
+ * pieces on first use (IdemMemoryLocalBuild) and throws it away with the
+ * pieces' cache, which every ATTACH, DROP or import of a piece
+ * invalidates.  A filter only rules out, a "maybe" is answered by the
+ * probes.  The role leads every chunk's key, as in the ledgers
  * (doc/design.md, "Who holds what"): one role's probe never returns,
  * fetches or searches another role's chunk.
  *
@@ -166,8 +170,11 @@ typedef struct IdemMemoryLocalFilter
 	uint64	   *words;			/* nblocks * 8 */
 } IdemMemoryLocalFilter;
 
-/* at most this many pairs in a backend's own filter (2.5 MB) */
-#define IDEM_MEMORY_LOCAL_MAX_PAIRS	1000000
+/*
+ * At most this many pairs in a backend's own filter: 1.25 MB, and about
+ * 280 million instructions to build (560 a pair, most of it SipHash)
+ */
+#define IDEM_MEMORY_LOCAL_MAX_PAIRS	500000
 
 /*
  * The pieces of each memory table, read from the catalogs like the
