@@ -119,6 +119,7 @@ extern void IdemFilterForget(Oid relid);
  * when there is no secret to key it with.
  */
 extern bool IdemFiltersShared(void);
+extern int64 IdemFilterPairs(Oid relid);
 extern bool IdemFilterKeyedItem(Oid role, const pg_uuid_t *digest,
 								uint64 *secret_id, uint64 *item);
 typedef struct IdemFilterFill

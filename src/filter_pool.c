@@ -1117,6 +1117,31 @@ IdemFilterItem(Oid role, const pg_uuid_t *digest, uint64 secret_id)
  * ----------------------------------------------------------------
  */
 
+/*
+ * IdemFilterPairs: how many pairs the READY filter of relation "relid" has
+ * taken (those of rows or pieces gone included); -1 if it has none READY.
+ */
+int64
+IdemFilterPairs(Oid relid)
+{
+	IdemFilterSlot *slot;
+	uint64		incarnation;
+	uint32		nseg;
+	uint32		s;
+	int64		n = 0;
+
+	if (idem_filter_shared == NULL)
+		return -1;
+	slot = IdemFilterFind(relid, &incarnation);
+	if (slot == NULL || pg_atomic_read_u32(&slot->state) != IDEM_FILTER_READY)
+		return -1;
+	nseg = Min(pg_atomic_read_u32(&slot->nsegments), IDEM_FILTER_MAX_SEGMENTS);
+	pg_read_barrier();
+	for (s = 0; s < nseg; s++)
+		n += Min(pg_atomic_read_u32(&slot->seg[s].count), slot->seg[s].capacity);
+	return n;
+}
+
 /* IdemFiltersShared: are there shared filters in this backend? */
 bool
 IdemFiltersShared(void)

@@ -193,6 +193,9 @@ typedef struct IdemMemoryCache
 } IdemMemoryCache;
 
 static IdemMemoryCache memory_cache[IDEM_NUM_LEDGERS];
+
+/* this maintenance run dropped a piece of the ledger's memory */
+static bool memory_dropped[IDEM_NUM_LEDGERS];
 static MemoryContext IdemMemoryContext = NULL;
 
 /* One remembered pair, while a piece is being written */
@@ -208,6 +211,7 @@ static bool IdemMemoryLocalRulesOut(IdemLedger ledger, Oid role,
 									const pg_uuid_t *digest);
 static void IdemMemoryLocalBuild(IdemLedger ledger);
 static uint64 IdemMemoryLocalMix(uint64 x);
+static uint64 IdemMemoryPairsEstimate(IdemLedger ledger);
 static Oid	IdemMemoryMakeParent(IdemLedger ledger);
 static bool IdemMemoryLaneOf(const IdemDigest *digest, int16 lane,
 							 pg_uuid_t *form);
@@ -1294,9 +1298,10 @@ IdemMemoryInsertChunk(Relation rel, const IdemPartition *piece, Oid role,
 /*
  * IdemMemoryBuildFilters, from IdemFilterBuildDatabase (each maintenance
  * run, under the maintenance lock): fills the filter of each ledger's
- * memory that has none READY (after a restart, after pieces were dropped
- * (IdemMemoryForget), or after an external write that made the database's
- * filters UNUSABLE) from the chunks of all its pieces of current lanes,
+ * memory that has none READY (after a restart, or after an external write
+ * that made the database's filters UNUSABLE), or whose pairs are a third or
+ * more of pieces dropped since it was filled, from the chunks of all its
+ * pieces of current lanes,
  * those this transaction wrote included.  If a piece cannot be read at
  * once, the filter is left for the next run: a filter missing a piece
  * would rule out its keys.  Returns how many filters became READY.
@@ -1320,8 +1325,23 @@ IdemMemoryBuildFilters(void)
 		Snapshot	snapshot;
 
 		CHECK_FOR_INTERRUPTS();
-		if (!OidIsValid(parent) || IdemFilterIsReady(parent))
+		if (!OidIsValid(parent))
 			continue;
+		if (IdemFilterIsReady(parent))
+		{
+			/*
+			 * Filled again once a third of its pairs or more are of pieces
+			 * dropped since (the pieces' pairs estimated from their pages at
+			 * 12 bytes a pair, which they take at most), in a run that drops
+			 * no piece: none is then locked by this transaction while calls
+			 * probe the pieces, until it is READY again.
+			 */
+			if (memory_dropped[ledger] ||
+				(double) IdemFilterPairs(parent) <=
+				1.5 * (double) IdemMemoryPairsEstimate(ledger))
+				continue;
+			IdemFilterForget(parent);
+		}
 		pieces = IdemMemoryPieces(ledger);
 
 		/*
@@ -1414,7 +1434,41 @@ IdemMemoryBuildFilters(void)
 		else if (IdemFilterFillEnd(&fill))
 			built++;
 	}
+	memset(memory_dropped, 0, sizeof(memory_dropped));
 	return built;
+}
+
+/*
+ * IdemMemoryPairsEstimate: about how many pairs the pieces of current lanes
+ * of a ledger's memory hold, from their pages (12 bytes a pair); a piece
+ * whose lock cannot be had at once counts as none.
+ */
+static uint64
+IdemMemoryPairsEstimate(IdemLedger ledger)
+{
+	List	   *pieces = IdemMemoryPieces(ledger);
+	ListCell   *lc;
+	uint64		pairs = 0;
+
+	foreach(lc, pieces)
+	{
+		IdemPartition *p = (IdemPartition *) lfirst(lc);
+		Relation	rel;
+
+		if (IdemLaneIsLegacy(p->lane) ||
+			!ConditionalLockRelationOid(p->relid, AccessShareLock))
+			continue;
+		rel = try_relation_open(p->relid, NoLock);
+		if (rel == NULL)
+		{
+			UnlockRelationOid(p->relid, AccessShareLock);
+			continue;
+		}
+		pairs += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12);
+		relation_close(rel, AccessShareLock);
+	}
+	list_free_deep(pieces);
+	return pairs;
 }
 
 /* IdemMemoryChunkFill adds every digest of a chunk to a filter */
@@ -1474,12 +1528,13 @@ IdemMemoryForget(TimestampTz now, int lock_timeout_ms)
 		list_free_deep(pieces);
 
 		/*
-		 * The memory's filter still has the dropped pieces' bits: freed, to
-		 * be filled again from the pieces left (IdemMemoryBuildFilters, later
-		 * in this run); meanwhile calls probe the pieces.
+		 * The memory's filter keeps the dropped pieces' bits (they rule out
+		 * nothing they should not): freeing it now would have every call
+		 * probe the pieces, and wait for this transaction on the ones it
+		 * drops.  IdemMemoryBuildFilters fills it again in a later run.
 		 */
 		if (stale)
-			IdemFilterForget(IdemMemoryParent(ledger));
+			memory_dropped[ledger] = true;
 	}
 	return dropped;
 }

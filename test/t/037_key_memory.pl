@@ -178,12 +178,14 @@ is( $node->safe_psql(
 		          WHERE relname LIKE 'keys\_memory%' OR relname LIKE 'messages\_memory%'}),
 	'0', 'DROP EXTENSION takes the memory tables with it');
 
-# ------------------------------------ 2b. the filter filled again in a run
-# One maintenance run writes a new piece (a partition dropped into the
-# memory) and drops an old one (the memory has passed for it): it frees
-# the memory's filter, whose bits the dropped piece would keep, and fills
-# it again from the pieces, the one its own transaction wrote included. A
-# filter filled without that piece rules out its key: "claimed".
+# ------------------------------------------ 2b. the memory's filter in a run
+# The run that writes the memory's first piece (a partition dropped into
+# it) fills the memory's filter from the pieces, the one its own
+# transaction wrote included: a filter filled without it rules out its
+# key ("claimed").  A later run writes a new piece and drops the first
+# (the memory has passed for it): the filter keeps the dropped piece's
+# bits (freeing it would have calls probe the pieces, and wait for the
+# run's transaction on the one it drops) and takes the new piece's pairs.
 $node->safe_psql('postgres', 'CREATE DATABASE refill');
 $node->safe_psql('refill', 'CREATE EXTENSION idempotency');
 ok( poll_until(
@@ -217,7 +219,10 @@ END $$;
 SELECT pg_temp.remember('first') AS first_ends \gset
 SELECT pg_temp.wait_until(:'first_ends') \gset
 SELECT count(*) AS n FROM idem_maintain() \gset
--- the filter, of the first piece alone
+SELECT (SELECT state FROM idempotency.filter_info()
+         WHERE partition = 'idempotency.keys_memory'::regclass) || ' '
+    || (SELECT status FROM idem_claim('first', ttl => '1 second', lease => '1 second'))
+    AS first_run \gset
 SELECT count(*) AS n FROM idem_maintain() \gset
 SELECT pg_temp.remember('second') AS second_ends \gset
 SELECT pg_temp.wait_until(:'second_ends') \gset
@@ -229,10 +234,11 @@ SELECT (SELECT count(*) FROM pg_inherits
     || (SELECT state FROM idempotency.filter_info()
          WHERE partition = 'idempotency.keys_memory'::regclass) || ' '
     || (SELECT status FROM idem_claim('second', ttl => '1 second', lease => '1 second')) || ' '
-    || (SELECT status FROM idem_claim('first', ttl => '1 second', lease => '1 second'));
+    || (SELECT status FROM idem_claim('first', ttl => '1 second', lease => '1 second'))
+    || ' (first run: ' || :'first_run' || ')';
 }),
-	'1 ready expired claimed',
-	'a run that writes a piece and drops one fills the filter again with the new piece');
+	'1 ready expired claimed (first run: ready expired)',
+	'the filter the first piece\'s run filled holds it; the run that drops it keeps the filter and adds the new piece');
 
 # ------------------------------------------------- 3. the update from 0.4.0
 # A database on 0.4.0 (no memory there) whose key and message id expired
