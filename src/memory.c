@@ -632,7 +632,6 @@ IdemMemoryLocalBuild(IdemLedger ledger)
 	IdemMemoryCache *cache = IdemGetMemoryCache(ledger);
 	uint64		generation = cache->invalidations;
 	List	   *pieces = IdemMemoryPieces(ledger);
-	List	   *rels = NIL;
 	ListCell   *lc;
 	uint64		pairs = 0;
 	uint64		secret_id;
@@ -645,6 +644,13 @@ IdemMemoryLocalBuild(IdemLedger ledger)
 
 	if (!IdemFilterKeyedItem(InvalidOid, &zero, &secret_id, &item))
 		usable = false;
+
+	/*
+	 * The pieces' sizes, then their chunks, each piece under a lock of its
+	 * own released before the next (a call's transaction keeps no lock on
+	 * them).  A piece written, dropped or imported into meanwhile
+	 * invalidates the cache: the filter is then not kept.
+	 */
 	foreach(lc, pieces)
 	{
 		IdemPartition *p = (IdemPartition *) lfirst(lc);
@@ -662,13 +668,9 @@ IdemMemoryLocalBuild(IdemLedger ledger)
 			continue;
 		}
 		if (RelationGetDescr(rel)->natts != Natts_memory)
-		{
-			relation_close(rel, AccessShareLock);
 			usable = false;
-			break;
-		}
 		pairs += (uint64) RelationGetNumberOfBlocks(rel) * (BLCKSZ / 12);
-		rels = lappend(rels, rel);
+		relation_close(rel, AccessShareLock);
 	}
 	if (pairs > IDEM_MEMORY_LOCAL_MAX_PAIRS)
 		usable = false;
@@ -679,12 +681,23 @@ IdemMemoryLocalBuild(IdemLedger ledger)
 		words = MemoryContextAllocZero(IdemMemoryContext,
 									   (Size) nblocks * 8 * sizeof(uint64));
 		snapshot = RegisterSnapshot(GetLatestSnapshot());
-		foreach(lc, rels)
+		foreach(lc, pieces)
 		{
-			Relation	rel = (Relation) lfirst(lc);
-			TableScanDesc scan = table_beginscan(rel, snapshot, 0, NULL);
+			IdemPartition *p = (IdemPartition *) lfirst(lc);
+			Relation	rel;
+			TableScanDesc scan;
 			HeapTuple	tuple;
 
+			if (IdemLaneIsLegacy(p->lane))
+				continue;
+			LockRelationOid(p->relid, AccessShareLock);
+			rel = try_relation_open(p->relid, NoLock);
+			if (rel == NULL)
+			{
+				UnlockRelationOid(p->relid, AccessShareLock);
+				continue;
+			}
+			scan = table_beginscan(rel, snapshot, 0, NULL);
 			while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 			{
 				TupleDesc	desc = RelationGetDescr(rel);
@@ -728,12 +741,10 @@ IdemMemoryLocalBuild(IdemLedger ledger)
 				}
 			}
 			table_endscan(scan);
+			relation_close(rel, AccessShareLock);
 		}
 		UnregisterSnapshot(snapshot);
 	}
-	foreach(lc, rels)
-		relation_close((Relation) lfirst(lc), AccessShareLock);
-	list_free(rels);
 	list_free_deep(pieces);
 
 	/* the pieces' cache read again meanwhile: built for other pieces */
