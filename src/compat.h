@@ -102,17 +102,6 @@ IdemSimpleHeapUpdate(Relation rel, ItemPointer otid, HeapTuple tup)
 #endif
 
 /*
- * Does "roleid" own relation "relid"?  PostgreSQL 16 replaced
- * pg_class_ownercheck() by object_ownercheck().
- */
-#if PG_VERSION_NUM >= 160000
-#define IdemRelationOwnerCheck(relid, roleid) \
-	object_ownercheck(RelationRelationId, (relid), (roleid))
-#else
-#define IdemRelationOwnerCheck(relid, roleid) pg_class_ownercheck((relid), (roleid))
-#endif
-
-/*
  * LockHeldByMe(): PostgreSQL 17 added "orstronger".
  * Callers here ask about exactly the mode given.
  */
