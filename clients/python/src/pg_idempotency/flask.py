@@ -16,6 +16,8 @@ caller defaults to the HTTP Basic user name (request.authorization): pass
 caller=lambda request: ... for your authentication (Flask has none of its
 own; g.user as a before_request hook sets it, say).  A request without a
 caller is refused (500 no-caller) unless ``anonymous=True``.
+An ``async def`` view is run the way Flask runs one undecorated
+(``app.ensure_sync``, which needs asgiref: ``flask[async]``).
 policy_view(**options) is a view publishing the policy document.
 """
 
@@ -97,10 +99,13 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            from flask import g, make_response, request
+            from flask import current_app, g, make_response, request
+            # an ``async def`` view runs as Flask runs it undecorated
+            # (Flask's async support, which needs asgiref)
+            run_view = current_app.ensure_sync(fn)
             o = policy.options
             if not policy.applies(request.method, request.path):
-                return fn(*args, **kwargs)
+                return run_view(*args, **kwargs)
             try:
                 policy.check_length(request.content_length)
                 # read before any answer: a server that closes a
@@ -113,7 +118,7 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                 if o.key is None:
                     key = policy.key_of(request.headers.getlist(o.header))
                     if key is None:
-                        return fn(*args, **kwargs)
+                        return run_view(*args, **kwargs)
                 caller = o.caller(request) if o.caller \
                     else caller_from_request(request)
                 rule = request.url_rule
@@ -126,7 +131,7 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                     native=request, headers=list(request.headers.items()))
                 key, scope, fingerprint = policy.prepare(info, key)
                 if key is None:
-                    return fn(*args, **kwargs)
+                    return run_view(*args, **kwargs)
             except IdempotencyError as e:
                 return _to_flask(policy.error_response(e))
             try:
@@ -135,7 +140,7 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                         setattr(g, _G_KEY, conn)
                         setattr(g, _G_KEY + "_key", key)
                         try:
-                            rv = make_response(fn(*args, **kwargs))
+                            rv = make_response(run_view(*args, **kwargs))
                         finally:
                             setattr(g, _G_KEY, None)
                         rv.make_sequence()
