@@ -417,6 +417,21 @@ def test_receiver_answers(fake, receivers, fw):
         c.rollback()
 
 
+def test_flask_async_receiver(fake, receivers):
+    """An ``async def`` view under Flask's webhook_receiver runs (once)."""
+    port = receivers["flask"].port
+    msg = uid("msg")
+    body = json.dumps({"n": 5}).encode()
+    h = webhook_headers(SECRET, msg, int(time.time()), body)
+    hdrs = list(h.items()) + [("Content-Type", "application/json")]
+    a = request(port, "/hooks-async", body, hdrs)
+    assert a.status == 200 and a.json() == {"id": msg, "status": "applied"}, a
+    assert received(fake, "flask-async", [msg]) == [msg]
+    a = request(port, "/hooks-async", body, hdrs)
+    assert a.json() == {"id": msg, "status": "duplicate"}
+    assert received(fake, "flask-async", [msg]) == [msg]
+
+
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_relay_to_receiver(fake, receivers, fw):
     topic = uid("t")

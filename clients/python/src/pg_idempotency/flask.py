@@ -189,7 +189,8 @@ def webhook_receiver(*, consumer: str, secret: Any,
     records it with idem_consume_message on CONSUMER.  What the view
     returns is ignored: the answer is 200 {"id", "status": "applied" |
     "duplicate"}, a 400/401 problem for a delivery refused, 413, 500 (the
-    view raised: nothing kept, the sender retries) or 503.
+    view raised: nothing kept, the sender retries) or 503.  VIEW may be an
+    ``async def``, run as Flask runs one (``app.ensure_sync``).
 
         @app.post("/hooks/orders")
         @webhook_receiver(consumer="shipping", secret=SECRET,
@@ -206,9 +207,13 @@ def webhook_receiver(*, consumer: str, secret: Any,
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             import logging
 
-            from flask import request
+            from flask import current_app, request
 
             from . import webhooks as W
+            # an ``async def`` view runs as Flask runs it undecorated: called
+            # directly, it would return a coroutine never run, and the
+            # delivery would be answered "applied" with no effect
+            run_view = current_app.ensure_sync(view)
             if request.content_length is not None and \
                     request.content_length > max_body_bytes:
                 return _to_flask(W.too_large(max_body_bytes))
@@ -220,7 +225,7 @@ def webhook_receiver(*, consumer: str, secret: Any,
                 with _open(connect, conninfo) as conn:
                     r = W.receive_webhook(
                         conn, consumer, secret, request.headers, body,
-                        lambda c, event: view(c, event, *args, **kwargs),
+                        lambda c, event: run_view(c, event, *args, **kwargs),
                         tolerance=tolerance, ttl=ttl)
                 resp = W.answer_received(r)
             except Exception as e:  # noqa: BLE001 -- answered
