@@ -158,7 +158,7 @@ IdemWidenXid(TransactionId xid, FullTransactionId next)
  * of them is visible in the snapshot, so visibility is unchanged, and
  * those assigned after it are listed needlessly but harmlessly.
  */
-static void
+void
 IdemOutboxTakeSnap(IdemOutboxSnap *snap)
 {
 	int64		base = IdemOutboxXidBase();	/* first: it may run SPI */
@@ -247,8 +247,72 @@ IdemRelayOpenWindow(IdemRelayState *st)
 	st->window_done = false;
 }
 
+/*
+ * IdemRelayPlaceImported gives a relay imported in this transaction
+ * (outbox_transfer.c, just before it commits) a window that holds this
+ * transaction's events: its upper snapshot is taken now with this
+ * transaction counted as ended (it is, for anyone who reads the position:
+ * the position commits with it), and its lower one is the same snapshot
+ * with this transaction running, so that the window holds this
+ * transaction's events alone, or (from_start) a snapshot that sees nothing,
+ * so that it also holds every event the topic keeps, as a relay never seen
+ * reads them.  The transactions running now are running in both: they land
+ * in a later window, read from the floor 0 (their events may be older than
+ * anything this function knows of).  The caller sets acked_ev, the ev_id up
+ * to which the window's events are acknowledged (0: none).
+ */
+void
+IdemRelayPlaceImported(IdemRelayState *st, bool from_start)
+{
+	int64		mine = IdemOutboxCurrentTxid();
+	IdemOutboxSnap up;
+	IdemOutboxSnap lo;
+	int			i;
+	int			n = 0;
+
+	st->up_seq_before = IdemOutboxNextEvId();
+	IdemOutboxTakeSnap(&up);
+	st->up_seq_after = IdemOutboxNextEvId();
+
+	/* lo: up, with this transaction running (listed, below xmin or not) */
+	lo.xmin = Min(up.xmin, mine);
+	lo.xmax = Max(up.xmax, mine + 1);
+	lo.xip = palloc((up.nxip + 1) * sizeof(int64));
+	for (i = 0; i < up.nxip; i++)
+		if (up.xip[i] != mine)
+			lo.xip[n++] = up.xip[i];
+	lo.xip[n++] = mine;
+	qsort(lo.xip, n, sizeof(int64), IdemCompareInt64);
+	lo.nxip = n;
+	n = 0;
+
+	/* up: this transaction ended */
+	for (i = 0; i < up.nxip; i++)
+		if (up.xip[i] != mine)
+			up.xip[n++] = up.xip[i];
+	up.nxip = n;
+	up.xmax = Max(up.xmax, mine + 1);
+
+	if (from_start)
+	{
+		lo.xmin = 0;
+		lo.xmax = 0;
+		lo.nxip = 0;
+	}
+	st->lo = lo;
+	st->lo_floor = palloc0(Max(lo.nxip, 1) * sizeof(int64));
+	st->lo_seq = 0;
+	st->up = up;
+	st->up_at = GetCurrentTimestamp();
+	st->acked_ev = 0;
+	st->window_done = false;
+	st->handed_out = false;
+	st->batch_end = 0;
+	st->batch_events = 0;
+}
+
 /* is an event of transaction txid in the relay's current window? */
-static inline bool
+bool
 IdemRelayInWindow(const IdemRelayState *st, int64 txid)
 {
 	return IdemOutboxSnapVisible(&st->up, txid) &&
@@ -300,7 +364,7 @@ IdemRelayLowWater(const IdemRelayState *st)
  * ----------------------------------------------------------------
  */
 
-typedef struct IdemSegScan
+struct IdemSegScan
 {
 	Relation	heap;
 	Relation	index;
@@ -309,14 +373,7 @@ typedef struct IdemSegScan
 	bool		has;			/* ev and txid are the next entry's */
 	int64		ev;
 	int64		txid;
-} IdemSegScan;
-
-typedef struct IdemEventScan
-{
-	int			nsegs;
-	IdemSegScan *segs;
-	int			current;		/* the segment of the entry returned last */
-} IdemEventScan;
+};
 
 static void
 IdemSegScanAdvance(IdemSegScan *ss)
@@ -343,7 +400,7 @@ IdemSegScanAdvance(IdemSegScan *ss)
  * ACCESS SHARE until the transaction ends (a drop waits for them); one
  * dropped since the list was read is left out.
  */
-static void
+void
 IdemEventScanBegin(IdemEventScan *es, Oid role, text *topic, int64 after,
 				   int64 before, Snapshot snapshot)
 {
@@ -389,7 +446,7 @@ IdemEventScanBegin(IdemEventScan *es, Oid role, text *topic, int64 after,
 }
 
 /* the next entry in ev_id order: its ev_id and txid */
-static bool
+bool
 IdemEventScanNext(IdemEventScan *es, int64 *ev, int64 *txid)
 {
 	int			best = -1;
@@ -410,7 +467,7 @@ IdemEventScanNext(IdemEventScan *es, int64 *ev, int64 *txid)
 }
 
 /* the heap tuple of the entry returned last, if the snapshot sees it */
-static TupleTableSlot *
+TupleTableSlot *
 IdemEventScanFetch(IdemEventScan *es)
 {
 	IdemSegScan *ss = &es->segs[es->current];
@@ -420,7 +477,7 @@ IdemEventScanFetch(IdemEventScan *es)
 	return NULL;
 }
 
-static void
+void
 IdemEventScanEnd(IdemEventScan *es)
 {
 	int			i;
@@ -439,7 +496,7 @@ IdemEventScanEnd(IdemEventScan *es)
 }
 
 /* a column of an event as a datum that does not point into TOAST */
-static Datum
+Datum
 IdemEventValue(TupleTableSlot *slot, int attnum, bool *isnull)
 {
 	Datum		d = slot->tts_values[attnum - 1];
