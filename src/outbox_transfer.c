@@ -15,11 +15,12 @@
  * ids and snapshots are the node's own and do not move.
  *
  * In which order.  Events are exported topic by topic, those acknowledged
- * by more relays first, then in ev_id order (ord numbers them), and
- * imported in that order in one transaction: each takes a new ev_id there,
- * in that order.  A relay's acknowledged events are then the first ones
- * of the topic's import whenever the relays' acknowledged sets are nested
- * (always with one relay); a key's events stay in the order their
+ * by more relays first, those acknowledged by the same relays together (in
+ * the order of the relays' names), then in ev_id order (ord numbers them),
+ * and imported in that order in one transaction: each takes a new ev_id
+ * there, in that order.  A relay's acknowledged events are then the first
+ * ones of the topic's import whenever the relays' acknowledged sets are
+ * nested (always with one relay); a key's events stay in the order their
  * transactions committed (a relay that acknowledged one acknowledged the
  * key's earlier ones, so they are not behind it).
  *
@@ -412,6 +413,7 @@ typedef struct IdemExportEvent
 {
 	int64		ev;
 	int			ndelivered;
+	int		   *delivered;		/* indexes of the relays, ascending */
 	Datum		values[Natts_event_record];
 	bool		nulls[Natts_event_record];
 } IdemExportEvent;
@@ -422,8 +424,14 @@ IdemExportEventCmp(const void *a, const void *b)
 	const IdemExportEvent *x = *(const IdemExportEvent *const *) a;
 	const IdemExportEvent *y = *(const IdemExportEvent *const *) b;
 
+	int			i;
+
 	if (x->ndelivered != y->ndelivered)
 		return x->ndelivered > y->ndelivered ? -1 : 1;
+	/* the same relays together, so that one of them leads at least */
+	for (i = 0; i < x->ndelivered; i++)
+		if (x->delivered[i] != y->delivered[i])
+			return x->delivered[i] < y->delivered[i] ? -1 : 1;
 	return (x->ev > y->ev) - (x->ev < y->ev);
 }
 
@@ -459,6 +467,7 @@ IdemExportTopic(Oid role, const char *role_name, text *topic, List *relays,
 	int			nevents = 0;
 	int			maxevents = 0;
 	Datum	   *names = palloc(Max(nrelays, 1) * sizeof(Datum));
+	int		   *which = palloc(Max(nrelays, 1) * sizeof(int));
 	ListCell   *lc;
 	int			i;
 
@@ -481,7 +490,10 @@ IdemExportTopic(Oid role, const char *role_name, text *topic, List *relays,
 
 		for (i = 0; i < nrelays; i++)
 			if (IdemRelayDelivered(rs[i], ev, txid))
+			{
+				which[n] = i;
 				names[n++] = PointerGetDatum(rs[i]->relay);
+			}
 		if (nrelays > 0 && n == nrelays)
 			continue;			/* delivered by every relay */
 		slot = IdemEventScanFetch(&es);
@@ -491,6 +503,8 @@ IdemExportTopic(Oid role, const char *role_name, text *topic, List *relays,
 		e = palloc0(sizeof(IdemExportEvent));
 		e->ev = ev;
 		e->ndelivered = n;
+		e->delivered = palloc(Max(n, 1) * sizeof(int));
+		memcpy(e->delivered, which, n * sizeof(int));
 		e->values[EV_ROLE] = CStringGetDatum(role_name);
 		e->values[EV_TOPIC] = PointerGetDatum(topic);
 		e->values[EV_EVENT_ID] = IdemExportValue(slot, Anum_outbox_event_id, &e->nulls[EV_EVENT_ID]);
@@ -528,6 +542,7 @@ IdemExportTopic(Oid role, const char *role_name, text *topic, List *relays,
 	}
 	pfree(rs);
 	pfree(names);
+	pfree(which);
 }
 
 /* a (role, topic) pair that has events */
