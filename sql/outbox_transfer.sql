@@ -261,6 +261,17 @@ SELECT relay, topic FROM idem_outbox_relays() WHERE topic = 'sp';
 SELECT batch, payload FROM idem_outbox_next('r-sp', 'sp', 10);
 RESET ROLE;
 
+-- a loss not acknowledged yet moves with its relay: reported here, as
+-- the batch it was, and acknowledged here
+SELECT idempotency.import_relay(('regress_idem_xfer_app', 'lossy', 'lost', 2, 4, 3, 10, 12,
+        '2026-01-01 00:00:00+00', '2026-01-01 00:00:02+00', now(), NULL)::idempotency.relay_record);
+SET ROLE regress_idem_xfer_app;
+SELECT * FROM idem_outbox_next('lossy', 'lost', generation => 2);
+SELECT relay, batch, lost_events FROM idem_outbox_relays() WHERE relay = 'lossy';
+SELECT idem_outbox_ack('lossy', 'lost', 4, generation => 2);
+SELECT count(*) AS after_the_loss FROM idem_outbox_next('lossy', 'lost', generation => 2);
+RESET ROLE;
+
 -- ---------------------------------------------------------------- bad input
 CREATE TABLE before_bad AS SELECT count(*) AS n FROM idempotency.outbox;
 SELECT idempotency.import_event(('regress_idem_nobody', 'acme', 1, gen_random_uuid(), NULL, NULL,
