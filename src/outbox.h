@@ -199,7 +199,9 @@ extern int64 IdemRelayLowWater(const IdemRelayState *st);
 extern bool IdemRelayDelivered(const IdemRelayState *st, int64 ev, int64 txid);
 extern void IdemRelayLag(const IdemRelayState *st, int64 *events,
 						 double *seconds);
-extern void IdemRelayPlaceImported(IdemRelayState *st, bool from_start);
+extern void IdemRelayPlaceImported(IdemRelayState *st,
+								   const IdemOutboxSnap *snap,
+								   int64 seq_before, bool from_start);
 extern bool IdemRelayInWindow(const IdemRelayState *st, int64 txid);
 
 /* ----------------------------------------------------------------

@@ -250,19 +250,25 @@ IdemRelayOpenWindow(IdemRelayState *st)
 /*
  * IdemRelayPlaceImported gives a relay imported in this transaction
  * (outbox_transfer.c, just before it commits) a window that holds this
- * transaction's events: its upper snapshot is taken now with this
- * transaction counted as ended (it is, for anyone who reads the position:
- * the position commits with it), and its lower one is the same snapshot
- * with this transaction running, so that the window holds this
- * transaction's events alone, or (from_start) a snapshot that sees nothing,
- * so that it also holds every event the topic keeps, as a relay never seen
- * reads them.  The transactions running now are running in both: they land
- * in a later window, read from the floor 0 (their events may be older than
- * anything this function knows of).  The caller sets acked_ev, the ev_id up
- * to which the window's events are acknowledged (0: none).
+ * transaction's events.  "snap" is a snapshot the import took when it
+ * decided what to do with the relay, after this transaction got its xid
+ * (so listed in it as running, or below its xmin), and "seq_before" an
+ * ev_id taken just before it.  The window's upper snapshot is "snap" with
+ * this transaction counted as ended (it is, for anyone who reads the
+ * position: the position commits with it); its lower one is "snap" with
+ * this transaction running, so that the window holds this transaction's
+ * events alone, or (from_start) a snapshot that sees nothing, so that it
+ * also holds every event the topic kept when the import decided, as a
+ * relay never seen reads them.  Whatever commits after "snap" was taken
+ * lands in a later window, as for any relay: the transactions running
+ * then are running in both snapshots, read from the floor 0 (their events
+ * may be older than anything known here), and those that began later
+ * have ev_ids above seq_before.  The caller sets acked_ev, the ev_id up to
+ * which the window's events are acknowledged (0: none).
  */
 void
-IdemRelayPlaceImported(IdemRelayState *st, bool from_start)
+IdemRelayPlaceImported(IdemRelayState *st, const IdemOutboxSnap *snap,
+					   int64 seq_before, bool from_start)
 {
 	int64		mine = IdemOutboxCurrentTxid();
 	IdemOutboxSnap up;
@@ -270,39 +276,41 @@ IdemRelayPlaceImported(IdemRelayState *st, bool from_start)
 	int			i;
 	int			n = 0;
 
-	st->up_seq_before = IdemOutboxNextEvId();
-	IdemOutboxTakeSnap(&up);
-	st->up_seq_after = IdemOutboxNextEvId();
-
-	/* lo: up, with this transaction running (listed, below xmin or not) */
-	lo.xmin = Min(up.xmin, mine);
-	lo.xmax = Max(up.xmax, mine + 1);
-	lo.xip = palloc((up.nxip + 1) * sizeof(int64));
-	for (i = 0; i < up.nxip; i++)
-		if (up.xip[i] != mine)
-			lo.xip[n++] = up.xip[i];
-	lo.xip[n++] = mine;
-	qsort(lo.xip, n, sizeof(int64), IdemCompareInt64);
-	lo.nxip = n;
-	n = 0;
+	Assert(mine < snap->xmax);
 
 	/* up: this transaction ended */
-	for (i = 0; i < up.nxip; i++)
-		if (up.xip[i] != mine)
-			up.xip[n++] = up.xip[i];
+	up.xmin = snap->xmin;
+	up.xmax = snap->xmax;
+	up.xip = palloc(Max(snap->nxip, 1) * sizeof(int64));
+	for (i = 0; i < snap->nxip; i++)
+		if (snap->xip[i] != mine)
+			up.xip[n++] = snap->xip[i];
 	up.nxip = n;
-	up.xmax = Max(up.xmax, mine + 1);
 
+	/* lo: this transaction running (listed, below xmin or not) */
 	if (from_start)
 	{
 		lo.xmin = 0;
 		lo.xmax = 0;
 		lo.nxip = 0;
+		lo.xip = palloc(sizeof(int64));
+	}
+	else
+	{
+		lo.xmin = Min(up.xmin, mine);
+		lo.xmax = up.xmax;
+		lo.xip = palloc((up.nxip + 1) * sizeof(int64));
+		memcpy(lo.xip, up.xip, up.nxip * sizeof(int64));
+		lo.xip[up.nxip] = mine;
+		lo.nxip = up.nxip + 1;
+		qsort(lo.xip, lo.nxip, sizeof(int64), IdemCompareInt64);
 	}
 	st->lo = lo;
 	st->lo_floor = palloc0(Max(lo.nxip, 1) * sizeof(int64));
 	st->lo_seq = 0;
 	st->up = up;
+	st->up_seq_before = seq_before;
+	st->up_seq_after = IdemOutboxNextEvId();	/* above this one's events */
 	st->up_at = GetCurrentTimestamp();
 	st->acked_ev = 0;
 	st->window_done = false;

@@ -30,12 +30,13 @@
  * import does to the local relay:
  *
  *	- none here: "inserted", and it will read every event the topic keeps
- *	  here, as a relay never seen does, then the imported ones;
+ *	  here, as a relay never seen does, the imported ones, then what
+ *	  commits later;
  *	- one of the same creation time, as far as the import or further (a
  *	  retried import, or the relay went on here): "kept", left as it is;
  *	- one of the same creation time, behind the import (the tenant comes
- *	  back): "replaced", and it reads the imported events alone, and then
- *	  what is published after the import;
+ *	  back): "replaced", and it reads the imported events, then what
+ *	  commits later, not the older events here;
  *	- another relay of that name, that has delivered everything here: the
  *	  same, merged (the higher generation and batch); one with events not
  *	  delivered here is refused (55000), since its position cannot be both.
@@ -50,11 +51,13 @@
  * Where the relays are placed: at the end of the importing transaction
  * (XACT_EVENT_PRE_COMMIT, or PRE_PREPARE), once its events are all
  * written, each inserted or replaced relay gets a window holding the
- * transaction's events (IdemRelayPlaceImported), acknowledged up to the
- * last of the relay's acknowledged events that lead the window
- * (delivered_by): those are not relayed again, the others are.  A
- * transaction that commits later than the import lands in a later window,
- * as with any relay.
+ * transaction's events (IdemRelayPlaceImported) between snapshots taken
+ * when import_relay() decided (under the relay's lock: what the relay had
+ * delivered up to then is what it checked), acknowledged up to the last of
+ * the relay's acknowledged events that lead the window (delivered_by):
+ * those are not relayed again, the others are.  What commits after that
+ * snapshot, also before the import does, lands in a later window, as with
+ * any relay.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -158,6 +161,8 @@ typedef struct IdemImportedRelay
 	TimestampTz lost_to;
 	TimestampTz created_at;
 	TimestampTz acked_at;
+	IdemOutboxSnap snap;		/* taken on deciding, with this xid running */
+	int64		seq_before;		/* an ev_id taken just before it */
 	SubTransactionId subid;
 } IdemImportedRelay;
 
@@ -891,6 +896,8 @@ idem_import_relay(PG_FUNCTION_ARGS)
 			PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_KEPT));
 		in.relay = r->relay;
 		in.mode = r->mode;
+		in.snap = r->snap;
+		in.seq_before = r->seq_before;
 		in.subid = r->subid;
 		*r = in;
 		PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_REPLACED));
@@ -949,6 +956,10 @@ idem_import_relay(PG_FUNCTION_ARGS)
 
 		*r = in;
 		r->relay = DatumGetTextPCopy(PointerGetDatum(relay));
+		/* where its window will end (IdemRelayPlaceImported) */
+		(void) IdemOutboxCurrentTxid();
+		r->seq_before = IdemOutboxNextEvId();
+		IdemOutboxTakeSnap(&r->snap);
 		r->subid = GetCurrentSubTransactionId();
 		ti->relays = lappend(ti->relays, r);
 		MemoryContextSwitchTo(old);
@@ -1227,7 +1238,8 @@ IdemPlaceImportedRelays(void)
 			st.lost_to = r->lost_to;
 			st.created_at = r->created_at;
 			st.acked_at = r->acked_at;
-			IdemRelayPlaceImported(&st, r->mode == RELAY_INSERTED);
+			IdemRelayPlaceImported(&st, &r->snap, r->seq_before,
+								   r->mode == RELAY_INSERTED);
 			st.acked_ev = IdemImportedPrefix(ti, &st, relay);
 			IdemRelayStore(&st);
 			pfree(relay);
