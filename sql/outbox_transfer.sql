@@ -253,11 +253,14 @@ SELECT idempotency.import_relay(('regress_idem_xfer_app', 'r-sp', 'sp', NULL, 1,
 SELECT idempotency.import_event(('regress_idem_xfer_app', 'sp', 1, gen_random_uuid(), NULL, NULL,
         '{"n": "rolled back"}', NULL, now(), '{}')::idempotency.event_record);
 ROLLBACK TO SAVEPOINT s;
+-- the topic's relays may come first again: its events went with the savepoint
+SELECT idempotency.import_relay(('regress_idem_xfer_app', 'r-sp', 'sp', NULL, 2, 0,
+        NULL, NULL, NULL, NULL, now(), NULL)::idempotency.relay_record);
 SELECT idempotency.import_event(('regress_idem_xfer_app', 'sp', 2, gen_random_uuid(), NULL, NULL,
         '{"n": "kept"}', NULL, now(), '{}')::idempotency.event_record);
 COMMIT;
 SET ROLE regress_idem_xfer_app;
-SELECT relay, topic FROM idem_outbox_relays() WHERE topic = 'sp';
+SELECT relay, topic, batch FROM idem_outbox_relays() WHERE topic = 'sp';
 SELECT batch, payload FROM idem_outbox_next('r-sp', 'sp', 10);
 RESET ROLE;
 

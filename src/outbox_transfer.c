@@ -191,7 +191,7 @@ typedef struct IdemTopicImport
 	HTAB	   *present;		/* NULL: to be read */
 	List	   *events;			/* IdemImportedEvent, in ev_id order */
 	List	   *relays;			/* IdemImportedRelay */
-	bool		had_events;		/* import_event() was called for it */
+	SubTransactionId events_from;	/* the first import_event() call's */
 } IdemTopicImport;
 
 /* In TopTransactionContext; NIL outside a transaction that imports */
@@ -274,6 +274,8 @@ IdemTransferSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 			if (e->subid >= mySubid)
 				ti->events = foreach_delete_current(ti->events, lc2);
 		}
+		if (ti->events_from >= mySubid)
+			ti->events_from = InvalidSubTransactionId;
 		if (ti->present != NULL)
 			hash_destroy(ti->present);
 		ti->present = NULL;
@@ -870,7 +872,7 @@ idem_import_relay(PG_FUNCTION_ARGS)
 
 	relay_name = text_to_cstring(relay);
 	ti = IdemTopicImportFor(role, topic);
-	if (ti->had_events)
+	if (ti->events_from != InvalidSubTransactionId)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("relay \"%s\" of topic \"%s\" is imported after events of its topic",
@@ -1088,7 +1090,8 @@ idem_import_event(PG_FUNCTION_ARGS)
 	(void) LockAcquire(&tag, ExclusiveLock, false, false);
 
 	ti = IdemTopicImportFor(role, topic);
-	ti->had_events = true;
+	if (ti->events_from == InvalidSubTransactionId)
+		ti->events_from = GetCurrentSubTransactionId();
 	if (ti->present == NULL)
 		IdemReadPresent(ti);
 	mine = IdemOutboxCurrentTxid();
