@@ -319,6 +319,42 @@ LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION idempotency.import_relay(record) IS
 'takes an exported outbox relay (before its topic''s events, in their transaction): inserted, replaced or kept';
 
+CREATE TYPE idempotency.dead_letter_record AS (
+    role         name,
+    relay        text,
+    topic        text,
+    event_id     uuid,
+    key          text,
+    headers      jsonb,
+    payload      jsonb,
+    payload_raw  bytea,
+    published_at timestamptz,
+    reason       text,
+    attempts     integer,
+    failed_at    timestamptz
+);
+
+COMMENT ON TYPE idempotency.dead_letter_record IS
+'one dead letter of an outbox relay as idempotency.export_dead_letters() gives it and idempotency.import_dead_letter() takes it';
+
+CREATE FUNCTION idempotency.export_dead_letters(topics text[] DEFAULT NULL)
+RETURNS SETOF idempotency.dead_letter_record
+AS 'MODULE_PATHNAME', 'idem_export_dead_letters'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_dead_letters(text[]) IS
+'the dead letters of the outbox relays of the given topics (all if NULL), of every role, for idempotency.import_dead_letter() on another node';
+
+CREATE FUNCTION idempotency.import_dead_letter(d record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_dead_letter'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_dead_letter(record) IS
+'stores an exported dead letter unless this node has one of the same relay and event that failed as late: inserted, replaced, kept or expired';
+
+REVOKE ALL ON FUNCTION idempotency.export_dead_letters(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_dead_letter(record) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.export_events(text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.import_event(record) FROM PUBLIC;
 REVOKE ALL ON FUNCTION idempotency.export_relays(text[]) FROM PUBLIC;
@@ -354,7 +390,9 @@ SELECT 2, m.part, m.record_type::pg_catalog.regtype,
          'idempotency.import_relay(record)', 5),
         ('outbox_events', 'idempotency.event_record', 'idempotency.export_events(text[])',
          'idempotency.import_event(record)', 6),
-        ('key_memory', NULL, NULL, NULL, 7))
+        ('outbox_dead_letters', 'idempotency.dead_letter_record',
+         'idempotency.export_dead_letters(text[])', 'idempotency.import_dead_letter(record)', 7),
+        ('key_memory', NULL, NULL, NULL, 8))
        AS m(part, record_type, export_function, import_function, import_order)
  ORDER BY m.import_order
 $manifest$;

@@ -77,6 +77,9 @@ SELECT pg_temp.try($$SELECT idempotency.import_relay(('regress_idem_xfer_app', '
         NULL, 1, 0, NULL, NULL, NULL, NULL, now(), NULL)::idempotency.relay_record)$$);
 SELECT pg_temp.try($$SELECT * FROM idempotency.outbox$$);
 SELECT pg_temp.try($$SELECT * FROM idempotency.outbox_relays$$);
+SELECT pg_temp.try($$SELECT * FROM idempotency.export_dead_letters()$$);
+SELECT pg_temp.try($$SELECT idempotency.import_dead_letter(('regress_idem_xfer_app', 'webhook', 'acme',
+        gen_random_uuid(), NULL, NULL, NULL, NULL, now(), 'forged', 1, now())::idempotency.dead_letter_record)$$);
 RESET ROLE;
 REVOKE USAGE ON SCHEMA idempotency FROM regress_idem_xfer_other;
 
@@ -345,6 +348,7 @@ RESET ROLE;
 CREATE TEMP TABLE outbox_relays (role regrole, relay text, topic text);
 SET search_path = regress_idem_evil, pg_catalog;
 SELECT count(*) AS exported FROM idempotency.export_events(ARRAY['acme']);
+SELECT count(*) AS dead_letters FROM idempotency.export_dead_letters();
 SELECT role, relay, batch FROM idempotency.export_relays(ARRAY['acme']) ORDER BY role, relay;
 BEGIN;
 SELECT idempotency.import_relay(('regress_idem_xfer_app', 'evil-relay', 'evil', NULL, 1, 0,
@@ -358,6 +362,49 @@ SELECT count(*) AS untouched FROM pg_temp.outbox_relays;
 SET ROLE regress_idem_xfer_app;
 SELECT batch, payload FROM idem_outbox_next('evil-relay', 'evil');
 RESET ROLE;
+
+-- ---------------------------------------------------------------- dead letters
+-- a relay's dead letters move with it: the new node's view shows them
+\c outbox_xfer_src
+SET ROLE regress_idem_xfer_app;
+SELECT count(idem_publish('dl', '{"n": 1}', key => 'k', headers => '{"h": "v"}'));
+SELECT idem_outbox_dead_letter('dlr', 'dl', n.event_id, 'endpoint gone', 5)
+  FROM idem_outbox_next('dlr', 'dl') AS n;
+SELECT idem_outbox_ack('dlr', 'dl', 1);
+RESET ROLE;
+SELECT role, relay, topic, key, payload, headers, reason, attempts
+  FROM idempotency.export_dead_letters(ARRAY['dl']);
+SELECT count(*) AS none FROM idempotency.export_dead_letters(ARRAY['acme']);
+SELECT array_agg(d)::text AS dead
+  FROM idempotency.export_dead_letters(ARRAY['dl']) d \gset
+\c outbox_xfer_dst
+SELECT idempotency.import_dead_letter(d) FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+SELECT idempotency.import_dead_letter(d) FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+-- a later failure of the same event replaces it; one past outbox_max_age
+-- is not stored
+SELECT idempotency.import_dead_letter((d.role, d.relay, d.topic, d.event_id, d.key, d.headers,
+        d.payload, d.payload_raw, d.published_at, 'still gone', 6, d.failed_at + interval '1 second')::idempotency.dead_letter_record)
+  FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+SELECT idempotency.import_dead_letter((d.role, d.relay, d.topic, gen_random_uuid(), d.key, d.headers,
+        d.payload, d.payload_raw, d.published_at, 'old', 1, now() - interval '8 days')::idempotency.dead_letter_record)
+  FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+SET ROLE regress_idem_xfer_app;
+SELECT relay, topic, key, payload, headers, reason, attempts FROM idem_outbox_dead_letters('dlr');
+RESET ROLE;
+\set VERBOSITY terse
+SELECT idempotency.import_dead_letter((d.role, d.relay, d.topic, d.event_id, d.key, d.headers,
+        d.payload, d.payload_raw, d.published_at, d.reason, -1, d.failed_at)::idempotency.dead_letter_record)
+  FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+SELECT idempotency.import_dead_letter((d.role, d.relay, d.topic, d.event_id, d.key, d.headers,
+        d.payload, d.payload_raw, d.published_at, d.reason, d.attempts, NULL)::idempotency.dead_letter_record)
+  FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+SELECT idempotency.import_dead_letter((d.role, '', d.topic, d.event_id, d.key, d.headers,
+        d.payload, d.payload_raw, d.published_at, d.reason, d.attempts, d.failed_at)::idempotency.dead_letter_record)
+  FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+SELECT idempotency.import_dead_letter((d.role, d.relay, d.topic, d.event_id, d.key, d.headers,
+        d.payload, '\x00', d.published_at, d.reason, d.attempts, d.failed_at)::idempotency.dead_letter_record)
+  FROM unnest(:'dead'::idempotency.dead_letter_record[]) d;
+\set VERBOSITY default
 
 \c :regress_db
 DROP DATABASE outbox_xfer_src;

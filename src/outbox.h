@@ -49,6 +49,7 @@
 #define IDEMPOTENCY_OUTBOX_H
 
 #include "idempotency.h"
+#include "transfer.h"
 
 #include "access/htup.h"
 #include "nodes/execnodes.h"
@@ -174,6 +175,11 @@ extern int64 IdemRelayDeadLetterCount(Oid role, text *relay, text *topic);
 extern uint64 IdemRelayDeadLettersExpire(TimestampTz before);
 extern void IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
 									ReturnSetInfo *rsinfo);
+extern void IdemRelayDeadLettersAll(void (*emit) (Datum *values, bool *nulls,
+												  void *arg),
+									void *arg);
+extern IdemImportOutcome IdemRelayDeadLetterImport(Datum *values,
+												   bool *nulls);
 
 /* ----------------------------------------------------------------
  * Reading a topic's events (outbox_relay.c)

@@ -4,7 +4,8 @@
  *	  Moving topics between nodes: idempotency.export_events(),
  *	  export_relays(), import_event() and import_relay(), so that a tenant
  *	  move takes along the events its relays have not delivered yet, and
- *	  the relays' state.
+ *	  the relays' state; export_dead_letters() and import_dead_letter()
+ *	  for their dead letters.
  *
  * What moves.  An event moves if some relay of its topic has not
  * acknowledged it (every event a topic keeps, if it has no relay), with
@@ -99,6 +100,8 @@ PG_FUNCTION_INFO_V1(idem_export_events);
 PG_FUNCTION_INFO_V1(idem_export_relays);
 PG_FUNCTION_INFO_V1(idem_import_event);
 PG_FUNCTION_INFO_V1(idem_import_relay);
+PG_FUNCTION_INFO_V1(idem_export_dead_letters);
+PG_FUNCTION_INFO_V1(idem_import_dead_letter);
 
 /* Columns of idempotency.event_record */
 #define Natts_event_record		10
@@ -127,6 +130,26 @@ PG_FUNCTION_INFO_V1(idem_import_relay);
 #define RL_LOST_TO				9
 #define RL_CREATED_AT			10
 #define RL_ACKED_AT				11
+
+/* Columns of idempotency.dead_letter_record */
+#define Natts_dead_letter_record	12
+#define DL_ROLE					0
+#define DL_RELAY				1
+#define DL_TOPIC				2
+#define DL_EVENT_ID				3
+#define DL_KEY					4
+#define DL_HEADERS				5
+#define DL_PAYLOAD				6
+#define DL_PAYLOAD_RAW			7
+#define DL_PUBLISHED_AT			8
+#define DL_REASON				9
+#define DL_ATTEMPTS				10
+#define DL_FAILED_AT			11
+
+static const Oid dead_letter_record_types[Natts_dead_letter_record] = {
+	NAMEOID, TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, JSONBOID,
+	BYTEAOID, TIMESTAMPTZOID, TEXTOID, INT4OID, TIMESTAMPTZOID
+};
 
 static const Oid event_record_types[Natts_event_record] = {
 	NAMEOID, TEXTOID, INT8OID, UUIDOID, TEXTOID, JSONBOID, JSONBOID,
@@ -1145,6 +1168,119 @@ idem_import_event(PG_FUNCTION_ARGS)
 		MemoryContextSwitchTo(old);
 	}
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_INSERTED));
+}
+
+/* ----------------------------------------------------------------
+ * Dead letters
+ * ----------------------------------------------------------------
+ */
+
+typedef struct IdemDeadLetterExport
+{
+	List	   *topics;			/* NIL: every topic */
+	ReturnSetInfo *rsinfo;
+} IdemDeadLetterExport;
+
+/* adds one dead letter (the role as an OID) to export_dead_letters() */
+static void
+IdemEmitDeadLetter(Datum *values, bool *nulls, void *arg)
+{
+	IdemDeadLetterExport *x = (IdemDeadLetterExport *) arg;
+	Oid			role = DatumGetObjectId(values[DL_ROLE]);
+	char	   *role_name;
+	NameData	name;
+
+	if (x->topics != NIL &&
+		!IdemTopicWanted(x->topics, DatumGetTextPP(values[DL_TOPIC])))
+		return;
+	role_name = GetUserNameFromId(role, true);
+	if (role_name == NULL)
+		return;					/* the role was dropped */
+	namestrcpy(&name, role_name);
+	values[DL_ROLE] = NameGetDatum(&name);
+	tuplestore_putvalues(x->rsinfo->setResult, x->rsinfo->setDesc, values,
+						 nulls);
+}
+
+/*
+ * idempotency.export_dead_letters(topics text[] DEFAULT NULL)
+ *		RETURNS SETOF idempotency.dead_letter_record
+ *
+ * The dead letters of the relays of the given topics (NULL: every topic),
+ * of every role.
+ */
+Datum
+idem_export_dead_letters(PG_FUNCTION_ARGS)
+{
+	IdemDeadLetterExport x;
+
+	IdemCheckLibraryVersion();
+	InitMaterializedSRF(fcinfo, 0);
+	x.topics = NIL;
+	x.rsinfo = (ReturnSetInfo *) fcinfo->resultinfo;
+	if (!PG_ARGISNULL(0))
+	{
+		x.topics = IdemTopicsArg(fcinfo);
+		if (x.topics == NIL)
+			return (Datum) 0;
+	}
+	IdemRelayDeadLettersAll(IdemEmitDeadLetter, &x);
+	return (Datum) 0;
+}
+
+/*
+ * idempotency.import_dead_letter(d record) RETURNS text
+ *
+ * Stores one exported dead letter unless this node has one of the same
+ * relay and event that failed as late: inserted, replaced or kept; one
+ * recorded before idempotency.outbox_max_age ago is expired (maintenance
+ * would remove it).
+ */
+Datum
+idem_import_dead_letter(PG_FUNCTION_ARGS)
+{
+	Datum		rec[Natts_dead_letter_record];
+	bool		nulls[Natts_dead_letter_record];
+	text	   *key = NULL;
+	TimestampTz failed_at;
+
+	IdemCheckLibraryVersion();
+	IdemDeformRecord(fcinfo, Natts_dead_letter_record,
+					 Natts_dead_letter_record, dead_letter_record_types,
+					 "dead_letter_record", rec, nulls);
+	rec[DL_ROLE] = ObjectIdGetDatum(IdemImportRole(rec[DL_ROLE], nulls[DL_ROLE]));
+	rec[DL_RELAY] = PointerGetDatum(IdemImportedName(rec, nulls, DL_RELAY, "relay"));
+	rec[DL_TOPIC] = PointerGetDatum(IdemImportedName(rec, nulls, DL_TOPIC, "topic"));
+	IdemRequireField(nulls[DL_EVENT_ID], "event_id");
+	if (!nulls[DL_KEY])
+	{
+		key = IdemImportedName(rec, nulls, DL_KEY, "key");
+		rec[DL_KEY] = PointerGetDatum(key);
+	}
+	IdemRequireField(nulls[DL_PUBLISHED_AT], "published_at");
+	IdemRequireField(nulls[DL_FAILED_AT], "failed_at");
+	failed_at = DatumGetTimestampTz(rec[DL_FAILED_AT]);
+	if (!nulls[DL_REASON] &&
+		VARSIZE_ANY_EXHDR(DatumGetTextPP(rec[DL_REASON])) > idem_max_response_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("reason is longer than \"idempotency.max_response_bytes\" (%d)",
+						idem_max_response_bytes)));
+	if (!nulls[DL_ATTEMPTS] && DatumGetInt32(rec[DL_ATTEMPTS]) < 0)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("field \"%s\" of the imported record must not be negative",
+						"attempts")));
+	IdemOutboxCheckEvent("idempotency.import_dead_letter()", key,
+						 rec[DL_HEADERS], nulls[DL_HEADERS],
+						 rec[DL_PAYLOAD], nulls[DL_PAYLOAD],
+						 rec[DL_PAYLOAD_RAW], nulls[DL_PAYLOAD_RAW]);
+	IdemCheckWritable("idempotency.import_dead_letter()");
+
+	if (failed_at < GetCurrentTimestamp() -
+		(int64) idem_outbox_max_age * USECS_PER_SEC)
+		PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_EXPIRED));
+	PG_RETURN_TEXT_P(IdemImportOutcomeText(IdemRelayDeadLetterImport(rec, nulls)));
 }
 
 /* ----------------------------------------------------------------

@@ -179,12 +179,14 @@ SELECT ok(to_regprocedure('idempotency.export_events(text[])') IS NOT NULL
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_events(text[])', 'EXECUTE')
           AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_event(record)', 'EXECUTE')
           AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_relays(text[])', 'EXECUTE')
-          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_relay(record)', 'EXECUTE'),
-          'an ordinary role can neither export nor import events and relays');
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_relay(record)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_dead_letters(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_dead_letter(record)', 'EXECUTE'),
+          'an ordinary role can neither export nor import events, relays and dead letters');
 SELECT is((SELECT array_agg(part || ':' || format ORDER BY import_order)
              FROM idempotency.export_manifest()),
           ARRAY['keys:2', 'messages:2', 'positions:2', 'sequences:2',
-                'outbox_relays:2', 'outbox_events:2', 'key_memory:2'],
+                'outbox_relays:2', 'outbox_events:2', 'outbox_dead_letters:2', 'key_memory:2'],
           'the export manifest names its parts, key_memory a slot, in format 2');
 
 ----------------------------------------------------------------------------
