@@ -267,6 +267,22 @@ SELECT relay, topic, batch FROM idem_outbox_relays() WHERE topic = 'sp';
 SELECT batch, payload FROM idem_outbox_next('r-sp', 'sp', 10);
 RESET ROLE;
 
+-- one transaction imports events of more keys than a transaction may hold
+-- event key locks (max_locks_per_transaction): imports take none
+BEGIN;
+SELECT idempotency.import_relay(('regress_idem_xfer_app', 'r-many', 'many', NULL, 1, 0,
+        NULL, NULL, NULL, NULL, now(), NULL)::idempotency.relay_record);
+SELECT count(*) FILTER (WHERE o = 'inserted')
+       - current_setting('max_locks_per_transaction')::int AS inserted_beyond_the_limit
+  FROM (SELECT idempotency.import_event(('regress_idem_xfer_app', 'many', i, gen_random_uuid(),
+               'key-' || i, NULL, NULL, NULL, now(), '{}')::idempotency.event_record) AS o
+          FROM generate_series(1, current_setting('max_locks_per_transaction')::int + 10) AS i) s;
+COMMIT;
+SET ROLE regress_idem_xfer_app;
+SELECT count(*) - current_setting('max_locks_per_transaction')::int AS delivered_beyond_the_limit
+  FROM idem_outbox_next('r-many', 'many', 1000);
+RESET ROLE;
+
 -- a loss not acknowledged yet moves with its relay: reported here, as
 -- the batch it was, and acknowledged here
 SELECT idempotency.import_relay(('regress_idem_xfer_app', 'lossy', 'lost', 2, 4, 3, 10, 12,

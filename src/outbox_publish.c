@@ -419,12 +419,14 @@ IdemOutboxCheckEvent(const char *what, text *key, Datum headers,
 
 /*
  * IdemOutboxWriteEvent writes one checked event of "role"'s "topic" in the
- * current transaction: under its key's lock, with the transaction's xid
- * and then an ev_id (see the file header).  event_id NULL: a new event id,
- * published now (idem_publish); else the event keeps the id and time it
- * was published with on another node (an import, which emits no logical
- * decoding message: its node of origin did).  Returns the event id and
- * sets *ev to its ev_id.
+ * current transaction: with the transaction's xid and then an ev_id (see
+ * the file header).  event_id NULL: a new event id, published now
+ * (idem_publish), under its key's lock; else the event keeps the id and
+ * time it was published with on another node (an import, which emits no
+ * logical decoding message, its node of origin did, and takes no key lock:
+ * a move imports any number of keys in one transaction, in their order,
+ * while the tenant's publishers wait for the move, see
+ * outbox_transfer.c).  Returns the event id and sets *ev to its ev_id.
  */
 pg_uuid_t *
 IdemOutboxWriteEvent(Oid role, text *topic, text *key, Datum headers,
@@ -441,7 +443,7 @@ IdemOutboxWriteEvent(Oid role, text *topic, text *key, Datum headers,
 	IdemOpenPartition op;
 	HeapTuple	tuple;
 
-	if (key != NULL)
+	if (key != NULL && event_id == NULL)
 		IdemLockEventKey(role, topic, key);
 
 	memset(nulls, 0, sizeof(nulls));
