@@ -930,6 +930,16 @@ idem_import_relay(PG_FUNCTION_ARGS)
 
 	IdemRelayLock(role, relay, topic, false, NULL);
 	IdemRelayLoad(role, relay, topic, &st);
+
+	/*
+	 * Where its window will end (IdemRelayPlaceImported): taken before the
+	 * relay's lag is read below, so that no event visible in the snapshot
+	 * escapes that check.
+	 */
+	(void) IdemOutboxCurrentTxid();
+	in.seq_before = IdemOutboxNextEvId();
+	IdemOutboxTakeSnap(&in.snap);
+
 	if (!st.found)
 	{
 		in.mode = RELAY_INSERTED;
@@ -981,10 +991,8 @@ idem_import_relay(PG_FUNCTION_ARGS)
 
 		*r = in;
 		r->relay = DatumGetTextPCopy(PointerGetDatum(relay));
-		/* where its window will end (IdemRelayPlaceImported) */
-		(void) IdemOutboxCurrentTxid();
-		r->seq_before = IdemOutboxNextEvId();
-		IdemOutboxTakeSnap(&r->snap);
+		r->snap.xip = palloc(Max(in.snap.nxip, 1) * sizeof(int64));
+		memcpy(r->snap.xip, in.snap.xip, in.snap.nxip * sizeof(int64));
 		r->subid = GetCurrentSubTransactionId();
 		ti->relays = lappend(ti->relays, r);
 		MemoryContextSwitchTo(old);
