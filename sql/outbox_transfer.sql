@@ -183,6 +183,31 @@ SET ROLE regress_idem_xfer_app;
 SELECT count(*) AS nothing_again FROM idem_outbox_next('webhook', 'acme', 10);
 SELECT count(*) AS nothing_again FROM idem_outbox_next('audit', 'acme', 10, generation => 3);
 
+-- a retried import once the relay delivered the events and their segment
+-- went (maintenance drops it; here the rows are deleted): nothing again
+RESET ROLE;
+BEGIN;
+SELECT idempotency.import_relay(('regress_idem_xfer_app', 'r-gone', 'gone', NULL, 1, 0,
+        NULL, NULL, NULL, NULL, '2026-01-01 00:00:00+00', NULL)::idempotency.relay_record);
+SELECT idempotency.import_event(('regress_idem_xfer_app', 'gone', i, ('00000000-0000-7000-8000-00000000000' || i)::uuid,
+        NULL, NULL, jsonb_build_object('n', i), NULL, now(), '{}')::idempotency.event_record)
+  FROM generate_series(1, 2) AS i;
+COMMIT;
+SET ROLE regress_idem_xfer_app;
+SELECT batch, payload FROM idem_outbox_next('r-gone', 'gone');
+SELECT idem_outbox_ack('r-gone', 'gone', 1);
+RESET ROLE;
+DELETE FROM idempotency.outbox WHERE topic = 'gone';
+BEGIN;
+SELECT idempotency.import_relay(('regress_idem_xfer_app', 'r-gone', 'gone', NULL, 1, 0,
+        NULL, NULL, NULL, NULL, '2026-01-01 00:00:00+00', NULL)::idempotency.relay_record);
+SELECT idempotency.import_event(('regress_idem_xfer_app', 'gone', i, ('00000000-0000-7000-8000-00000000000' || i)::uuid,
+        NULL, NULL, jsonb_build_object('n', i), NULL, now(), '{}')::idempotency.event_record)
+  FROM generate_series(1, 2) AS i;
+COMMIT;
+SET ROLE regress_idem_xfer_app;
+SELECT count(*) AS nothing_again FROM idem_outbox_next('r-gone', 'gone');
+
 -- ---------------------------------------------------------------- moving back
 -- event 8 is handed out to webhook, not acknowledged; the tenant goes
 -- back to the old node, whose webhook is where it was (batch 2, events

@@ -44,8 +44,10 @@
  *
  * An event already here (same role, topic and event id) is not written
  * again, unless a replaced relay that has not acknowledged it would not
- * read the copy here (it is older than the imported position): a retried
- * import writes nothing twice.  Events are imported under a lock of their
+ * read the copy here (it is older than the imported position); nor is one
+ * no longer here when every relay imported for its topic was kept (a
+ * retried import after they delivered it and its segment was dropped): a
+ * retried import writes nothing twice.  Events are imported under a lock of their
  * topic held to the end of the transaction, so two imports of one topic
  * take turns.
  *
@@ -1150,6 +1152,23 @@ idem_import_event(PG_FUNCTION_ARGS)
 			}
 		}
 		if (!again)
+			PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_KEPT));
+	}
+	else if (ti->relays != NIL)
+	{
+		bool		all_kept = true;
+		ListCell   *lc;
+
+		/*
+		 * Not here, and every relay this transaction imported for the
+		 * topic is kept (as far here as the export, or further): a retried
+		 * import, after the copy was delivered by them and dropped with its
+		 * segment.  Writing it again would relay it again.
+		 */
+		foreach(lc, ti->relays)
+			if (((IdemImportedRelay *) lfirst(lc))->mode != RELAY_KEPT)
+				all_kept = false;
+		if (all_kept)
 			PG_RETURN_TEXT_P(IdemImportOutcomeText(IDEM_IMPORT_KEPT));
 	}
 
