@@ -857,3 +857,154 @@ COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval,
 
 COMMENT ON FUNCTION pg_catalog.idem_lookup(text, text) IS
 'the calling role''s own live record of one idempotency key, for support work (status expired: remembered after its ttl)';
+
+-- 0.5.0: outbox export and import (a tenant move takes its unrelayed
+-- events and its relays along; see src/outbox_transfer.c, doc/reference.md,
+-- "Moving tenants between nodes"), and the export manifest.
+
+CREATE TYPE idempotency.event_record AS (
+    role         name,
+    topic        text,
+    ord          bigint,
+    event_id     uuid,
+    key          text,
+    headers      jsonb,
+    payload      jsonb,
+    payload_raw  bytea,
+    published_at timestamptz,
+    delivered_by text[]
+);
+
+COMMENT ON TYPE idempotency.event_record IS
+'one outbox event as idempotency.export_events() gives it and idempotency.import_event() takes it: import in ord order';
+
+CREATE TYPE idempotency.relay_record AS (
+    role          name,
+    relay         text,
+    topic         text,
+    generation    bigint,
+    batch         bigint,
+    lost_events   bigint,
+    lost_first_ev bigint,
+    lost_last_ev  bigint,
+    lost_from     timestamptz,
+    lost_to       timestamptz,
+    created_at    timestamptz,
+    acked_at      timestamptz
+);
+
+COMMENT ON TYPE idempotency.relay_record IS
+'one outbox relay as idempotency.export_relays() gives it and idempotency.import_relay() takes it';
+
+CREATE FUNCTION idempotency.export_events(topics text[] DEFAULT NULL)
+RETURNS SETOF idempotency.event_record
+AS 'MODULE_PATHNAME', 'idem_export_events'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_events(text[]) IS
+'the outbox events of the given topics (all if NULL), of every role, that a relay of their topic has not acknowledged, for idempotency.import_event() on another node';
+
+CREATE FUNCTION idempotency.import_event(e record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_event'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_event(record) IS
+'writes an exported outbox event with its event id unless this node has it already: inserted or kept';
+
+CREATE FUNCTION idempotency.export_relays(topics text[] DEFAULT NULL)
+RETURNS SETOF idempotency.relay_record
+AS 'MODULE_PATHNAME', 'idem_export_relays'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_relays(text[]) IS
+'the outbox relays of the given topics (all if NULL), of every role, for idempotency.import_relay() on another node';
+
+CREATE FUNCTION idempotency.import_relay(r record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_relay'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_relay(record) IS
+'takes an exported outbox relay (before its topic''s events, in their transaction): inserted, replaced or kept';
+
+CREATE TYPE idempotency.dead_letter_record AS (
+    role         name,
+    relay        text,
+    topic        text,
+    event_id     uuid,
+    key          text,
+    headers      jsonb,
+    payload      jsonb,
+    payload_raw  bytea,
+    published_at timestamptz,
+    reason       text,
+    attempts     integer,
+    failed_at    timestamptz
+);
+
+COMMENT ON TYPE idempotency.dead_letter_record IS
+'one dead letter of an outbox relay as idempotency.export_dead_letters() gives it and idempotency.import_dead_letter() takes it';
+
+CREATE FUNCTION idempotency.export_dead_letters(topics text[] DEFAULT NULL)
+RETURNS SETOF idempotency.dead_letter_record
+AS 'MODULE_PATHNAME', 'idem_export_dead_letters'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_dead_letters(text[]) IS
+'the dead letters of the outbox relays of the given topics (all if NULL), of every role, for idempotency.import_dead_letter() on another node';
+
+CREATE FUNCTION idempotency.import_dead_letter(d record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_dead_letter'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_dead_letter(record) IS
+'stores an exported dead letter unless this node has one of the same relay and event that failed as late: inserted, replaced, kept or expired';
+
+REVOKE ALL ON FUNCTION idempotency.export_dead_letters(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_dead_letter(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_events(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_event(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_relays(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_relay(record) FROM PUBLIC;
+
+-- What an export holds, part by part, in the order to import them: a
+-- mover keeps these rows with the exported ones, and the importing node's
+-- own manifest says whether it takes that format and each part.  Format
+-- 2 is 0.5.0's; the exports of 0.3.0 and 0.4.0 (format 1: keys, messages,
+-- and since 0.4.0 positions and sequences) had no manifest and import as
+-- before.  key_memory is a slot: the memory of expired keys is not
+-- exported yet.
+CREATE FUNCTION idempotency.export_manifest()
+RETURNS TABLE (format integer, part text, record_type regtype,
+               export_function regprocedure, import_function regprocedure,
+               import_order integer)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $manifest$
+SELECT 2, m.part, m.record_type::pg_catalog.regtype,
+       m.export_function::pg_catalog.regprocedure,
+       m.import_function::pg_catalog.regprocedure, m.import_order
+  FROM (VALUES
+        ('keys', 'idempotency.key_record', 'idempotency.export_keys(text[])',
+         'idempotency.import_key(record)', 1),
+        ('messages', 'idempotency.message_record', 'idempotency.export_messages(text[])',
+         'idempotency.import_message(record)', 2),
+        ('positions', 'idempotency.position_record', 'idempotency.export_positions(text[])',
+         'idempotency.import_position(record)', 3),
+        ('sequences', 'idempotency.sequence_record', 'idempotency.export_sequences(text[])',
+         'idempotency.import_sequence(record)', 4),
+        ('outbox_relays', 'idempotency.relay_record', 'idempotency.export_relays(text[])',
+         'idempotency.import_relay(record)', 5),
+        ('outbox_events', 'idempotency.event_record', 'idempotency.export_events(text[])',
+         'idempotency.import_event(record)', 6),
+        ('outbox_dead_letters', 'idempotency.dead_letter_record',
+         'idempotency.export_dead_letters(text[])', 'idempotency.import_dead_letter(record)', 7),
+        ('key_memory', NULL, NULL, NULL, 8))
+       AS m(part, record_type, export_function, import_function, import_order)
+ ORDER BY m.import_order
+$manifest$;
+
+COMMENT ON FUNCTION idempotency.export_manifest() IS
+'what an export of this version holds (format 2): each part, its record type, its export and import functions, in the order to import them; key_memory is a slot not exported yet';

@@ -236,6 +236,58 @@ IdemCheckPermsEntry(const ListCell *lc, Oid *relid, AclMode *required)
 #endif
 
 /*
+ * Updating the one row of a table in place (outbox_storage.c, the xid
+ * base).  The minor releases of November 2024 (15.9, 16.5, 17.1; 18 has
+ * it from the start) added systable_inplace_update_begin(), _finish() and
+ * _cancel(), which find the row and hold its buffer lock from the read to
+ * the write, so that a concurrent heap_update() of the row cannot lose
+ * the write; the same releases kept heap_inplace_update() for extensions,
+ * deprecated.  On older minors of 15 to 17 the row is found by a scan and
+ * written with heap_inplace_update(), as everything did before: the row
+ * is only ever written in place (never by an UPDATE), by a caller holding
+ * its lock, so nothing races with the write there.  IDEM_FORCE_HEAP_INPLACE_UPDATE (a -D of
+ * PG_CPPFLAGS) builds the older path on a newer minor, to check that it
+ * compiles.
+ */
+#if PG_VERSION_NUM >= 180000 || \
+	(PG_VERSION_NUM >= 170001 && PG_VERSION_NUM < 180000) || \
+	(PG_VERSION_NUM >= 160005 && PG_VERSION_NUM < 170000) || \
+	(PG_VERSION_NUM >= 150009 && PG_VERSION_NUM < 160000)
+#ifndef IDEM_FORCE_HEAP_INPLACE_UPDATE
+#define IDEM_HAVE_SYSTABLE_INPLACE_UPDATE 1
+#endif
+#endif
+
+#ifdef IDEM_HAVE_SYSTABLE_INPLACE_UPDATE
+/* *oldtup: a copy of the table's first row (NULL if none) */
+static inline void
+IdemInplaceUpdateBegin(Relation rel, HeapTuple *oldtup, void **state)
+{
+	systable_inplace_update_begin(rel, InvalidOid, false, NULL, 0, NULL,
+								  oldtup, state);
+}
+#define IdemInplaceUpdateFinish(state, newtup) \
+	systable_inplace_update_finish((state), (newtup))
+#define IdemInplaceUpdateCancel(state) systable_inplace_update_cancel(state)
+#else
+static inline void
+IdemInplaceUpdateBegin(Relation rel, HeapTuple *oldtup, void **state)
+{
+	SysScanDesc scan = systable_beginscan(rel, InvalidOid, false, NULL, 0,
+										  NULL);
+	HeapTuple	tup = systable_getnext(scan);
+
+	*oldtup = HeapTupleIsValid(tup) ? heap_copytuple(tup) : NULL;
+	systable_endscan(scan);
+	*state = rel;
+}
+/* newtup carries the row's t_self (heap_modify_tuple() copies it) */
+#define IdemInplaceUpdateFinish(state, newtup) \
+	heap_inplace_update((Relation) (state), (newtup))
+#define IdemInplaceUpdateCancel(state) ((void) (state))
+#endif
+
+/*
  * The module's magic block: PostgreSQL 18 lets it carry
  * the module's name and version, shown by pg_get_loaded_modules().
  */

@@ -190,6 +190,7 @@ _PG_init(void)
 	IdemWaitInit();
 	IdemOutboxStorageInit();
 	IdemOutboxPublishInit();
+	IdemOutboxTransferInit();
 
 	if (process_shared_preload_libraries_in_progress)
 	{

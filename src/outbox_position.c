@@ -34,6 +34,7 @@
 #include "outbox.h"
 #include "privilege.h"
 #include "stats.h"
+#include "transfer.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
@@ -111,6 +112,8 @@ typedef enum IdemPositionStmt
 	STMT_DEAD_COUNT,
 	STMT_DEAD_EXPIRE,
 	STMT_DEAD_LIST,
+	STMT_DEAD_LIST_ALL,
+	STMT_DEAD_IMPORT,
 	NUM_POSITION_STMTS
 } IdemPositionStmt;
 
@@ -183,6 +186,26 @@ static const IdemPositionStmtDef stmt_defs[NUM_POSITION_STMTS] = {
 		" AND ($3 IS NULL OR topic OPERATOR(pg_catalog.=) $3)"
 		" ORDER BY relay, topic, failed_at, event_id",
 		3, {OIDOID, TEXTOID, TEXTOID}
+	},
+	[STMT_DEAD_LIST_ALL] = {
+		"SELECT role, relay, topic, event_id, key, headers, payload, payload_raw,"
+		" published_at, reason, attempts, failed_at"
+		" FROM idempotency.outbox_dead_letters"
+		" ORDER BY role, relay, topic, failed_at, event_id",
+		0, {InvalidOid}
+	},
+	[STMT_DEAD_IMPORT] = {
+		"INSERT INTO idempotency.outbox_dead_letters AS d (role, relay, topic,"
+		" event_id, key, headers, payload, payload_raw, published_at, reason,"
+		" attempts, failed_at)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+		" ON CONFLICT (role, relay, topic, event_id) DO UPDATE SET"
+		" reason = excluded.reason, attempts = excluded.attempts,"
+		" failed_at = excluded.failed_at"
+		" WHERE d.failed_at OPERATOR(pg_catalog.<) excluded.failed_at"
+		" RETURNING (d.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid)",
+		12, {OIDOID, TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, JSONBOID,
+		BYTEAOID, TIMESTAMPTZOID, TEXTOID, INT4OID, TIMESTAMPTZOID}
 	},
 };
 
@@ -609,4 +632,55 @@ IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
 	}
 	IdemPositionEnd(&save);
+}
+
+/*
+ * IdemRelayDeadLettersAll calls "emit" with the columns of every dead
+ * letter of every role (those of idempotency.dead_letter_record, the role
+ * as its OID), in the order of role, relay, topic and failure (export).
+ */
+void
+IdemRelayDeadLettersAll(void (*emit) (Datum *values, bool *nulls, void *arg),
+						void *arg)
+{
+	IdemSavedUser save;
+	uint64		i;
+
+	IdemPositionBegin(&save);
+	(void) IdemPositionExec(STMT_DEAD_LIST_ALL, NULL, NULL);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		v[12];
+		bool		n[12];
+		int			c;
+
+		for (c = 0; c < 12; c++)
+			v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+								 c + 1, &n[c]);
+		emit(v, n, arg);
+	}
+	IdemPositionEnd(&save);
+}
+
+/*
+ * IdemRelayDeadLetterImport stores an imported dead letter (the columns of
+ * STMT_DEAD_IMPORT, the role as its OID) unless one of the same relay and
+ * event failed as late or later here: returns whether it inserted it,
+ * replaced the local one, or kept that.
+ */
+IdemImportOutcome
+IdemRelayDeadLetterImport(Datum *values, bool *nulls)
+{
+	IdemSavedUser save;
+	IdemImportOutcome outcome = IDEM_IMPORT_KEPT;
+	bool		isnull;
+
+	IdemPositionBegin(&save);
+	if (IdemPositionExec(STMT_DEAD_IMPORT, values, nulls) == 1)
+		outcome = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1,
+											 &isnull)) ?
+			IDEM_IMPORT_INSERTED : IDEM_IMPORT_REPLACED;
+	IdemPositionEnd(&save);
+	return outcome;
 }

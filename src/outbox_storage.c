@@ -879,14 +879,13 @@ IdemOutboxRaiseBase(Oid relid, int64 high)
 		elog(ERROR, "table \"%s.%s\" does not have the expected columns",
 			 IDEM_SCHEMA_NAME, member_names[MEMBER_XID_BASE]);
 
-	systable_inplace_update_begin(rel, InvalidOid, false, NULL, 0, NULL,
-								  &oldtup, &state);
+	IdemInplaceUpdateBegin(rel, &oldtup, &state);
 	if (!HeapTupleIsValid(oldtup))
 		elog(ERROR, "the outbox's xid base row went away");
 	heap_deform_tuple(oldtup, desc, values, nulls);
 	if (nulls[att_base - 1] || nulls[att_sysid - 1] || nulls[att_checked - 1])
 	{
-		systable_inplace_update_cancel(state);
+		IdemInplaceUpdateCancel(state);
 		elog(ERROR, "the outbox's xid base row has a null");
 	}
 	base = DatumGetInt64(values[att_base - 1]);
@@ -905,7 +904,7 @@ IdemOutboxRaiseBase(Oid relid, int64 high)
 		Int64GetDatum((int64) HeapTupleHeaderGetRawXmin(oldtup->t_data));
 	replace[att_base - 1] = replace[att_sysid - 1] = replace[att_checked - 1] = true;
 	newtup = heap_modify_tuple(oldtup, desc, values, nulls, replace);
-	systable_inplace_update_finish(state, newtup);
+	IdemInplaceUpdateFinish(state, newtup);
 	heap_freetuple(newtup);
 	heap_freetuple(oldtup);
 	table_close(rel, RowExclusiveLock);

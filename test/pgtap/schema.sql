@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(85);
+SELECT plan(88);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -168,6 +168,26 @@ SELECT is((SELECT count(*)::int FROM pg_class AS c, aclexplode(c.relacl) AS a
                                 'outbox_dead_letters', 'outbox_xid_base')
               AND a.grantee <> c.relowner), 0,
           'the outbox''s tables and sequence are granted to nobody');
+
+SELECT ok(to_regprocedure('idempotency.export_events(text[])') IS NOT NULL
+          AND to_regprocedure('idempotency.import_event(record)') IS NOT NULL
+          AND to_regprocedure('idempotency.export_relays(text[])') IS NOT NULL
+          AND to_regprocedure('idempotency.import_relay(record)') IS NOT NULL
+          AND to_regtype('idempotency.event_record') IS NOT NULL
+          AND to_regtype('idempotency.relay_record') IS NOT NULL,
+          'the outbox''s export and import functions and records exist');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_events(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_event(record)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_relays(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_relay(record)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_dead_letters(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_dead_letter(record)', 'EXECUTE'),
+          'an ordinary role can neither export nor import events, relays and dead letters');
+SELECT is((SELECT array_agg(part || ':' || format ORDER BY import_order)
+             FROM idempotency.export_manifest()),
+          ARRAY['keys:2', 'messages:2', 'positions:2', 'sequences:2',
+                'outbox_relays:2', 'outbox_events:2', 'outbox_dead_letters:2', 'key_memory:2'],
+          'the export manifest names its parts, key_memory a slot, in format 2');
 
 ----------------------------------------------------------------------------
 -- Storage table, made on first use
