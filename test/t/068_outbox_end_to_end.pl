@@ -51,7 +51,8 @@
 # The seed is printed first; OUTBOX_E2E_SEED=<seed> replays its decisions
 # (which transactions roll back or are held, keys, failure points; the
 # interleaving is the machine's).  Settings: OUTBOX_E2E_EVENTS (default
-# 10000).  To see the test fail: OUTBOX_E2E_BREAK=no-dedup (B inserts the
+# 10000); each also as IDEM_OUTBOX_E2E_* (passed into the roots by
+# test/run-all.sh).  To see the test fail: OUTBOX_E2E_BREAK=no-dedup (B inserts the
 # effect without the dedup record: duplicates) or OUTBOX_E2E_BREAK=naive
 # (a hand-written relay reading the events table with "ev_id > last_seen",
 # and no maintenance: events lost).
@@ -84,9 +85,18 @@ for my $candidate ("$FindBin::RealBin/../..", $ENV{TESTDIR} // '')
 BAIL_OUT('cannot find the top of the source tree (test/outbox/services.py)')
   unless defined $root;
 
+# OUTBOX_E2E_X, or IDEM_OUTBOX_E2E_X: test/run-all.sh passes IDEM_* on to
+# the Debian roots of 17 and 18 (test/lib/roots.sh), so a seed printed
+# there can be replayed there
+sub setting
+{
+	my ($name) = @_;
+	return $ENV{"OUTBOX_E2E_$name"} // $ENV{"IDEM_OUTBOX_E2E_$name"};
+}
+
 my $python = $ENV{PYTHON} || '/usr/bin/python3';
-my $events = $ENV{OUTBOX_E2E_EVENTS} || 10_000;
-my $break = $ENV{OUTBOX_E2E_BREAK} // '';
+my $events = setting('EVENTS') || 10_000;
+my $break = setting('BREAK') // '';
 die "OUTBOX_E2E_BREAK is no-dedup or naive, not '$break'"
   unless $break =~ /^(|no-dedup|naive)$/;
 my $publishers = 8;
@@ -117,7 +127,7 @@ my $b_outages = 3;
 }
 
 # ---------------------------------------------------------------- the plan
-my $seed = $ENV{OUTBOX_E2E_SEED} // (int(rand(1_000_000_000)) + 1);
+my $seed = setting('SEED') // (int(rand(1_000_000_000)) + 1);
 diag("seed $seed (OUTBOX_E2E_SEED=$seed replays its decisions)"
 	  . ($break ne '' ? "; OUTBOX_E2E_BREAK=$break" : ''));
 srand($seed);
@@ -259,8 +269,18 @@ sub start_b
 			return;
 		}
 		my $st = exited('b');
-		BAIL_OUT("B exited (status $st) before it listened:\n" . slurp_or_empty($log))
-		  if defined $st;
+		if (defined $st)
+		{
+			# its port taken meanwhile (by one of the relay's connection
+			# attempts, whose ephemeral port can be the one it tried to
+			# reach): again, until the port is free
+			BAIL_OUT("B exited (status $st) before it listened:\n" . slurp_or_empty($log))
+			  unless $b_port && slurp_or_empty($log) =~ /Address already in use/;
+			sleep 0.1;
+			start_proc('b', $log, \%env_b, $python, $services, 'receive',
+				'--port', $b_port, '--seed', $b_seed + $b_starts++,
+				($break eq 'no-dedup' ? ('--no-dedup') : ()));
+		}
 		BAIL_OUT("B did not listen within the timeout:\n" . slurp_or_empty($log))
 		  if time > $end;
 		sleep 0.05;
