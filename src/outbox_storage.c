@@ -213,15 +213,25 @@ IdemOutboxStorageInit(void)
  * IdemOutboxRelcacheCallback forgets what it knows of the storage when the
  * relcache entry of the events table, of one of its segments or of one of
  * the outbox's member tables is invalidated (ATTACH, DETACH, DROP, DROP
- * EXTENSION, ...), or all of them.  Topic ids and the xid base are
- * forgotten with the member tables: a dropped and recreated extension
- * starts over.  No catalog access here.
+ * EXTENSION, ...), or all of them, and, while it knows of no events
+ * table, when any relation's is (the table's creation).  Topic ids and the
+ * xid base are forgotten with the member tables: a dropped and recreated
+ * extension starts over.  No catalog access here.
  */
 static void
 IdemOutboxRelcacheCallback(Datum arg, Oid relid)
 {
 	int			i;
-	bool		hit = (relid == InvalidOid || relid == cache.parent);
+
+	/*
+	 * With no events table known, any relation's invalidation may be the
+	 * one of its creation (by another backend: a storage maker, or the
+	 * first publisher itself): without this, a backend that looked
+	 * before the first idem_publish() would go on seeing no events table,
+	 * and its relay no events, until it reconnected.
+	 */
+	bool		hit = (relid == InvalidOid || relid == cache.parent ||
+					   !OidIsValid(cache.parent));
 
 	for (i = 0; !hit && i < cache.nsegments; i++)
 		hit = (cache.segments[i].relid == relid);
