@@ -266,6 +266,22 @@ ALTER TABLE idempotency.positions ADD PRIMARY KEY (role, consumer, stream, part)
 SET ROLE regress_idem_stream_a;
 SELECT * FROM idem_advance('scratch', 'hot', 0, 6000, 6009);
 RESET ROLE;
+-- so is a column whose type a DBA changed: the values are formed and read
+-- as the extension's types, and a bigint taken for a numeric or a text
+-- ended the server (SIGSEGV); nothing is written
+ALTER TABLE idempotency.positions ALTER COLUMN generation TYPE numeric;
+ALTER TABLE idempotency.sequences ALTER COLUMN seq TYPE text USING seq::text;
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6010, 6019);
+SELECT * FROM idem_assign('scratch', 'hot', ARRAY[0], 1);
+SELECT idem_sequence('scratch', 'producer-9', 1, 5);
+RESET ROLE;
+ALTER TABLE idempotency.positions ALTER COLUMN generation TYPE bigint;
+ALTER TABLE idempotency.sequences ALTER COLUMN seq TYPE bigint USING seq::bigint;
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6010, 6019);
+SELECT idem_sequence('scratch', 'producer-9', 1, 5);
+RESET ROLE;
 
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_stream_a, regress_idem_stream_b;

@@ -48,8 +48,8 @@
  *
  * The table's OID is cached per backend and forgotten on any relcache
  * invalidation of it (a DROP EXTENSION, a DBA's ALTER, an index added or
- * dropped), and its primary key is checked to be a btree on the first
- * columns of the table at the first open after one.  The primary key is
+ * dropped), and its columns (their types) and its primary key (a btree on
+ * the first columns of the table) are checked at the first open after one.  The primary key is
  * opened only when a fetch probes it or the check needs it: a call that
  * reads the remembered version and updates it in place (HOT) never uses
  * it.  Nothing here checks privileges: the tables belong to the storage
@@ -137,6 +137,7 @@ static void IdemKeyedLocksSubXactCallback(SubXactEvent event,
 										  void *arg);
 static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
 static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
+static bool IdemKeyedColumnsMatch(IdemKeyedRows *rows);
 static void IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows);
 static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
 						   Snapshot snapshot);
@@ -335,6 +336,31 @@ IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
 }
 
 /*
+ * IdemKeyedColumnsMatch: has the open keyed table the columns the
+ * extension made, of their types, none dropped?  The values are formed
+ * and read as those types: a column whose type a DBA changed (ALTER TABLE
+ * ... ALTER COLUMN ... TYPE numeric) would have a bigint's Datum taken for
+ * a pointer to a numeric.
+ */
+static bool
+IdemKeyedColumnsMatch(IdemKeyedRows *rows)
+{
+	TupleDesc	desc = RelationGetDescr(rows->heap);
+	int			i;
+
+	if (desc->natts != rows->table->natts)
+		return false;
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (att->attisdropped || att->atttypid != rows->table->atttypes[i])
+			return false;
+	}
+	return true;
+}
+
+/*
  * IdemKeyedOpenPrimaryKey opens the primary key of an open keyed table,
  * ROW EXCLUSIVE, checking that the table has the columns and the primary
  * key the extension made.
@@ -358,7 +384,7 @@ IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows)
 						IDEM_SCHEMA_NAME, table->relname)));
 	rows->pkey = index_open(pkoid, RowExclusiveLock);
 	form = rows->pkey->rd_index;
-	ok = RelationGetDescr(rows->heap)->natts == table->natts &&
+	ok = IdemKeyedColumnsMatch(rows) &&
 		rows->pkey->rd_rel->relam == BTREE_AM_OID &&
 		form->indisvalid && form->indnkeyatts == table->nkeys;
 	for (i = 0; ok && i < table->nkeys; i++)

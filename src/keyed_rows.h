@@ -8,7 +8,8 @@
  * How a caller uses it (streams.c's idem_advance is the model):
  *
  *	static IdemKeyedTable my_table = {
- *		"relay_positions", 4, 2, {OIDOID, TEXTOID}, InvalidOid
+ *		"relay_positions", 4, 2, {OIDOID, TEXTOID},
+ *		{REGROLEOID, TEXTOID, INT8OID, TIMESTAMPTZOID}, InvalidOid
  *	};
  *	IdemKeyedRows rows;
  *	IdemKeyedRow row;
@@ -28,7 +29,9 @@
  *	  key a valid btree on exactly its first nkeys columns, of keytypes
  *	  (OIDOID, TEXTOID, INT4OID or INT8OID), and no deferrable unique or
  *	  exclusion constraint; natts columns in all, at most
- *	  IDEM_KEYED_MAX_ATTS.  IdemKeyedOpen checks all this and fails with
+ *	  IDEM_KEYED_MAX_ATTS, of the types atttypes, none dropped (the values
+ *	  are formed as those types: a column whose type a DBA changed would
+ *	  have them read as another type's).  IdemKeyedOpen checks all this and fails with
  *	  55000 otherwise (a DBA's change).  At most 8 such tables per backend.
  *	  The IdemKeyedTable is static: relid caches the table's OID, forgotten
  *	  on any relcache invalidation of it.
@@ -88,7 +91,8 @@
 /*
  * A keyed table: idempotency.<relname>, whose primary key is its first
  * nkeys columns, of the types keytypes (OIDOID for the role, TEXTOID,
- * INT4OID or INT8OID for the names); natts columns in all.  Defined once,
+ * INT4OID or INT8OID for the names); natts columns in all, of the types
+ * atttypes (REGROLEOID for the role, say: the column's own type).  Defined once,
  * static, by the file that owns the table; relid is this backend's cache
  * of the table's OID (kept true by a relcache callback).
  */
@@ -97,7 +101,8 @@ typedef struct IdemKeyedTable
 	const char *relname;
 	int			natts;
 	int			nkeys;
-	Oid			keytypes[IDEM_KEYED_MAX_ATTS];
+	Oid			keytypes[IDEM_KEYED_MAX_ATTS];	/* of the primary key's opclasses */
+	Oid			atttypes[IDEM_KEYED_MAX_ATTS];	/* of the columns */
 	Oid			relid;			/* cached; InvalidOid until looked up */
 	bool		checked;		/* relid's columns and primary key checked */
 } IdemKeyedTable;
