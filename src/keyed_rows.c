@@ -18,9 +18,10 @@
  *	  transaction's own changes, as the SPI statement saw), and locks the
  *	  version found FOR UPDATE (table_tuple_lock, LockTupleExclusive,
  *	  waiting).  In READ COMMITTED, a version updated meanwhile is
- *	  followed to its newest one, and a row deleted meanwhile (maintenance's
- *	  DELETE, committed while the lock waited) is looked for again, and is
- *	  then found missing; under REPEATABLE READ or SERIALIZABLE either
+ *	  followed to its newest one (and the row looked for again if that one
+ *	  has another key: a DBA's UPDATE of the key's columns), and a row
+ *	  deleted meanwhile (maintenance's DELETE, committed while the lock
+ *	  waited) is looked for again, and is then found missing; under REPEATABLE READ or SERIALIZABLE either
  *	  fails with SQLSTATE 40001, as the executor's SELECT ... FOR UPDATE
  *	  does.  The row lock is what keeps maintenance's DELETE (FOR UPDATE
  *	  SKIP LOCKED) off a row a call has read and is about to write;
@@ -144,6 +145,8 @@ static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
 static void IdemKeyedIndexEntries(IdemKeyedRows *rows, HeapTuple tuple,
 								  IdemIndexUpdate which);
 static uint32 IdemKeyedHash(const IdemKeyedTable *table, const Datum *key);
+static bool IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key,
+								bool detoast);
 static bool IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key,
 									 uint32 hash, Snapshot snapshot);
 static void IdemKeyedRemember(IdemKeyedRows *rows, uint32 hash,
@@ -503,6 +506,16 @@ IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key, IdemKeyedRow *row)
 		switch (result)
 		{
 			case TM_Ok:
+
+				/*
+				 * READ COMMITTED followed the row's updates to its newest
+				 * version: the key may be another's now (a DBA's UPDATE of
+				 * the key's columns, committed while the lock waited).  The
+				 * executor rechecks its WHERE clause there (EvalPlanQual)
+				 * and skips the row; look again, as for a delete.
+				 */
+				if (tmfd.traversed && !IdemKeyedSlotHasKey(rows, key, true))
+					continue;
 				break;
 			case TM_Deleted:
 				if (IsolationUsesXactSnapshot())
@@ -643,7 +656,6 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 	IdemKeyedTable *table = rows->table;
 	IdemKeyedTid *e = &keyed_tids[hash % IDEM_KEYED_TIDS];
 	Buffer		buffer;
-	int			i;
 
 	if (e->table != table || e->hash != hash ||
 		e->relid != RelationGetRelid(rows->heap))
@@ -666,6 +678,20 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 	if (!table_tuple_fetch_row_version(rows->heap, &e->tid, snapshot,
 									   rows->slot))
 		return false;
+	return IdemKeyedSlotHasKey(rows, key, false);
+}
+
+/*
+ * IdemKeyedSlotHasKey: is the row in rows->slot of this key (its text
+ * columns the same bytes)?  A text column compressed or stored out of line
+ * is detoasted if "detoast", else taken as another key.
+ */
+static bool
+IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key, bool detoast)
+{
+	IdemKeyedTable *table = rows->table;
+	int			i;
+
 	slot_getsomeattrs(rows->slot, table->nkeys);
 	for (i = 0; i < table->nkeys; i++)
 	{
@@ -676,13 +702,22 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 		if (table->keytypes[i] == TEXTOID)
 		{
 			text	   *want = DatumGetTextPP(key[i]);
+			text	   *have = (text *) DatumGetPointer(d);
+			bool		same;
 
-			if (VARATT_IS_EXTENDED(DatumGetPointer(d)) &&
-				!VARATT_IS_SHORT(DatumGetPointer(d)))
-				return false;	/* compressed or out of line */
-			if (VARSIZE_ANY_EXHDR(DatumGetPointer(d)) != VARSIZE_ANY_EXHDR(want) ||
-				memcmp(VARDATA_ANY(DatumGetPointer(d)), VARDATA_ANY(want),
-					   VARSIZE_ANY_EXHDR(want)) != 0)
+			if (VARATT_IS_EXTENDED(have) && !VARATT_IS_SHORT(have))
+			{
+				/* compressed or out of line */
+				if (!detoast)
+					return false;
+				have = DatumGetTextPP(d);
+			}
+			same = VARSIZE_ANY_EXHDR(have) == VARSIZE_ANY_EXHDR(want) &&
+				memcmp(VARDATA_ANY(have), VARDATA_ANY(want),
+					   VARSIZE_ANY_EXHDR(want)) == 0;
+			if (have != (text *) DatumGetPointer(d))
+				pfree(have);
+			if (!same)
 				return false;
 		}
 		else if (table->keytypes[i] == INT8OID)
