@@ -282,6 +282,21 @@ SET ROLE regress_idem_stream_a;
 SELECT * FROM idem_advance('scratch', 'hot', 0, 6010, 6019);
 SELECT idem_sequence('scratch', 'producer-9', 1, 5);
 RESET ROLE;
+-- an update is refused, as an UPDATE statement is, when the table
+-- publishes updates without a replica identity: no subscriber could apply
+-- it (before, the row was updated and the subscription stopped)
+ALTER TABLE idempotency.positions REPLICA IDENTITY NOTHING;
+SET client_min_messages = error;	-- (the warning about wal_level)
+CREATE PUBLICATION regress_idem_positions FOR TABLE idempotency.positions;
+RESET client_min_messages;
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6020, 6029);
+-- a new row is an INSERT, which needs no replica identity
+SELECT * FROM idem_advance('scratch', 'published', 0, 0, 9);
+RESET ROLE;
+SELECT stream, next_offset FROM idempotency.positions WHERE consumer = 'scratch' AND part = 0 ORDER BY 1;
+DROP PUBLICATION regress_idem_positions;
+ALTER TABLE idempotency.positions REPLICA IDENTITY DEFAULT;
 
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_stream_a, regress_idem_stream_b;

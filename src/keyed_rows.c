@@ -26,7 +26,8 @@
  *	  does.  The row lock is what keeps maintenance's DELETE (FOR UPDATE
  *	  SKIP LOCKED) off a row a call has read and is about to write;
  *	- the write is simple_heap_insert, or simple_heap_update of the version
- *	  locked: heap-only (HOT) when the primary key's columns are unchanged
+ *	  locked (refused, as an UPDATE is, if the table publishes updates and
+ *	  has no replica identity): heap-only (HOT) when the primary key's columns are unchanged
  *	  (they always are) and the page has room, so no index entry is added;
  *	  otherwise the executor's ExecInsertIndexTuples adds the entries of
  *	  every index, the primary key's uniqueness checked as an INSERT would.
@@ -563,7 +564,16 @@ IdemKeyedWrite(IdemKeyedRows *rows, IdemKeyedRow *row, Datum *values,
 	IdemIndexUpdate which;
 
 	if (row->found)
+	{
+		/*
+		 * As an UPDATE's: refused (55000) if the table publishes updates
+		 * without a replica identity, which no subscriber could apply (a
+		 * DBA's ALTER TABLE ... REPLICA IDENTITY NOTHING and publication).
+		 * The publications are read once per relcache entry.
+		 */
+		CheckCmdReplicaIdentity(rows->heap, CMD_UPDATE);
 		which = IdemSimpleHeapUpdate(rows->heap, &row->tid, tuple);
+	}
 	else
 	{
 		simple_heap_insert(rows->heap, tuple);
