@@ -6,8 +6,9 @@
  *	  rows (one probe of the primary key, the row lock, an insert or a HOT
  *	  update), without SQL.
  *
- * The stream positions and producer sequences (streams.c) are such tables:
- * a call locks its row's identity until its transaction ends, reads the
+ * The stream positions and producer sequences (streams.c) and the outbox's
+ * relay positions (outbox_position.c) are such tables: a call locks its
+ * row's identity until its transaction ends, reads the
  * row, decides, and writes it.  Through SPI, each of those steps was a
  * statement: parse analysis once, but the executor started, run and shut
  * down for every read and every write, more than half of a call's cost.
@@ -137,6 +138,7 @@ static void IdemKeyedLocksSubXactCallback(SubXactEvent event,
 										  SubTransactionId mySubid,
 										  SubTransactionId parentSubid,
 										  void *arg);
+static bool IdemKeyedLockTake(const LOCKTAG *tag, bool nowait);
 static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
 static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
 static bool IdemKeyedColumnsMatch(IdemKeyedRows *rows);
@@ -210,20 +212,50 @@ IdemKeyedLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
  *
  * Each lock takes an entry of the lock table every backend shares, for as
  * long as the transaction lasts.  Unbounded, one transaction of one role
- * (an idem_assign of 15,000 partitions, say) filled the table, and every
- * other session's next lock failed (53200, out of shared memory), new
- * connections included.  So a transaction may hold at most
- * max_locks_per_transaction of them (PostgreSQL sizes the table for that
- * many per backend): the next new one is refused with 53000, and only this
- * transaction fails.  A lock it holds already is taken again freely.
+ * (an idem_assign of 15,000 partitions, say, or idem_outbox_next() of as
+ * many relays) filled the table, and every other session's next lock
+ * failed (53200, out of shared memory), new connections included.  So a
+ * transaction may hold at most max_locks_per_transaction of them
+ * (PostgreSQL sizes the table for that many per backend): the next new one
+ * is refused with 53000, and only this transaction fails.  A lock it holds
+ * already is taken again freely.
  */
 void
 IdemKeyedLockAcquire(const LOCKTAG *tag)
 {
+	(void) IdemKeyedLockTake(tag, false);
+}
+
+/*
+ * IdemKeyedLockConditional takes a keyed lock as IdemKeyedLockAcquire
+ * does, but only if it is free at once and within the transaction's
+ * bound: returns whether it did (never an error for either).
+ */
+bool
+IdemKeyedLockConditional(const LOCKTAG *tag)
+{
+	return IdemKeyedLockTake(tag, true);
+}
+
+static bool
+IdemKeyedLockTake(const LOCKTAG *tag, bool nowait)
+{
 	int			level = GetCurrentTransactionNestLevel();
+	LockAcquireResult res;
 
 	if (keyed_locks_held >= max_locks_per_xact &&
 		!IdemLockHeldByMe(tag, ExclusiveLock))
+	{
+		if (nowait)
+			return false;
+		if (tag->locktag_field4 == IDEM_LOCK_OUTBOX_RELAY)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+					 errmsg("too many outbox relays locked by this transaction"),
+					 errdetail("Each relay of a topic holds a lock until the transaction ends, as each stream partition and producer does, and this transaction holds %d, the limit set by \"%s\".",
+							   keyed_locks_held, "max_locks_per_transaction"),
+					 errhint("Serve fewer relays and topics in one transaction, or raise \"%s\".",
+							 "max_locks_per_transaction")));
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
 				 errmsg("too many stream partitions and producers locked by this transaction"),
@@ -231,6 +263,7 @@ IdemKeyedLockAcquire(const LOCKTAG *tag)
 						   keyed_locks_held, "max_locks_per_transaction"),
 				 errhint("Assign, advance, check or import fewer partitions and producers in one transaction, or raise \"%s\".",
 						 "max_locks_per_transaction")));
+	}
 	/* room to count it, before it is taken */
 	if (level >= keyed_locks_levels)
 	{
@@ -247,11 +280,15 @@ IdemKeyedLockAcquire(const LOCKTAG *tag)
 		}
 		keyed_locks_levels = n;
 	}
-	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+	res = LockAcquire(tag, ExclusiveLock, false, nowait);
+	if (res == LOCKACQUIRE_NOT_AVAIL)
+		return false;
+	if (res == LOCKACQUIRE_OK)
 	{
 		keyed_locks_at[level]++;
 		keyed_locks_held++;
 	}
+	return true;
 }
 
 /* ----------------------------------------------------------------

@@ -3,7 +3,8 @@
  * keyed_rows.h
  *	  Tables of one row per (role, names...) read and written directly
  *	  under a keyed lock (keyed_rows.c): the stream positions and producer
- *	  sequences (streams.c), and any table of that shape.
+ *	  sequences (streams.c), the outbox's relay positions
+ *	  (outbox_position.c), and any table of that shape.
  *
  * How a caller uses it (streams.c's idem_advance is the model):
  *
@@ -39,7 +40,9 @@
  *	  row's identity first, and keeps it until its transaction ends
  *	  (IdemKeyedLockAcquire counts a transaction's keyed locks and refuses
  *	  the one past max_locks_per_transaction with 53000, so that one
- *	  transaction cannot fill the shared lock table).  Use a tag of
+ *	  transaction cannot fill the shared lock table;
+ *	  IdemKeyedLockConditional takes it only if it is free and within the
+ *	  bound, for maintenance, which must not wait).  Use a tag of
  *	  keyhash.c's keyed form (IdemSetStreamLockTag), with a lock kind of your own
  *	  (idempotency.h, IDEM_LOCK_*), so that no role can take or read
  *	  another role's.  The lock, not the row, is what serializes writers:
@@ -86,7 +89,7 @@
 #include "utils/relcache.h"
 
 /* at most this many columns in a keyed table, and in its primary key */
-#define IDEM_KEYED_MAX_ATTS		8
+#define IDEM_KEYED_MAX_ATTS		32
 
 /*
  * A keyed table: idempotency.<relname>, whose primary key is its first
@@ -128,6 +131,7 @@ typedef struct IdemKeyedRow
 
 extern void IdemKeyedRowsInit(void);
 extern void IdemKeyedLockAcquire(const LOCKTAG *tag);
+extern bool IdemKeyedLockConditional(const LOCKTAG *tag);
 extern void IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table);
 extern void IdemKeyedClose(IdemKeyedRows *rows);
 extern bool IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key,
