@@ -282,6 +282,20 @@ SET ROLE regress_idem_stream_a;
 SELECT * FROM idem_advance('scratch', 'hot', 0, 6010, 6019);
 SELECT idem_sequence('scratch', 'producer-9', 1, 5);
 RESET ROLE;
+-- a column a DBA added is refused too (the statements gave it its
+-- default, which the direct writes do not know), and once it is dropped
+-- again the table is the extension's (before, it was refused for good:
+-- a dropped column still counts among the table's attributes)
+ALTER TABLE idempotency.positions ADD COLUMN note text;
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6010, 6019);
+RESET ROLE;
+ALTER TABLE idempotency.positions DROP COLUMN note;
+SET ROLE regress_idem_stream_a;
+SELECT * FROM idem_advance('scratch', 'hot', 0, 6015, 6024);
+SELECT * FROM idem_advance('scratch', 'dropped', 0, 0, 9);
+SELECT * FROM idem_advance('scratch', 'dropped', 0, 5, 14);
+RESET ROLE;
 -- an update is refused, as an UPDATE statement is, when the table
 -- publishes updates without a replica identity: no subscriber could apply
 -- it (before, the row was updated and the subscription stopped)

@@ -368,20 +368,25 @@ IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
 	rows->hash = 0;
 	rows->pkey = NULL;
 	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
-	if (!table->checked || RelationGetDescr(rows->heap)->natts != table->natts)
+	if (!table->checked ||
+		RelationGetDescr(rows->heap)->natts != table->relnatts)
 	{
 		IdemKeyedOpenPrimaryKey(rows);
 		table->checked = true;
+		table->relnatts = RelationGetDescr(rows->heap)->natts;
 	}
 	rows->slot = table_slot_create(rows->heap, NULL);
 }
 
 /*
  * IdemKeyedColumnsMatch: has the open keyed table the columns the
- * extension made, of their types, none dropped?  The values are formed
- * and read as those types: a column whose type a DBA changed (ALTER TABLE
- * ... ALTER COLUMN ... TYPE numeric) would have a bigint's Datum taken for
- * a pointer to a numeric.
+ * extension made, of their types, none dropped, and after them only
+ * dropped ones (a column a DBA added and dropped again)?  The values are
+ * formed and read as those types: a column whose type a DBA changed (ALTER
+ * TABLE ... ALTER COLUMN ... TYPE numeric) would have a bigint's Datum
+ * taken for a pointer to a numeric.  A column added (and not dropped) is
+ * refused too: the SQL statements gave it its default, which no write here
+ * knows.
  */
 static bool
 IdemKeyedColumnsMatch(IdemKeyedRows *rows)
@@ -389,13 +394,19 @@ IdemKeyedColumnsMatch(IdemKeyedRows *rows)
 	TupleDesc	desc = RelationGetDescr(rows->heap);
 	int			i;
 
-	if (desc->natts != rows->table->natts)
+	if (desc->natts < rows->table->natts)
 		return false;
 	for (i = 0; i < desc->natts; i++)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
 
-		if (att->attisdropped || att->atttypid != rows->table->atttypes[i])
+		if (i >= rows->table->natts)
+		{
+			if (!att->attisdropped)
+				return false;
+		}
+		else if (att->attisdropped ||
+				 att->atttypid != rows->table->atttypes[i])
 			return false;
 	}
 	return true;
@@ -596,9 +607,28 @@ void
 IdemKeyedWrite(IdemKeyedRows *rows, IdemKeyedRow *row, Datum *values,
 			   const bool *nulls)
 {
-	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rows->heap), values,
-										(bool *) nulls);
+	TupleDesc	desc = RelationGetDescr(rows->heap);
+	HeapTuple	tuple;
 	IdemIndexUpdate which;
+
+	if (desc->natts == rows->table->natts)
+		tuple = heap_form_tuple(desc, values, (bool *) nulls);
+	else
+	{
+		/* dropped columns after the table's own (IdemKeyedColumnsMatch) */
+		Datum	   *v = palloc(desc->natts * sizeof(Datum));
+		bool	   *n = palloc(desc->natts * sizeof(bool));
+		int			i;
+
+		for (i = 0; i < desc->natts; i++)
+		{
+			v[i] = i < rows->table->natts ? values[i] : (Datum) 0;
+			n[i] = i < rows->table->natts ? nulls[i] : true;
+		}
+		tuple = heap_form_tuple(desc, v, n);
+		pfree(v);
+		pfree(n);
+	}
 
 	if (row->found)
 	{

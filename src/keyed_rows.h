@@ -32,7 +32,8 @@
  *	  exclusion constraint; natts columns in all, at most
  *	  IDEM_KEYED_MAX_ATTS, of the types atttypes, none dropped (the values
  *	  are formed as those types: a column whose type a DBA changed would
- *	  have them read as another type's).  IdemKeyedOpen checks all this and fails with
+ *	  have them read as another type's), and after them dropped columns
+ *	  only (a column a DBA added is refused until it is dropped).  IdemKeyedOpen checks all this and fails with
  *	  55000 otherwise (a DBA's change).  At most 8 such tables per backend.
  *	  The IdemKeyedTable is static: relid caches the table's OID, forgotten
  *	  on any relcache invalidation of it.
@@ -108,6 +109,7 @@ typedef struct IdemKeyedTable
 	Oid			atttypes[IDEM_KEYED_MAX_ATTS];	/* of the columns */
 	Oid			relid;			/* cached; InvalidOid until looked up */
 	bool		checked;		/* relid's columns and primary key checked */
+	int			relnatts;		/* ... when it had this many (dropped ones too) */
 } IdemKeyedTable;
 
 /* A keyed table opened for one call */
