@@ -240,6 +240,18 @@ SELECT pg_temp.try($$SELECT idem_outbox_ack('one-more', 'quiet-topic', 1)$$);
 SELECT count(*) AS batches FROM idem_outbox_next('many-1', 'quiet-topic');
 ROLLBACK;
 RESET ROLE;
+-- the keys of the events a transaction publishes are bounded the same way,
+-- apart from its relay and stream locks
+SET ROLE regress_idem_outbox_a;
+BEGIN;
+SELECT count(*) = :budget AS all_published FROM generate_series(1, :budget) AS i,
+  LATERAL idem_publish('quiet-topic', '{}', key => 'k' || i) AS p;
+SELECT pg_temp.try($$SELECT idem_publish('quiet-topic', '{}', key => 'one more')$$);
+SELECT idem_publish('quiet-topic', '{}', key => 'k1') IS NOT NULL AS same_key_again;
+SELECT idem_publish('quiet-topic', '{}') IS NOT NULL AS no_key;
+SELECT count(*) AS batches FROM idem_outbox_next('many-1', 'quiet-topic');
+ROLLBACK;
+RESET ROLE;
 
 -- ------------------------------------------------------------ look-alikes
 -- The outbox's statements run as the storage owner.  A role that puts

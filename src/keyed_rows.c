@@ -104,11 +104,22 @@
  * subtransaction nesting level that took each first: a subtransaction that
  * rolls back releases the locks it took, and gives them back to the count;
  * one that commits hands them to its parent.  Outside a transaction, all
- * zero.
+ * zero.  Two budgets, each of max_locks_per_transaction: the locks of
+ * keyed rows (stream positions, producer sequences, outbox relays), and
+ * the outbox's event keys (outbox_publish.c), as before they were counted
+ * apart.
  */
-static int *keyed_locks_at = NULL;	/* [level], in TopMemoryContext */
-static int	keyed_locks_levels = 0; /* allocated length */
-static int	keyed_locks_held = 0;	/* the sum */
+typedef struct IdemKeyedLockCount
+{
+	int		   *at;				/* [level], in TopMemoryContext */
+	int			levels;			/* allocated length */
+	int			held;			/* the sum */
+} IdemKeyedLockCount;
+
+#define IDEM_KEYED_BUDGET_ROWS			0
+#define IDEM_KEYED_BUDGET_EVENT_KEYS	1
+#define IDEM_KEYED_BUDGETS				2
+static IdemKeyedLockCount keyed_locks[IDEM_KEYED_BUDGETS];
 
 /* the tables whose OIDs this backend caches (the relcache callback's) */
 #define IDEM_KEYED_MAX_TABLES	8
@@ -167,6 +178,8 @@ IdemKeyedRowsInit(void)
 static void
 IdemKeyedLocksXactCallback(XactEvent event, void *arg)
 {
+	int			b;
+
 	switch (event)
 	{
 		case XACT_EVENT_COMMIT:
@@ -174,9 +187,14 @@ IdemKeyedLocksXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
-			if (keyed_locks_levels > 0)
-				memset(keyed_locks_at, 0, keyed_locks_levels * sizeof(int));
-			keyed_locks_held = 0;
+			for (b = 0; b < IDEM_KEYED_BUDGETS; b++)
+			{
+				IdemKeyedLockCount *c = &keyed_locks[b];
+
+				if (c->levels > 0)
+					memset(c->at, 0, c->levels * sizeof(int));
+				c->held = 0;
+			}
 			break;
 		default:
 			break;
@@ -188,21 +206,27 @@ IdemKeyedLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 							  SubTransactionId parentSubid, void *arg)
 {
 	int			level = GetCurrentTransactionNestLevel();
+	int			b;
 
-	if (level >= keyed_locks_levels || keyed_locks_at[level] == 0)
-		return;
-	switch (event)
+	for (b = 0; b < IDEM_KEYED_BUDGETS; b++)
 	{
-		case SUBXACT_EVENT_ABORT_SUB:
-			keyed_locks_held -= keyed_locks_at[level];
-			keyed_locks_at[level] = 0;
-			break;
-		case SUBXACT_EVENT_COMMIT_SUB:
-			keyed_locks_at[level - 1] += keyed_locks_at[level];
-			keyed_locks_at[level] = 0;
-			break;
-		default:
-			break;
+		IdemKeyedLockCount *c = &keyed_locks[b];
+
+		if (level >= c->levels || c->at[level] == 0)
+			continue;
+		switch (event)
+		{
+			case SUBXACT_EVENT_ABORT_SUB:
+				c->held -= c->at[level];
+				c->at[level] = 0;
+				break;
+			case SUBXACT_EVENT_COMMIT_SUB:
+				c->at[level - 1] += c->at[level];
+				c->at[level] = 0;
+				break;
+			default:
+				break;
+		}
 	}
 }
 
@@ -218,7 +242,8 @@ IdemKeyedLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
  * transaction may hold at most max_locks_per_transaction of them
  * (PostgreSQL sizes the table for that many per backend): the next new one
  * is refused with 53000, and only this transaction fails.  A lock it holds
- * already is taken again freely.
+ * already is taken again freely.  The locks of the outbox's event keys
+ * (IDEM_LOCK_OUTBOX_KEY) have a budget of their own; the others share one.
  */
 void
 IdemKeyedLockAcquire(const LOCKTAG *tag)
@@ -241,52 +266,61 @@ static bool
 IdemKeyedLockTake(const LOCKTAG *tag, bool nowait)
 {
 	int			level = GetCurrentTransactionNestLevel();
+	IdemKeyedLockCount *c;
 	LockAcquireResult res;
 
-	if (keyed_locks_held >= max_locks_per_xact &&
+	c = &keyed_locks[tag->locktag_field4 == IDEM_LOCK_OUTBOX_KEY ?
+					 IDEM_KEYED_BUDGET_EVENT_KEYS : IDEM_KEYED_BUDGET_ROWS];
+	if (c->held >= max_locks_per_xact &&
 		!IdemLockHeldByMe(tag, ExclusiveLock))
 	{
 		if (nowait)
 			return false;
+		if (tag->locktag_field4 == IDEM_LOCK_OUTBOX_KEY)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+					 errmsg("too many event keys locked by this transaction"),
+					 errdetail("Each key an event is published with holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
+							   c->held, "max_locks_per_transaction"),
+					 errhint("Publish events of fewer keys in one transaction (events without a key take no lock), or raise \"%s\".",
+							 "max_locks_per_transaction")));
 		if (tag->locktag_field4 == IDEM_LOCK_OUTBOX_RELAY)
 			ereport(ERROR,
 					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
 					 errmsg("too many outbox relays locked by this transaction"),
 					 errdetail("Each relay of a topic holds a lock until the transaction ends, as each stream partition and producer does, and this transaction holds %d, the limit set by \"%s\".",
-							   keyed_locks_held, "max_locks_per_transaction"),
+							   c->held, "max_locks_per_transaction"),
 					 errhint("Serve fewer relays and topics in one transaction, or raise \"%s\".",
 							 "max_locks_per_transaction")));
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
 				 errmsg("too many stream partitions and producers locked by this transaction"),
 				 errdetail("Each holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
-						   keyed_locks_held, "max_locks_per_transaction"),
+						   c->held, "max_locks_per_transaction"),
 				 errhint("Assign, advance, check or import fewer partitions and producers in one transaction, or raise \"%s\".",
 						 "max_locks_per_transaction")));
 	}
 	/* room to count it, before it is taken */
-	if (level >= keyed_locks_levels)
+	if (level >= c->levels)
 	{
 		int			n = Max(level + 1, 8);
 
-		if (keyed_locks_at == NULL)
-			keyed_locks_at = MemoryContextAllocZero(TopMemoryContext,
-													n * sizeof(int));
+		if (c->at == NULL)
+			c->at = MemoryContextAllocZero(TopMemoryContext, n * sizeof(int));
 		else
 		{
-			keyed_locks_at = repalloc(keyed_locks_at, n * sizeof(int));
-			memset(keyed_locks_at + keyed_locks_levels, 0,
-				   (n - keyed_locks_levels) * sizeof(int));
+			c->at = repalloc(c->at, n * sizeof(int));
+			memset(c->at + c->levels, 0, (n - c->levels) * sizeof(int));
 		}
-		keyed_locks_levels = n;
+		c->levels = n;
 	}
 	res = LockAcquire(tag, ExclusiveLock, false, nowait);
 	if (res == LOCKACQUIRE_NOT_AVAIL)
 		return false;
 	if (res == LOCKACQUIRE_OK)
 	{
-		keyed_locks_at[level]++;
-		keyed_locks_held++;
+		c->at[level]++;
+		c->held++;
 	}
 	return true;
 }

@@ -188,10 +188,4 @@ extern void IdemRelayLag(const IdemRelayState *st, int64 *events,
  */
 extern void IdemOutboxMaintain(TimestampTz now, int *created, int *dropped);
 
-/* ----------------------------------------------------------------
- * Publishing (outbox_publish.c)
- * ----------------------------------------------------------------
- */
-extern void IdemOutboxPublishInit(void);
-
 #endif							/* IDEMPOTENCY_OUTBOX_H */
