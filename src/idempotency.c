@@ -189,7 +189,6 @@ _PG_init(void)
 	IdemLockSecretInit();
 	IdemWaitInit();
 	IdemOutboxStorageInit();
-	IdemOutboxPublishInit();
 	IdemOutboxTransferInit();
 
 	if (process_shared_preload_libraries_in_progress)

@@ -226,7 +226,6 @@ extern void IdemOutboxMaintain(TimestampTz now, int *created, int *dropped);
  * Publishing (outbox_publish.c)
  * ----------------------------------------------------------------
  */
-extern void IdemOutboxPublishInit(void);
 extern void IdemOutboxCheckEvent(const char *what, text *key, Datum headers,
 								 bool headers_null, Datum payload,
 								 bool payload_null, Datum payload_raw,

@@ -46,6 +46,7 @@
  */
 #include "idempotency.h"
 #include "compat.h"
+#include "keyed_rows.h"
 #include "keyhash.h"
 #include "outbox.h"
 #include "protocol.h"
@@ -75,126 +76,33 @@ PG_FUNCTION_INFO_V1(idem_publish);
 /* The prefix of the logical decoding messages */
 #define IDEM_OUTBOX_MESSAGE_PREFIX	"idempotency.outbox"
 
-/*
- * The key locks the current transaction holds, counted by the
- * subtransaction nesting level that took each first (as streams.c counts
- * its locks): a subtransaction that rolls back releases the locks it took.
- */
-static int *key_locks_at = NULL;	/* [level], in TopMemoryContext */
-static int	key_locks_levels = 0;
-static int	key_locks_held = 0;
-
 /* This backend's part of the event ids (see the file header) */
 static bool event_id_seeded = false;
 static uint64 event_id_rand_a;	/* 12 bits */
 static uint64 event_id_rand_b;	/* 62 bits */
 static uint64 event_id_counter = 0;
 
-static void IdemKeyLocksXactCallback(XactEvent event, void *arg);
-static void IdemKeyLocksSubXactCallback(SubXactEvent event,
-										SubTransactionId mySubid,
-										SubTransactionId parentSubid,
-										void *arg);
 static void IdemLockEventKey(Oid role, text *topic, text *key);
 static void IdemCheckEventHeaders(Datum headers);
 static void IdemNewEventId(pg_uuid_t *id, TimestampTz now);
 static void IdemEmitLogicalMessage(Oid role, text *topic, Datum *values,
 								   bool *nulls);
 
-/* registers the transaction callbacks; called once from _PG_init */
-void
-IdemOutboxPublishInit(void)
-{
-	RegisterXactCallback(IdemKeyLocksXactCallback, NULL);
-	RegisterSubXactCallback(IdemKeyLocksSubXactCallback, NULL);
-}
-
-static void
-IdemKeyLocksXactCallback(XactEvent event, void *arg)
-{
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			if (key_locks_levels > 0)
-				memset(key_locks_at, 0, key_locks_levels * sizeof(int));
-			key_locks_held = 0;
-			break;
-		default:
-			break;
-	}
-}
-
-static void
-IdemKeyLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
-							SubTransactionId parentSubid, void *arg)
-{
-	int			level = GetCurrentTransactionNestLevel();
-
-	if (level >= key_locks_levels || key_locks_at[level] == 0)
-		return;
-	switch (event)
-	{
-		case SUBXACT_EVENT_ABORT_SUB:
-			key_locks_held -= key_locks_at[level];
-			key_locks_at[level] = 0;
-			break;
-		case SUBXACT_EVENT_COMMIT_SUB:
-			key_locks_at[level - 1] += key_locks_at[level];
-			key_locks_at[level] = 0;
-			break;
-		default:
-			break;
-	}
-}
-
 /*
  * IdemLockEventKey takes the lock of one key of one topic of "role" until
  * the transaction ends: at most max_locks_per_transaction of them per
- * transaction (see the file header); one held already is taken again
- * freely.
+ * transaction (see the file header; counted by keyed_rows.c, apart from
+ * the stream and relay locks); one held already is taken again freely.
  */
 static void
 IdemLockEventKey(Oid role, text *topic, text *key)
 {
 	LOCKTAG		tag;
-	int			level = GetCurrentTransactionNestLevel();
 
 	IdemSetStreamLockTag(&tag, IDEM_LOCK_OUTBOX_KEY, role,
 						 VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic),
 						 VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), 0);
-	if (key_locks_held >= max_locks_per_xact &&
-		!IdemLockHeldByMe(&tag, ExclusiveLock))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-				 errmsg("too many event keys locked by this transaction"),
-				 errdetail("Each key an event is published with holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
-						   key_locks_held, "max_locks_per_transaction"),
-				 errhint("Publish events of fewer keys in one transaction (events without a key take no lock), or raise \"%s\".",
-						 "max_locks_per_transaction")));
-	if (level >= key_locks_levels)
-	{
-		int			n = Max(level + 1, 8);
-
-		if (key_locks_at == NULL)
-			key_locks_at = MemoryContextAllocZero(TopMemoryContext,
-												  n * sizeof(int));
-		else
-		{
-			key_locks_at = repalloc(key_locks_at, n * sizeof(int));
-			memset(key_locks_at + key_locks_levels, 0,
-				   (n - key_locks_levels) * sizeof(int));
-		}
-		key_locks_levels = n;
-	}
-	if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
-	{
-		key_locks_at[level]++;
-		key_locks_held++;
-	}
+	IdemKeyedLockAcquire(&tag);
 }
 
 /*
