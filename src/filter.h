@@ -97,6 +97,7 @@ extern void IdemFilterAdd(Oid relid, int16 lane, Oid role,
 						  const pg_uuid_t *digest);
 extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
+extern void IdemFilterForgetAtCommit(Oid relid);
 
 /*
  * Filters of the pieces of the memory (memory.c): a piece is written once,

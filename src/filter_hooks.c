@@ -354,6 +354,9 @@ IdemFilterXactCallback(XactEvent event, void *arg)
 				pg_atomic_fetch_sub_u32(&idem_filter_shared->external_busy[IdemFilterBucket(MyDatabaseId)], 1);
 			my_external_busy = 0;
 			own_sql_text = NULL;
+			/* the filters of the partitions it dropped (filter_pool.c) */
+			IdemFilterAtXactEnd(event == XACT_EVENT_COMMIT ||
+								event == XACT_EVENT_PARALLEL_COMMIT);
 			/* the local cache of slots, pruned now and then */
 			IdemFilterPruneLocal();
 			break;

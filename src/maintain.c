@@ -14,7 +14,10 @@
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
  *	  the parent) it is left for the next run.  With idempotency.key_memory,
  *	  the drop first writes the piece of the ledger's memory that remembers
- *	  its keys (memory.c), in the same subtransaction;
+ *	  its keys (memory.c), in the same subtransaction; a call that finds no
+ *	  live row of its key then looks into the ended partition, and so waits
+ *	  for this run's transaction, unless the partition's digest filter
+ *	  (kept until the drop commits: filter_pool.c) rules its key out;
  *	- drop the pieces of the memory that key_memory has passed (memory.c);
  *	- the outbox's segments: a new one, and old ones dropped
  *	  (outbox_maintain.c);

@@ -1511,7 +1511,9 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
  *
  * Only the partition and its parent are locked: the ledgers' readers and
  * writers never lock the parent, and no live row is in an expired partition,
- * so nobody waits for this.
+ * so nobody waits for this; with idempotency.key_memory, only a call
+ * looking for its remembered key in the ended partition (memory.c), which
+ * the partition's filter, kept until the drop commits, does not rule out.
  *
  * CASCADE: an expired partition goes with whatever another role made
  * depend on it.  Any role can make a view or a column default that names a
@@ -1574,7 +1576,8 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 
 	if (dropped)
 	{
-		IdemFilterForget(relid);
+		/* kept until the drop commits (see IdemFilterForgetAtCommit) */
+		IdemFilterForgetAtCommit(relid);
 		IdemStatsAdd(IDEM_STAT_PARTITIONS_DROPPED, 1);
 	}
 	return dropped;

@@ -12,6 +12,17 @@
 #    the database's filters UNUSABLE, and the next round builds the pieces'
 #    filters from their chunks.  (Before, the empty READY filter ruled the
 #    key out: "claimed", and the operation ran a second time.)
+# 2. A maintenance run that dropped an expired partition into the memory,
+#    its transaction still open (idem_maintain() in a transaction of its
+#    own that has not committed yet, or the worker's run going on with the
+#    next partitions, the outbox and the filter builds): a claim of a key
+#    never seen, and a consume of a new message id, do not wait for it.
+#    The partition's filter, which says the key is not there, is kept
+#    until the drop commits (before, it was freed at the drop, so every
+#    new key of the partition's lane locked the partition to look for its
+#    row, and waited for the whole maintenance transaction: here until
+#    lock_timeout).  A late retry of a key the partition held waits for
+#    the drop, and is answered "expired" once it commits.
 #
 # Every wait polls for a condition.
 
@@ -138,6 +149,75 @@ maintain('dst');
 is(piece_filters('dst'), 'ready,ready', 'the next round builds the filters again');
 is($node->safe_psql('dst', $answers_sql), 'expired false claimed',
 	'the filters built from the restored chunks keep the answers');
+
+# ------------------ 2. a claim of a new key does not wait for maintenance
+$node->safe_psql('postgres', 'CREATE DATABASE w');
+$node->safe_psql('w', 'CREATE EXTENSION idempotency');
+# partitions made 30 s ahead: the calls below find theirs made (a call
+# that must make one waits for a run that made partitions, another wait)
+$node->safe_psql('w', 'ALTER DATABASE w SET idempotency.premake = 30');
+maintain('w');
+$node->safe_psql(
+	'w', q{
+BEGIN;
+SELECT status FROM idem_claim('late', ttl => '1 second');
+SELECT idem_complete('late', 201, '{"id": 1}');
+COMMIT;
+SELECT idem_consume_message('orders', 'late', ttl => '1 second');
+});
+ok( $node->poll_query_until(
+		'w', q{SELECT clock_timestamp() > max(p.upper_bound)
+		         FROM idempotency.partitions p
+		        WHERE EXISTS (SELECT FROM idempotency.keys k WHERE k.tableoid = p.partition)
+		           OR EXISTS (SELECT FROM idempotency.messages m WHERE m.tableoid = p.partition)}),
+	'the partitions of the key and the id have ended');
+is( $node->safe_psql(
+		'w', q{SELECT count(*) FILTER (WHERE f.state = 'ready') || ' of ' || count(*)
+		         FROM idempotency.partitions p
+		         LEFT JOIN idempotency.filter_info() f ON f.partition = p.partition
+		        WHERE EXISTS (SELECT FROM idempotency.keys k WHERE k.tableoid = p.partition)
+		           OR EXISTS (SELECT FROM idempotency.messages m WHERE m.tableoid = p.partition)}),
+	'2 of 2', 'the two partitions have READY filters');
+
+my $maint = $node->background_psql('w');
+ok( $maint->query_safe(q{
+	BEGIN;
+	SELECT partitions_dropped >= 2 FROM idem_maintain();}) =~ /^t$/m,
+	'a maintenance run, its transaction open, dropped the partitions into the memory');
+
+# a new key and a new id: no wait (lock_timeout would end one)
+my ($rc, $out, $err) = $node->psql(
+	'w', q{
+SET lock_timeout = '2s';
+BEGIN;
+SELECT (SELECT status FROM idem_claim('new-key')) || ' '
+    || idem_consume_message('orders', 'new-id')::text;
+ROLLBACK;});
+is($out, 'claimed true', 'a new key and a new message id do not wait for the maintenance transaction')
+  or diag($err);
+
+# the late retry of the key the partition held waits for the drop
+my $late = $node->background_psql('w');
+my $late_pid = $late->query_safe('SELECT pg_backend_pid()');
+$late->query_until(qr/started/, q{
+	\echo started
+	SELECT status FROM idem_claim('late');
+});
+ok( $node->poll_query_until(
+		'w', "SELECT EXISTS (SELECT FROM pg_locks WHERE pid = $late_pid AND NOT granted)"),
+	'the late retry waits for the drop of its partition');
+$maint->query_safe('COMMIT');
+$maint->quit;
+my $answer = $late->query_safe('SELECT 1');
+like($answer, qr/^expired\n1$/, 'and is answered "expired" once the drop committed');
+$late->quit;
+is( $node->safe_psql(
+		'w', q{BEGIN;
+		       SELECT (SELECT status FROM idem_claim('late')) || ' '
+		           || idem_consume_message('orders', 'late')::text
+		           || ' ' || (SELECT count(*) FROM idempotency.keys_memory)::text;
+		       ROLLBACK;}),
+	'expired false 1', 'the memory holds the key and the id');
 
 $node->stop;
 done_testing();
