@@ -967,7 +967,14 @@ IdemMemoryBuildFilters(void)
 				relation_close(rel, AccessShareLock);
 				continue;
 			}
-			scan = table_beginscan(rel, GetActiveSnapshot(), 0, NULL);
+			/*
+			 * every tuple version, dead or alive, as the ledgers' builds do
+			 * (filter_build.c): a chunk committed after this run's snapshot
+			 * was taken (an external write the hooks noticed, which had
+			 * ended when the fill began) is in the filter too; a superset
+			 * does no harm
+			 */
+			scan = table_beginscan(rel, SnapshotAny, 0, NULL);
 			while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 			{
 				bool		isnull;

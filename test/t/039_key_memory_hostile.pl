@@ -23,6 +23,14 @@
 #    row, and waited for the whole maintenance transaction: here until
 #    lock_timeout).  A late retry of a key the partition held waits for
 #    the drop, and is answered "expired" once it commits.
+# 3. A piece's filter built again by a maintenance run (after such a
+#    write, or a restart) holds every chunk of the piece, also one written
+#    after the run took its snapshot: the build reads every tuple version
+#    (SnapshotAny), as the builds of the ledgers' filters do.  Here a
+#    superuser puts a role's chunk back into a piece while a maintenance
+#    run's snapshot (a REPEATABLE READ transaction) predates it; before,
+#    the rebuilt READY filter missed the chunk, and the role's key was
+#    claimed again.
 #
 # Every wait polls for a condition.
 
@@ -218,6 +226,58 @@ is( $node->safe_psql(
 		           || ' ' || (SELECT count(*) FROM idempotency.keys_memory)::text;
 		       ROLLBACK;}),
 	'expired false 1', 'the memory holds the key and the id');
+
+# --------------- 3. a piece's filter rebuilt holds chunks newer than the run
+$node->safe_psql('postgres', 'CREATE DATABASE x');
+$node->safe_psql('x', 'CREATE EXTENSION idempotency');
+$node->safe_psql('x', 'ALTER DATABASE x SET idempotency.premake = 30');
+$node->safe_psql('x', 'CREATE ROLE bob; GRANT USAGE ON SCHEMA idempotency TO bob');
+maintain('x');
+$node->safe_psql(
+	'x', q{
+BEGIN;
+SELECT status FROM idem_claim('order-a', ttl => '1 second');
+SELECT idem_complete('order-a', 201);
+SET LOCAL ROLE bob;
+SELECT status FROM idem_claim('order-b', ttl => '1 second');
+SELECT idem_complete('order-b', 201);
+COMMIT;
+});
+my $bob_sql = q{
+BEGIN;
+SET LOCAL ROLE bob;
+SELECT status FROM idem_claim('order-b');
+ROLLBACK;};
+ok( poll_until(
+		'the keys moved to the memory',
+		sub {
+			maintain('x');
+			$node->safe_psql(
+				'x', q{SELECT to_regclass('idempotency.keys_memory') IS NOT NULL
+				            AND (SELECT count(*) FROM idempotency.keys) = 0}) eq 't';
+		}),
+	'maintenance dropped the keys of both roles into the memory');
+is($node->safe_psql('x', $bob_sql), 'expired', "bob's key is remembered");
+my $piece = $node->safe_psql(
+	'x', q{SELECT tableoid::regclass FROM idempotency.keys_memory
+	        WHERE role = 'bob'::regrole});
+$node->safe_psql(
+	'x', qq{
+CREATE TABLE public.saved AS SELECT * FROM $piece WHERE role = 'bob'::regrole;
+DELETE FROM $piece WHERE role = 'bob'::regrole;});
+
+# a maintenance run whose snapshot predates the chunk put back
+my $rr = $node->background_psql('x');
+$rr->query_safe(q{BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;});
+$node->safe_psql('x', "INSERT INTO $piece SELECT * FROM public.saved");
+is($node->safe_psql('x', "SELECT state FROM idempotency.filter_info() WHERE partition = '$piece'::regclass"),
+	'unusable', 'the INSERT into the piece made its filter unusable');
+$rr->query_safe('SELECT idem_maintain(); COMMIT;');
+$rr->quit;
+is($node->safe_psql('x', "SELECT state FROM idempotency.filter_info() WHERE partition = '$piece'::regclass"),
+	'ready', "the run built the piece's filter again");
+is($node->safe_psql('x', $bob_sql), 'expired',
+	"bob's key, whose chunk is newer than the run's snapshot, is still remembered");
 
 $node->stop;
 done_testing();
