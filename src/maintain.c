@@ -219,15 +219,23 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
 	List	   *partitions = IdemAllPartitions(ledger);
 	ListCell   *lc;
 	int			dropped = 0;
+	TimestampTz since = now - (int64) idem_key_memory * USECS_PER_SEC;
 
 	foreach(lc, partitions)
 	{
 		IdemPartition *p = (IdemPartition *) lfirst(lc);
 
 		CHECK_FOR_INTERRUPTS();
+
+		/*
+		 * With key_memory, the keys of a partition whose range ended less
+		 * than key_memory ago go to the memory first; one that ended
+		 * longer ago (left by earlier runs) has none left to remember.
+		 */
 		if (p->upper <= now &&
 			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS,
-							  idem_key_memory > 0 ? IdemMemoryRemember : NULL,
+							  idem_key_memory > 0 && p->upper > since ?
+							  IdemMemoryRemember : NULL,
 							  &ledger))
 			dropped++;
 	}
