@@ -97,12 +97,14 @@ extern void IdemFilterAdd(Oid relid, int16 lane, Oid role,
 						  const pg_uuid_t *digest);
 extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
+extern void IdemFilterForgetAtCommit(Oid relid);
 
 /*
  * Filters of the pieces of the memory (memory.c): a piece is written once,
  * in the transaction that makes it, and then only read, so its filter is
- * filled with the pairs the piece gets, then made READY.  The hooks do not
- * watch the pieces: only the extension writes them.
+ * filled with the pairs the piece gets, then made READY.  A piece written
+ * by anything else (a restore of its data) is an external write: the hooks
+ * watch the memory tables and their pieces as they watch the ledgers.
  */
 typedef struct IdemFilterFill
 {

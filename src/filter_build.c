@@ -249,6 +249,26 @@ IdemFilterBuildDatabase(void)
 		list_free_deep(pieces);
 	}
 
+	/*
+	 * and the partitions this transaction dropped, whose filters it frees
+	 * when it commits (filter_pool.c, IdemFilterForgetAtCommit)
+	 */
+	{
+		const Oid  *dropped;
+		int			ndropped = IdemFilterDroppedRelids(&dropped);
+		int			i;
+
+		for (i = 0; i < ndropped; i++)
+		{
+			if (nall == size)
+			{
+				size *= 2;
+				all = repalloc(all, size * sizeof(Oid));
+			}
+			all[nall++] = dropped[i];
+		}
+	}
+
 	/* free the slots of partitions gone (made before this run began) */
 	IdemFilterForgetSlots(MyDatabaseId, started, all, nall);
 

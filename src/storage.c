@@ -1502,16 +1502,34 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 }
 
 /*
+ * IdemDropPrepareMayFail: may an error of a drop's "prepare" step leave the
+ * partition for the next run instead of failing the maintenance run?  Not
+ * a cancel or a shutdown (57), an I/O error (58) or an internal error (XX).
+ */
+static bool
+IdemDropPrepareMayFail(int sqlerrcode)
+{
+	int			category = ERRCODE_TO_CATEGORY(sqlerrcode);
+
+	return category != ERRCODE_OPERATOR_INTERVENTION &&
+		category != ERRCODE_SYSTEM_ERROR &&
+		category != ERRCODE_INTERNAL_ERROR;
+}
+
+/*
  * IdemDropPartition drops one partition, waiting at most lock_timeout_ms for
  * its locks.  Returns false, leaving everything as it was, if the locks
  * could not be had in time; other errors propagate.  "prepare", if not
  * NULL, runs first in the same subtransaction (memory.c writes the piece
  * that remembers the partition's keys there), so that it commits or rolls
- * back with the DROP.
+ * back with the DROP; an error of its own (but a cancel, a shutdown, an
+ * I/O or internal error) also returns false, with a WARNING.
  *
  * Only the partition and its parent are locked: the ledgers' readers and
  * writers never lock the parent, and no live row is in an expired partition,
- * so nobody waits for this.
+ * so nobody waits for this; with idempotency.key_memory, only a call
+ * looking for its remembered key in the ended partition (memory.c), which
+ * the partition's filter, kept until the drop commits, does not rule out.
  *
  * CASCADE: an expired partition goes with whatever another role made
  * depend on it.  Any role can make a view or a column default that names a
@@ -1529,6 +1547,7 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 	char	   *relname = get_rel_name(relid);
 	char	   *nspname;
 	bool		dropped = false;
+	volatile bool preparing = false;
 
 	if (relname == NULL)
 		return false;			/* already gone */
@@ -1545,7 +1564,11 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 								   quote_identifier(relname));
 
 		if (prepare != NULL)
+		{
+			preparing = true;
 			prepare(relid, lock_timeout_ms, arg);
+			preparing = false;
+		}
 		IdemExecAsOwner(sql, lock_timeout_ms);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
@@ -1563,18 +1586,37 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;
 
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+		if (edata->sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE)
+			ereport(DEBUG1,
+					(errmsg_internal("could not drop expired partition \"%s.%s\" now, will retry: %s",
+									 IDEM_SCHEMA_NAME, relname, edata->message)));
+		else if (preparing && IdemDropPrepareMayFail(edata->sqlerrcode))
+		{
+			/*
+			 * The memory's piece could not be written (a piece of the same
+			 * name or range still there after the clock stepped back, no
+			 * memory for a huge partition): the partition stays, and its
+			 * keys are answered from it while the memory lasts; the rest of
+			 * the run goes on, so that the memory's old pieces are
+			 * forgotten and the partition is dropped without a piece once
+			 * its keys need no remembering (IdemDropExpiredPartitions).
+			 */
+			ereport(WARNING,
+					(errcode(edata->sqlerrcode),
+					 errmsg("could not remember the keys of expired partition \"%s.%s\", leaving it for the next run",
+							IDEM_SCHEMA_NAME, relname),
+					 errdetail_internal("%s", edata->message)));
+		}
+		else
 			ReThrowError(edata);
-		ereport(DEBUG1,
-				(errmsg_internal("could not drop expired partition \"%s.%s\" now, will retry: %s",
-						IDEM_SCHEMA_NAME, relname, edata->message)));
 		FreeErrorData(edata);
 	}
 	PG_END_TRY();
 
 	if (dropped)
 	{
-		IdemFilterForget(relid);
+		/* kept until the drop commits (see IdemFilterForgetAtCommit) */
+		IdemFilterForgetAtCommit(relid);
 		IdemStatsAdd(IDEM_STAT_PARTITIONS_DROPPED, 1);
 	}
 	return dropped;
