@@ -8,4 +8,7 @@ BEGIN
     IF a <> b THEN bad := bad + 1; RAISE NOTICE 'tenant %: % ledger rows, % payments', t, a, b; END IF;
   END LOOP;
   RAISE NOTICE 'tenants whose ledger rows (read through their shard) differ from their payments: %', bad;
+  IF bad > 0 THEN
+    RAISE EXCEPTION 'the ledger rows of % tenants do not match their payments', bad;
+  END IF;
 END $$;

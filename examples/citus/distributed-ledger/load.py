@@ -4,7 +4,7 @@ runs (issue 37 prototype).
 Usage: CO=conninfo load.py "SQL[;; SQL...]" TAG [MAXKEYS]; exit 1 on a key
 paid twice, differing replies or a replay lost after the operation."""
 import os, random, sys, threading, time
-import psycopg2
+import psycopg
 
 CO = os.environ["CO"]
 TENANTS = ["t%02d" % i for i in range(24)] + ["acme"]
@@ -24,7 +24,7 @@ def newkey(i):
 
 def client(seed):
     rnd = random.Random(seed)
-    conn = psycopg2.connect(CO); conn.autocommit = True
+    conn = psycopg.connect(CO, autocommit=True)
     cur = conn.cursor()
     n = 0
     while not stop.is_set():
@@ -38,20 +38,20 @@ def client(seed):
                 cur.execute("SELECT status, response_body->>'payment_id' FROM create_payment(%s, %s, 5)", k)
                 st, pid = cur.fetchone()
                 break
-            except psycopg2.Error as e:
+            except psycopg.Error as e:
                 with lock:
-                    if e.pgcode == '40001':
+                    if e.sqlstate == '40001':
                         stats["retry40001"] += 1
                     else:
                         stats["other_err"] += 1
-                        m = (e.pgcode, str(e).splitlines()[0][:120])
+                        m = (e.sqlstate, str(e).splitlines()[0][:120])
                         errs[m] = errs.get(m, 0) + 1
                 try:
                     conn.close()
                 except Exception:
                     pass
                 time.sleep(0.01)
-                conn = psycopg2.connect(CO); conn.autocommit = True; cur = conn.cursor()
+                conn = psycopg.connect(CO, autocommit=True); cur = conn.cursor()
         with lock:
             stats["calls"] += 1
             stats[st] = stats.get(st, 0) + 1
@@ -62,14 +62,14 @@ threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in rang
 for t in threads: t.start()
 time.sleep(2)
 t0 = time.time()
-opconn = psycopg2.connect(CO); opconn.autocommit = True
+opconn = psycopg.connect(CO, autocommit=True)
 oc = opconn.cursor()
 try:
     for stmt in op_sql.split(';;'):
         oc.execute(stmt)
         try:
             print(oc.fetchall(), flush=True)
-        except psycopg2.ProgrammingError:
+        except psycopg.ProgrammingError:
             pass
 finally:
     print("operation took %.2f s, %d calls so far" % (time.time() - t0, stats["calls"]), flush=True)
@@ -77,7 +77,7 @@ time.sleep(2)
 stop.set()
 for t in threads: t.join()
 # every key once more, after the operation: must replay
-conn = psycopg2.connect(CO); conn.autocommit = True; cur = conn.cursor()
+conn = psycopg.connect(CO, autocommit=True); cur = conn.cursor()
 lost = 0
 for k in list(replies):
     cur.execute("SELECT status, response_body->>'payment_id' FROM create_payment(%s, %s, 5)", k)

@@ -3,9 +3,8 @@
 the payment it made (whatever shard operations happened since)."""
 import os
 import sys
-import psycopg2
-c = psycopg2.connect(os.environ["CO"])
-c.autocommit = True
+import psycopg
+c = psycopg.connect(os.environ["CO"], autocommit=True)
 cur = c.cursor()
 cur.execute("SELECT tenant, key, id FROM payments WHERE key NOT LIKE 'mv1-%' AND key NOT LIKE 'k%'")
 rows = cur.fetchall()

@@ -6,6 +6,9 @@
 # Run as the user that owns the servers (not root), with Citus installed
 # for $PG_CONFIG and this tree's extension installed:
 #   PG_CONFIG=... WORK=/tmp/dl BASE=56501 bash run.sh
+# examples/citus/test.sh runs it after its own checks (so the test command's
+# examples suite does, on every major, with the Citus it builds); PY names
+# the Python with psycopg2 (default /usr/bin/python3).
 # Starts a coordinator and two workers (unix sockets under $WORK, ports
 # $BASE..$BASE+2), then, while 4 clients send and re-send payments through
 # the coordinator (load.py), in turn:
@@ -26,7 +29,7 @@ BIN=$("$PG_CONFIG" --bindir)
 WORK=${WORK:-/tmp/idem-citus-dl}
 BASE=${BASE:-56501}
 HERE=$(cd "$(dirname "$0")" && pwd)
-PY=/usr/bin/python3
+PY=${PY:-/usr/bin/python3}
 declare -A PORT=([coord]=$BASE [w1]=$((BASE + 1)) [w2]=$((BASE + 2)))
 fails=0
 
@@ -99,7 +102,7 @@ load isolate "SELECT isolate_tenant_to_new_shard('payments', 'acme', 'CASCADE', 
 
 say "every key of every step, once more"
 "$PY" "$HERE/replay_all.py" || fails=$((fails + 1))
-sql coord -f "$HERE/check.sql" 2>&1 | grep -v '^DO$'
+sql coord -v ON_ERROR_STOP=1 -f "$HERE/check.sql" || fails=$((fails + 1))
 
 say "control: the same move with idempotency.citus_ledgers off (must pay keys twice)"
 for n in w1 w2; do sql "$n" -c "ALTER SYSTEM SET idempotency.citus_ledgers = off" -c "SELECT pg_reload_conf()" >/dev/null; done
