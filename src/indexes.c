@@ -68,7 +68,8 @@ typedef enum IdemDigestIndexKind
 } IdemDigestIndexKind;
 
 static IdemDigestIndexKind IdemDigestIndexKindOf(Relation index);
-static bool IdemIsSimpleIndex(Relation index);
+static bool IdemIsSimpleIndex(Relation index, int heap_natts);
+static bool IdemIsLedgerIdentityIndex(Relation index, int heap_natts);
 static AttrNumber IdemNotNullPredicateAttr(Relation index);
 static IndexInfo *IdemIndexInfo(IdemOpenPartition *op, int i);
 static void IdemInsertIndexEntriesDirect(IdemOpenPartition *op,
@@ -179,7 +180,8 @@ IdemOpenAllIndexes(IdemOpenPartition *op)
 	}
 	op->simple = true;
 	for (i = 0; i < op->nindexes; i++)
-		if (!IdemIsSimpleIndex(op->indexes[i]))
+		if (!IdemIsSimpleIndex(op->indexes[i],
+							   RelationGetDescr(op->heap)->natts))
 			op->simple = false;
 	op->all_open = true;
 }
@@ -276,17 +278,45 @@ IdemDigestIndexKindOf(Relation index)
 /*
  * IdemIsSimpleIndex: can this index's entries be made from the row's
  * columns alone, with no uniqueness or exclusion check, and no predicate
- * but a column's being not null?
+ * but a column's being not null?  The replica identity index of a
+ * partition of a ledger distributed by Citus is unique, but needs no check:
+ * it is on (role, digest, lane, expires_at, tenant), and the protocol keeps
+ * one live row per key under the key lock (doc/scale-out.md, "Replica
+ * identity"), as it does for the (role, digest) index.
  */
 static bool
-IdemIsSimpleIndex(Relation index)
+IdemIsSimpleIndex(Relation index, int heap_natts)
 {
 	Form_pg_index form = index->rd_index;
 
-	return !form->indisunique && !form->indisexclusion &&
+	return (!form->indisunique || IdemIsLedgerIdentityIndex(index, heap_natts)) &&
+		!form->indisexclusion &&
 		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
 		(heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) ||
 		 IdemNotNullPredicateAttr(index) != InvalidAttrNumber);
+}
+
+/*
+ * IdemIsLedgerIdentityIndex: is this the replica identity index that
+ * idempotency.citus_distribute() gives each partition of a distributed
+ * ledger, a btree on (role, digest, lane, expires_at, tenant), tenant being
+ * the last of the table's "natts" columns?
+ */
+static bool
+IdemIsLedgerIdentityIndex(Relation index, int natts)
+{
+	Form_pg_index form = index->rd_index;
+
+	return form->indisreplident && !form->indisexclusion &&
+		form->indnatts == 5 && form->indnkeyatts == 5 &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		form->indkey.values[0] == Anum_ledger_role &&
+		form->indkey.values[1] == Anum_ledger_digest &&
+		form->indkey.values[2] == Anum_ledger_lane &&
+		form->indkey.values[3] == Anum_ledger_expires_at &&
+		(natts == IdemTenantAttnum(IDEM_LEDGER_KEYS) ||
+		 natts == IdemTenantAttnum(IDEM_LEDGER_MESSAGES)) &&
+		form->indkey.values[4] == natts;
 }
 
 /*
