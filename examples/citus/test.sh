@@ -154,6 +154,6 @@ done
 mkdir -p "$WORK/dl" && chmod 755 "$WORK/dl"
 [ "$(id -u)" -ne 0 ] || chown "$CLUSTER_USER" "$WORK/dl"
 cluster_as_user env PG_CONFIG="$PG_CONFIG" WORK="$WORK/dl/run" BASE=$((BASE + 3)) \
-	PY="$PYTHON" bash "$HERE/distributed-ledger/run.sh" ||
+	PY="$PYTHON" KEYS=1000 bash "$HERE/distributed-ledger/run.sh" ||
 	fail "distributed-ledger/run.sh: the distributed ledger did not keep exactly-once through Citus' shard operations"
 say "passed in $((SECONDS - start)) s"

@@ -8,8 +8,9 @@
 # for $PG_CONFIG and this tree's extension installed:
 #   PG_CONFIG=... WORK=/tmp/dl BASE=56501 bash run.sh
 # examples/citus/test.sh runs it after its own checks (so the test command's
-# examples suite does, on every major, with the Citus it builds); PY names
-# the Python with psycopg2 (default /usr/bin/python3).
+# examples suite does, on every major, with the Citus it builds), with
+# KEYS=1000; PY names the Python with psycopg 3 (default /usr/bin/python3);
+# KEYS the most keys each step sends (default 3000).
 # Starts a coordinator and two workers (unix sockets under $WORK, ports
 # $BASE..$BASE+2), then, while 4 clients send and re-send payments through
 # the coordinator (load.py), in turn:
@@ -33,6 +34,7 @@ WORK=${WORK:-/tmp/idem-citus-dl}
 BASE=${BASE:-56501}
 HERE=$(cd "$(dirname "$0")" && pwd)
 PY=${PY:-/usr/bin/python3}
+KEYS=${KEYS:-3000}
 declare -A PORT=([coord]=$BASE [w1]=$((BASE + 1)) [w2]=$((BASE + 2)))
 fails=0
 
@@ -83,7 +85,7 @@ W2="'$WORK/w2/sock', ${PORT[w2]}"
 
 load() { # tag, operation
 	say "$1: $2"
-	timeout 900 "$PY" "$HERE/load.py" "$2" "$1" || fails=$((fails + 1))
+	timeout 900 "$PY" "$HERE/load.py" "$2" "$1" "$KEYS" || fails=$((fails + 1))
 }
 other_of() { # shard -> "host', port" of the worker that does not hold it
 	if [ "$(sql coord -c "SELECT nodeport FROM citus_shards WHERE shardid = $1 LIMIT 1")" = "${PORT[w1]}" ]; then
@@ -118,7 +120,7 @@ s=$(ctl coord -c "SELECT get_shard_id_for_distribution_column('payments', 't02')
 from=$(ctl coord -c "SELECT nodeport FROM citus_shards WHERE shardid = $s LIMIT 1")
 if [ "$from" = "${PORT[w1]}" ]; then from=$W1 to=$W2; else from=$W2 to=$W1; fi
 if CO="host=$WORK/coord/sock port=${PORT[coord]} dbname=ctl" timeout 900 "$PY" "$HERE/load.py" \
-	"SELECT citus_move_shard_placement($s, $from, $to, shard_transfer_mode => 'force_logical')" control; then
+	"SELECT citus_move_shard_placement($s, $from, $to, shard_transfer_mode => 'force_logical')" control "$KEYS"; then
 	say "control found nothing: the checks cannot fail"
 	fails=$((fails + 1))
 else
