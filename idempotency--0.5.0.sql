@@ -1038,6 +1038,19 @@ BEGIN
         -- every change, and a logical move finds rows by an index
         EXECUTE pg_catalog.format('CREATE UNIQUE INDEX %I ON idempotency.%I (role, digest, lane, expires_at, tenant)',
                                   ledger || '_identity_idx', ledger);
+        -- it also serves probes, by its first two columns: the (role,
+        -- digest) index goes (one index entry fewer per row written)
+        FOR part IN
+            SELECT i.indexrelid::pg_catalog.regclass AS idx
+              FROM pg_catalog.pg_index AS i
+             WHERE i.indrelid OPERATOR(pg_catalog.=)
+                   pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', ledger))
+               AND i.indnatts OPERATOR(pg_catalog.=) 2
+               AND i.indkey[0] OPERATOR(pg_catalog.=) 3
+               AND i.indkey[1] OPERATOR(pg_catalog.=) 2
+        LOOP
+            EXECUTE pg_catalog.format('DROP INDEX %s', part.idx);
+        END LOOP;
         FOR part IN
             SELECT i.indrelid::pg_catalog.regclass AS rel, c.relname AS idx
               FROM pg_catalog.pg_inherits AS h

@@ -64,7 +64,10 @@ typedef enum IdemDigestIndexKind
 {
 	IDEM_DIGEST_INDEX_NONE = 0, /* not one probes can use */
 	IDEM_DIGEST_INDEX_PLAIN,	/* on (digest): partitions made before 0.4.0 */
-	IDEM_DIGEST_INDEX_ROLE		/* on (role, digest) */
+	IDEM_DIGEST_INDEX_ROLE,		/* on (role, digest) */
+	IDEM_DIGEST_INDEX_IDENTITY	/* on (role, digest, lane, expires_at,
+								 * tenant): a distributed ledger's replica
+								 * identity, which has no other (citus.c) */
 } IdemDigestIndexKind;
 
 static IdemDigestIndexKind IdemDigestIndexKindOf(Relation index);
@@ -137,8 +140,9 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode,
 		IdemDigestIndexKind kind = IdemDigestIndexKindOf(index);
 
 		op->indexes[op->nopened++] = index;
-		if (kind == IDEM_DIGEST_INDEX_ROLE)
+		if (kind == IDEM_DIGEST_INDEX_ROLE || kind == IDEM_DIGEST_INDEX_IDENTITY)
 		{
+			/* probed by its first two columns, as a (role, digest) one */
 			op->index = index;
 			op->index_by_role = true;
 		}
@@ -244,7 +248,8 @@ IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 /*
  * IdemDigestIndexKindOf: is this index one that finds every row of a
  * digest with a btree probe, by the oid equality of its role and the uuid
- * equality of its digest (ROLE) or by the latter alone (PLAIN)?
+ * equality of its digest (ROLE, or IDENTITY: the same first two columns,
+ * then lane, expires_at and tenant) or by the latter alone (PLAIN)?
  */
 static IdemDigestIndexKind
 IdemDigestIndexKindOf(Relation index)
@@ -268,6 +273,16 @@ IdemDigestIndexKindOf(Relation index)
 		index->rd_opfamily[0] == OID_BTREE_FAM_OID &&
 		index->rd_opfamily[1] == uuid_btree_family)
 		return IDEM_DIGEST_INDEX_ROLE;
+	if (form->indnatts == 5 && form->indisunique &&
+		form->indkey.values[0] == Anum_ledger_role &&
+		form->indkey.values[1] == Anum_ledger_digest &&
+		form->indkey.values[2] == Anum_ledger_lane &&
+		form->indkey.values[3] == Anum_ledger_expires_at &&
+		(form->indkey.values[4] == IdemTenantAttnum(IDEM_LEDGER_KEYS) ||
+		 form->indkey.values[4] == IdemTenantAttnum(IDEM_LEDGER_MESSAGES)) &&
+		index->rd_opfamily[0] == OID_BTREE_FAM_OID &&
+		index->rd_opfamily[1] == uuid_btree_family)
+		return IDEM_DIGEST_INDEX_IDENTITY;
 	if (form->indnatts == 1 &&
 		form->indkey.values[0] == Anum_ledger_digest &&
 		index->rd_opfamily[0] == uuid_btree_family)
@@ -402,7 +417,7 @@ IdemIndexInfo(IdemOpenPartition *op, int i)
 	Relation	index = op->indexes[i];
 	IdemDigestIndexKind kind = IdemDigestIndexKindOf(index);
 
-	if (kind == IDEM_DIGEST_INDEX_NONE)
+	if (kind == IDEM_DIGEST_INDEX_NONE || kind == IDEM_DIGEST_INDEX_IDENTITY)
 	{
 		/*
 		 * Built where the partition was opened, not in the caller's memory:

@@ -15,7 +15,10 @@
  *
  * Both ledgers' tables start with the same four columns, (expires_at
  * timestamptz, digest uuid, role regrole, lane int2), and each partition
- * has a btree on (role, digest): probe.c relies on both.  (Before 0.4.0 it
+ * has a btree on (role, digest): probe.c relies on both.  (A ledger
+ * distributed by Citus has, instead, a unique one on (role, digest, lane,
+ * expires_at, tenant), its replica identity, which probes use by its first
+ * two columns: indexes.c.)  (Before 0.4.0 it
  * was on digest alone, which let one role's probe read another role's
  * entry: see IdemUpgradeLedgerIndex.)  The key ledger has more columns
  * after them (ledger_defs; six more since 0.4.0, which a table made for

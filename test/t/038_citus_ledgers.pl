@@ -98,6 +98,13 @@ SELECT string_agg(DISTINCT c.relreplident::text, ',') || ' ' || count(*)
  WHERE n.nspname = 'idempotency' AND c.relkind = 'r'
    AND c.relname ~ '^(keys|messages)_n'}) =~ /^i [1-9][0-9]*$/ ? 'i' : 'not all i',
 	'i', 'every ledger partition and every shard of one: replica identity by index');
+is($node->safe_psql('postgres', q{
+SET citus.override_table_visibility = off;
+SELECT count(*) FROM pg_index i JOIN pg_class c ON c.oid = i.indrelid
+  JOIN pg_namespace n ON n.oid = c.relnamespace
+ WHERE n.nspname = 'idempotency' AND c.relname ~ '^(keys|messages)'
+   AND i.indnatts = 2 AND i.indkey[0] = 3 AND i.indkey[1] = 2}), '0',
+	'no (role, digest) index left: probes use the identity index');
 $node->psql('postgres', q{
 \set VERBOSITY verbose
 SELECT idempotency.citus_distribute('payments');
