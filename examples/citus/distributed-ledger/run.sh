@@ -115,6 +115,21 @@ say "every key of every step, once more"
 "$PY" "$HERE/replay_all.py" || fails=$((fails + 1))
 sql coord -v ON_ERROR_STOP=1 -f "$HERE/check.sql" || fails=$((fails + 1))
 
+say "maintenance on the workers leaves the distributed ledgers' partitions to the coordinator"
+for n in w1 w2; do
+	parts="SELECT count(*) FROM pg_class WHERE relname ~ '^(keys|messages)_n'"
+	before=$(sql "$n" -c "SET citus.override_table_visibility = off" -c "$parts")
+	# a horizon further out than the coordinator's: a worker that did not
+	# leave them alone would try to make more
+	got=$(sql "$n" -c "SET idempotency.premake = 4" \
+		-c "SELECT partitions_created || '|' || partitions_dropped FROM idem_maintain()" 2>&1)
+	after=$(sql "$n" -c "SET citus.override_table_visibility = off" -c "$parts")
+	if [ "$got" != "0|0" ] || [ "$before" != "$after" ]; then
+		say "$n: idem_maintain() answered '$got', ledger partitions and shards $before before, $after after"
+		fails=$((fails + 1))
+	fi
+done
+
 say "control: the same move where the ledgers are each worker's own (must pay keys and apply events twice)"
 s=$(ctl coord -c "SELECT get_shard_id_for_distribution_column('payments', 't02')")
 from=$(ctl coord -c "SELECT nodeport FROM citus_shards WHERE shardid = $s LIMIT 1")
