@@ -15,7 +15,10 @@
  *
  * Both ledgers' tables start with the same four columns, (expires_at
  * timestamptz, digest uuid, role regrole, lane int2), and each partition
- * has a btree on (role, digest): probe.c relies on both.  (Before 0.4.0 it
+ * has a btree on (role, digest): probe.c relies on both.  (A ledger
+ * distributed by Citus has, instead, a unique one on (role, digest, lane,
+ * expires_at, tenant), its replica identity, which probes use by its first
+ * two columns: indexes.c.)  (Before 0.4.0 it
  * was on digest alone, which let one role's probe read another role's
  * entry: see IdemUpgradeLedgerIndex.)  The key ledger has more columns
  * after them (ledger_defs; six more since 0.4.0, which a table made for
@@ -58,6 +61,7 @@
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/index.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_depend.h"
 #include "catalog/pg_extension.h"
@@ -157,6 +161,8 @@ typedef struct IdemLedgerCache
 	Oid			routed;			/* a shard's cache: the shard's table */
 	Oid			parent;			/* InvalidOid if the table does not exist */
 	int			parent_natts;	/* its columns */
+	Oid			tenant_type;	/* the type of its "tenant" column (a ledger
+								 * distributed by Citus), or InvalidOid */
 	int			npartitions;
 	IdemPartition *partitions;	/* sorted by (lane, lower) */
 	Oid		   *relids;			/* the partitions' OIDs, sorted */
@@ -197,6 +203,8 @@ static void IdemInvalidateCache(IdemLedgerCache *cache, Oid relid);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
 static int	IdemRelNatts(Oid relid);
+static Oid	IdemIdentityIndexOf(IdemLedger ledger, Oid partition);
+static Oid	IdemTenantColumnType(IdemLedger ledger, Oid relid, int natts);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
@@ -314,9 +322,82 @@ IdemLedgerName(IdemLedger ledger)
 bool
 IdemLedgerHasColumns(IdemLedger ledger, int natts)
 {
+	if (natts == IdemTenantAttnum(ledger))
+		return true;			/* distributed by Citus: "tenant" last */
 	if (ledger == IDEM_LEDGER_MESSAGES)
 		return natts == Natts_messages;
 	return natts == Natts_keys || natts == Natts_keys_v1;
+}
+
+/*
+ * IdemLedgerTenantType returns the type of the "tenant" column of the
+ * ledger's own table, which a ledger distributed by Citus has
+ * (idempotency.citus_distribute()), or InvalidOid: the ledger is then not
+ * distributed, and calls are not routed (citus.c).  From the partition
+ * cache: no catalog access once it is valid.
+ */
+Oid
+IdemLedgerTenantType(IdemLedger ledger)
+{
+	IdemLedgerCache *cache = &ledger_cache[ledger];
+
+	if (!cache->valid)
+		IdemRebuildLedgerCache(ledger, cache);
+	return OidIsValid(cache->parent) ? cache->tenant_type : InvalidOid;
+}
+
+/*
+ * IdemIdentityIndexOf returns the index of "partition" that is attached to
+ * the ledger's idempotency.<ledger>_identity_idx (citus_distribute()), the
+ * partition's replica identity, or InvalidOid if there is none.
+ */
+static Oid
+IdemIdentityIndexOf(IdemLedger ledger, Oid partition)
+{
+	char		name[NAMEDATALEN];
+	Oid			parent_index;
+	List	   *children;
+	ListCell   *lc;
+
+	snprintf(name, sizeof(name), "%s_identity_idx", IdemLedgerName(ledger));
+	parent_index = get_relname_relid(name, get_namespace_oid(IDEM_SCHEMA_NAME, false));
+	if (!OidIsValid(parent_index))
+		return InvalidOid;
+	children = find_inheritance_children(parent_index, NoLock);
+	foreach(lc, children)
+	{
+		Oid			child = lfirst_oid(lc);
+
+		if (IndexGetRelation(child, true) == partition)
+			return child;
+	}
+	return InvalidOid;
+}
+
+/*
+ * IdemTenantColumnType returns the type of column "tenant" of table relid
+ * of "natts" columns when it is the last one, after the ledger's own.
+ */
+static Oid
+IdemTenantColumnType(IdemLedger ledger, Oid relid, int natts)
+{
+	HeapTuple	tup;
+	Oid			type = InvalidOid;
+
+	if (natts != IdemTenantAttnum(ledger))
+		return InvalidOid;
+	tup = SearchSysCache2(ATTNUM, ObjectIdGetDatum(relid),
+						  Int16GetDatum(IdemTenantAttnum(ledger)));
+	if (HeapTupleIsValid(tup))
+	{
+		Form_pg_attribute att = (Form_pg_attribute) GETSTRUCT(tup);
+
+		if (!att->attisdropped &&
+			strcmp(NameStr(att->attname), IDEM_TENANT_COLUMN) == 0)
+			type = att->atttypid;
+		ReleaseSysCache(tup);
+	}
+	return type;
 }
 
 /*
@@ -549,6 +630,8 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	 */
 	cache->parent = parent;
 	cache->parent_natts = IdemRelNatts(parent);
+	cache->tenant_type = IdemTenantColumnType(ledger, parent,
+											  cache->parent_natts);
 
 	/*
 	 * Read into the caller's memory, copied into the cache's only at the
@@ -1463,8 +1546,10 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	 * own, as Citus sends a statement's text to the workers and refuses a
 	 * text of several ("cannot execute multiple utility events"); the
 	 * partition gets a replica identity in the same transaction, on its
-	 * shards too, so that Citus can move it logically at any time (the
-	 * prototype's FULL; see doc/scale-out.md).
+	 * shards too, so that Citus can move it logically at any time: its
+	 * index of the ledger's <ledger>_identity_idx, unique on (role, digest,
+	 * lane, expires_at, tenant), made by citus_distribute() (see
+	 * doc/scale-out.md), or FULL on a ledger distributed without it.
 	 */
 	if (distributed)
 	{
@@ -1480,15 +1565,22 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemAppendTimestamp(&sql, upper);
 	appendStringInfoString(&sql, ")");
 	IdemExecAsOwner(sql.data, 0);
+	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	if (distributed)
 	{
+		Oid			identity = IdemIdentityIndexOf(ledger, relid);
+
 		resetStringInfo(&sql);
-		appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
-						 quote_identifier(name.data));
+		if (OidIsValid(identity))
+			appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY USING INDEX %s",
+							 quote_identifier(name.data),
+							 quote_identifier(get_rel_name(identity)));
+		else
+			appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
+							 quote_identifier(name.data));
 		IdemExecAsOwner(sql.data, 0);
 	}
 
-	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	IdemRestrictTableAcl(relid);
 	IdemFilterCreated(ledger, relid, lane);
 	pfree(sql.data);

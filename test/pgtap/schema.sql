@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(88);
+SELECT plan(89);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -19,38 +19,38 @@ CREATE ROLE idem_pgtap_bob;
 -- API functions
 ----------------------------------------------------------------------------
 
--- idem_consume_message(consumer text, message_id text, ttl interval DEFAULT NULL) RETURNS boolean
-SELECT has_function('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
-                    'idem_consume_message(text, text, interval) is in pg_catalog');
+-- idem_consume_message(consumer text, message_id text, ttl interval DEFAULT NULL, tenant text DEFAULT NULL) RETURNS boolean
+SELECT has_function('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
+                    'idem_consume_message(text, text, interval, text) is in pg_catalog');
 SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_message'), 1,
           'idem_consume_message has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval)'::regprocedure),
-          'consumer text, message_id text, ttl interval DEFAULT NULL::interval',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval, text)'::regprocedure),
+          'consumer text, message_id text, ttl interval DEFAULT NULL::interval, tenant text DEFAULT NULL::text',
           'idem_consume_message argument names and defaults');
-SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'boolean',
+SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'boolean',
                         'idem_consume_message returns boolean');
-SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'volatile',
+SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'volatile',
                      'idem_consume_message is VOLATILE');
-SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
                     'idem_consume_message is not SECURITY DEFINER');
-SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
                    'idem_consume_message is not STRICT (NULL arguments get a clean error)');
 
--- idem_consume_messages(consumer text, message_ids text[], ttl interval DEFAULT NULL) RETURNS SETOF text
-SELECT has_function('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
-                    'idem_consume_messages(text, text[], interval) is in pg_catalog');
+-- idem_consume_messages(consumer text, message_ids text[], ttl interval DEFAULT NULL, tenant text DEFAULT NULL) RETURNS SETOF text
+SELECT has_function('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
+                    'idem_consume_messages(text, text[], interval, text) is in pg_catalog');
 SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_messages'), 1,
           'idem_consume_messages has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval)'::regprocedure),
-          'consumer text, message_ids text[], ttl interval DEFAULT NULL::interval',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval, text)'::regprocedure),
+          'consumer text, message_ids text[], ttl interval DEFAULT NULL::interval, tenant text DEFAULT NULL::text',
           'idem_consume_messages argument names and defaults');
-SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'setof text',
+SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'setof text',
                         'idem_consume_messages returns SETOF text');
-SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'volatile',
+SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'volatile',
                      'idem_consume_messages is VOLATILE');
-SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
                     'idem_consume_messages is not SECURITY DEFINER');
-SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
                    'idem_consume_messages is not STRICT (NULL arguments get a clean error)');
 
 -- idem_maintain(OUT partitions_created int, OUT partitions_dropped int) RETURNS record
@@ -91,10 +91,12 @@ SELECT ok(NOT has_function_privilege('public', 'pg_catalog.idem_maintain()', 'EX
           'PUBLIC cannot execute idem_maintain()');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_maintain()', 'EXECUTE'),
           'an ordinary role cannot execute idem_maintain()');
-SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval)', 'EXECUTE'),
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval, text)', 'EXECUTE'),
           'an ordinary role can execute idem_consume_message()');
-SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval)', 'EXECUTE'),
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval, text)', 'EXECUTE'),
           'an ordinary role can execute idem_consume_messages()');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.citus_distribute(regclass)', 'EXECUTE'),
+          'an ordinary role cannot execute idempotency.citus_distribute()');
 
 ----------------------------------------------------------------------------
 -- Schema idempotency and its view
