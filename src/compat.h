@@ -158,6 +158,16 @@ IdemRelationOidLockedByMe(Oid relid, LOCKMODE mode, bool orstronger)
 #endif
 
 /*
+ * RelationGetPrimaryKeyIndex(): PostgreSQL 18 added "deferrable_ok"; false
+ * keeps the earlier answer (no index for a deferrable primary key).
+ */
+#if PG_VERSION_NUM >= 180000
+#define IdemRelationGetPrimaryKeyIndex(rel) RelationGetPrimaryKeyIndex((rel), false)
+#else
+#define IdemRelationGetPrimaryKeyIndex(rel) RelationGetPrimaryKeyIndex(rel)
+#endif
+
+/*
  * One backend's entry of this transaction's copy of the activity table,
  * by position (1 to pgstat_fetch_stat_numbackends()): PostgreSQL 16
  * renamed pgstat_fetch_stat_local_beentry() to

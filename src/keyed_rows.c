@@ -462,7 +462,7 @@ IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows)
 
 	if (rows->pkey != NULL)
 		return;
-	pkoid = RelationGetPrimaryKeyIndex(rows->heap);
+	pkoid = IdemRelationGetPrimaryKeyIndex(rows->heap);
 	if (!OidIsValid(pkoid))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -534,7 +534,7 @@ IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key, Snapshot snapshot)
 							   InvalidOid, rows->pkey->rd_indcollation[i],
 							   eq, key[i]);
 	}
-	scan = index_beginscan(rows->heap, rows->pkey, snapshot, table->nkeys, 0);
+	scan = IdemIndexBeginScan(rows->heap, rows->pkey, snapshot, table->nkeys);
 	index_rescan(scan, skeys, table->nkeys, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, rows->slot);
 	index_endscan(scan);
