@@ -858,6 +858,392 @@ COMMENT ON FUNCTION pg_catalog.idem_claim(text, jsonb, text, interval, interval,
 COMMENT ON FUNCTION pg_catalog.idem_lookup(text, text) IS
 'the calling role''s own live record of one idempotency key, for support work (status expired: remembered after its ttl)';
 
+-- 0.5.0: outbox export and import (a tenant move takes its unrelayed
+-- events and its relays along; see src/outbox_transfer.c, doc/reference.md,
+-- "Moving tenants between nodes"), and the export manifest.
+
+CREATE TYPE idempotency.event_record AS (
+    role         name,
+    topic        text,
+    ord          bigint,
+    event_id     uuid,
+    key          text,
+    headers      jsonb,
+    payload      jsonb,
+    payload_raw  bytea,
+    published_at timestamptz,
+    delivered_by text[]
+);
+
+COMMENT ON TYPE idempotency.event_record IS
+'one outbox event as idempotency.export_events() gives it and idempotency.import_event() takes it: import in ord order';
+
+CREATE TYPE idempotency.relay_record AS (
+    role          name,
+    relay         text,
+    topic         text,
+    generation    bigint,
+    batch         bigint,
+    lost_events   bigint,
+    lost_first_ev bigint,
+    lost_last_ev  bigint,
+    lost_from     timestamptz,
+    lost_to       timestamptz,
+    created_at    timestamptz,
+    acked_at      timestamptz
+);
+
+COMMENT ON TYPE idempotency.relay_record IS
+'one outbox relay as idempotency.export_relays() gives it and idempotency.import_relay() takes it';
+
+CREATE FUNCTION idempotency.export_events(topics text[] DEFAULT NULL)
+RETURNS SETOF idempotency.event_record
+AS 'MODULE_PATHNAME', 'idem_export_events'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_events(text[]) IS
+'the outbox events of the given topics (all if NULL), of every role, that a relay of their topic has not acknowledged, for idempotency.import_event() on another node';
+
+CREATE FUNCTION idempotency.import_event(e record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_event'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_event(record) IS
+'writes an exported outbox event with its event id unless this node has it already: inserted or kept';
+
+CREATE FUNCTION idempotency.export_relays(topics text[] DEFAULT NULL)
+RETURNS SETOF idempotency.relay_record
+AS 'MODULE_PATHNAME', 'idem_export_relays'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_relays(text[]) IS
+'the outbox relays of the given topics (all if NULL), of every role, for idempotency.import_relay() on another node';
+
+CREATE FUNCTION idempotency.import_relay(r record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_relay'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_relay(record) IS
+'takes an exported outbox relay (before its topic''s events, in their transaction): inserted, replaced or kept';
+
+CREATE TYPE idempotency.dead_letter_record AS (
+    role         name,
+    relay        text,
+    topic        text,
+    event_id     uuid,
+    key          text,
+    headers      jsonb,
+    payload      jsonb,
+    payload_raw  bytea,
+    published_at timestamptz,
+    reason       text,
+    attempts     integer,
+    failed_at    timestamptz
+);
+
+COMMENT ON TYPE idempotency.dead_letter_record IS
+'one dead letter of an outbox relay as idempotency.export_dead_letters() gives it and idempotency.import_dead_letter() takes it';
+
+CREATE FUNCTION idempotency.export_dead_letters(topics text[] DEFAULT NULL)
+RETURNS SETOF idempotency.dead_letter_record
+AS 'MODULE_PATHNAME', 'idem_export_dead_letters'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.export_dead_letters(text[]) IS
+'the dead letters of the outbox relays of the given topics (all if NULL), of every role, for idempotency.import_dead_letter() on another node';
+
+CREATE FUNCTION idempotency.import_dead_letter(d record)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_import_dead_letter'
+LANGUAGE C STRICT VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION idempotency.import_dead_letter(record) IS
+'stores an exported dead letter unless this node has one of the same relay and event that failed as late: inserted, replaced, kept or expired';
+
+REVOKE ALL ON FUNCTION idempotency.export_dead_letters(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_dead_letter(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_events(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_event(record) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.export_relays(text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION idempotency.import_relay(record) FROM PUBLIC;
+
+-- What an export holds, part by part, in the order to import them: a
+-- mover keeps these rows with the exported ones, and the importing node's
+-- own manifest says whether it takes that format and each part.  Format
+-- 2 is 0.5.0's; the exports of 0.3.0 and 0.4.0 (format 1: keys, messages,
+-- and since 0.4.0 positions and sequences) had no manifest and import as
+-- before.  key_memory is a slot: the memory of expired keys is not
+-- exported yet.
+CREATE FUNCTION idempotency.export_manifest()
+RETURNS TABLE (format integer, part text, record_type regtype,
+               export_function regprocedure, import_function regprocedure,
+               import_order integer)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $manifest$
+SELECT 2, m.part, m.record_type::pg_catalog.regtype,
+       m.export_function::pg_catalog.regprocedure,
+       m.import_function::pg_catalog.regprocedure, m.import_order
+  FROM (VALUES
+        ('keys', 'idempotency.key_record', 'idempotency.export_keys(text[])',
+         'idempotency.import_key(record)', 1),
+        ('messages', 'idempotency.message_record', 'idempotency.export_messages(text[])',
+         'idempotency.import_message(record)', 2),
+        ('positions', 'idempotency.position_record', 'idempotency.export_positions(text[])',
+         'idempotency.import_position(record)', 3),
+        ('sequences', 'idempotency.sequence_record', 'idempotency.export_sequences(text[])',
+         'idempotency.import_sequence(record)', 4),
+        ('outbox_relays', 'idempotency.relay_record', 'idempotency.export_relays(text[])',
+         'idempotency.import_relay(record)', 5),
+        ('outbox_events', 'idempotency.event_record', 'idempotency.export_events(text[])',
+         'idempotency.import_event(record)', 6),
+        ('outbox_dead_letters', 'idempotency.dead_letter_record',
+         'idempotency.export_dead_letters(text[])', 'idempotency.import_dead_letter(record)', 7),
+        ('key_memory', NULL, NULL, NULL, 8))
+       AS m(part, record_type, export_function, import_function, import_order)
+ ORDER BY m.import_order
+$manifest$;
+
+COMMENT ON FUNCTION idempotency.export_manifest() IS
+'what an export of this version holds (format 2): each part, its record type, its export and import functions, in the order to import them; key_memory is a slot not exported yet';
+
+-- 0.5.0: ledgers distributed by Citus (issue 37; src/citus.h,
+-- doc/scale-out.md, "Citus' own shard operations").
+-- idempotency.citus_distribute() distributes both ledgers by a new last
+-- column "tenant", co-located with the application's tables, so that
+-- Citus' rebalancer, moves, splits and tenant isolation carry the dedup
+-- records with the tenant's rows; the C path then writes each row into
+-- the local shard of its tenant.  idem_consume_message() and
+-- idem_consume_messages() take that tenant (ignored while the message
+-- ledger is not distributed): made anew, the old ones renamed first, their
+-- privileges carried over, then dropped.
+ALTER FUNCTION pg_catalog.idem_consume_message(text, text, interval)
+    RENAME TO idem_consume_message_before_0_5_0;
+ALTER FUNCTION pg_catalog.idem_consume_messages(text, text[], interval)
+    RENAME TO idem_consume_messages_before_0_5_0;
+
+CREATE FUNCTION pg_catalog.idem_consume_message(consumer text,
+                                                message_id text,
+                                                ttl interval DEFAULT NULL,
+                                                tenant text DEFAULT NULL)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_consume_message'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_consume_message(text, text, interval, text) IS
+'records a message as consumed in this transaction: true on first delivery, false if already consumed (tenant: the shard of a message ledger distributed by Citus)';
+
+CREATE FUNCTION pg_catalog.idem_consume_messages(consumer text,
+                                                 message_ids text[],
+                                                 ttl interval DEFAULT NULL,
+                                                 tenant text DEFAULT NULL)
+RETURNS SETOF text
+AS 'MODULE_PATHNAME', 'idem_consume_messages'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
+
+COMMENT ON FUNCTION pg_catalog.idem_consume_messages(text, text[], interval, text) IS
+'records a batch of messages as consumed in this transaction and returns the new ones, in input order (tenant: the shard of a message ledger distributed by Citus)';
+
+-- Each new function gets exactly the privileges of the one it replaces
+-- (what default privileges gave it is taken back first).
+DO $citus_privileges$
+DECLARE
+    o record;
+    item record;
+BEGIN
+    FOR o IN
+        SELECT n.oid::pg_catalog.regprocedure AS name, n.proacl AS newacl,
+               d.proacl AS oldacl, n.proowner AS owner
+          FROM (VALUES
+                ('pg_catalog.idem_consume_message(text,text,interval,text)'::pg_catalog.regprocedure::pg_catalog.oid,
+                 'pg_catalog.idem_consume_message_before_0_5_0(text,text,interval)'::pg_catalog.regprocedure::pg_catalog.oid),
+                ('pg_catalog.idem_consume_messages(text,text[],interval,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_consume_messages_before_0_5_0(text,text[],interval)'::pg_catalog.regprocedure))
+               AS f (newobj, oldobj)
+          JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
+          JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', o.name);
+        FOR item IN
+            SELECT a.grantee
+              FROM pg_catalog.aclexplode(o.newacl) AS a
+             WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+               AND a.grantee OPERATOR(pg_catalog.<>) 0
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', o.name,
+                                      pg_catalog.pg_get_userbyid(item.grantee));
+        END LOOP;
+        IF o.oldacl IS NULL THEN
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', o.name);
+        ELSE
+            FOR item IN
+                SELECT a.grantee, a.privilege_type, a.is_grantable
+                  FROM pg_catalog.aclexplode(o.oldacl) AS a
+                 WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+            LOOP
+                EXECUTE pg_catalog.format('GRANT %s ON FUNCTION %s TO %s%s',
+                                          item.privilege_type, o.name,
+                                          CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                               ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END,
+                                          CASE WHEN item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+            END LOOP;
+        END IF;
+    END LOOP;
+END
+$citus_privileges$;
+
+DROP FUNCTION pg_catalog.idem_consume_message_before_0_5_0(text, text, interval);
+DROP FUNCTION pg_catalog.idem_consume_messages_before_0_5_0(text, text[], interval);
+
+-- Run once, on the Citus coordinator, as the owner of schema idempotency
+-- (or a superuser), after the tenant's tables are distributed and before
+-- the first call.  Runs with the caller's privileges: it only does what
+-- the caller could do by hand.
+CREATE FUNCTION idempotency.citus_distribute(colocate_with regclass)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $citus_distribute$
+DECLARE
+    dist_column text;
+    tenant_type text;
+    ledger text;
+    part record;
+    worker record;
+BEGIN
+    IF pg_catalog.to_regclass('pg_catalog.pg_dist_partition') IS NULL
+       OR pg_catalog.to_regclass('pg_catalog.pg_dist_local_group') IS NULL THEN
+        RAISE EXCEPTION 'Citus is not installed in this database'
+            USING ERRCODE = '55000',
+                  HINT = 'Run CREATE EXTENSION citus, and idempotency.citus_distribute() on the coordinator.';
+    END IF;
+    IF (SELECT g.groupid FROM pg_catalog.pg_dist_local_group AS g) OPERATOR(pg_catalog.<>) 0 THEN
+        RAISE EXCEPTION 'idempotency.citus_distribute() must run on the Citus coordinator'
+            USING ERRCODE = '55000';
+    END IF;
+    EXECUTE 'SELECT pg_catalog.column_to_column_name(p.logicalrelid, p.partkey)
+               FROM pg_catalog.pg_dist_partition AS p
+              WHERE p.logicalrelid OPERATOR(pg_catalog.=) $1
+                AND p.partmethod OPERATOR(pg_catalog.=) ''h'''
+       INTO dist_column USING colocate_with;
+    IF dist_column IS NULL THEN
+        RAISE EXCEPTION 'table % is not distributed by hash', colocate_with
+            USING ERRCODE = '22023',
+                  HINT = 'Name a table distributed with create_distributed_table(), by its tenant.';
+    END IF;
+    SELECT pg_catalog.format_type(a.atttypid, a.atttypmod) ||
+           CASE WHEN a.attcollation OPERATOR(pg_catalog.<>) 0
+                     AND a.attcollation OPERATOR(pg_catalog.<>) t.typcollation
+                THEN ' COLLATE ' || (SELECT pg_catalog.format('%I.%I', cn.nspname, c.collname)
+                                       FROM pg_catalog.pg_collation AS c
+                                       JOIN pg_catalog.pg_namespace AS cn
+                                         ON cn.oid OPERATOR(pg_catalog.=) c.collnamespace
+                                      WHERE c.oid OPERATOR(pg_catalog.=) a.attcollation)
+                ELSE '' END
+      INTO tenant_type
+      FROM pg_catalog.pg_attribute AS a
+      JOIN pg_catalog.pg_type AS t ON t.oid OPERATOR(pg_catalog.=) a.atttypid
+     WHERE a.attrelid OPERATOR(pg_catalog.=) colocate_with
+       AND a.attname OPERATOR(pg_catalog.=) dist_column;
+
+    -- the ledgers' tables and partitions, made here if missing
+    PERFORM pg_catalog.idem_maintain();
+    IF pg_catalog.to_regclass('idempotency.keys') IS NULL
+       OR pg_catalog.to_regclass('idempotency.messages') IS NULL THEN
+        RAISE EXCEPTION 'the ledgers of this database could not be made'
+            USING ERRCODE = '55000';
+    END IF;
+    IF EXISTS (SELECT FROM pg_catalog.pg_attribute AS a
+                WHERE a.attrelid OPERATOR(pg_catalog.=) ANY
+                      (ARRAY['idempotency.keys'::pg_catalog.regclass, 'idempotency.messages'::pg_catalog.regclass])
+                  AND a.attname OPERATOR(pg_catalog.=) 'tenant' AND NOT a.attisdropped) THEN
+        RAISE EXCEPTION 'the ledgers are distributed already'
+            USING ERRCODE = '55000';
+    END IF;
+    IF EXISTS (SELECT FROM idempotency.keys) OR EXISTS (SELECT FROM idempotency.messages) THEN
+        RAISE EXCEPTION 'the ledgers of this node have rows'
+            USING ERRCODE = '55000',
+                  DETAIL = 'Only empty ledgers are distributed: a row does not say its tenant.',
+                  HINT = 'Distribute the ledgers before the first call, or once the rows have expired.';
+    END IF;
+    FOR worker IN
+        EXECUTE 'SELECT w.nodename, w.nodeport
+                   FROM pg_catalog.run_command_on_workers(
+                        ''SELECT pg_catalog.to_regclass(''''idempotency.keys'''') IS NOT NULL
+                              OR pg_catalog.to_regclass(''''idempotency.messages'''') IS NOT NULL'') AS w
+                  WHERE NOT w.success OR w.result OPERATOR(pg_catalog.<>) ''f'''
+    LOOP
+        RAISE EXCEPTION 'worker %:% has ledgers of its own', worker.nodename, worker.nodeport
+            USING ERRCODE = '55000',
+                  DETAIL = 'Its idempotency.keys or idempotency.messages would stand in the way of the distributed ledgers.',
+                  HINT = 'Drop them on that worker once its rows have expired or moved, then distribute.';
+    END LOOP;
+
+    FOREACH ledger IN ARRAY ARRAY['keys', 'messages'] LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE idempotency.%I ADD COLUMN tenant %s NOT NULL',
+                                  ledger, tenant_type);
+        -- the replica identity of each partition (also made so later by
+        -- maintenance): it has the distribution column, so a split routes
+        -- every change, and a logical move finds rows by an index
+        EXECUTE pg_catalog.format('CREATE UNIQUE INDEX %I ON idempotency.%I (role, digest, lane, expires_at, tenant)',
+                                  ledger || '_identity_idx', ledger);
+        -- it also serves probes, by its first two columns: the (role,
+        -- digest) index goes (one index entry fewer per row written)
+        FOR part IN
+            SELECT i.indexrelid::pg_catalog.regclass AS idx
+              FROM pg_catalog.pg_index AS i
+             WHERE i.indrelid OPERATOR(pg_catalog.=)
+                   pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', ledger))
+               AND i.indnatts OPERATOR(pg_catalog.=) 2
+               AND i.indkey[0] OPERATOR(pg_catalog.=) 3
+               AND i.indkey[1] OPERATOR(pg_catalog.=) 2
+        LOOP
+            EXECUTE pg_catalog.format('DROP INDEX %s', part.idx);
+        END LOOP;
+        FOR part IN
+            SELECT i.indrelid::pg_catalog.regclass AS rel, c.relname AS idx
+              FROM pg_catalog.pg_inherits AS h
+              JOIN pg_catalog.pg_index AS i ON i.indexrelid OPERATOR(pg_catalog.=) h.inhrelid
+              JOIN pg_catalog.pg_class AS c ON c.oid OPERATOR(pg_catalog.=) i.indexrelid
+             WHERE h.inhparent OPERATOR(pg_catalog.=)
+                   pg_catalog.to_regclass(pg_catalog.format('idempotency.%I', ledger || '_identity_idx'))
+        LOOP
+            EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY USING INDEX %I',
+                                      part.rel, part.idx);
+        END LOOP;
+        EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+          USING pg_catalog.format('idempotency.%I', ledger), colocate_with::pg_catalog.text;
+    END LOOP;
+END
+$citus_distribute$;
+
+COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
+'distributes the key and message ledgers by tenant, co-located with a table distributed by its tenant (Citus coordinator, once, before the first call)';
+
+REVOKE ALL ON FUNCTION idempotency.citus_distribute(regclass) FROM PUBLIC;
+
+-- What default privileges gave it: taken back (superuser or the schema's
+-- owner only).
+DO $citus_distribute_privileges$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        SELECT a.grantee
+          FROM pg_catalog.pg_proc AS p,
+               pg_catalog.aclexplode(p.proacl) AS a
+         WHERE p.oid OPERATOR(pg_catalog.=) 'idempotency.citus_distribute(regclass)'::pg_catalog.regprocedure
+           AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+           AND a.grantee OPERATOR(pg_catalog.<>) 0
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION idempotency.citus_distribute(regclass) FROM %I CASCADE',
+                                  pg_catalog.pg_get_userbyid(item.grantee));
+    END LOOP;
+END
+$citus_distribute_privileges$;
+
 -- 0.5.0: moving the key memory with a tenant (see src/memory_transfer.c,
 -- doc/scale-out.md): the expired keys and message ids remembered
 -- (idempotency.key_memory) of chosen scopes or consumers, as

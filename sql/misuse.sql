@@ -85,6 +85,10 @@ INSERT INTO null_cases VALUES
   ('idem_consume_messages', 'consumer',       $$SELECT idem_consume_messages(NULL, ARRAY['m'])$$),
   ('idem_consume_messages', 'message_ids',    $$SELECT idem_consume_messages('c', NULL)$$),
   ('idem_consume_messages', 'ttl',            $$SELECT idem_consume_messages('c', ARRAY['n-ttl-batch'], NULL)$$),
+  -- a NULL tenant is refused only where the message ledger is distributed
+  -- by Citus (test/t/038_citus_ledgers.pl)
+  ('idem_consume_message',  'tenant',         $$SELECT idem_consume_message('c', 'n-tenant', NULL, NULL)$$),
+  ('idem_consume_messages', 'tenant',         $$SELECT idem_consume_messages('c', ARRAY['n-tenant-batch'], NULL, NULL)$$),
   ('idem_claim',            'key',            $$SELECT idem_claim(NULL, '{}', '', '1 hour', '1 minute', false)$$),
   ('idem_claim',            'request',        $$SELECT idem_claim('n-request', NULL, '', '1 hour', '1 minute', false)$$),
   ('idem_claim',            'scope',          $$SELECT idem_claim('n-scope', '{}', NULL, '1 hour', '1 minute', false)$$),

@@ -222,6 +222,37 @@ RESET ROLE;
 RESET idempotency.outbox_max_age;
 RESET idempotency.outbox_retention;
 
+-- ------------------------------------------------------------ relay locks
+-- Each relay of a topic a transaction serves keeps a lock, in the lock
+-- table every session shares, until the transaction ends: at most
+-- max_locks_per_transaction of them (with its stream locks), the next one
+-- refused with 53000 in this transaction only.  (Before, one role's open
+-- transaction could take them without bound and fill the table: every
+-- other session's next lock failed with 53200, out of shared memory.)
+SELECT current_setting('max_locks_per_transaction')::int AS budget \gset
+SET ROLE regress_idem_outbox_a;
+BEGIN;
+SELECT count(*) AS batches FROM generate_series(1, :budget) AS i,
+  LATERAL idem_outbox_next('many-' || i, 'quiet-topic') AS n;
+SELECT pg_temp.try($$SELECT * FROM idem_outbox_next('one-more', 'quiet-topic')$$);
+SELECT pg_temp.try($$SELECT idem_outbox_ack('one-more', 'quiet-topic', 1)$$);
+-- a relay it holds already is served again
+SELECT count(*) AS batches FROM idem_outbox_next('many-1', 'quiet-topic');
+ROLLBACK;
+RESET ROLE;
+-- the keys of the events a transaction publishes are bounded the same way,
+-- apart from its relay and stream locks
+SET ROLE regress_idem_outbox_a;
+BEGIN;
+SELECT count(*) = :budget AS all_published FROM generate_series(1, :budget) AS i,
+  LATERAL idem_publish('quiet-topic', '{}', key => 'k' || i) AS p;
+SELECT pg_temp.try($$SELECT idem_publish('quiet-topic', '{}', key => 'one more')$$);
+SELECT idem_publish('quiet-topic', '{}', key => 'k1') IS NOT NULL AS same_key_again;
+SELECT idem_publish('quiet-topic', '{}') IS NOT NULL AS no_key;
+SELECT count(*) AS batches FROM idem_outbox_next('many-1', 'quiet-topic');
+ROLLBACK;
+RESET ROLE;
+
 -- ------------------------------------------------------------ look-alikes
 -- The outbox's statements run as the storage owner.  A role that puts
 -- look-alike operators and tables first on its path (and in pg_temp), in a
@@ -261,6 +292,24 @@ SELECT count(*) AS untouched FROM pg_temp.outbox_segments;
 RESET search_path;
 RESET ROLE;
 DROP SCHEMA regress_idem_evil CASCADE;
+
+-- ------------------------------------------------------------ direct rows
+-- A relay's position is read and written without SQL (src/keyed_rows.c,
+-- as the stream positions): a DBA's change of its table's columns is
+-- refused with 55000 and nothing is written, instead of values formed as
+-- the old types; the relay goes on once the table is back.
+ALTER TABLE idempotency.outbox_relays ALTER COLUMN batch TYPE numeric;
+SET ROLE regress_idem_outbox_a;
+SELECT batch, payload FROM idem_outbox_next('evil-relay', 'evil');
+SELECT idem_outbox_ack('evil-relay', 'evil', 2);
+RESET ROLE;
+ALTER TABLE idempotency.outbox_relays ALTER COLUMN batch TYPE bigint;
+SET ROLE regress_idem_outbox_a;
+SELECT idem_publish('evil', jsonb_build_object('n', 3)) IS NOT NULL AS published;
+SELECT batch, payload FROM idem_outbox_next('evil-relay', 'evil');
+SELECT idem_outbox_ack('evil-relay', 'evil', 2);
+SELECT relay, topic, batch FROM idem_outbox_relays() WHERE relay = 'evil-relay';
+RESET ROLE;
 
 -- ------------------------------------------------------------ cleanup
 DROP EXTENSION idempotency;

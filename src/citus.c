@@ -5,12 +5,12 @@
  *	  co-located with its tenant's rows, so Citus moves, splits and
  *	  isolates it with them.  This file routes a call to that shard.
  *
- * PROTOTYPE for issue 37 (doc/scale-out.md, "Citus' own shard operations
- * (0.5.0 design)"), behind idempotency.citus_ledgers (off by default: the
- * extension then never looks at Citus).  With it on, on a node where
- * idempotency.keys is distributed by its kept_scope column (the prototype
- * stands in kept_scope for the design's "tenant" column, and keys.c sets
- * it on every row while the setting is on), a call on key (scope, key):
+ * Issue 37 (doc/scale-out.md, "Citus' own shard operations").  A ledger
+ * is distributed when idempotency.citus_distribute() gave its table a last
+ * column "tenant" and distributed it by that column, co-located with the
+ * tenant's tables; nothing else ever looks at Citus.  On a node where a
+ * ledger is distributed, a call on a key (scope = tenant) or a message id
+ * (idem_consume_message(..., tenant => ...)):
  *
  *	1. finds the ledger shard of the tenant (= scope) with Citus'
  *	   get_shard_id_for_distribution_column();
@@ -19,14 +19,18 @@
  *	   Citus' own writes: a move's final write block (EXCLUSIVE) waits for
  *	   the call, and a call that starts during the block waits for the move;
  *	3. checks, after the lock and with a new snapshot, that the shard's
- *	   placement is on this node: 40001 if not (the tenant moved; the
- *	   client's retry is delegated to its new node);
- *	4. makes the local shard's partitioned table, idempotency.keys_<shard>,
+ *	   placement is on this node: 40001 if not on a worker (the tenant
+ *	   moved; the client's retry is delegated to its new node), 0A000 on
+ *	   the coordinator (the call was not delegated);
+ *	4. makes the local shard's partitioned table, idempotency.keys_<shard>
+ *	   or messages_<shard>,
  *	   the parent the storage cache reads (IdemSetLedgerParentOverride),
  *	   for this call only: IdemCitusEndCall() when it returns, or the
  *	   abort of its (sub)transaction when it fails, makes the ledger's own
  *	   table the one read again, so that maintenance or an export run next
- *	   in the backend reads the local ledgers, not the last call's shard.
+ *	   in the backend reads the local ledgers, not the last call's shard;
+ *	   and keeps the tenant, as a value of the column's type, for the rows
+ *	   the call writes (IdemCitusCallTenant, probe.c's IdemInsertRow).
  *
  * Steps 1 and 2 call Citus' SQL functions through fmgr (looked up by name
  * and signature once per backend: the library is never linked against
@@ -64,19 +68,15 @@
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
 #include "storage/lockdefs.h"
-#include "storage/proc.h"
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
-#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
-
-bool		idem_citus_ledgers = false;
 
 /*
  * Citus' interface as this backend found it: its two functions, ready to
@@ -109,20 +109,37 @@ typedef struct IdemShardTable
 static HTAB *shard_tables = NULL;
 
 /*
- * The routing of the running call: the ledgers whose table it overrides.
- * Cleared when the call returns (IdemCitusEndCall) and, for a call that
- * fails, when its (sub)transaction aborts: whatever the backend runs next
- * (maintenance, an export) reads the ledgers' own tables.
+ * The routing of the running call, per ledger: whether it overrides the
+ * ledger's table, and the call's tenant as a value of the ledger's tenant
+ * column (valid in the call's memory).  Cleared when the call returns
+ * (IdemCitusEndCall) and, for a call that fails, when its (sub)transaction
+ * aborts: whatever the backend runs next (maintenance, an export) reads
+ * the ledgers' own tables.
  */
 static bool call_routed[IDEM_NUM_LEDGERS];
+static Datum call_tenant[IDEM_NUM_LEDGERS];
 static bool xact_callbacks_registered = false;
 
-/* the last routing of this backend: valid within its transaction only */
-static LocalTransactionId routed_lxid = InvalidLocalTransactionId;
-static SubTransactionId routed_subxid = InvalidSubTransactionId;
-static char routed_tenant[NAMEDATALEN * 4];
-static int	routed_tenant_len = -1;
-static Oid	routed_relid = InvalidOid;
+/*
+ * The last routing of this backend per ledger: valid within its
+ * (sub)transaction only, whose shard lock keeps the placement.  The end of
+ * every transaction forgets it (subxid InvalidSubTransactionId), and so
+ * does the abort of the subtransaction it was made in.
+ */
+typedef struct IdemRouted
+{
+	SubTransactionId subxid;
+	char		tenant[NAMEDATALEN * 4];
+	int			tenant_len;
+	Oid			relid;
+} IdemRouted;
+
+static IdemRouted routed[IDEM_NUM_LEDGERS];
+
+/* the input function of the tenant column's type, for a type not text */
+static Oid	tenant_input_type = InvalidOid;
+static FmgrInfo tenant_input_fn;
+static Oid	tenant_input_ioparam;
 
 static void IdemCitusXactCallback(XactEvent event, void *arg);
 static void IdemCitusSubXactCallback(SubXactEvent event,
@@ -138,19 +155,7 @@ static void IdemCitusLockShard(int64 shard);
 static bool IdemCitusShardIsLocal(int64 shard);
 static int32 IdemCitusReadLocalGroup(Oid local_group_rel);
 static Oid	IdemCitusShardTable(IdemLedger ledger, int64 shard);
-
-void
-IdemCitusInit(void)
-{
-	DefineCustomBoolVariable("idempotency.citus_ledgers",
-							 "Routes key ledger rows to the local shard of a ledger distributed by Citus (prototype).",
-							 "Only for a key ledger distributed with Citus, co-located with the tenant's tables.",
-							 &idem_citus_ledgers,
-							 false,
-							 PGC_SUSET,
-							 0,
-							 NULL, NULL, NULL);
-}
+static Datum IdemCitusTenantValue(Oid type, text *tenant);
 
 /*
  * IdemCitusEndCall ends the routing of the call that returns: the ledgers'
@@ -174,8 +179,22 @@ IdemCitusClearCall(void)
 		{
 			IdemSetLedgerParentOverride((IdemLedger) i, InvalidOid);
 			call_routed[i] = false;
+			call_tenant[i] = (Datum) 0;
 		}
 	}
+}
+
+/*
+ * IdemCitusCallTenant sets *value to the running call's tenant, as a value
+ * of the tenant column of "ledger", if the call was routed; false if not.
+ */
+bool
+IdemCitusCallTenant(IdemLedger ledger, Datum *value)
+{
+	if (!call_routed[ledger])
+		return false;
+	*value = call_tenant[ledger];
+	return true;
 }
 
 /*
@@ -186,9 +205,11 @@ IdemCitusClearCall(void)
 static void
 IdemCitusXactCallback(XactEvent event, void *arg)
 {
+	int			i;
+
 	IdemCitusClearCall();
-	routed_lxid = InvalidLocalTransactionId;
-	routed_subxid = InvalidSubTransactionId;
+	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+		routed[i].subxid = InvalidSubTransactionId;
 }
 
 /*
@@ -200,38 +221,54 @@ static void
 IdemCitusSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 						 SubTransactionId parentSubid, void *arg)
 {
+	int			i;
+
 	if (event != SUBXACT_EVENT_ABORT_SUB)
 		return;
 	IdemCitusClearCall();
-	if (routed_subxid == mySubid)
-		routed_subxid = InvalidSubTransactionId;
+	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+		if (routed[i].subxid == mySubid)
+			routed[i].subxid = InvalidSubTransactionId;
 }
 
 /*
  * IdemCitusRoute makes the local shard of "ledger" that holds "tenant" the
  * ledger's table for the rest of this call, or refuses the call if that
- * shard is not on this node.
+ * shard is not on this node.  Nothing happens unless the ledger is
+ * distributed (its table has a "tenant" column: citus_distribute()).
+ * "what" names the argument that gives the tenant, for the error when it
+ * is NULL.
  */
 void
-IdemCitusRoute(IdemLedger ledger, text *tenant)
+IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 {
 	IdemSavedUser save;
+	IdemRouted *r = &routed[ledger];
+	Oid			tenant_type;
 	int64		shard;
 	Oid			relid;
 
-	if (!idem_citus_ledgers || ledger != IDEM_LEDGER_KEYS)
+	tenant_type = IdemLedgerTenantType(ledger);
+	if (!OidIsValid(tenant_type))
 		return;
+	if (tenant == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null when ledger \"%s.%s\" is distributed by Citus",
+						what, IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+				 errhint("Pass the tenant whose rows the call's transaction writes.")));
 
 	/*
 	 * Routed already in this (sub)transaction: the lock keeps the placement.
 	 * (Not across subtransactions: one that rolls back releases the lock.)
 	 */
-	if (routed_lxid == MyProc->lxid &&
-		routed_subxid == GetCurrentSubTransactionId() &&
-		routed_tenant_len == VARSIZE_ANY_EXHDR(tenant) &&
-		memcmp(routed_tenant, VARDATA_ANY(tenant), routed_tenant_len) == 0)
+	if (r->subxid != InvalidSubTransactionId &&
+		r->subxid == GetCurrentSubTransactionId() &&
+		r->tenant_len == VARSIZE_ANY_EXHDR(tenant) &&
+		memcmp(r->tenant, VARDATA_ANY(tenant), r->tenant_len) == 0)
 	{
-		IdemSetLedgerParentOverride(ledger, routed_relid);
+		call_tenant[ledger] = IdemCitusTenantValue(tenant_type, tenant);
+		IdemSetLedgerParentOverride(ledger, r->relid);
 		call_routed[ledger] = true;
 		return;
 	}
@@ -247,6 +284,9 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 	if (!citus_api.valid)
 		IdemCitusLookupApi();
 
+	/* a tenant that is not a value of the column's type: 22P02 and such */
+	call_tenant[ledger] = IdemCitusTenantValue(tenant_type, tenant);
+
 	/*
 	 * 1 and 2: the shard, locked as Citus' own writes lock it, as the
 	 * ledgers' owner (lock_shard_metadata() wants the table's owner).
@@ -256,26 +296,61 @@ IdemCitusRoute(IdemLedger ledger, text *tenant)
 	IdemCitusLockShard(shard);
 	IdemRestoreUser(&save);
 
-	/* 3: after the lock, with a new snapshot: a move that committed is seen */
+	/*
+	 * 3: after the lock, with a new snapshot: a move that committed is seen.
+	 * On a worker the tenant moved (its retry is delegated to the new
+	 * node); on the coordinator, the call was not delegated.
+	 */
 	if (!IdemCitusShardIsLocal(shard))
+	{
+		if (citus_api.local_group == 0)
+			ereport(ERROR,
+					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+					 errmsg("the tenant's ledger shard is not on this node"),
+					 errdetail("Ledger \"%s.%s\" is distributed by Citus, and its shard " INT64_FORMAT " is on a worker.",
+							   IDEM_SCHEMA_NAME, IdemLedgerName(ledger), shard),
+					 errhint("Call the function that calls this one delegated to the tenant's node (create_distributed_function() with its tenant argument).")));
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
-				 errmsg("the idempotency key's tenant is not on this node"),
+				 errmsg("the tenant's ledger shard is not on this node"),
 				 errdetail("Its ledger shard " INT64_FORMAT " is on another node.", shard),
 				 errhint("Retry: the tenant has moved, and the retry goes to its new node.")));
+	}
 
 	/* 4: the local shard's table */
 	relid = IdemCitusShardTable(ledger, shard);
-	if (VARSIZE_ANY_EXHDR(tenant) <= (int) sizeof(routed_tenant))
+	if (VARSIZE_ANY_EXHDR(tenant) <= (int) sizeof(r->tenant))
 	{
-		routed_lxid = MyProc->lxid;
-		routed_subxid = GetCurrentSubTransactionId();
-		routed_tenant_len = VARSIZE_ANY_EXHDR(tenant);
-		memcpy(routed_tenant, VARDATA_ANY(tenant), routed_tenant_len);
-		routed_relid = relid;
+		r->subxid = GetCurrentSubTransactionId();
+		r->tenant_len = VARSIZE_ANY_EXHDR(tenant);
+		memcpy(r->tenant, VARDATA_ANY(tenant), r->tenant_len);
+		r->relid = relid;
 	}
 	IdemSetLedgerParentOverride(ledger, relid);
 	call_routed[ledger] = true;
+}
+
+/*
+ * IdemCitusTenantValue converts the tenant, given as text, to a value of
+ * the ledger's tenant column of type "type" (that of the distribution
+ * column of the tables the ledger is co-located with): text and varchar
+ * as they are, any other type by its input function, in the call's memory.
+ */
+static Datum
+IdemCitusTenantValue(Oid type, text *tenant)
+{
+	if (type == TEXTOID || type == VARCHAROID)
+		return PointerGetDatum(tenant);
+	if (type != tenant_input_type)
+	{
+		Oid			input;
+
+		getTypeInputInfo(type, &input, &tenant_input_ioparam);
+		fmgr_info_cxt(input, &tenant_input_fn, TopMemoryContext);
+		tenant_input_type = type;
+	}
+	return InputFunctionCall(&tenant_input_fn, text_to_cstring(tenant),
+							 tenant_input_ioparam, -1);
 }
 
 /*
@@ -332,8 +407,8 @@ IdemCitusLookupApi(void)
 		citus_api.placement_groupid == InvalidAttrNumber)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idempotency.citus_ledgers is on, but Citus' catalogs pg_dist_placement and pg_dist_local_group are not as expected"),
-				 errhint("Turn idempotency.citus_ledgers off on nodes without Citus.")));
+				 errmsg("a ledger is distributed by Citus, but Citus' catalogs pg_dist_placement and pg_dist_local_group are not as expected"),
+				 errhint("Install Citus in this database, or make the ledgers anew on a node without it (doc/scale-out.md).")));
 
 	if (citus_api.cxt == NULL)
 		citus_api.cxt = AllocSetContextCreate(CacheMemoryContext,
@@ -371,9 +446,9 @@ IdemCitusFunction(const char *name, int nargs, const Oid *argtypes, Oid rettype)
 	if (!OidIsValid(fn) || get_func_rettype(fn) != rettype)
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idempotency.citus_ledgers is on, but Citus' function pg_catalog.%s() is not found", name),
+				 errmsg("a ledger is distributed by Citus, but Citus' function pg_catalog.%s() is not found", name),
 				 errdetail("The routing of calls to the local shard of a distributed ledger calls it."),
-				 errhint("Turn idempotency.citus_ledgers off on nodes without Citus.")));
+				 errhint("Install Citus in this database, or make the ledgers anew on a node without it (doc/scale-out.md).")));
 	return fn;
 }
 
@@ -388,9 +463,8 @@ IdemCitusShard(IdemLedger ledger, text *tenant)
 	if (!OidIsValid(ledger_rel))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
-				 errmsg("idempotency.citus_ledgers is on, but the ledger \"%s\" does not exist",
-						IdemLedgerName(ledger)),
-				 errhint("Distribute the ledger on the coordinator (doc/scale-out.md), or turn idempotency.citus_ledgers off.")));
+				 errmsg("ledger \"%s.%s\" does not exist",
+						IDEM_SCHEMA_NAME, IdemLedgerName(ledger))));
 	InitFunctionCallInfoData(*fcinfo, &citus_api.shard_fn, 2, InvalidOid,
 							 NULL, NULL);
 	fcinfo->args[0].value = ObjectIdGetDatum(ledger_rel);

@@ -2,9 +2,9 @@
  *
  * citus.h
  *	  Ledgers distributed by Citus (citus.c): routing a key to the local
- *	  shard of the ledger that holds its tenant.  PROTOTYPE for issue 37
- *	  (doc/scale-out.md, "Citus' own shard operations (0.5.0 design)"),
- *	  off unless idempotency.citus_ledgers is on.
+ *	  shard of the ledger that holds its tenant, for a ledger distributed
+ *	  by idempotency.citus_distribute() (doc/scale-out.md, "Citus' own
+ *	  shard operations").
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -18,10 +18,8 @@
 
 #include "storage.h"
 
-extern bool idem_citus_ledgers;
-
-extern void IdemCitusInit(void);
-extern void IdemCitusRoute(IdemLedger ledger, text *tenant);
+extern void IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what);
+extern bool IdemCitusCallTenant(IdemLedger ledger, Datum *value);
 extern void IdemCitusEndCall(void);
 extern bool IdemCitusDistributed(Oid relid, bool *coordinator);
 

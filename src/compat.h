@@ -102,17 +102,6 @@ IdemSimpleHeapUpdate(Relation rel, ItemPointer otid, HeapTuple tup)
 #endif
 
 /*
- * Does "roleid" own relation "relid"?  PostgreSQL 16 replaced
- * pg_class_ownercheck() by object_ownercheck().
- */
-#if PG_VERSION_NUM >= 160000
-#define IdemRelationOwnerCheck(relid, roleid) \
-	object_ownercheck(RelationRelationId, (relid), (roleid))
-#else
-#define IdemRelationOwnerCheck(relid, roleid) pg_class_ownercheck((relid), (roleid))
-#endif
-
-/*
  * LockHeldByMe(): PostgreSQL 17 added "orstronger".
  * Callers here ask about exactly the mode given.
  */
@@ -166,6 +155,16 @@ IdemRelationOidLockedByMe(Oid relid, LOCKMODE mode, bool orstronger)
 #else
 #define IdemIndexBeginScan(heap, index, snapshot, nkeys) \
 	index_beginscan((heap), (index), (snapshot), (nkeys), 0)
+#endif
+
+/*
+ * RelationGetPrimaryKeyIndex(): PostgreSQL 18 added "deferrable_ok"; false
+ * keeps the earlier answer (no index for a deferrable primary key).
+ */
+#if PG_VERSION_NUM >= 180000
+#define IdemRelationGetPrimaryKeyIndex(rel) RelationGetPrimaryKeyIndex((rel), false)
+#else
+#define IdemRelationGetPrimaryKeyIndex(rel) RelationGetPrimaryKeyIndex(rel)
 #endif
 
 /*
@@ -244,6 +243,58 @@ IdemCheckPermsEntry(const ListCell *lc, Oid *relid, AclMode *required)
 #else
 #define IdemB64Encode(src, len, dst, dstlen) \
 	pg_b64_encode((const char *) (src), (len), (dst), (dstlen))
+#endif
+
+/*
+ * Updating the one row of a table in place (outbox_storage.c, the xid
+ * base).  The minor releases of November 2024 (15.9, 16.5, 17.1; 18 has
+ * it from the start) added systable_inplace_update_begin(), _finish() and
+ * _cancel(), which find the row and hold its buffer lock from the read to
+ * the write, so that a concurrent heap_update() of the row cannot lose
+ * the write; the same releases kept heap_inplace_update() for extensions,
+ * deprecated.  On older minors of 15 to 17 the row is found by a scan and
+ * written with heap_inplace_update(), as everything did before: the row
+ * is only ever written in place (never by an UPDATE), by a caller holding
+ * its lock, so nothing races with the write there.  IDEM_FORCE_HEAP_INPLACE_UPDATE (a -D of
+ * PG_CPPFLAGS) builds the older path on a newer minor, to check that it
+ * compiles.
+ */
+#if PG_VERSION_NUM >= 180000 || \
+	(PG_VERSION_NUM >= 170001 && PG_VERSION_NUM < 180000) || \
+	(PG_VERSION_NUM >= 160005 && PG_VERSION_NUM < 170000) || \
+	(PG_VERSION_NUM >= 150009 && PG_VERSION_NUM < 160000)
+#ifndef IDEM_FORCE_HEAP_INPLACE_UPDATE
+#define IDEM_HAVE_SYSTABLE_INPLACE_UPDATE 1
+#endif
+#endif
+
+#ifdef IDEM_HAVE_SYSTABLE_INPLACE_UPDATE
+/* *oldtup: a copy of the table's first row (NULL if none) */
+static inline void
+IdemInplaceUpdateBegin(Relation rel, HeapTuple *oldtup, void **state)
+{
+	systable_inplace_update_begin(rel, InvalidOid, false, NULL, 0, NULL,
+								  oldtup, state);
+}
+#define IdemInplaceUpdateFinish(state, newtup) \
+	systable_inplace_update_finish((state), (newtup))
+#define IdemInplaceUpdateCancel(state) systable_inplace_update_cancel(state)
+#else
+static inline void
+IdemInplaceUpdateBegin(Relation rel, HeapTuple *oldtup, void **state)
+{
+	SysScanDesc scan = systable_beginscan(rel, InvalidOid, false, NULL, 0,
+										  NULL);
+	HeapTuple	tup = systable_getnext(scan);
+
+	*oldtup = HeapTupleIsValid(tup) ? heap_copytuple(tup) : NULL;
+	systable_endscan(scan);
+	*state = rel;
+}
+/* newtup carries the row's t_self (heap_modify_tuple() copies it) */
+#define IdemInplaceUpdateFinish(state, newtup) \
+	heap_inplace_update((Relation) (state), (newtup))
+#define IdemInplaceUpdateCancel(state) ((void) (state))
 #endif
 
 /*

@@ -17,6 +17,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "keyhash.h"
 #include "protocol.h"
 #include "stats.h"
@@ -50,6 +51,20 @@ static IdemStep IdemRecordStep(IdemOp *op, void *arg);
 static IdemBatchItem *IdemBatchItems(text *consumer, Datum *elems, bool *nulls,
 									 int nelems);
 static void IdemMessageTtl(FunctionCallInfo fcinfo, int argno, Interval *ttl);
+static text *IdemTenantArg(FunctionCallInfo fcinfo, int argno);
+
+/*
+ * IdemTenantArg returns the tenant argument "argno" of a consume function,
+ * or NULL if it is NULL or the function has none (before 0.5.0).  Only a
+ * message ledger distributed by Citus uses it (citus.c).
+ */
+static text *
+IdemTenantArg(FunctionCallInfo fcinfo, int argno)
+{
+	if (PG_NARGS() <= argno || PG_ARGISNULL(argno))
+		return NULL;
+	return PG_GETARG_TEXT_PP(argno);
+}
 
 /*
  * IdemMessageTtl sets *ttl to the ttl argument "argno" of a consume
@@ -133,11 +148,14 @@ IdemRecordStep(IdemOp *op, void *arg)
 }
 
 /*
- * idem_consume_message(consumer text, message_id text, ttl interval)
+ * idem_consume_message(consumer text, message_id text, ttl interval,
+ *						tenant text)
  *		RETURNS boolean
  *
  * True: first delivery, recorded in this transaction.  False: already
- * consumed (by a committed transaction, or earlier in this one).
+ * consumed (by a committed transaction, or earlier in this one).  The
+ * tenant (since 0.5.0) routes the record to the tenant's shard of a
+ * message ledger distributed by Citus; otherwise it is not used.
  */
 Datum
 idem_consume_message(PG_FUNCTION_ARGS)
@@ -155,17 +173,21 @@ idem_consume_message(PG_FUNCTION_ARGS)
 					  VARDATA_ANY(message_id), VARSIZE_ANY_EXHDR(message_id),
 					  &digest);
 
+	IdemCitusRoute(IDEM_LEDGER_MESSAGES, IdemTenantArg(fcinfo, 3), "tenant");
 	if (IdemRecordMessage(GetUserId(), &digest, &ttl, 0, NULL))
 	{
+		IdemCitusEndCall();
 		IdemStatsAdd(IDEM_STAT_CONSUMED, 1);
 		PG_RETURN_BOOL(true);
 	}
+	IdemCitusEndCall();
 	IdemStatsAdd(IDEM_STAT_DUPLICATES, 1);
 	PG_RETURN_BOOL(false);
 }
 
 /*
- * idem_consume_messages(consumer text, message_ids text[], ttl interval)
+ * idem_consume_messages(consumer text, message_ids text[], ttl interval,
+ *						 tenant text)
  *		RETURNS SETOF text
  *
  * Records every id of the batch and returns those that were new, each once,
@@ -219,6 +241,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	 */
 	qsort(items, nelems, sizeof(IdemBatchItem), IdemBatchItemCmp);
 	is_new = palloc0(Max(nelems, 1) * sizeof(bool));
+	IdemCitusRoute(IDEM_LEDGER_MESSAGES, IdemTenantArg(fcinfo, 3), "tenant");
 	IdemOpenCacheInit(&cache);
 	element_cxt = AllocSetContextCreate(CurrentMemoryContext,
 										"idem_consume_messages element",
@@ -236,6 +259,7 @@ idem_consume_messages(PG_FUNCTION_ARGS)
 	}
 	MemoryContextDelete(element_cxt);
 	IdemOpenCacheEnd(&cache);
+	IdemCitusEndCall();
 
 	/* return the new ones in input order */
 	for (i = 0; i < nelems; i++)

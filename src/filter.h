@@ -97,6 +97,7 @@ extern void IdemFilterAdd(Oid relid, int16 lane, Oid role,
 						  const pg_uuid_t *digest);
 extern void IdemFilterCreated(IdemLedger ledger, Oid relid, int16 lane);
 extern void IdemFilterForget(Oid relid);
+extern void IdemFilterForgetAtCommit(Oid relid);
 
 /*
  * The filter of a ledger's memory (memory.c): one for all the pieces of
@@ -107,8 +108,10 @@ extern void IdemFilterForget(Oid relid);
  * every piece, then made READY; a piece written later (by maintenance or
  * an import, both under the maintenance lock, as the filling is) adds its
  * pairs with IdemFilterAdd before it commits; a piece dropped leaves its
- * bits, and maintenance fills the filter again.  The hooks do not watch
- * the pieces: only the extension writes them.
+ * bits, and maintenance fills the filter again.  Those writes go through
+ * no executor; a piece written by anything else (a restore of its data, an
+ * INSERT) is an external write: the hooks watch the memory tables and
+ * their pieces as they watch the ledgers.
  */
 #define IDEM_FILTER_MEMORY_LANE		((int16) 0xFF7F)
 

@@ -135,7 +135,9 @@ IdemFilterBuildPartition(IdemLedger ledger, const IdemPartition *part)
 	rel = try_relation_open(part->relid, NoLock);
 	if (rel == NULL)
 		return false;
+	/* no filters for a ledger distributed by Citus (doc/scale-out.md) */
 	if (!IdemLedgerHasColumns(ledger, RelationGetDescr(rel)->natts) ||
+		RelationGetDescr(rel)->natts == IdemTenantAttnum(ledger) ||
 		IdemFilterExternalBusy(&seq) || IdemFilterHasSubscription())
 	{
 		relation_close(rel, AccessShareLock);
@@ -244,6 +246,26 @@ IdemFilterBuildDatabase(void)
 			all = repalloc(all, size * sizeof(Oid));
 		}
 		all[nall++] = parent;
+	}
+
+	/*
+	 * and the partitions this transaction dropped, whose filters it frees
+	 * when it commits (filter_pool.c, IdemFilterForgetAtCommit)
+	 */
+	{
+		const Oid  *dropped;
+		int			ndropped = IdemFilterDroppedRelids(&dropped);
+		int			i;
+
+		for (i = 0; i < ndropped; i++)
+		{
+			if (nall == size)
+			{
+				size *= 2;
+				all = repalloc(all, size * sizeof(Oid));
+			}
+			all[nall++] = dropped[i];
+		}
 	}
 
 	/* free the slots of partitions gone (made before this run began) */

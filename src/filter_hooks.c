@@ -25,6 +25,7 @@
 #include "compat.h"
 #include "filter.h"
 #include "filter_internal.h"
+#include "memory.h"
 #include "storage.h"
 
 #include "access/xact.h"
@@ -115,14 +116,17 @@ IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue)
 
 /*
  * IdemFilterIsLedger: is relid a ledger's table or one of its partitions
- * (in whatever schema)?  Nothing to look up in a database without the
- * extension's schema; a relation only named like a ledger in a database
- * without the extension is none.
+ * (in whatever schema), or a ledger's memory table or one of its pieces
+ * (memory.c: a piece's filter holds the pairs maintenance wrote into it,
+ * and no other)?  Nothing to look up in a database without the extension's
+ * schema; a relation only named like a ledger in a database without the
+ * extension is none.
  */
 static bool
 IdemFilterIsLedger(Oid relid)
 {
-	return OidIsValid(IdemFilterNamespace()) && IdemIsLedgerRelation(relid) &&
+	return OidIsValid(IdemFilterNamespace()) &&
+		(IdemIsLedgerRelation(relid) || IdemIsMemoryRelation(relid)) &&
 		OidIsValid(get_extension_oid("idempotency", true));
 }
 
@@ -350,6 +354,9 @@ IdemFilterXactCallback(XactEvent event, void *arg)
 				pg_atomic_fetch_sub_u32(&idem_filter_shared->external_busy[IdemFilterBucket(MyDatabaseId)], 1);
 			my_external_busy = 0;
 			own_sql_text = NULL;
+			/* the filters of the partitions it dropped (filter_pool.c) */
+			IdemFilterAtXactEnd(event == XACT_EVENT_COMMIT ||
+								event == XACT_EVENT_PARALLEL_COMMIT);
 			/* the local cache of slots, pruned now and then */
 			IdemFilterPruneLocal();
 			break;

@@ -115,6 +115,8 @@ extern void IdemFilterForgetSlots(Oid db, TimestampTz made_before,
 								  const Oid *keep, int nkeep);
 extern uint64 IdemFilterSizeHint(Oid db, int ledger, int16 lane);
 extern void IdemFilterSweepUnusable(void);
+extern int	IdemFilterDroppedRelids(const Oid **relids);
+extern void IdemFilterAtXactEnd(bool committed);
 
 /* External writes (filter_hooks.c) */
 extern bool IdemFilterExternalBusy(uint64 *seq);

@@ -1242,6 +1242,75 @@ IdemFilterAdd(Oid relid, int16 lane, Oid role, const pg_uuid_t *digest)
  * ----------------------------------------------------------------
  */
 
+/*
+ * The partitions (and pieces of the memory) this transaction dropped: their
+ * filters are freed when it commits (IdemFilterAtXactEnd), not at the drop.
+ * Until then the other sessions still see the partition, and a call that
+ * looks into an ended partition for a remembered key (memory.c) asks its
+ * filter first: kept, the filter tells a key that is not there without the
+ * lock that would wait for the drop's transaction (the rest of a
+ * maintenance run, or an idem_maintain() not committed yet).  A rollback
+ * keeps them: the partition is back, and nothing wrote into it meanwhile
+ * (the drop held it ACCESS EXCLUSIVE).  A savepoint rolled back over a
+ * drop leaves its partition without a filter once the transaction commits,
+ * which only costs probes.  In TopTransactionContext.
+ */
+static Oid *dropped_relids = NULL;
+static int	ndropped = 0;
+static int	maxdropped = 0;
+
+/*
+ * IdemFilterForgetAtCommit: the filter of partition "relid", just dropped
+ * by this transaction, is to be freed when the transaction commits.
+ */
+void
+IdemFilterForgetAtCommit(Oid relid)
+{
+	if (idem_filter_shared == NULL)
+		return;
+	if (ndropped == maxdropped)
+	{
+		maxdropped = Max(16, maxdropped * 2);
+		if (dropped_relids == NULL)
+			dropped_relids = MemoryContextAlloc(TopTransactionContext,
+												maxdropped * sizeof(Oid));
+		else
+			dropped_relids = repalloc(dropped_relids, maxdropped * sizeof(Oid));
+	}
+	dropped_relids[ndropped++] = relid;
+}
+
+/*
+ * IdemFilterDroppedRelids: the partitions this transaction dropped, whose
+ * filters it frees when it commits (for IdemFilterBuildDatabase, which
+ * must not free them before).
+ */
+int
+IdemFilterDroppedRelids(const Oid **relids)
+{
+	*relids = dropped_relids;
+	return ndropped;
+}
+
+/*
+ * IdemFilterAtXactEnd, from the transaction callback (filter_hooks.c):
+ * frees the filters of the partitions the transaction dropped if it
+ * committed, keeps them otherwise (also at PREPARE: the next maintenance
+ * round frees them once the drop has committed).
+ */
+void
+IdemFilterAtXactEnd(bool committed)
+{
+	int			i;
+
+	if (committed)
+		for (i = 0; i < ndropped; i++)
+			IdemFilterForget(dropped_relids[i]);
+	dropped_relids = NULL;		/* freed with TopTransactionContext */
+	ndropped = 0;
+	maxdropped = 0;
+}
+
 /* IdemFilterForget frees the filter of a partition that was dropped */
 void
 IdemFilterForget(Oid relid)

@@ -17,7 +17,6 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
-#include "citus.h"
 #include "compat.h"
 #include "filter.h"
 #include "keyed_rows.h"
@@ -178,7 +177,6 @@ _PG_init(void)
 	if (process_shared_preload_libraries_in_progress)
 		IdemFilterDefineSettings();
 
-	IdemCitusInit();
 	MarkGUCPrefixReserved("idempotency");
 
 	IdemStorageInit();
@@ -189,7 +187,7 @@ _PG_init(void)
 	IdemLockSecretInit();
 	IdemWaitInit();
 	IdemOutboxStorageInit();
-	IdemOutboxPublishInit();
+	IdemOutboxTransferInit();
 
 	if (process_shared_preload_libraries_in_progress)
 	{

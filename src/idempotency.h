@@ -98,6 +98,7 @@ typedef struct IdemDigest
 #define IDEM_LOCK_OUTBOX_STORAGE 0x4953	/* making the outbox's storage */
 #define IDEM_LOCK_OUTBOX_KEY	0x4954	/* one event key of one topic and role */
 #define IDEM_LOCK_OUTBOX_RELAY	0x4955	/* one relay of one topic and role */
+#define IDEM_LOCK_OUTBOX_IMPORT	0x4956	/* importing events of one topic and role */
 
 /*
  * The value of a row's "lane" column, and of its partition's bounds: the

@@ -64,11 +64,15 @@ typedef enum IdemDigestIndexKind
 {
 	IDEM_DIGEST_INDEX_NONE = 0, /* not one probes can use */
 	IDEM_DIGEST_INDEX_PLAIN,	/* on (digest): partitions made before 0.4.0 */
-	IDEM_DIGEST_INDEX_ROLE		/* on (role, digest) */
+	IDEM_DIGEST_INDEX_ROLE,		/* on (role, digest) */
+	IDEM_DIGEST_INDEX_IDENTITY	/* on (role, digest, lane, expires_at,
+								 * tenant): a distributed ledger's replica
+								 * identity, which has no other (citus.c) */
 } IdemDigestIndexKind;
 
 static IdemDigestIndexKind IdemDigestIndexKindOf(Relation index);
-static bool IdemIsSimpleIndex(Relation index);
+static bool IdemIsSimpleIndex(Relation index, int heap_natts);
+static bool IdemIsLedgerIdentityIndex(Relation index, int heap_natts);
 static AttrNumber IdemNotNullPredicateAttr(Relation index);
 static IndexInfo *IdemIndexInfo(IdemOpenPartition *op, int i);
 static void IdemInsertIndexEntriesDirect(IdemOpenPartition *op,
@@ -136,8 +140,9 @@ IdemOpenPartitionIndexes(IdemOpenPartition *op, LOCKMODE lockmode,
 		IdemDigestIndexKind kind = IdemDigestIndexKindOf(index);
 
 		op->indexes[op->nopened++] = index;
-		if (kind == IDEM_DIGEST_INDEX_ROLE)
+		if (kind == IDEM_DIGEST_INDEX_ROLE || kind == IDEM_DIGEST_INDEX_IDENTITY)
 		{
+			/* probed by its first two columns, as a (role, digest) one */
 			op->index = index;
 			op->index_by_role = true;
 		}
@@ -179,7 +184,8 @@ IdemOpenAllIndexes(IdemOpenPartition *op)
 	}
 	op->simple = true;
 	for (i = 0; i < op->nindexes; i++)
-		if (!IdemIsSimpleIndex(op->indexes[i]))
+		if (!IdemIsSimpleIndex(op->indexes[i],
+							   RelationGetDescr(op->heap)->natts))
 			op->simple = false;
 	op->all_open = true;
 }
@@ -242,7 +248,8 @@ IdemInsertIndexEntries(IdemOpenPartition *op, HeapTuple tuple,
 /*
  * IdemDigestIndexKindOf: is this index one that finds every row of a
  * digest with a btree probe, by the oid equality of its role and the uuid
- * equality of its digest (ROLE) or by the latter alone (PLAIN)?
+ * equality of its digest (ROLE, or IDENTITY: the same first two columns,
+ * then lane, expires_at and tenant) or by the latter alone (PLAIN)?
  */
 static IdemDigestIndexKind
 IdemDigestIndexKindOf(Relation index)
@@ -266,6 +273,16 @@ IdemDigestIndexKindOf(Relation index)
 		index->rd_opfamily[0] == OID_BTREE_FAM_OID &&
 		index->rd_opfamily[1] == uuid_btree_family)
 		return IDEM_DIGEST_INDEX_ROLE;
+	if (form->indnatts == 5 && form->indisunique &&
+		form->indkey.values[0] == Anum_ledger_role &&
+		form->indkey.values[1] == Anum_ledger_digest &&
+		form->indkey.values[2] == Anum_ledger_lane &&
+		form->indkey.values[3] == Anum_ledger_expires_at &&
+		(form->indkey.values[4] == IdemTenantAttnum(IDEM_LEDGER_KEYS) ||
+		 form->indkey.values[4] == IdemTenantAttnum(IDEM_LEDGER_MESSAGES)) &&
+		index->rd_opfamily[0] == OID_BTREE_FAM_OID &&
+		index->rd_opfamily[1] == uuid_btree_family)
+		return IDEM_DIGEST_INDEX_IDENTITY;
 	if (form->indnatts == 1 &&
 		form->indkey.values[0] == Anum_ledger_digest &&
 		index->rd_opfamily[0] == uuid_btree_family)
@@ -276,17 +293,45 @@ IdemDigestIndexKindOf(Relation index)
 /*
  * IdemIsSimpleIndex: can this index's entries be made from the row's
  * columns alone, with no uniqueness or exclusion check, and no predicate
- * but a column's being not null?
+ * but a column's being not null?  The replica identity index of a
+ * partition of a ledger distributed by Citus is unique, but needs no check:
+ * it is on (role, digest, lane, expires_at, tenant), and the protocol keeps
+ * one live row per key under the key lock (doc/scale-out.md, "Replica
+ * identity"), as it does for the (role, digest) index.
  */
 static bool
-IdemIsSimpleIndex(Relation index)
+IdemIsSimpleIndex(Relation index, int heap_natts)
 {
 	Form_pg_index form = index->rd_index;
 
-	return !form->indisunique && !form->indisexclusion &&
+	return (!form->indisunique || IdemIsLedgerIdentityIndex(index, heap_natts)) &&
+		!form->indisexclusion &&
 		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
 		(heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) ||
 		 IdemNotNullPredicateAttr(index) != InvalidAttrNumber);
+}
+
+/*
+ * IdemIsLedgerIdentityIndex: is this the replica identity index that
+ * idempotency.citus_distribute() gives each partition of a distributed
+ * ledger, a btree on (role, digest, lane, expires_at, tenant), tenant being
+ * the last of the table's "natts" columns?
+ */
+static bool
+IdemIsLedgerIdentityIndex(Relation index, int natts)
+{
+	Form_pg_index form = index->rd_index;
+
+	return form->indisreplident && !form->indisexclusion &&
+		form->indnatts == 5 && form->indnkeyatts == 5 &&
+		index->rd_rel->relam == BTREE_AM_OID &&
+		form->indkey.values[0] == Anum_ledger_role &&
+		form->indkey.values[1] == Anum_ledger_digest &&
+		form->indkey.values[2] == Anum_ledger_lane &&
+		form->indkey.values[3] == Anum_ledger_expires_at &&
+		(natts == IdemTenantAttnum(IDEM_LEDGER_KEYS) ||
+		 natts == IdemTenantAttnum(IDEM_LEDGER_MESSAGES)) &&
+		form->indkey.values[4] == natts;
 }
 
 /*
@@ -372,7 +417,7 @@ IdemIndexInfo(IdemOpenPartition *op, int i)
 	Relation	index = op->indexes[i];
 	IdemDigestIndexKind kind = IdemDigestIndexKindOf(index);
 
-	if (kind == IDEM_DIGEST_INDEX_NONE)
+	if (kind == IDEM_DIGEST_INDEX_NONE || kind == IDEM_DIGEST_INDEX_IDENTITY)
 	{
 		/*
 		 * Built where the partition was opened, not in the caller's memory:

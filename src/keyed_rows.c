@@ -6,8 +6,9 @@
  *	  rows (one probe of the primary key, the row lock, an insert or a HOT
  *	  update), without SQL.
  *
- * The stream positions and producer sequences (streams.c) are such tables:
- * a call locks its row's identity until its transaction ends, reads the
+ * The stream positions and producer sequences (streams.c) and the outbox's
+ * relay positions (outbox_position.c) are such tables: a call locks its
+ * row's identity until its transaction ends, reads the
  * row, decides, and writes it.  Through SPI, each of those steps was a
  * statement: parse analysis once, but the executor started, run and shut
  * down for every read and every write, more than half of a call's cost.
@@ -18,14 +19,16 @@
  *	  transaction's own changes, as the SPI statement saw), and locks the
  *	  version found FOR UPDATE (table_tuple_lock, LockTupleExclusive,
  *	  waiting).  In READ COMMITTED, a version updated meanwhile is
- *	  followed to its newest one, and a row deleted meanwhile (maintenance's
- *	  DELETE, committed while the lock waited) is looked for again, and is
- *	  then found missing; under REPEATABLE READ or SERIALIZABLE either
+ *	  followed to its newest one (and the row looked for again if that one
+ *	  has another key: a DBA's UPDATE of the key's columns), and a row
+ *	  deleted meanwhile (maintenance's DELETE, committed while the lock
+ *	  waited) is looked for again, and is then found missing; under REPEATABLE READ or SERIALIZABLE either
  *	  fails with SQLSTATE 40001, as the executor's SELECT ... FOR UPDATE
  *	  does.  The row lock is what keeps maintenance's DELETE (FOR UPDATE
  *	  SKIP LOCKED) off a row a call has read and is about to write;
  *	- the write is simple_heap_insert, or simple_heap_update of the version
- *	  locked: heap-only (HOT) when the primary key's columns are unchanged
+ *	  locked (refused, as an UPDATE is, if the table publishes updates and
+ *	  has no replica identity): heap-only (HOT) when the primary key's columns are unchanged
  *	  (they always are) and the page has room, so no index entry is added;
  *	  otherwise the executor's ExecInsertIndexTuples adds the entries of
  *	  every index, the primary key's uniqueness checked as an INSERT would.
@@ -48,8 +51,8 @@
  *
  * The table's OID is cached per backend and forgotten on any relcache
  * invalidation of it (a DROP EXTENSION, a DBA's ALTER, an index added or
- * dropped), and its primary key is checked to be a btree on the first
- * columns of the table at the first open after one.  The primary key is
+ * dropped), and its columns (their types) and its primary key (a btree on
+ * the first columns of the table) are checked at the first open after one.  The primary key is
  * opened only when a fetch probes it or the check needs it: a call that
  * reads the remembered version and updates it in place (HOT) never uses
  * it.  Nothing here checks privileges: the tables belong to the storage
@@ -101,11 +104,22 @@
  * subtransaction nesting level that took each first: a subtransaction that
  * rolls back releases the locks it took, and gives them back to the count;
  * one that commits hands them to its parent.  Outside a transaction, all
- * zero.
+ * zero.  Two budgets, each of max_locks_per_transaction: the locks of
+ * keyed rows (stream positions, producer sequences, outbox relays), and
+ * the outbox's event keys (outbox_publish.c), as before they were counted
+ * apart.
  */
-static int *keyed_locks_at = NULL;	/* [level], in TopMemoryContext */
-static int	keyed_locks_levels = 0; /* allocated length */
-static int	keyed_locks_held = 0;	/* the sum */
+typedef struct IdemKeyedLockCount
+{
+	int		   *at;				/* [level], in TopMemoryContext */
+	int			levels;			/* allocated length */
+	int			held;			/* the sum */
+} IdemKeyedLockCount;
+
+#define IDEM_KEYED_BUDGET_ROWS			0
+#define IDEM_KEYED_BUDGET_EVENT_KEYS	1
+#define IDEM_KEYED_BUDGETS				2
+static IdemKeyedLockCount keyed_locks[IDEM_KEYED_BUDGETS];
 
 /* the tables whose OIDs this backend caches (the relcache callback's) */
 #define IDEM_KEYED_MAX_TABLES	8
@@ -135,14 +149,18 @@ static void IdemKeyedLocksSubXactCallback(SubXactEvent event,
 										  SubTransactionId mySubid,
 										  SubTransactionId parentSubid,
 										  void *arg);
+static bool IdemKeyedLockTake(const LOCKTAG *tag, bool nowait);
 static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
 static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
+static bool IdemKeyedColumnsMatch(IdemKeyedRows *rows);
 static void IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows);
 static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
 						   Snapshot snapshot);
 static void IdemKeyedIndexEntries(IdemKeyedRows *rows, HeapTuple tuple,
 								  IdemIndexUpdate which);
 static uint32 IdemKeyedHash(const IdemKeyedTable *table, const Datum *key);
+static bool IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key,
+								bool detoast);
 static bool IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key,
 									 uint32 hash, Snapshot snapshot);
 static void IdemKeyedRemember(IdemKeyedRows *rows, uint32 hash,
@@ -160,6 +178,8 @@ IdemKeyedRowsInit(void)
 static void
 IdemKeyedLocksXactCallback(XactEvent event, void *arg)
 {
+	int			b;
+
 	switch (event)
 	{
 		case XACT_EVENT_COMMIT:
@@ -167,9 +187,14 @@ IdemKeyedLocksXactCallback(XactEvent event, void *arg)
 		case XACT_EVENT_ABORT:
 		case XACT_EVENT_PARALLEL_ABORT:
 		case XACT_EVENT_PREPARE:
-			if (keyed_locks_levels > 0)
-				memset(keyed_locks_at, 0, keyed_locks_levels * sizeof(int));
-			keyed_locks_held = 0;
+			for (b = 0; b < IDEM_KEYED_BUDGETS; b++)
+			{
+				IdemKeyedLockCount *c = &keyed_locks[b];
+
+				if (c->levels > 0)
+					memset(c->at, 0, c->levels * sizeof(int));
+				c->held = 0;
+			}
 			break;
 		default:
 			break;
@@ -181,21 +206,27 @@ IdemKeyedLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 							  SubTransactionId parentSubid, void *arg)
 {
 	int			level = GetCurrentTransactionNestLevel();
+	int			b;
 
-	if (level >= keyed_locks_levels || keyed_locks_at[level] == 0)
-		return;
-	switch (event)
+	for (b = 0; b < IDEM_KEYED_BUDGETS; b++)
 	{
-		case SUBXACT_EVENT_ABORT_SUB:
-			keyed_locks_held -= keyed_locks_at[level];
-			keyed_locks_at[level] = 0;
-			break;
-		case SUBXACT_EVENT_COMMIT_SUB:
-			keyed_locks_at[level - 1] += keyed_locks_at[level];
-			keyed_locks_at[level] = 0;
-			break;
-		default:
-			break;
+		IdemKeyedLockCount *c = &keyed_locks[b];
+
+		if (level >= c->levels || c->at[level] == 0)
+			continue;
+		switch (event)
+		{
+			case SUBXACT_EVENT_ABORT_SUB:
+				c->held -= c->at[level];
+				c->at[level] = 0;
+				break;
+			case SUBXACT_EVENT_COMMIT_SUB:
+				c->at[level - 1] += c->at[level];
+				c->at[level] = 0;
+				break;
+			default:
+				break;
+		}
 	}
 }
 
@@ -205,48 +236,93 @@ IdemKeyedLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
  *
  * Each lock takes an entry of the lock table every backend shares, for as
  * long as the transaction lasts.  Unbounded, one transaction of one role
- * (an idem_assign of 15,000 partitions, say) filled the table, and every
- * other session's next lock failed (53200, out of shared memory), new
- * connections included.  So a transaction may hold at most
- * max_locks_per_transaction of them (PostgreSQL sizes the table for that
- * many per backend): the next new one is refused with 53000, and only this
- * transaction fails.  A lock it holds already is taken again freely.
+ * (an idem_assign of 15,000 partitions, say, or idem_outbox_next() of as
+ * many relays) filled the table, and every other session's next lock
+ * failed (53200, out of shared memory), new connections included.  So a
+ * transaction may hold at most max_locks_per_transaction of them
+ * (PostgreSQL sizes the table for that many per backend): the next new one
+ * is refused with 53000, and only this transaction fails.  A lock it holds
+ * already is taken again freely.  The locks of the outbox's event keys
+ * (IDEM_LOCK_OUTBOX_KEY) have a budget of their own; the others share one.
  */
 void
 IdemKeyedLockAcquire(const LOCKTAG *tag)
 {
-	int			level = GetCurrentTransactionNestLevel();
+	(void) IdemKeyedLockTake(tag, false);
+}
 
-	if (keyed_locks_held >= max_locks_per_xact &&
+/*
+ * IdemKeyedLockConditional takes a keyed lock as IdemKeyedLockAcquire
+ * does, but only if it is free at once and within the transaction's
+ * bound: returns whether it did (never an error for either).
+ */
+bool
+IdemKeyedLockConditional(const LOCKTAG *tag)
+{
+	return IdemKeyedLockTake(tag, true);
+}
+
+static bool
+IdemKeyedLockTake(const LOCKTAG *tag, bool nowait)
+{
+	int			level = GetCurrentTransactionNestLevel();
+	IdemKeyedLockCount *c;
+	LockAcquireResult res;
+
+	c = &keyed_locks[tag->locktag_field4 == IDEM_LOCK_OUTBOX_KEY ?
+					 IDEM_KEYED_BUDGET_EVENT_KEYS : IDEM_KEYED_BUDGET_ROWS];
+	if (c->held >= max_locks_per_xact &&
 		!IdemLockHeldByMe(tag, ExclusiveLock))
+	{
+		if (nowait)
+			return false;
+		if (tag->locktag_field4 == IDEM_LOCK_OUTBOX_KEY)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+					 errmsg("too many event keys locked by this transaction"),
+					 errdetail("Each key an event is published with holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
+							   c->held, "max_locks_per_transaction"),
+					 errhint("Publish events of fewer keys in one transaction (events without a key take no lock), or raise \"%s\".",
+							 "max_locks_per_transaction")));
+		if (tag->locktag_field4 == IDEM_LOCK_OUTBOX_RELAY)
+			ereport(ERROR,
+					(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+					 errmsg("too many outbox relays locked by this transaction"),
+					 errdetail("Each relay of a topic holds a lock until the transaction ends, as each stream partition and producer does, and this transaction holds %d, the limit set by \"%s\".",
+							   c->held, "max_locks_per_transaction"),
+					 errhint("Serve fewer relays and topics in one transaction, or raise \"%s\".",
+							 "max_locks_per_transaction")));
 		ereport(ERROR,
 				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
 				 errmsg("too many stream partitions and producers locked by this transaction"),
 				 errdetail("Each holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
-						   keyed_locks_held, "max_locks_per_transaction"),
+						   c->held, "max_locks_per_transaction"),
 				 errhint("Assign, advance, check or import fewer partitions and producers in one transaction, or raise \"%s\".",
 						 "max_locks_per_transaction")));
+	}
 	/* room to count it, before it is taken */
-	if (level >= keyed_locks_levels)
+	if (level >= c->levels)
 	{
 		int			n = Max(level + 1, 8);
 
-		if (keyed_locks_at == NULL)
-			keyed_locks_at = MemoryContextAllocZero(TopMemoryContext,
-													n * sizeof(int));
+		if (c->at == NULL)
+			c->at = MemoryContextAllocZero(TopMemoryContext, n * sizeof(int));
 		else
 		{
-			keyed_locks_at = repalloc(keyed_locks_at, n * sizeof(int));
-			memset(keyed_locks_at + keyed_locks_levels, 0,
-				   (n - keyed_locks_levels) * sizeof(int));
+			c->at = repalloc(c->at, n * sizeof(int));
+			memset(c->at + c->levels, 0, (n - c->levels) * sizeof(int));
 		}
-		keyed_locks_levels = n;
+		c->levels = n;
 	}
-	if (LockAcquire(tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
+	res = LockAcquire(tag, ExclusiveLock, false, nowait);
+	if (res == LOCKACQUIRE_NOT_AVAIL)
+		return false;
+	if (res == LOCKACQUIRE_OK)
 	{
-		keyed_locks_at[level]++;
-		keyed_locks_held++;
+		c->at[level]++;
+		c->held++;
 	}
+	return true;
 }
 
 /* ----------------------------------------------------------------
@@ -326,12 +402,48 @@ IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
 	rows->hash = 0;
 	rows->pkey = NULL;
 	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
-	if (!table->checked || RelationGetDescr(rows->heap)->natts != table->natts)
+	if (!table->checked ||
+		RelationGetDescr(rows->heap)->natts != table->relnatts)
 	{
 		IdemKeyedOpenPrimaryKey(rows);
 		table->checked = true;
+		table->relnatts = RelationGetDescr(rows->heap)->natts;
 	}
 	rows->slot = table_slot_create(rows->heap, NULL);
+}
+
+/*
+ * IdemKeyedColumnsMatch: has the open keyed table the columns the
+ * extension made, of their types, none dropped, and after them only
+ * dropped ones (a column a DBA added and dropped again)?  The values are
+ * formed and read as those types: a column whose type a DBA changed (ALTER
+ * TABLE ... ALTER COLUMN ... TYPE numeric) would have a bigint's Datum
+ * taken for a pointer to a numeric.  A column added (and not dropped) is
+ * refused too: the SQL statements gave it its default, which no write here
+ * knows.
+ */
+static bool
+IdemKeyedColumnsMatch(IdemKeyedRows *rows)
+{
+	TupleDesc	desc = RelationGetDescr(rows->heap);
+	int			i;
+
+	if (desc->natts < rows->table->natts)
+		return false;
+	for (i = 0; i < desc->natts; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		if (i >= rows->table->natts)
+		{
+			if (!att->attisdropped)
+				return false;
+		}
+		else if (att->attisdropped ||
+				 att->atttypid != rows->table->atttypes[i])
+			return false;
+	}
+	return true;
 }
 
 /*
@@ -350,7 +462,7 @@ IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows)
 
 	if (rows->pkey != NULL)
 		return;
-	pkoid = RelationGetPrimaryKeyIndex(rows->heap);
+	pkoid = IdemRelationGetPrimaryKeyIndex(rows->heap);
 	if (!OidIsValid(pkoid))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -358,7 +470,7 @@ IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows)
 						IDEM_SCHEMA_NAME, table->relname)));
 	rows->pkey = index_open(pkoid, RowExclusiveLock);
 	form = rows->pkey->rd_index;
-	ok = RelationGetDescr(rows->heap)->natts == table->natts &&
+	ok = IdemKeyedColumnsMatch(rows) &&
 		rows->pkey->rd_rel->relam == BTREE_AM_OID &&
 		form->indisvalid && form->indnkeyatts == table->nkeys;
 	for (i = 0; ok && i < table->nkeys; i++)
@@ -422,7 +534,7 @@ IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key, Snapshot snapshot)
 							   InvalidOid, rows->pkey->rd_indcollation[i],
 							   eq, key[i]);
 	}
-	scan = index_beginscan(rows->heap, rows->pkey, snapshot, table->nkeys, 0);
+	scan = IdemIndexBeginScan(rows->heap, rows->pkey, snapshot, table->nkeys);
 	index_rescan(scan, skeys, table->nkeys, NULL, 0);
 	found = index_getnext_slot(scan, ForwardScanDirection, rows->slot);
 	index_endscan(scan);
@@ -477,6 +589,16 @@ IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key, IdemKeyedRow *row)
 		switch (result)
 		{
 			case TM_Ok:
+
+				/*
+				 * READ COMMITTED followed the row's updates to its newest
+				 * version: the key may be another's now (a DBA's UPDATE of
+				 * the key's columns, committed while the lock waited).  The
+				 * executor rechecks its WHERE clause there (EvalPlanQual)
+				 * and skips the row; look again, as for a delete.
+				 */
+				if (tmfd.traversed && !IdemKeyedSlotHasKey(rows, key, true))
+					continue;
 				break;
 			case TM_Deleted:
 				if (IsolationUsesXactSnapshot())
@@ -519,12 +641,40 @@ void
 IdemKeyedWrite(IdemKeyedRows *rows, IdemKeyedRow *row, Datum *values,
 			   const bool *nulls)
 {
-	HeapTuple	tuple = heap_form_tuple(RelationGetDescr(rows->heap), values,
-										(bool *) nulls);
+	TupleDesc	desc = RelationGetDescr(rows->heap);
+	HeapTuple	tuple;
 	IdemIndexUpdate which;
 
+	if (desc->natts == rows->table->natts)
+		tuple = heap_form_tuple(desc, values, (bool *) nulls);
+	else
+	{
+		/* dropped columns after the table's own (IdemKeyedColumnsMatch) */
+		Datum	   *v = palloc(desc->natts * sizeof(Datum));
+		bool	   *n = palloc(desc->natts * sizeof(bool));
+		int			i;
+
+		for (i = 0; i < desc->natts; i++)
+		{
+			v[i] = i < rows->table->natts ? values[i] : (Datum) 0;
+			n[i] = i < rows->table->natts ? nulls[i] : true;
+		}
+		tuple = heap_form_tuple(desc, v, n);
+		pfree(v);
+		pfree(n);
+	}
+
 	if (row->found)
+	{
+		/*
+		 * As an UPDATE's: refused (55000) if the table publishes updates
+		 * without a replica identity, which no subscriber could apply (a
+		 * DBA's ALTER TABLE ... REPLICA IDENTITY NOTHING and publication).
+		 * The publications are read once per relcache entry.
+		 */
+		CheckCmdReplicaIdentity(rows->heap, CMD_UPDATE);
 		which = IdemSimpleHeapUpdate(rows->heap, &row->tid, tuple);
+	}
 	else
 	{
 		simple_heap_insert(rows->heap, tuple);
@@ -617,7 +767,6 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 	IdemKeyedTable *table = rows->table;
 	IdemKeyedTid *e = &keyed_tids[hash % IDEM_KEYED_TIDS];
 	Buffer		buffer;
-	int			i;
 
 	if (e->table != table || e->hash != hash ||
 		e->relid != RelationGetRelid(rows->heap))
@@ -640,6 +789,20 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 	if (!table_tuple_fetch_row_version(rows->heap, &e->tid, snapshot,
 									   rows->slot))
 		return false;
+	return IdemKeyedSlotHasKey(rows, key, false);
+}
+
+/*
+ * IdemKeyedSlotHasKey: is the row in rows->slot of this key (its text
+ * columns the same bytes)?  A text column compressed or stored out of line
+ * is detoasted if "detoast", else taken as another key.
+ */
+static bool
+IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key, bool detoast)
+{
+	IdemKeyedTable *table = rows->table;
+	int			i;
+
 	slot_getsomeattrs(rows->slot, table->nkeys);
 	for (i = 0; i < table->nkeys; i++)
 	{
@@ -650,13 +813,22 @@ IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key, uint32 hash,
 		if (table->keytypes[i] == TEXTOID)
 		{
 			text	   *want = DatumGetTextPP(key[i]);
+			text	   *have = (text *) DatumGetPointer(d);
+			bool		same;
 
-			if (VARATT_IS_EXTENDED(DatumGetPointer(d)) &&
-				!VARATT_IS_SHORT(DatumGetPointer(d)))
-				return false;	/* compressed or out of line */
-			if (VARSIZE_ANY_EXHDR(DatumGetPointer(d)) != VARSIZE_ANY_EXHDR(want) ||
-				memcmp(VARDATA_ANY(DatumGetPointer(d)), VARDATA_ANY(want),
-					   VARSIZE_ANY_EXHDR(want)) != 0)
+			if (VARATT_IS_EXTENDED(have) && !VARATT_IS_SHORT(have))
+			{
+				/* compressed or out of line */
+				if (!detoast)
+					return false;
+				have = DatumGetTextPP(d);
+			}
+			same = VARSIZE_ANY_EXHDR(have) == VARSIZE_ANY_EXHDR(want) &&
+				memcmp(VARDATA_ANY(have), VARDATA_ANY(want),
+					   VARSIZE_ANY_EXHDR(want)) == 0;
+			if (have != (text *) DatumGetPointer(d))
+				pfree(have);
+			if (!same)
 				return false;
 		}
 		else if (table->keytypes[i] == INT8OID)

@@ -3,12 +3,14 @@
  * keyed_rows.h
  *	  Tables of one row per (role, names...) read and written directly
  *	  under a keyed lock (keyed_rows.c): the stream positions and producer
- *	  sequences (streams.c), and any table of that shape.
+ *	  sequences (streams.c), the outbox's relay positions
+ *	  (outbox_position.c), and any table of that shape.
  *
  * How a caller uses it (streams.c's idem_advance is the model):
  *
  *	static IdemKeyedTable my_table = {
- *		"relay_positions", 4, 2, {OIDOID, TEXTOID}, InvalidOid
+ *		"relay_positions", 4, 2, {OIDOID, TEXTOID},
+ *		{REGROLEOID, TEXTOID, INT8OID, TIMESTAMPTZOID}, InvalidOid
  *	};
  *	IdemKeyedRows rows;
  *	IdemKeyedRow row;
@@ -28,7 +30,10 @@
  *	  key a valid btree on exactly its first nkeys columns, of keytypes
  *	  (OIDOID, TEXTOID, INT4OID or INT8OID), and no deferrable unique or
  *	  exclusion constraint; natts columns in all, at most
- *	  IDEM_KEYED_MAX_ATTS.  IdemKeyedOpen checks all this and fails with
+ *	  IDEM_KEYED_MAX_ATTS, of the types atttypes, none dropped (the values
+ *	  are formed as those types: a column whose type a DBA changed would
+ *	  have them read as another type's), and after them dropped columns
+ *	  only (a column a DBA added is refused until it is dropped).  IdemKeyedOpen checks all this and fails with
  *	  55000 otherwise (a DBA's change).  At most 8 such tables per backend.
  *	  The IdemKeyedTable is static: relid caches the table's OID, forgotten
  *	  on any relcache invalidation of it.
@@ -36,7 +41,9 @@
  *	  row's identity first, and keeps it until its transaction ends
  *	  (IdemKeyedLockAcquire counts a transaction's keyed locks and refuses
  *	  the one past max_locks_per_transaction with 53000, so that one
- *	  transaction cannot fill the shared lock table).  Use a tag of
+ *	  transaction cannot fill the shared lock table;
+ *	  IdemKeyedLockConditional takes it only if it is free and within the
+ *	  bound, for maintenance, which must not wait).  Use a tag of
  *	  keyhash.c's keyed form (IdemSetStreamLockTag), with a lock kind of your own
  *	  (idempotency.h, IDEM_LOCK_*), so that no role can take or read
  *	  another role's.  The lock, not the row, is what serializes writers:
@@ -83,12 +90,13 @@
 #include "utils/relcache.h"
 
 /* at most this many columns in a keyed table, and in its primary key */
-#define IDEM_KEYED_MAX_ATTS		8
+#define IDEM_KEYED_MAX_ATTS		32
 
 /*
  * A keyed table: idempotency.<relname>, whose primary key is its first
  * nkeys columns, of the types keytypes (OIDOID for the role, TEXTOID,
- * INT4OID or INT8OID for the names); natts columns in all.  Defined once,
+ * INT4OID or INT8OID for the names); natts columns in all, of the types
+ * atttypes (REGROLEOID for the role, say: the column's own type).  Defined once,
  * static, by the file that owns the table; relid is this backend's cache
  * of the table's OID (kept true by a relcache callback).
  */
@@ -97,9 +105,11 @@ typedef struct IdemKeyedTable
 	const char *relname;
 	int			natts;
 	int			nkeys;
-	Oid			keytypes[IDEM_KEYED_MAX_ATTS];
+	Oid			keytypes[IDEM_KEYED_MAX_ATTS];	/* of the primary key's opclasses */
+	Oid			atttypes[IDEM_KEYED_MAX_ATTS];	/* of the columns */
 	Oid			relid;			/* cached; InvalidOid until looked up */
 	bool		checked;		/* relid's columns and primary key checked */
+	int			relnatts;		/* ... when it had this many (dropped ones too) */
 } IdemKeyedTable;
 
 /* A keyed table opened for one call */
@@ -123,6 +133,7 @@ typedef struct IdemKeyedRow
 
 extern void IdemKeyedRowsInit(void);
 extern void IdemKeyedLockAcquire(const LOCKTAG *tag);
+extern bool IdemKeyedLockConditional(const LOCKTAG *tag);
 extern void IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table);
 extern void IdemKeyedClose(IdemKeyedRows *rows);
 extern bool IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key,

@@ -152,7 +152,7 @@ static bool IdemImportIsNewer(IdemOp *op, IdemImport *imp);
 static void
 IdemKeyDigest(text *scope, text *key, IdemDigest *digest)
 {
-	IdemCitusRoute(IDEM_LEDGER_KEYS, scope);
+	IdemCitusRoute(IDEM_LEDGER_KEYS, scope, "scope");
 	IdemComputeDigest(VARDATA_ANY(scope), VARSIZE_ANY_EXHDR(scope),
 					  VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), digest);
 }
@@ -511,17 +511,6 @@ IdemClaimKeep(IdemClaim *claim, IdemOp *op, bool afresh)
 	op->values[Anum_keys_recover_at - 1] = TimestampTzGetDatum(claim->lease_until);
 	op->nulls[Anum_keys_recover_at - 1] =
 		op->nulls[Anum_keys_kept_key - 1] || !claim->has_lease;
-
-	/*
-	 * A ledger distributed by Citus (citus.c, prototype): kept_scope stands
-	 * in for the design's "tenant" column, its distribution column, and is
-	 * set on every row.
-	 */
-	if (idem_citus_ledgers)
-	{
-		op->values[Anum_keys_kept_scope - 1] = PointerGetDatum(claim->scope);
-		op->nulls[Anum_keys_kept_scope - 1] = false;
-	}
 }
 
 /*

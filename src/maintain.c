@@ -14,7 +14,10 @@
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
  *	  the parent) it is left for the next run.  With idempotency.key_memory,
  *	  the drop first writes the piece of the ledger's memory that remembers
- *	  its keys (memory.c), in the same subtransaction;
+ *	  its keys (memory.c), in the same subtransaction; a call that finds no
+ *	  live row of its key then looks into the ended partition, and so waits
+ *	  for this run's transaction, unless the partition's digest filter
+ *	  (kept until the drop commits: filter_pool.c) rules its key out;
  *	- drop the pieces of the memory that key_memory has passed (memory.c);
  *	- the outbox's segments: a new one, and old ones dropped
  *	  (outbox_maintain.c);
@@ -216,15 +219,23 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
 	List	   *partitions = IdemAllPartitions(ledger);
 	ListCell   *lc;
 	int			dropped = 0;
+	TimestampTz since = now - (int64) idem_key_memory * USECS_PER_SEC;
 
 	foreach(lc, partitions)
 	{
 		IdemPartition *p = (IdemPartition *) lfirst(lc);
 
 		CHECK_FOR_INTERRUPTS();
+
+		/*
+		 * With key_memory, the keys of a partition whose range ended less
+		 * than key_memory ago go to the memory first; one that ended
+		 * longer ago (left by earlier runs) has none left to remember.
+		 */
 		if (p->upper <= now &&
 			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS,
-							  idem_key_memory > 0 ? IdemMemoryRemember : NULL,
+							  idem_key_memory > 0 && p->upper > since ?
+							  IdemMemoryRemember : NULL,
 							  &ledger))
 			dropped++;
 	}

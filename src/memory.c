@@ -360,6 +360,34 @@ IdemMemoryPieces(IdemLedger ledger)
 }
 
 /*
+ * IdemIsMemoryRelation: is relid a ledger's memory table or one of its
+ * pieces?  For the digest filters' hooks (filter_hooks.c): a row written
+ * into a piece by anything but maintenance (a restore of its data, an
+ * INSERT by a superuser) is in no piece's filter, so it is an external
+ * write like one into a ledger.
+ */
+bool
+IdemIsMemoryRelation(Oid relid)
+{
+	int			ledger;
+
+	for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
+	{
+		IdemMemoryCache *cache = IdemGetMemoryCache(ledger);
+		int			i;
+
+		if (!OidIsValid(cache->parent))
+			continue;
+		if (relid == cache->parent)
+			return true;
+		for (i = 0; i < cache->npieces; i++)
+			if (cache->pieces[i].relid == relid)
+				return true;
+	}
+	return false;
+}
+
+/*
  * IdemMemoryMakeParent makes a ledger's memory table if it does not exist
  * (as the owner of schema idempotency, under the ledger's creation lock)
  * and returns its OID.
@@ -1333,7 +1361,6 @@ IdemMemoryBuildFilters(void)
 		uint64		hint = 0;
 		bool		complete = true;
 		IdemFilterFill fill;
-		Snapshot	snapshot;
 
 		CHECK_FOR_INTERRUPTS();
 		if (!OidIsValid(parent))
@@ -1391,7 +1418,6 @@ IdemMemoryBuildFilters(void)
 			continue;
 		}
 
-		snapshot = RegisterSnapshot(GetLatestSnapshot());
 		foreach(lc, pieces)
 		{
 			IdemPartition *p = (IdemPartition *) lfirst(lc);
@@ -1419,7 +1445,15 @@ IdemMemoryBuildFilters(void)
 				complete = false;
 				break;
 			}
-			scan = table_beginscan(rel, snapshot, 0, NULL);
+
+			/*
+			 * every tuple version, dead or alive, as the ledgers' builds do
+			 * (filter_build.c): a chunk committed after this run's snapshot
+			 * was taken (an external write the hooks noticed, which had
+			 * ended when the fill began) is in the filter too; a superset
+			 * does no harm
+			 */
+			scan = table_beginscan(rel, SnapshotAny, 0, NULL);
 			while ((tuple = heap_getnext(scan, ForwardScanDirection)) != NULL)
 			{
 				bool		isnull;
@@ -1436,7 +1470,6 @@ IdemMemoryBuildFilters(void)
 			table_endscan(scan);
 			relation_close(rel, AccessShareLock);
 		}
-		UnregisterSnapshot(snapshot);
 		list_free_deep(pieces);
 
 		/* a filter missing a piece would rule out its keys: none */

@@ -35,6 +35,9 @@ extern bool IdemMemoryRowRemembered(TupleTableSlot *slot,
 									TimestampTz now);
 extern void IdemMemoryProbe(IdemOp *op);
 
+/* What the digest filters' hooks (filter_hooks.c) watch besides the ledgers */
+extern bool IdemIsMemoryRelation(Oid relid);
+
 /* Maintenance (maintain.c): remembering a partition, forgetting pieces */
 extern void IdemMemoryRemember(Oid relid, int lock_timeout_ms, void *arg);
 extern int	IdemMemoryForget(TimestampTz now, int lock_timeout_ms);

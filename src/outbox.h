@@ -49,6 +49,7 @@
 #define IDEMPOTENCY_OUTBOX_H
 
 #include "idempotency.h"
+#include "transfer.h"
 
 #include "access/htup.h"
 #include "nodes/execnodes.h"
@@ -56,6 +57,7 @@
 #include "storage/lock.h"
 #include "utils/relcache.h"
 #include "utils/snapshot.h"
+#include "utils/uuid.h"
 
 /* SQLSTATEs of the outbox (ID001 is streams.c's, for the same fencing) */
 #define ERRCODE_IDEM_STALE_GENERATION	MAKE_SQLSTATE('I','D','0','0','1')
@@ -122,6 +124,7 @@ typedef struct IdemOutboxSnap
 
 extern bool IdemOutboxSnapVisible(const IdemOutboxSnap *snap, int64 txid);
 extern bool IdemOutboxSnapRunning(const IdemOutboxSnap *snap, int64 txid);
+extern void IdemOutboxTakeSnap(IdemOutboxSnap *snap);
 
 /* ----------------------------------------------------------------
  * A relay's position (outbox_position.c reads and writes it)
@@ -172,15 +175,46 @@ extern int64 IdemRelayDeadLetterCount(Oid role, text *relay, text *topic);
 extern uint64 IdemRelayDeadLettersExpire(TimestampTz before);
 extern void IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
 									ReturnSetInfo *rsinfo);
+extern void IdemRelayDeadLettersAll(void (*emit) (Datum *values, bool *nulls,
+												  void *arg),
+									void *arg);
+extern IdemImportOutcome IdemRelayDeadLetterImport(Datum *values,
+												   bool *nulls);
 
 /* ----------------------------------------------------------------
  * Reading a topic's events (outbox_relay.c)
  * ----------------------------------------------------------------
  */
+/* One topic's index entries in ev_id order, across segments */
+typedef struct IdemSegScan IdemSegScan;
+typedef struct IdemEventScan
+{
+	int			nsegs;
+	IdemSegScan *segs;
+	int			current;		/* the segment of the entry returned last */
+} IdemEventScan;
+
+extern void IdemEventScanBegin(IdemEventScan *es, Oid role, text *topic,
+							   int64 after, int64 before, Snapshot snapshot);
+extern bool IdemEventScanNext(IdemEventScan *es, int64 *ev, int64 *txid);
+extern TupleTableSlot *IdemEventScanFetch(IdemEventScan *es);
+extern void IdemEventScanEnd(IdemEventScan *es);
+extern Datum IdemEventValue(TupleTableSlot *slot, int attnum, bool *isnull);
+
 extern int64 IdemRelayLowWater(const IdemRelayState *st);
 extern bool IdemRelayDelivered(const IdemRelayState *st, int64 ev, int64 txid);
 extern void IdemRelayLag(const IdemRelayState *st, int64 *events,
 						 double *seconds);
+extern void IdemRelayPlaceImported(IdemRelayState *st,
+								   const IdemOutboxSnap *snap,
+								   int64 seq_before, bool from_start);
+extern bool IdemRelayInWindow(const IdemRelayState *st, int64 txid);
+
+/* ----------------------------------------------------------------
+ * Moving topics between nodes (outbox_transfer.c)
+ * ----------------------------------------------------------------
+ */
+extern void IdemOutboxTransferInit(void);
 
 /* ----------------------------------------------------------------
  * Maintenance (outbox_maintain.c)
@@ -192,6 +226,15 @@ extern void IdemOutboxMaintain(TimestampTz now, int *created, int *dropped);
  * Publishing (outbox_publish.c)
  * ----------------------------------------------------------------
  */
-extern void IdemOutboxPublishInit(void);
+extern void IdemOutboxCheckEvent(const char *what, text *key, Datum headers,
+								 bool headers_null, Datum payload,
+								 bool payload_null, Datum payload_raw,
+								 bool raw_null);
+extern pg_uuid_t *IdemOutboxWriteEvent(Oid role, text *topic, text *key,
+									   Datum headers, bool headers_null,
+									   Datum payload, bool payload_null,
+									   Datum payload_raw, bool raw_null,
+									   const pg_uuid_t *event_id,
+									   TimestampTz published_at, int64 *ev);
 
 #endif							/* IDEMPOTENCY_OUTBOX_H */

@@ -5,13 +5,15 @@
  *	  (idempotency.outbox_relays) and its dead letters
  *	  (idempotency.outbox_dead_letters).
  *
- * Everything that reads or writes those tables is here, so that the relay
- * positions can move to the direct access the stream positions get (issue
- * 36) in one place.  For now the statements go through SPI, prepared once
- * per backend, as the storage owner in a restricted security context,
- * naming every table, function and operator with its schema (as
- * streams.c's), under a fresh snapshot: what is committed now, and this
- * transaction's own changes.
+ * Everything that reads or writes those tables is here.  A relay's own
+ * position is read and written directly (keyed_rows.h, as the stream
+ * positions: one probe of the primary key or the version this backend
+ * used last, the row locked FOR UPDATE, an insert or a HOT update; no
+ * SQL).  The lists and the dead letters go through SPI, prepared once per
+ * backend, as the storage owner in a restricted security context, naming
+ * every table, function and operator with its schema (as streams.c's),
+ * under a fresh snapshot: what is committed now, and this transaction's
+ * own changes.
  *
  * A relay's row is read FOR UPDATE under its relay lock (IdemRelayLock:
  * the role's OID in a field of its own and a SipHash of the relay and
@@ -30,10 +32,12 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "keyed_rows.h"
 #include "keyhash.h"
 #include "outbox.h"
 #include "privilege.h"
 #include "stats.h"
+#include "transfer.h"
 
 #include "access/htup_details.h"
 #include "access/xact.h"
@@ -93,24 +97,30 @@ enum
 	" WHERE role OPERATOR(pg_catalog.=) $1 AND relay OPERATOR(pg_catalog.=) $2" \
 	" AND topic OPERATOR(pg_catalog.=) $3"
 
-#define RELAY_TYPES \
-	{OIDOID, TEXTOID, TEXTOID, INT8OID, INT8OID, INT8OID, INT4OID, \
-	 INT8OID, BOOLOID, INT8OID, INT8OID, INT8ARRAYOID, INT8ARRAYOID, INT8OID, \
-	 INT8OID, INT8OID, INT8ARRAYOID, INT8OID, INT8OID, TIMESTAMPTZOID, \
-	 INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID, \
-	 TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID}
+/* idempotency.outbox_relays, read and written directly (keyed_rows.h) */
+static IdemKeyedTable relays_table = {
+	"outbox_relays", NUM_COLS, 3, {OIDOID, TEXTOID, TEXTOID},
+	{REGROLEOID, TEXTOID, TEXTOID, INT8OID, INT8OID, INT8OID, INT4OID,
+	 INT8OID, BOOLOID, INT8OID, INT8OID, INT8ARRAYOID, INT8ARRAYOID, INT8OID,
+	 INT8OID, INT8OID, INT8ARRAYOID, INT8OID, INT8OID, TIMESTAMPTZOID,
+	 INT8OID, INT8OID, INT8OID, TIMESTAMPTZOID, TIMESTAMPTZOID,
+	 TIMESTAMPTZOID, TIMESTAMPTZOID, TIMESTAMPTZOID},
+	InvalidOid
+};
+
+StaticAssertDecl(NUM_COLS <= IDEM_KEYED_MAX_ATTS,
+				 "outbox_relays has more columns than a keyed table may");
 
 typedef enum IdemPositionStmt
 {
-	STMT_RELAY_GET,
-	STMT_RELAY_INSERT,
-	STMT_RELAY_UPDATE,
 	STMT_RELAY_LIST,
 	STMT_RELAY_LIST_ALL,
 	STMT_DEAD_PUT,
 	STMT_DEAD_COUNT,
 	STMT_DEAD_EXPIRE,
 	STMT_DEAD_LIST,
+	STMT_DEAD_LIST_ALL,
+	STMT_DEAD_IMPORT,
 	NUM_POSITION_STMTS
 } IdemPositionStmt;
 
@@ -118,31 +128,10 @@ typedef struct IdemPositionStmtDef
 {
 	const char *sql;
 	int			nargs;
-	Oid			argtypes[NUM_COLS];
+	Oid			argtypes[12];
 } IdemPositionStmtDef;
 
 static const IdemPositionStmtDef stmt_defs[NUM_POSITION_STMTS] = {
-	[STMT_RELAY_GET] = {
-		"SELECT " RELAY_COLUMNS " FROM idempotency.outbox_relays" RELAY_WHERE
-		" FOR UPDATE",
-		3, {OIDOID, TEXTOID, TEXTOID}
-	},
-	[STMT_RELAY_INSERT] = {
-		"INSERT INTO idempotency.outbox_relays (" RELAY_COLUMNS ") VALUES"
-		" ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,"
-		" $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28)",
-		NUM_COLS, RELAY_TYPES
-	},
-	[STMT_RELAY_UPDATE] = {
-		"UPDATE idempotency.outbox_relays SET generation = $4, batch = $5,"
-		" batch_end = $6, batch_events = $7, acked_ev = $8, window_done = $9,"
-		" lo_xmin = $10, lo_xmax = $11, lo_xip = $12, lo_floor = $13, lo_seq = $14,"
-		" up_xmin = $15, up_xmax = $16, up_xip = $17, up_seq_before = $18,"
-		" up_seq_after = $19, up_at = $20, lost_events = $21,"
-		" lost_first_ev = $22, lost_last_ev = $23, lost_from = $24, lost_to = $25,"
-		" created_at = $26, acked_at = $27, updated_at = $28" RELAY_WHERE,
-		NUM_COLS, RELAY_TYPES
-	},
 	[STMT_RELAY_LIST] = {
 		"SELECT " RELAY_COLUMNS " FROM idempotency.outbox_relays"
 		" WHERE role OPERATOR(pg_catalog.=) $1 ORDER BY relay, topic",
@@ -184,6 +173,26 @@ static const IdemPositionStmtDef stmt_defs[NUM_POSITION_STMTS] = {
 		" ORDER BY relay, topic, failed_at, event_id",
 		3, {OIDOID, TEXTOID, TEXTOID}
 	},
+	[STMT_DEAD_LIST_ALL] = {
+		"SELECT role, relay, topic, event_id, key, headers, payload, payload_raw,"
+		" published_at, reason, attempts, failed_at"
+		" FROM idempotency.outbox_dead_letters"
+		" ORDER BY role, relay, topic, failed_at, event_id",
+		0, {InvalidOid}
+	},
+	[STMT_DEAD_IMPORT] = {
+		"INSERT INTO idempotency.outbox_dead_letters AS d (role, relay, topic,"
+		" event_id, key, headers, payload, payload_raw, published_at, reason,"
+		" attempts, failed_at)"
+		" VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)"
+		" ON CONFLICT (role, relay, topic, event_id) DO UPDATE SET"
+		" reason = excluded.reason, attempts = excluded.attempts,"
+		" failed_at = excluded.failed_at"
+		" WHERE d.failed_at OPERATOR(pg_catalog.<) excluded.failed_at"
+		" RETURNING (d.xmax OPERATOR(pg_catalog.=) '0'::pg_catalog.xid)",
+		12, {OIDOID, TEXTOID, TEXTOID, UUIDOID, TEXTOID, JSONBOID, JSONBOID,
+		BYTEAOID, TIMESTAMPTZOID, TEXTOID, INT4OID, TIMESTAMPTZOID}
+	},
 };
 
 static SPIPlanPtr stmt_plans[NUM_POSITION_STMTS];
@@ -192,31 +201,41 @@ static int	IdemPositionExec(IdemPositionStmt which, Datum *values,
 							 const bool *isnull);
 static void IdemPositionBegin(IdemSavedUser *save);
 static void IdemPositionEnd(const IdemSavedUser *save);
-static void IdemRelayFromRow(HeapTuple row, TupleDesc desc, IdemRelayState *st);
+static void IdemRelayCheckTable(void);
+static void IdemRelayKey(const IdemRelayState *st, Datum *key);
+static void IdemRelayFromRow(const Datum *v, const bool *n, IdemRelayState *st);
 static Datum IdemInt8Array(const int64 *values, int n);
 static int	IdemInt8ArrayRead(Datum array, int64 **out);
 
 /*
  * IdemRelayLock takes the lock of one relay of one topic of "role" until
  * the transaction ends (see the file header); with "nowait", only if it is
- * free at once, and says in *acquired whether it was.
+ * free at once, and says in *acquired whether it was.  The relay locks
+ * count with the stream locks (IdemKeyedLockAcquire): a transaction holds
+ * at most max_locks_per_transaction of them, and the next is refused with
+ * 53000 (with "nowait", not taken), so that one role's transaction cannot
+ * fill the lock table every session shares.
  */
 void
 IdemRelayLock(Oid role, text *relay, text *topic, bool nowait, bool *acquired)
 {
 	LOCKTAG		tag;
-	LockAcquireResult res;
+	bool		got = true;
 
 	IdemSetStreamLockTag(&tag, IDEM_LOCK_OUTBOX_RELAY, role,
 						 VARDATA_ANY(relay), VARSIZE_ANY_EXHDR(relay),
 						 VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic), 0);
-	res = LockAcquire(&tag, ExclusiveLock, false, nowait);
+	if (nowait)
+		got = IdemKeyedLockConditional(&tag);
+	else
+		IdemKeyedLockAcquire(&tag);
 	if (acquired != NULL)
-		*acquired = (res != LOCKACQUIRE_NOT_AVAIL);
+		*acquired = got;
 }
 
+/* refuses a database whose extension has no outbox_relays yet */
 static void
-IdemPositionBegin(IdemSavedUser *save)
+IdemRelayCheckTable(void)
 {
 	if (!OidIsValid(IdemOutboxMemberRelid("outbox_relays")))
 		ereport(ERROR,
@@ -224,6 +243,12 @@ IdemPositionBegin(IdemSavedUser *save)
 				 errmsg("the outbox's table \"%s.%s\" does not exist",
 						IDEM_SCHEMA_NAME, "outbox_relays"),
 				 errhint("Run ALTER EXTENSION idempotency UPDATE.")));
+}
+
+static void
+IdemPositionBegin(IdemSavedUser *save)
+{
+	IdemRelayCheckTable();
 	if (SPI_connect() != SPI_OK_CONNECT)
 		elog(ERROR, "SPI_connect failed");
 	IdemBecomeStorageOwner(save);
@@ -241,7 +266,7 @@ static int
 IdemPositionExec(IdemPositionStmt which, Datum *values, const bool *isnull)
 {
 	const IdemPositionStmtDef *def = &stmt_defs[which];
-	char		nulls[NUM_COLS];
+	char		nulls[lengthof(def->argtypes)];
 	int			rc;
 	int			i;
 
@@ -257,6 +282,7 @@ IdemPositionExec(IdemPositionStmt which, Datum *values, const bool *isnull)
 			elog(ERROR, "SPI_keepplan failed");
 		stmt_plans[which] = plan;
 	}
+	Assert(def->nargs <= lengthof(nulls));
 	for (i = 0; i < def->nargs; i++)
 		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
 	rc = SPI_execute_snapshot(stmt_plans[which], values, nulls,
@@ -325,21 +351,20 @@ IdemRelayInit(IdemRelayState *st, Oid role, text *relay, text *topic)
 	st->created_at = GetCurrentTimestamp();
 }
 
-/* fills *st from one row of idempotency.outbox_relays (in SPI's memory) */
+/*
+ * fills *st from the columns of one row of idempotency.outbox_relays (in
+ * SPI's memory, or in a buffer): everything is copied into the current
+ * memory context
+ */
 static void
-IdemRelayFromRow(HeapTuple row, TupleDesc desc, IdemRelayState *st)
+IdemRelayFromRow(const Datum *v, const bool *n, IdemRelayState *st)
 {
-	Datum		v[NUM_COLS];
-	bool		n[NUM_COLS];
-	int			i;
 	int			nfloor;
 
-	for (i = 0; i < NUM_COLS; i++)
-		v[i] = SPI_getbinval(row, desc, i + 1, &n[i]);
 	memset(st, 0, sizeof(*st));
 	st->found = true;
 	st->role = DatumGetObjectId(v[COL_ROLE]);
-	/* copied out of SPI's memory: the caller's context is current here */
+	/* copied out of SPI's memory or the buffer: the caller's context is current here */
 	st->relay = DatumGetTextPCopy(v[COL_RELAY]);
 	st->topic = DatumGetTextPCopy(v[COL_TOPIC]);
 	st->has_generation = !n[COL_GENERATION];
@@ -381,42 +406,47 @@ IdemRelayFromRow(HeapTuple row, TupleDesc desc, IdemRelayState *st)
 void
 IdemRelayLoad(Oid role, text *relay, text *topic, IdemRelayState *st)
 {
-	IdemSavedUser save;
-	Datum		args[3];
-	MemoryContext caller = CurrentMemoryContext;
+	IdemKeyedRows rows;
+	IdemKeyedRow row;
+	Datum		key[3];
 
-	args[0] = ObjectIdGetDatum(role);
-	args[1] = PointerGetDatum(relay);
-	args[2] = PointerGetDatum(topic);
-	IdemPositionBegin(&save);
-	if (IdemPositionExec(STMT_RELAY_GET, args, NULL) == 0)
-	{
-		MemoryContext spi = MemoryContextSwitchTo(caller);
-
-		IdemRelayInit(st, role, relay, topic);
-		MemoryContextSwitchTo(spi);
-	}
+	key[0] = ObjectIdGetDatum(role);
+	key[1] = PointerGetDatum(relay);
+	key[2] = PointerGetDatum(topic);
+	IdemRelayCheckTable();
+	IdemKeyedOpen(&rows, &relays_table);
+	if (IdemKeyedFetch(&rows, key, &row))
+		IdemRelayFromRow(row.values, row.nulls, st);
 	else
-	{
-		MemoryContext spi = MemoryContextSwitchTo(caller);
+		IdemRelayInit(st, role, relay, topic);
+	IdemKeyedClose(&rows);
+}
 
-		IdemRelayFromRow(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, st);
-		MemoryContextSwitchTo(spi);
-	}
-	IdemPositionEnd(&save);
+/* the primary key of a relay's row */
+static void
+IdemRelayKey(const IdemRelayState *st, Datum *key)
+{
+	key[0] = ObjectIdGetDatum(st->role);
+	key[1] = PointerGetDatum(st->relay);
+	key[2] = PointerGetDatum(st->topic);
 }
 
 /*
  * IdemRelayStore writes a relay's position: a new row if it had none (and
- * then st->found is set), else an update of the row read FOR UPDATE.
+ * then st->found is set), else an update of its row, as the statements
+ * did: an insert whose primary key is checked (23505 if the row exists
+ * after all), or the newest version of the row read again and locked FOR
+ * UPDATE (the version IdemRelayLoad locked, unless this transaction wrote
+ * it since), 40001 if it is gone.
  */
 void
 IdemRelayStore(IdemRelayState *st)
 {
-	IdemSavedUser save;
+	IdemKeyedRows rows;
+	IdemKeyedRow row;
+	Datum		key[3];
 	Datum		v[NUM_COLS];
 	bool		n[NUM_COLS];
-	int			processed;
 
 	memset(n, 0, sizeof(n));
 	v[COL_ROLE] = ObjectIdGetDatum(st->role);
@@ -454,11 +484,12 @@ IdemRelayStore(IdemRelayState *st)
 	n[COL_ACKED_AT] = (st->acked_at == 0);
 	v[COL_UPDATED_AT] = TimestampTzGetDatum(GetCurrentTimestamp());
 
-	IdemPositionBegin(&save);
-	processed = IdemPositionExec(st->found ? STMT_RELAY_UPDATE : STMT_RELAY_INSERT,
-								 v, n);
-	IdemPositionEnd(&save);
-	if (processed != 1)
+	IdemRelayKey(st, key);
+	IdemRelayCheckTable();
+	IdemKeyedOpen(&rows, &relays_table);
+	if (!st->found)
+		row.found = false;
+	else if (!IdemKeyedFetch(&rows, key, &row))
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("could not record the position of relay \"%s\" of topic \"%s\": its row was removed concurrently",
@@ -466,6 +497,8 @@ IdemRelayStore(IdemRelayState *st)
 						IdemKeyForMessage(text_to_cstring(st->topic))),
 				 errdetail("Nothing was recorded."),
 				 errhint("Retry the transaction.")));
+	IdemKeyedWrite(&rows, &row, v, n);
+	IdemKeyedClose(&rows);
 	st->found = true;
 }
 
@@ -490,8 +523,14 @@ IdemRelayList(Oid role, bool all_roles)
 	{
 		MemoryContext spi = MemoryContextSwitchTo(caller);
 		IdemRelayState *st = palloc(sizeof(IdemRelayState));
+		Datum		v[NUM_COLS];
+		bool		n[NUM_COLS];
+		int			c;
 
-		IdemRelayFromRow(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, st);
+		for (c = 0; c < NUM_COLS; c++)
+			v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+								 c + 1, &n[c]);
+		IdemRelayFromRow(v, n, st);
 		result = lappend(result, st);
 		MemoryContextSwitchTo(spi);
 	}
@@ -609,4 +648,55 @@ IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, v, n);
 	}
 	IdemPositionEnd(&save);
+}
+
+/*
+ * IdemRelayDeadLettersAll calls "emit" with the columns of every dead
+ * letter of every role (those of idempotency.dead_letter_record, the role
+ * as its OID), in the order of role, relay, topic and failure (export).
+ */
+void
+IdemRelayDeadLettersAll(void (*emit) (Datum *values, bool *nulls, void *arg),
+						void *arg)
+{
+	IdemSavedUser save;
+	uint64		i;
+
+	IdemPositionBegin(&save);
+	(void) IdemPositionExec(STMT_DEAD_LIST_ALL, NULL, NULL);
+	for (i = 0; i < SPI_processed; i++)
+	{
+		Datum		v[12];
+		bool		n[12];
+		int			c;
+
+		for (c = 0; c < 12; c++)
+			v[c] = SPI_getbinval(SPI_tuptable->vals[i], SPI_tuptable->tupdesc,
+								 c + 1, &n[c]);
+		emit(v, n, arg);
+	}
+	IdemPositionEnd(&save);
+}
+
+/*
+ * IdemRelayDeadLetterImport stores an imported dead letter (the columns of
+ * STMT_DEAD_IMPORT, the role as its OID) unless one of the same relay and
+ * event failed as late or later here: returns whether it inserted it,
+ * replaced the local one, or kept that.
+ */
+IdemImportOutcome
+IdemRelayDeadLetterImport(Datum *values, bool *nulls)
+{
+	IdemSavedUser save;
+	IdemImportOutcome outcome = IDEM_IMPORT_KEPT;
+	bool		isnull;
+
+	IdemPositionBegin(&save);
+	if (IdemPositionExec(STMT_DEAD_IMPORT, values, nulls) == 1)
+		outcome = DatumGetBool(SPI_getbinval(SPI_tuptable->vals[0],
+											 SPI_tuptable->tupdesc, 1,
+											 &isnull)) ?
+			IDEM_IMPORT_INSERTED : IDEM_IMPORT_REPLACED;
+	IdemPositionEnd(&save);
+	return outcome;
 }

@@ -46,6 +46,7 @@
  */
 #include "idempotency.h"
 #include "compat.h"
+#include "keyed_rows.h"
 #include "keyhash.h"
 #include "outbox.h"
 #include "protocol.h"
@@ -75,126 +76,33 @@ PG_FUNCTION_INFO_V1(idem_publish);
 /* The prefix of the logical decoding messages */
 #define IDEM_OUTBOX_MESSAGE_PREFIX	"idempotency.outbox"
 
-/*
- * The key locks the current transaction holds, counted by the
- * subtransaction nesting level that took each first (as streams.c counts
- * its locks): a subtransaction that rolls back releases the locks it took.
- */
-static int *key_locks_at = NULL;	/* [level], in TopMemoryContext */
-static int	key_locks_levels = 0;
-static int	key_locks_held = 0;
-
 /* This backend's part of the event ids (see the file header) */
 static bool event_id_seeded = false;
 static uint64 event_id_rand_a;	/* 12 bits */
 static uint64 event_id_rand_b;	/* 62 bits */
 static uint64 event_id_counter = 0;
 
-static void IdemKeyLocksXactCallback(XactEvent event, void *arg);
-static void IdemKeyLocksSubXactCallback(SubXactEvent event,
-										SubTransactionId mySubid,
-										SubTransactionId parentSubid,
-										void *arg);
 static void IdemLockEventKey(Oid role, text *topic, text *key);
 static void IdemCheckEventHeaders(Datum headers);
 static void IdemNewEventId(pg_uuid_t *id, TimestampTz now);
 static void IdemEmitLogicalMessage(Oid role, text *topic, Datum *values,
 								   bool *nulls);
 
-/* registers the transaction callbacks; called once from _PG_init */
-void
-IdemOutboxPublishInit(void)
-{
-	RegisterXactCallback(IdemKeyLocksXactCallback, NULL);
-	RegisterSubXactCallback(IdemKeyLocksSubXactCallback, NULL);
-}
-
-static void
-IdemKeyLocksXactCallback(XactEvent event, void *arg)
-{
-	switch (event)
-	{
-		case XACT_EVENT_COMMIT:
-		case XACT_EVENT_PARALLEL_COMMIT:
-		case XACT_EVENT_ABORT:
-		case XACT_EVENT_PARALLEL_ABORT:
-		case XACT_EVENT_PREPARE:
-			if (key_locks_levels > 0)
-				memset(key_locks_at, 0, key_locks_levels * sizeof(int));
-			key_locks_held = 0;
-			break;
-		default:
-			break;
-	}
-}
-
-static void
-IdemKeyLocksSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
-							SubTransactionId parentSubid, void *arg)
-{
-	int			level = GetCurrentTransactionNestLevel();
-
-	if (level >= key_locks_levels || key_locks_at[level] == 0)
-		return;
-	switch (event)
-	{
-		case SUBXACT_EVENT_ABORT_SUB:
-			key_locks_held -= key_locks_at[level];
-			key_locks_at[level] = 0;
-			break;
-		case SUBXACT_EVENT_COMMIT_SUB:
-			key_locks_at[level - 1] += key_locks_at[level];
-			key_locks_at[level] = 0;
-			break;
-		default:
-			break;
-	}
-}
-
 /*
  * IdemLockEventKey takes the lock of one key of one topic of "role" until
  * the transaction ends: at most max_locks_per_transaction of them per
- * transaction (see the file header); one held already is taken again
- * freely.
+ * transaction (see the file header; counted by keyed_rows.c, apart from
+ * the stream and relay locks); one held already is taken again freely.
  */
 static void
 IdemLockEventKey(Oid role, text *topic, text *key)
 {
 	LOCKTAG		tag;
-	int			level = GetCurrentTransactionNestLevel();
 
 	IdemSetStreamLockTag(&tag, IDEM_LOCK_OUTBOX_KEY, role,
 						 VARDATA_ANY(topic), VARSIZE_ANY_EXHDR(topic),
 						 VARDATA_ANY(key), VARSIZE_ANY_EXHDR(key), 0);
-	if (key_locks_held >= max_locks_per_xact &&
-		!IdemLockHeldByMe(&tag, ExclusiveLock))
-		ereport(ERROR,
-				(errcode(ERRCODE_INSUFFICIENT_RESOURCES),
-				 errmsg("too many event keys locked by this transaction"),
-				 errdetail("Each key an event is published with holds a lock until the transaction ends, and this transaction holds %d, the limit set by \"%s\".",
-						   key_locks_held, "max_locks_per_transaction"),
-				 errhint("Publish events of fewer keys in one transaction (events without a key take no lock), or raise \"%s\".",
-						 "max_locks_per_transaction")));
-	if (level >= key_locks_levels)
-	{
-		int			n = Max(level + 1, 8);
-
-		if (key_locks_at == NULL)
-			key_locks_at = MemoryContextAllocZero(TopMemoryContext,
-												  n * sizeof(int));
-		else
-		{
-			key_locks_at = repalloc(key_locks_at, n * sizeof(int));
-			memset(key_locks_at + key_locks_levels, 0,
-				   (n - key_locks_levels) * sizeof(int));
-		}
-		key_locks_levels = n;
-	}
-	if (LockAcquire(&tag, ExclusiveLock, false, false) == LOCKACQUIRE_OK)
-	{
-		key_locks_at[level]++;
-		key_locks_held++;
-	}
+	IdemKeyedLockAcquire(&tag);
 }
 
 /*
@@ -379,82 +287,100 @@ IdemEmitLogicalMessage(Oid role, text *topic, Datum *values, bool *nulls)
 }
 
 /*
- * idem_publish(topic text, payload jsonb DEFAULT NULL, key text DEFAULT NULL,
- *				headers jsonb DEFAULT NULL, payload_raw bytea DEFAULT NULL)
- *		RETURNS uuid
- *
- * Writes one event into the outbox in the caller's transaction, and
- * returns its event id.
+ * IdemOutboxCheckEvent checks what an event would store, as idem_publish()
+ * takes it and as an import brings it (outbox_transfer.c): payload or raw
+ * payload, not both; headers as IdemCheckEventHeaders() wants them; key,
+ * payload, raw payload and headers within idempotency.max_response_bytes.
+ * "what" names the caller in the size error.
  */
-Datum
-idem_publish(PG_FUNCTION_ARGS)
+void
+IdemOutboxCheckEvent(const char *what, text *key, Datum headers,
+					 bool headers_null, Datum payload, bool payload_null,
+					 Datum payload_raw, bool raw_null)
 {
-	Oid			role = GetUserId();
-	text	   *topic;
-	text	   *key = NULL;
 	int64		size = 0;
+
+	if (!payload_null && !raw_null)
+		ereport(ERROR,
+				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+				 errmsg("an event has payload or payload_raw, not both")));
+	if (!headers_null)
+		IdemCheckEventHeaders(headers);
+
+	/* what the event stores, as stored (see doc/reference.md) */
+	if (key != NULL)
+		size += VARSIZE_ANY_EXHDR(key);
+	if (!payload_null)
+		size += VARSIZE_ANY(DatumGetPointer(payload));
+	if (!headers_null)
+		size += VARSIZE_ANY(DatumGetPointer(headers));
+	if (!raw_null)
+		size += VARSIZE_ANY_EXHDR(DatumGetPointer(payload_raw));
+	if (size > idem_max_response_bytes)
+		ereport(ERROR,
+				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
+				 errmsg("%s would store " INT64_FORMAT " bytes for one event, more than \"idempotency.max_response_bytes\" (%d)",
+						what, size, idem_max_response_bytes),
+				 errdetail("An event stores its key, payload, raw payload and headers; nothing was stored."),
+				 errhint("Publish a smaller event (a reference to the data, say), or have a superuser raise \"idempotency.max_response_bytes\".")));
+}
+
+/*
+ * IdemOutboxWriteEvent writes one checked event of "role"'s "topic" in the
+ * current transaction: with the transaction's xid and then an ev_id (see
+ * the file header).  event_id NULL: a new event id, published now
+ * (idem_publish), under its key's lock; else the event keeps the id and
+ * time it was published with on another node (an import, which emits no
+ * logical decoding message, its node of origin did, and takes no key lock:
+ * a move imports any number of keys in one transaction, in their order,
+ * while the tenant's publishers wait for the move, see
+ * outbox_transfer.c).  Returns the event id and sets *ev to its ev_id.
+ */
+pg_uuid_t *
+IdemOutboxWriteEvent(Oid role, text *topic, text *key, Datum headers,
+					 bool headers_null, Datum payload, bool payload_null,
+					 Datum payload_raw, bool raw_null,
+					 const pg_uuid_t *event_id, TimestampTz published_at,
+					 int64 *ev)
+{
 	Datum		values[Natts_outbox];
 	bool		nulls[Natts_outbox];
-	pg_uuid_t  *event_id;
-	TimestampTz now;
+	pg_uuid_t  *id;
 	int32		seg;
 	Oid			relid;
 	IdemOpenPartition op;
 	HeapTuple	tuple;
 
-	IdemCheckLibraryVersion();
-	topic = IdemCheckKeyArg(fcinfo, 0, "topic");
-	if (!PG_ARGISNULL(2))
-		key = IdemCheckKeyArg(fcinfo, 2, "key");
-	if (!PG_ARGISNULL(1) && !PG_ARGISNULL(4))
-		ereport(ERROR,
-				(errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-				 errmsg("an event has payload or payload_raw, not both")));
-	if (!PG_ARGISNULL(3))
-		IdemCheckEventHeaders(PG_GETARG_DATUM(3));
-
-	/* what the event stores, as stored (see doc/reference.md) */
-	if (key != NULL)
-		size += VARSIZE_ANY_EXHDR(key);
-	if (!PG_ARGISNULL(1))
-		size += VARSIZE_ANY(PG_GETARG_DATUM(1));
-	if (!PG_ARGISNULL(3))
-		size += VARSIZE_ANY(PG_GETARG_DATUM(3));
-	if (!PG_ARGISNULL(4))
-		size += VARSIZE_ANY_EXHDR(PG_GETARG_DATUM(4));
-	if (size > idem_max_response_bytes)
-		ereport(ERROR,
-				(errcode(ERRCODE_PROGRAM_LIMIT_EXCEEDED),
-				 errmsg("idem_publish() would store " INT64_FORMAT " bytes for one event, more than \"idempotency.max_response_bytes\" (%d)",
-						size, idem_max_response_bytes),
-				 errdetail("An event stores its key, payload, raw payload and headers; nothing was stored."),
-				 errhint("Publish a smaller event (a reference to the data, say), or have a superuser raise \"idempotency.max_response_bytes\".")));
-	IdemCheckWritable("idem_publish()");
-
-	if (key != NULL)
+	if (key != NULL && event_id == NULL)
 		IdemLockEventKey(role, topic, key);
 
 	memset(nulls, 0, sizeof(nulls));
 	/* the xid first, then (under the key's lock) the ev_id: see above */
 	values[Anum_outbox_txid - 1] = Int64GetDatum(IdemOutboxCurrentTxid());
 	relid = IdemOutboxNewestSegment(RowExclusiveLock, &seg);
-	values[Anum_outbox_ev_id - 1] = Int64GetDatum(IdemOutboxNextEvId());
+	*ev = IdemOutboxNextEvId();
+	values[Anum_outbox_ev_id - 1] = Int64GetDatum(*ev);
 	values[Anum_outbox_seg - 1] = Int32GetDatum(seg);
 	values[Anum_outbox_role - 1] = ObjectIdGetDatum(role);
 	values[Anum_outbox_topic - 1] = PointerGetDatum(topic);
-	now = GetCurrentTimestamp();
-	event_id = palloc(sizeof(pg_uuid_t));
-	IdemNewEventId(event_id, now);
-	values[Anum_outbox_event_id - 1] = UUIDPGetDatum(event_id);
-	values[Anum_outbox_published_at - 1] = TimestampTzGetDatum(now);
+	id = palloc(sizeof(pg_uuid_t));
+	if (event_id == NULL)
+	{
+		published_at = GetCurrentTimestamp();
+		IdemNewEventId(id, published_at);
+	}
+	else
+		memcpy(id, event_id, sizeof(pg_uuid_t));
+	values[Anum_outbox_event_id - 1] = UUIDPGetDatum(id);
+	values[Anum_outbox_published_at - 1] = TimestampTzGetDatum(published_at);
 	values[Anum_outbox_key - 1] = PointerGetDatum(key);
 	nulls[Anum_outbox_key - 1] = (key == NULL);
-	values[Anum_outbox_headers - 1] = PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3);
-	nulls[Anum_outbox_headers - 1] = PG_ARGISNULL(3);
-	values[Anum_outbox_payload - 1] = PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1);
-	nulls[Anum_outbox_payload - 1] = PG_ARGISNULL(1);
-	values[Anum_outbox_payload_raw - 1] = PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4);
-	nulls[Anum_outbox_payload_raw - 1] = PG_ARGISNULL(4);
+	values[Anum_outbox_headers - 1] = headers;
+	nulls[Anum_outbox_headers - 1] = headers_null;
+	values[Anum_outbox_payload - 1] = payload;
+	nulls[Anum_outbox_payload - 1] = payload_null;
+	values[Anum_outbox_payload_raw - 1] = payload_raw;
+	nulls[Anum_outbox_payload_raw - 1] = raw_null;
 
 	/* the row and its index entries, as the ledgers write theirs */
 	memset(&op, 0, sizeof(op));
@@ -472,8 +398,47 @@ idem_publish(PG_FUNCTION_ARGS)
 	IdemClosePartitionIndexes(&op);
 	table_close(op.heap, NoLock);
 
-	if (idem_outbox_logical)
+	if (idem_outbox_logical && event_id == NULL)
 		IdemEmitLogicalMessage(role, topic, values, nulls);
+	return id;
+}
+
+/*
+ * idem_publish(topic text, payload jsonb DEFAULT NULL, key text DEFAULT NULL,
+ *				headers jsonb DEFAULT NULL, payload_raw bytea DEFAULT NULL)
+ *		RETURNS uuid
+ *
+ * Writes one event into the outbox in the caller's transaction, and
+ * returns its event id.
+ */
+Datum
+idem_publish(PG_FUNCTION_ARGS)
+{
+	text	   *topic;
+	text	   *key = NULL;
+	pg_uuid_t  *event_id;
+	int64		ev;
+
+	IdemCheckLibraryVersion();
+	topic = IdemCheckKeyArg(fcinfo, 0, "topic");
+	if (!PG_ARGISNULL(2))
+		key = IdemCheckKeyArg(fcinfo, 2, "key");
+	IdemOutboxCheckEvent("idem_publish()", key,
+						 PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
+						 PG_ARGISNULL(3),
+						 PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1),
+						 PG_ARGISNULL(1),
+						 PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4),
+						 PG_ARGISNULL(4));
+	IdemCheckWritable("idem_publish()");
+
+	event_id = IdemOutboxWriteEvent(GetUserId(), topic, key,
+									PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
+									PG_ARGISNULL(3),
+									PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1),
+									PG_ARGISNULL(1),
+									PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4),
+									PG_ARGISNULL(4), NULL, 0, &ev);
 	IdemStatsAdd(IDEM_STAT_OUTBOX_PUBLISHED, 1);
 	PG_RETURN_UUID_P(event_id);
 }

@@ -158,7 +158,7 @@ IdemWidenXid(TransactionId xid, FullTransactionId next)
  * of them is visible in the snapshot, so visibility is unchanged, and
  * those assigned after it are listed needlessly but harmlessly.
  */
-static void
+void
 IdemOutboxTakeSnap(IdemOutboxSnap *snap)
 {
 	int64		base = IdemOutboxXidBase();	/* first: it may run SPI */
@@ -247,8 +247,80 @@ IdemRelayOpenWindow(IdemRelayState *st)
 	st->window_done = false;
 }
 
+/*
+ * IdemRelayPlaceImported gives a relay imported in this transaction
+ * (outbox_transfer.c, just before it commits) a window that holds this
+ * transaction's events.  "snap" is a snapshot the import took when it
+ * decided what to do with the relay, after this transaction got its xid
+ * (so listed in it as running, or below its xmin), and "seq_before" an
+ * ev_id taken just before it.  The window's upper snapshot is "snap" with
+ * this transaction counted as ended (it is, for anyone who reads the
+ * position: the position commits with it); its lower one is "snap" with
+ * this transaction running, so that the window holds this transaction's
+ * events alone, or (from_start) a snapshot that sees nothing, so that it
+ * also holds every event the topic kept when the import decided, as a
+ * relay never seen reads them.  Whatever commits after "snap" was taken
+ * lands in a later window, as for any relay: the transactions running
+ * then are running in both snapshots, read from the floor 0 (their events
+ * may be older than anything known here), and those that began later
+ * have ev_ids above seq_before.  The caller sets acked_ev, the ev_id up to
+ * which the window's events are acknowledged (0: none).
+ */
+void
+IdemRelayPlaceImported(IdemRelayState *st, const IdemOutboxSnap *snap,
+					   int64 seq_before, bool from_start)
+{
+	int64		mine = IdemOutboxCurrentTxid();
+	IdemOutboxSnap up;
+	IdemOutboxSnap lo;
+	int			i;
+	int			n = 0;
+
+	Assert(mine < snap->xmax);
+
+	/* up: this transaction ended */
+	up.xmin = snap->xmin;
+	up.xmax = snap->xmax;
+	up.xip = palloc(Max(snap->nxip, 1) * sizeof(int64));
+	for (i = 0; i < snap->nxip; i++)
+		if (snap->xip[i] != mine)
+			up.xip[n++] = snap->xip[i];
+	up.nxip = n;
+
+	/* lo: this transaction running (listed, below xmin or not) */
+	if (from_start)
+	{
+		lo.xmin = 0;
+		lo.xmax = 0;
+		lo.nxip = 0;
+		lo.xip = palloc(sizeof(int64));
+	}
+	else
+	{
+		lo.xmin = Min(up.xmin, mine);
+		lo.xmax = up.xmax;
+		lo.xip = palloc((up.nxip + 1) * sizeof(int64));
+		memcpy(lo.xip, up.xip, up.nxip * sizeof(int64));
+		lo.xip[up.nxip] = mine;
+		lo.nxip = up.nxip + 1;
+		qsort(lo.xip, lo.nxip, sizeof(int64), IdemCompareInt64);
+	}
+	st->lo = lo;
+	st->lo_floor = palloc0(Max(lo.nxip, 1) * sizeof(int64));
+	st->lo_seq = 0;
+	st->up = up;
+	st->up_seq_before = seq_before;
+	st->up_seq_after = IdemOutboxNextEvId();	/* above this one's events */
+	st->up_at = GetCurrentTimestamp();
+	st->acked_ev = 0;
+	st->window_done = false;
+	st->handed_out = false;
+	st->batch_end = 0;
+	st->batch_events = 0;
+}
+
 /* is an event of transaction txid in the relay's current window? */
-static inline bool
+bool
 IdemRelayInWindow(const IdemRelayState *st, int64 txid)
 {
 	return IdemOutboxSnapVisible(&st->up, txid) &&
@@ -300,7 +372,7 @@ IdemRelayLowWater(const IdemRelayState *st)
  * ----------------------------------------------------------------
  */
 
-typedef struct IdemSegScan
+struct IdemSegScan
 {
 	Relation	heap;
 	Relation	index;
@@ -309,14 +381,7 @@ typedef struct IdemSegScan
 	bool		has;			/* ev and txid are the next entry's */
 	int64		ev;
 	int64		txid;
-} IdemSegScan;
-
-typedef struct IdemEventScan
-{
-	int			nsegs;
-	IdemSegScan *segs;
-	int			current;		/* the segment of the entry returned last */
-} IdemEventScan;
+};
 
 static void
 IdemSegScanAdvance(IdemSegScan *ss)
@@ -343,7 +408,7 @@ IdemSegScanAdvance(IdemSegScan *ss)
  * ACCESS SHARE until the transaction ends (a drop waits for them); one
  * dropped since the list was read is left out.
  */
-static void
+void
 IdemEventScanBegin(IdemEventScan *es, Oid role, text *topic, int64 after,
 				   int64 before, Snapshot snapshot)
 {
@@ -389,7 +454,7 @@ IdemEventScanBegin(IdemEventScan *es, Oid role, text *topic, int64 after,
 }
 
 /* the next entry in ev_id order: its ev_id and txid */
-static bool
+bool
 IdemEventScanNext(IdemEventScan *es, int64 *ev, int64 *txid)
 {
 	int			best = -1;
@@ -410,7 +475,7 @@ IdemEventScanNext(IdemEventScan *es, int64 *ev, int64 *txid)
 }
 
 /* the heap tuple of the entry returned last, if the snapshot sees it */
-static TupleTableSlot *
+TupleTableSlot *
 IdemEventScanFetch(IdemEventScan *es)
 {
 	IdemSegScan *ss = &es->segs[es->current];
@@ -420,7 +485,7 @@ IdemEventScanFetch(IdemEventScan *es)
 	return NULL;
 }
 
-static void
+void
 IdemEventScanEnd(IdemEventScan *es)
 {
 	int			i;
@@ -439,7 +504,7 @@ IdemEventScanEnd(IdemEventScan *es)
 }
 
 /* a column of an event as a datum that does not point into TOAST */
-static Datum
+Datum
 IdemEventValue(TupleTableSlot *slot, int attnum, bool *isnull)
 {
 	Datum		d = slot->tts_values[attnum - 1];

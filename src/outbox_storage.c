@@ -213,15 +213,25 @@ IdemOutboxStorageInit(void)
  * IdemOutboxRelcacheCallback forgets what it knows of the storage when the
  * relcache entry of the events table, of one of its segments or of one of
  * the outbox's member tables is invalidated (ATTACH, DETACH, DROP, DROP
- * EXTENSION, ...), or all of them.  Topic ids and the xid base are
- * forgotten with the member tables: a dropped and recreated extension
- * starts over.  No catalog access here.
+ * EXTENSION, ...), or all of them, and, while it knows of no events
+ * table, when any relation's is (the table's creation).  Topic ids and the
+ * xid base are forgotten with the member tables: a dropped and recreated
+ * extension starts over.  No catalog access here.
  */
 static void
 IdemOutboxRelcacheCallback(Datum arg, Oid relid)
 {
 	int			i;
-	bool		hit = (relid == InvalidOid || relid == cache.parent);
+
+	/*
+	 * With no events table known, any relation's invalidation may be the
+	 * one of its creation (by another backend: a storage maker, or the
+	 * first publisher itself): without this, a backend that looked
+	 * before the first idem_publish() would go on seeing no events table,
+	 * and its relay no events, until it reconnected.
+	 */
+	bool		hit = (relid == InvalidOid || relid == cache.parent ||
+					   !OidIsValid(cache.parent));
 
 	for (i = 0; !hit && i < cache.nsegments; i++)
 		hit = (cache.segments[i].relid == relid);
@@ -879,14 +889,13 @@ IdemOutboxRaiseBase(Oid relid, int64 high)
 		elog(ERROR, "table \"%s.%s\" does not have the expected columns",
 			 IDEM_SCHEMA_NAME, member_names[MEMBER_XID_BASE]);
 
-	systable_inplace_update_begin(rel, InvalidOid, false, NULL, 0, NULL,
-								  &oldtup, &state);
+	IdemInplaceUpdateBegin(rel, &oldtup, &state);
 	if (!HeapTupleIsValid(oldtup))
 		elog(ERROR, "the outbox's xid base row went away");
 	heap_deform_tuple(oldtup, desc, values, nulls);
 	if (nulls[att_base - 1] || nulls[att_sysid - 1] || nulls[att_checked - 1])
 	{
-		systable_inplace_update_cancel(state);
+		IdemInplaceUpdateCancel(state);
 		elog(ERROR, "the outbox's xid base row has a null");
 	}
 	base = DatumGetInt64(values[att_base - 1]);
@@ -905,7 +914,7 @@ IdemOutboxRaiseBase(Oid relid, int64 high)
 		Int64GetDatum((int64) HeapTupleHeaderGetRawXmin(oldtup->t_data));
 	replace[att_base - 1] = replace[att_sysid - 1] = replace[att_checked - 1] = true;
 	newtup = heap_modify_tuple(oldtup, desc, values, nulls, replace);
-	systable_inplace_update_finish(state, newtup);
+	IdemInplaceUpdateFinish(state, newtup);
 	heap_freetuple(newtup);
 	heap_freetuple(oldtup);
 	table_close(rel, RowExclusiveLock);

@@ -20,7 +20,7 @@
  *	  are read and written by prepared statements run as the storage owner
  *	  (IdemBecomeStorageOwner), as any role's call needs.
  *
- * The rule for all three: nothing the caller, the database's owner or a
+ * The rule for all four: nothing the caller, the database's owner or a
  * default privilege can set changes what they do.  SQL runs with the
  * settings of pinned_settings below, whatever the session had, under a
  * restricted security context; the workers' own settings are pinned at

@@ -70,6 +70,7 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "compat.h"
 #include "filter.h"
 #include "keyhash.h"
@@ -741,6 +742,34 @@ IdemInsertRow(IdemOpenPartition *op, Datum *values, bool *nulls,
 {
 	HeapTuple	tuple;
 	bool		keeps_key_lock = IdemMustKeepKeyLock(op->heap);
+	int			natts = RelationGetDescr(op->heap)->natts;
+	Datum		with_tenant[IDEM_LEDGER_MAX_NATTS];
+	bool		with_tenant_nulls[IDEM_LEDGER_MAX_NATTS];
+
+	/*
+	 * A partition of a ledger distributed by Citus: the row's tenant, its
+	 * distribution column, is the one the call was routed by (citus.c).
+	 * A write that was not routed (an import) cannot tell it.
+	 */
+	if (natts == IdemTenantAttnum(IDEM_LEDGER_KEYS) ||
+		natts == IdemTenantAttnum(IDEM_LEDGER_MESSAGES))
+	{
+		IdemLedger	ledger = natts == IdemTenantAttnum(IDEM_LEDGER_KEYS) ?
+			IDEM_LEDGER_KEYS : IDEM_LEDGER_MESSAGES;
+
+		memcpy(with_tenant, values, (natts - 1) * sizeof(Datum));
+		memcpy(with_tenant_nulls, nulls, (natts - 1) * sizeof(bool));
+		if (!IdemCitusCallTenant(ledger, &with_tenant[natts - 1]))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("cannot write into ledger \"%s.%s\" without a tenant",
+							IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+					 errdetail("The ledger is distributed by Citus: each row is written to the shard of its tenant."),
+					 errhint("Move rows into the ledger before idempotency.citus_distribute(), not after.")));
+		with_tenant_nulls[natts - 1] = false;
+		values = with_tenant;
+		nulls = with_tenant_nulls;
+	}
 
 	if (keeps_key_lock)
 		IdemCountKeptKeyLock();
@@ -1005,7 +1034,7 @@ IdemOpDeform(IdemOp *op, TupleDesc tupdesc)
 	int			i;
 
 	heap_deform_tuple(op->probe.tuple, tupdesc, op->values, op->nulls);
-	for (i = tupdesc->natts; i < Natts_keys; i++)
+	for (i = tupdesc->natts; i < IDEM_LEDGER_MAX_NATTS; i++)
 		op->nulls[i] = true;
 }
 

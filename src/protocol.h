@@ -127,8 +127,9 @@ typedef struct IdemOp
 	IdemProbeResult probe;		/* what the probe found */
 	TimestampTz wait_until;		/* for IDEM_STEP_WAIT_HOLDER: set by the step */
 	int			poll_ms;		/* ... its polling interval without preload */
-	Datum		values[Natts_keys]; /* the row found, then the row written */
-	bool		nulls[Natts_keys];
+	Datum		values[IDEM_LEDGER_MAX_NATTS];	/* the row found, then the
+												 * row written */
+	bool		nulls[IDEM_LEDGER_MAX_NATTS];
 } IdemOp;
 
 /* What a step of an operation decided (see IdemOpRun) */

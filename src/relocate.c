@@ -180,8 +180,8 @@ IdemMoveRow(IdemLedger ledger, IdemMisplaced *m)
 {
 	Relation	from;
 	TupleDesc	desc;
-	Datum		values[Natts_keys];
-	bool		nulls[Natts_keys];
+	Datum		values[IDEM_LEDGER_MAX_NATTS];
+	bool		nulls[IDEM_LEDGER_MAX_NATTS];
 	TimestampTz expires_at;
 	IdemPartition target;
 	IdemOpenPartition op;

@@ -15,7 +15,10 @@
  *
  * Both ledgers' tables start with the same four columns, (expires_at
  * timestamptz, digest uuid, role regrole, lane int2), and each partition
- * has a btree on (role, digest): probe.c relies on both.  (Before 0.4.0 it
+ * has a btree on (role, digest): probe.c relies on both.  (A ledger
+ * distributed by Citus has, instead, a unique one on (role, digest, lane,
+ * expires_at, tenant), its replica identity, which probes use by its first
+ * two columns: indexes.c.)  (Before 0.4.0 it
  * was on digest alone, which let one role's probe read another role's
  * entry: see IdemUpgradeLedgerIndex.)  The key ledger has more columns
  * after them (ledger_defs; six more since 0.4.0, which a table made for
@@ -58,6 +61,7 @@
 #include "catalog/dependency.h"
 #include "catalog/indexing.h"
 #include "catalog/namespace.h"
+#include "catalog/index.h"
 #include "catalog/pg_class.h"
 #include "catalog/pg_depend.h"
 #include "catalog/pg_extension.h"
@@ -157,6 +161,8 @@ typedef struct IdemLedgerCache
 	Oid			routed;			/* a shard's cache: the shard's table */
 	Oid			parent;			/* InvalidOid if the table does not exist */
 	int			parent_natts;	/* its columns */
+	Oid			tenant_type;	/* the type of its "tenant" column (a ledger
+								 * distributed by Citus), or InvalidOid */
 	int			npartitions;
 	IdemPartition *partitions;	/* sorted by (lane, lower) */
 	Oid		   *relids;			/* the partitions' OIDs, sorted */
@@ -197,6 +203,8 @@ static void IdemInvalidateCache(IdemLedgerCache *cache, Oid relid);
 static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
 static int	IdemRelNatts(Oid relid);
+static Oid	IdemIdentityIndexOf(IdemLedger ledger, Oid partition);
+static Oid	IdemTenantColumnType(IdemLedger ledger, Oid relid, int natts);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 also_lane, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
 static int	IdemFirstInLane(IdemLedgerCache *cache, int16 lane);
@@ -314,9 +322,82 @@ IdemLedgerName(IdemLedger ledger)
 bool
 IdemLedgerHasColumns(IdemLedger ledger, int natts)
 {
+	if (natts == IdemTenantAttnum(ledger))
+		return true;			/* distributed by Citus: "tenant" last */
 	if (ledger == IDEM_LEDGER_MESSAGES)
 		return natts == Natts_messages;
 	return natts == Natts_keys || natts == Natts_keys_v1;
+}
+
+/*
+ * IdemLedgerTenantType returns the type of the "tenant" column of the
+ * ledger's own table, which a ledger distributed by Citus has
+ * (idempotency.citus_distribute()), or InvalidOid: the ledger is then not
+ * distributed, and calls are not routed (citus.c).  From the partition
+ * cache: no catalog access once it is valid.
+ */
+Oid
+IdemLedgerTenantType(IdemLedger ledger)
+{
+	IdemLedgerCache *cache = &ledger_cache[ledger];
+
+	if (!cache->valid)
+		IdemRebuildLedgerCache(ledger, cache);
+	return OidIsValid(cache->parent) ? cache->tenant_type : InvalidOid;
+}
+
+/*
+ * IdemIdentityIndexOf returns the index of "partition" that is attached to
+ * the ledger's idempotency.<ledger>_identity_idx (citus_distribute()), the
+ * partition's replica identity, or InvalidOid if there is none.
+ */
+static Oid
+IdemIdentityIndexOf(IdemLedger ledger, Oid partition)
+{
+	char		name[NAMEDATALEN];
+	Oid			parent_index;
+	List	   *children;
+	ListCell   *lc;
+
+	snprintf(name, sizeof(name), "%s_identity_idx", IdemLedgerName(ledger));
+	parent_index = get_relname_relid(name, get_namespace_oid(IDEM_SCHEMA_NAME, false));
+	if (!OidIsValid(parent_index))
+		return InvalidOid;
+	children = find_inheritance_children(parent_index, NoLock);
+	foreach(lc, children)
+	{
+		Oid			child = lfirst_oid(lc);
+
+		if (IndexGetRelation(child, true) == partition)
+			return child;
+	}
+	return InvalidOid;
+}
+
+/*
+ * IdemTenantColumnType returns the type of column "tenant" of table relid
+ * of "natts" columns when it is the last one, after the ledger's own.
+ */
+static Oid
+IdemTenantColumnType(IdemLedger ledger, Oid relid, int natts)
+{
+	HeapTuple	tup;
+	Oid			type = InvalidOid;
+
+	if (natts != IdemTenantAttnum(ledger))
+		return InvalidOid;
+	tup = SearchSysCache2(ATTNUM, ObjectIdGetDatum(relid),
+						  Int16GetDatum(IdemTenantAttnum(ledger)));
+	if (HeapTupleIsValid(tup))
+	{
+		Form_pg_attribute att = (Form_pg_attribute) GETSTRUCT(tup);
+
+		if (!att->attisdropped &&
+			strcmp(NameStr(att->attname), IDEM_TENANT_COLUMN) == 0)
+			type = att->atttypid;
+		ReleaseSysCache(tup);
+	}
+	return type;
 }
 
 /*
@@ -549,6 +630,8 @@ IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache)
 	 */
 	cache->parent = parent;
 	cache->parent_natts = IdemRelNatts(parent);
+	cache->tenant_type = IdemTenantColumnType(ledger, parent,
+											  cache->parent_natts);
 
 	/*
 	 * Read into the caller's memory, copied into the cache's only at the
@@ -1466,8 +1549,10 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	 * own, as Citus sends a statement's text to the workers and refuses a
 	 * text of several ("cannot execute multiple utility events"); the
 	 * partition gets a replica identity in the same transaction, on its
-	 * shards too, so that Citus can move it logically at any time (the
-	 * prototype's FULL; see doc/scale-out.md).
+	 * shards too, so that Citus can move it logically at any time: its
+	 * index of the ledger's <ledger>_identity_idx, unique on (role, digest,
+	 * lane, expires_at, tenant), made by citus_distribute() (see
+	 * doc/scale-out.md), or FULL on a ledger distributed without it.
 	 */
 	if (distributed)
 	{
@@ -1483,15 +1568,22 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	IdemAppendTimestamp(&sql, upper);
 	appendStringInfoString(&sql, ")");
 	IdemExecAsOwner(sql.data, 0);
+	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	if (distributed)
 	{
+		Oid			identity = IdemIdentityIndexOf(ledger, relid);
+
 		resetStringInfo(&sql);
-		appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
-						 quote_identifier(name.data));
+		if (OidIsValid(identity))
+			appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY USING INDEX %s",
+							 quote_identifier(name.data),
+							 quote_identifier(get_rel_name(identity)));
+		else
+			appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
+							 quote_identifier(name.data));
 		IdemExecAsOwner(sql.data, 0);
 	}
 
-	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	IdemRestrictTableAcl(relid);
 	IdemFilterCreated(ledger, relid, lane);
 	pfree(sql.data);
@@ -1505,16 +1597,34 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 }
 
 /*
+ * IdemDropPrepareMayFail: may an error of a drop's "prepare" step leave the
+ * partition for the next run instead of failing the maintenance run?  Not
+ * a cancel or a shutdown (57), an I/O error (58) or an internal error (XX).
+ */
+static bool
+IdemDropPrepareMayFail(int sqlerrcode)
+{
+	int			category = ERRCODE_TO_CATEGORY(sqlerrcode);
+
+	return category != ERRCODE_OPERATOR_INTERVENTION &&
+		category != ERRCODE_SYSTEM_ERROR &&
+		category != ERRCODE_INTERNAL_ERROR;
+}
+
+/*
  * IdemDropPartition drops one partition, waiting at most lock_timeout_ms for
  * its locks.  Returns false, leaving everything as it was, if the locks
  * could not be had in time; other errors propagate.  "prepare", if not
  * NULL, runs first in the same subtransaction (memory.c writes the piece
  * that remembers the partition's keys there), so that it commits or rolls
- * back with the DROP.
+ * back with the DROP; an error of its own (but a cancel, a shutdown, an
+ * I/O or internal error) also returns false, with a WARNING.
  *
  * Only the partition and its parent are locked: the ledgers' readers and
  * writers never lock the parent, and no live row is in an expired partition,
- * so nobody waits for this.
+ * so nobody waits for this; with idempotency.key_memory, only a call
+ * looking for its remembered key in the ended partition (memory.c), which
+ * the partition's filter, kept until the drop commits, does not rule out.
  *
  * CASCADE: an expired partition goes with whatever another role made
  * depend on it.  Any role can make a view or a column default that names a
@@ -1532,6 +1642,7 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 	char	   *relname = get_rel_name(relid);
 	char	   *nspname;
 	bool		dropped = false;
+	volatile bool preparing = false;
 
 	if (relname == NULL)
 		return false;			/* already gone */
@@ -1548,7 +1659,11 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 								   quote_identifier(relname));
 
 		if (prepare != NULL)
+		{
+			preparing = true;
 			prepare(relid, lock_timeout_ms, arg);
+			preparing = false;
+		}
 		IdemExecAsOwner(sql, lock_timeout_ms);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
@@ -1566,18 +1681,37 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;
 
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+		if (edata->sqlerrcode == ERRCODE_LOCK_NOT_AVAILABLE)
+			ereport(DEBUG1,
+					(errmsg_internal("could not drop expired partition \"%s.%s\" now, will retry: %s",
+									 IDEM_SCHEMA_NAME, relname, edata->message)));
+		else if (preparing && IdemDropPrepareMayFail(edata->sqlerrcode))
+		{
+			/*
+			 * The memory's piece could not be written (a piece of the same
+			 * name or range still there after the clock stepped back, no
+			 * memory for a huge partition): the partition stays, and its
+			 * keys are answered from it while the memory lasts; the rest of
+			 * the run goes on, so that the memory's old pieces are
+			 * forgotten and the partition is dropped without a piece once
+			 * its keys need no remembering (IdemDropExpiredPartitions).
+			 */
+			ereport(WARNING,
+					(errcode(edata->sqlerrcode),
+					 errmsg("could not remember the keys of expired partition \"%s.%s\", leaving it for the next run",
+							IDEM_SCHEMA_NAME, relname),
+					 errdetail_internal("%s", edata->message)));
+		}
+		else
 			ReThrowError(edata);
-		ereport(DEBUG1,
-				(errmsg_internal("could not drop expired partition \"%s.%s\" now, will retry: %s",
-						IDEM_SCHEMA_NAME, relname, edata->message)));
 		FreeErrorData(edata);
 	}
 	PG_END_TRY();
 
 	if (dropped)
 	{
-		IdemFilterForget(relid);
+		/* kept until the drop commits (see IdemFilterForgetAtCommit) */
+		IdemFilterForgetAtCommit(relid);
 		IdemStatsAdd(IDEM_STAT_PARTITIONS_DROPPED, 1);
 	}
 	return dropped;

@@ -46,6 +46,7 @@ extern const char *IdemLedgerName(IdemLedger ledger);
 extern void IdemSetLedgerParentOverride(IdemLedger ledger, Oid relid);
 extern void IdemCheckPartitionMadeHere(IdemLedger ledger);
 extern bool IdemLedgerHasColumns(IdemLedger ledger, int natts);
+extern Oid	IdemLedgerTenantType(IdemLedger ledger);
 extern int	IdemLedgerDefaultTtl(IdemLedger ledger);
 extern void IdemCurrentLayout(IdemLedger ledger, IdemLayout *layout);
 extern uint64 IdemPartitionsGeneration(void);
@@ -98,6 +99,16 @@ extern void IdemRestrictLedgerPrivileges(IdemLedger ledger);
 #define Natts_messages				4
 #define Natts_keys					18
 #define Natts_keys_v1				12	/* key ledgers made before 0.4.0 */
+
+/*
+ * A ledger distributed by Citus (idempotency.citus_distribute(), citus.c)
+ * has one more column, last: "tenant", its distribution column, of the
+ * type of the distribution column of the tables it is co-located with.
+ */
+#define IDEM_TENANT_COLUMN			"tenant"
+#define IdemTenantAttnum(ledger) \
+	((ledger) == IDEM_LEDGER_MESSAGES ? Natts_messages + 1 : Natts_keys + 1)
+#define IDEM_LEDGER_MAX_NATTS		(Natts_keys + 1)
 
 /* Columns of the key ledger after the four every ledger has */
 #define Anum_keys_state				5

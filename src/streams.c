@@ -140,10 +140,14 @@ static SPIPlanPtr stmt_plans[IDEM_NUM_STREAM_STMTS];
 
 /* The stream tables, read and written directly (keyed_rows.h) */
 static IdemKeyedTable positions_table = {
-	"positions", 7, 4, {OIDOID, TEXTOID, TEXTOID, INT4OID}, InvalidOid
+	"positions", 7, 4, {OIDOID, TEXTOID, TEXTOID, INT4OID},
+	{REGROLEOID, TEXTOID, TEXTOID, INT4OID, INT8OID, INT8OID, TIMESTAMPTZOID},
+	InvalidOid
 };
 static IdemKeyedTable sequences_table = {
-	"sequences", 6, 3, {OIDOID, TEXTOID, TEXTOID}, InvalidOid
+	"sequences", 6, 3, {OIDOID, TEXTOID, TEXTOID},
+	{REGROLEOID, TEXTOID, TEXTOID, INT8OID, INT8OID, TIMESTAMPTZOID},
+	InvalidOid
 };
 
 /* columns of idempotency.positions and idempotency.sequences, from 0 */

@@ -31,10 +31,11 @@
 # (test/lib/skip.sh), which the summary shows.  A suite with no test files
 # is skipped, and so is one whose every test was skipped.
 #
-# Citus, for examples/citus, is built and installed here (as root) from its
-# pinned release: downloaded, or from a local copy (test/lib/citus.sh,
-# IDEM_VENDOR_DIR).  Where neither can be had, that test is skipped and says
-# why; IDEM_NO_SKIP=1 (CI) makes that a failure.
+# Citus, for examples/citus and test/t/038_citus_ledgers.pl, is built and
+# installed here (as root) from its pinned release: downloaded, or from a
+# local copy (test/lib/citus.sh, IDEM_VENDOR_DIR).  Where neither can be
+# had, those tests are skipped and say why; IDEM_NO_SKIP=1 (CI) makes that a
+# failure for examples/citus.
 #
 # As root (CI, fresh Debian): installs missing packages with apt, builds
 # and tests as the unprivileged user "postgres" (IDEM_TEST_USER to change it)
@@ -311,6 +312,8 @@ suite_isolation() {
 suite_tap() {
 	local f rc
 	have_files 'test/t/*.pl' || return 3
+	# 038_citus_ledgers.pl runs Citus (it skips, saying why, without it)
+	[ -f "$WORK/test/t/038_citus_ledgers.pl" ] && citus_for_tests
 	mk_installcheck REGRESS= ISOLATION= PROVE_FLAGS="--timer -j$PROVE_JOBS" \
 		${IDEM_PROVE_TESTS:+PROVE_TESTS="$IDEM_PROVE_TESTS"}
 	rc=$?
@@ -422,31 +425,41 @@ tests_result() {
 	return 0
 }
 
-suite_examples() {
-	local t n=0 base=54400 start citus_reason=""
-	have_files 'examples/*/test.sh' || return 3
-	# examples/citus runs Citus, built here (as root; a later run reuses the
-	# build); where it cannot be had, the test is told why and skipped
-	if [ -f "$WORK/examples/citus/test.sh" ]; then
-		# shellcheck source=test/lib/citus.sh
-		. "$SRC/test/lib/citus.sh"
-		if [ "$(id -u)" -eq 0 ]; then
-			citus_ensure
-			case $? in
-			0) ;;
-			77) citus_reason=$CITUS_UNAVAILABLE ;;
-			*) echo "run-suites: could not install Citus: examples/citus will fail" ;;
-			esac
-		elif ! citus_installed; then
-			citus_reason="Citus is not installed for $("$PG_CONFIG" --version), and building and installing it needs root"
-		fi
+# Citus for the tests that run it (test/t/038_citus_ledgers.pl in the tap
+# suite, examples/citus in the examples suite), built here (as root; a later
+# run reuses the build) and installed into the server under test, once per
+# run; where it cannot be had, CITUS_REASON says why (the tests skip with it).
+CITUS_DONE=0
+CITUS_REASON=""
+citus_for_tests() {
+	[ "$CITUS_DONE" = 1 ] && return 0
+	CITUS_DONE=1
+	# shellcheck source=test/lib/citus.sh
+	. "$SRC/test/lib/citus.sh"
+	if [ "$(id -u)" -eq 0 ]; then
+		citus_ensure
+		case $? in
+		0) ;;
+		77) CITUS_REASON=$CITUS_UNAVAILABLE ;;
+		*) echo "run-suites: could not install Citus: the tests that run it will fail" ;;
+		esac
+	elif ! citus_installed; then
+		CITUS_REASON="Citus is not installed for $("$PG_CONFIG" --version), and building and installing it needs root"
 	fi
+}
+
+suite_examples() {
+	local t n=0 base=54400 start
+	have_files 'examples/*/test.sh' || return 3
+	# examples/citus runs Citus; where it cannot be had, the test is told
+	# why and skipped
+	[ -f "$WORK/examples/citus/test.sh" ] && citus_for_tests
 	for t in "$WORK"/examples/*/test.sh; do
 		left_to_another_run "${t#"$WORK"/}" && continue
 		test_start "${t#"$WORK"/}"
 		start=$SECONDS
 		in_work env SRC="$WORK" PG_CONFIG="$PG_CONFIG" IDEM_SKIP_FILE="$SKIP_FILE" \
-			IDEM_CITUS_UNAVAILABLE="$citus_reason" \
+			IDEM_CITUS_UNAVAILABLE="$CITUS_REASON" \
 			EXAMPLES_PORT_BASE=$((base + n * 10)) bash "$t"
 		test_ran examples "${t#"$WORK"/}" "$start" $?
 		n=$((n + 1))

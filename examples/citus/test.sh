@@ -18,14 +18,17 @@
 # for $PG_CONFIG already (as root: . test/lib/citus.sh; citus_ensure), and
 # the servers run as $CLUSTER_USER (default postgres) when run as root.
 #
-# Layout (unix sockets only, ports EXAMPLES_PORT_BASE .. +2):
+# Layout (unix sockets only, ports EXAMPLES_PORT_BASE .. +2; +3 .. +5 for
+# distributed-ledger/run.sh):
 #   coordinator   database postgres: schema.sql, move.sql
 #   worker1, worker2
 #
 # Steps: start the servers with shared_preload_libraries = 'citus,
 # idempotency', make the cluster, check what Citus did with CREATE
 # EXTENSION idempotency, load schema.sql and move.sql, a smoke test, then
-# loadtest.py (every load phase, move and check; see its header).  Exit
+# loadtest.py (every load phase, move and check; see its header), then the
+# ledgers distributed by Citus (distributed-ledger/run.sh, on servers of its
+# own: ports EXAMPLES_PORT_BASE+3 .. +5).  Exit
 # status 0 = every check passed.  The servers are stopped on exit, pass or
 # fail; the scratch directory is kept on failure (KEEP_WORKDIR=1: always).
 
@@ -143,4 +146,14 @@ for s in "${NODES[@]}"; do
 	out=$(examples_amcheck "$WORK/$s" postgres) || fail "amcheck on $s: $out"
 	say "amcheck on $s: $out"
 done
+# The ledgers distributed by Citus (0.5.0, issue 37): a cluster of its own
+# (ports BASE+3 .. BASE+5, under $WORK/dl) where the key ledger is co-located
+# with the payments, through Citus' own rebalance, force_logical move, split
+# and isolation under load, with a control that must pay keys twice
+# (distributed-ledger/run.sh).  Its servers run as the cluster user.
+mkdir -p "$WORK/dl" && chmod 755 "$WORK/dl"
+[ "$(id -u)" -ne 0 ] || chown "$CLUSTER_USER" "$WORK/dl"
+cluster_as_user env PG_CONFIG="$PG_CONFIG" WORK="$WORK/dl/run" BASE=$((BASE + 3)) \
+	PY="$PYTHON" KEYS=1000 bash "$HERE/distributed-ledger/run.sh" ||
+	fail "distributed-ledger/run.sh: the distributed ledger did not keep exactly-once through Citus' shard operations"
 say "passed in $((SECONDS - start)) s"

@@ -110,10 +110,10 @@ BEGIN
 	PERFORM idempotency.stats_reset();
 	RETURN true;
 END $$;
-CREATE FUNCTION sqlsmith_target.idem_consume_messages(consumer text, message_ids text[], ttl interval)
+CREATE FUNCTION sqlsmith_target.idem_consume_messages(consumer text, message_ids text[], ttl interval, tenant text)
 RETURNS text[] LANGUAGE plpgsql AS $$
 BEGIN
-	RETURN ARRAY(SELECT pg_catalog.idem_consume_messages(consumer, message_ids, ttl));
+	RETURN ARRAY(SELECT pg_catalog.idem_consume_messages(consumer, message_ids, ttl, tenant));
 END $$;
 CREATE FUNCTION sqlsmith_target.idem_lookup(key text, scope text)
 RETURNS jsonb LANGUAGE plpgsql AS $$
@@ -194,7 +194,7 @@ SELECT p.oid, p.proname, p.pronamespace, p.prorettype, p.proretset, p.prokind, p
  WHERE p.pronamespace = 'sqlsmith_target'::regnamespace
     OR p.oid IN (SELECT to_regprocedure(f) FROM unnest(ARRAY[
         -- the extension's, called as they are
-        'pg_catalog.idem_consume_message(text,text,interval)',
+        'pg_catalog.idem_consume_message(text,text,interval,text)',
         'pg_catalog.idem_claim(text,jsonb,text,interval,interval,boolean,boolean)',
         'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)',
         'idempotency.relocate_lanes(boolean)',

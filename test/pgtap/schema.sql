@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(91);
+SELECT plan(95);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -19,38 +19,38 @@ CREATE ROLE idem_pgtap_bob;
 -- API functions
 ----------------------------------------------------------------------------
 
--- idem_consume_message(consumer text, message_id text, ttl interval DEFAULT NULL) RETURNS boolean
-SELECT has_function('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
-                    'idem_consume_message(text, text, interval) is in pg_catalog');
+-- idem_consume_message(consumer text, message_id text, ttl interval DEFAULT NULL, tenant text DEFAULT NULL) RETURNS boolean
+SELECT has_function('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
+                    'idem_consume_message(text, text, interval, text) is in pg_catalog');
 SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_message'), 1,
           'idem_consume_message has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval)'::regprocedure),
-          'consumer text, message_id text, ttl interval DEFAULT NULL::interval',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval, text)'::regprocedure),
+          'consumer text, message_id text, ttl interval DEFAULT NULL::interval, tenant text DEFAULT NULL::text',
           'idem_consume_message argument names and defaults');
-SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'boolean',
+SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'boolean',
                         'idem_consume_message returns boolean');
-SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'volatile',
+SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'volatile',
                      'idem_consume_message is VOLATILE');
-SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
                     'idem_consume_message is not SECURITY DEFINER');
-SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
                    'idem_consume_message is not STRICT (NULL arguments get a clean error)');
 
--- idem_consume_messages(consumer text, message_ids text[], ttl interval DEFAULT NULL) RETURNS SETOF text
-SELECT has_function('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
-                    'idem_consume_messages(text, text[], interval) is in pg_catalog');
+-- idem_consume_messages(consumer text, message_ids text[], ttl interval DEFAULT NULL, tenant text DEFAULT NULL) RETURNS SETOF text
+SELECT has_function('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
+                    'idem_consume_messages(text, text[], interval, text) is in pg_catalog');
 SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_messages'), 1,
           'idem_consume_messages has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval)'::regprocedure),
-          'consumer text, message_ids text[], ttl interval DEFAULT NULL::interval',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval, text)'::regprocedure),
+          'consumer text, message_ids text[], ttl interval DEFAULT NULL::interval, tenant text DEFAULT NULL::text',
           'idem_consume_messages argument names and defaults');
-SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'setof text',
+SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'setof text',
                         'idem_consume_messages returns SETOF text');
-SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'volatile',
+SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'volatile',
                      'idem_consume_messages is VOLATILE');
-SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
                     'idem_consume_messages is not SECURITY DEFINER');
-SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
                    'idem_consume_messages is not STRICT (NULL arguments get a clean error)');
 
 -- idem_maintain(OUT partitions_created int, OUT partitions_dropped int) RETURNS record
@@ -91,10 +91,12 @@ SELECT ok(NOT has_function_privilege('public', 'pg_catalog.idem_maintain()', 'EX
           'PUBLIC cannot execute idem_maintain()');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_maintain()', 'EXECUTE'),
           'an ordinary role cannot execute idem_maintain()');
-SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval)', 'EXECUTE'),
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval, text)', 'EXECUTE'),
           'an ordinary role can execute idem_consume_message()');
-SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval)', 'EXECUTE'),
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval, text)', 'EXECUTE'),
           'an ordinary role can execute idem_consume_messages()');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.citus_distribute(regclass)', 'EXECUTE'),
+          'an ordinary role cannot execute idempotency.citus_distribute()');
 
 ----------------------------------------------------------------------------
 -- Schema idempotency and its view
@@ -168,6 +170,26 @@ SELECT is((SELECT count(*)::int FROM pg_class AS c, aclexplode(c.relacl) AS a
                                 'outbox_dead_letters', 'outbox_xid_base')
               AND a.grantee <> c.relowner), 0,
           'the outbox''s tables and sequence are granted to nobody');
+
+SELECT ok(to_regprocedure('idempotency.export_events(text[])') IS NOT NULL
+          AND to_regprocedure('idempotency.import_event(record)') IS NOT NULL
+          AND to_regprocedure('idempotency.export_relays(text[])') IS NOT NULL
+          AND to_regprocedure('idempotency.import_relay(record)') IS NOT NULL
+          AND to_regtype('idempotency.event_record') IS NOT NULL
+          AND to_regtype('idempotency.relay_record') IS NOT NULL,
+          'the outbox''s export and import functions and records exist');
+SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_events(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_event(record)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_relays(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_relay(record)', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_dead_letters(text[])', 'EXECUTE')
+          AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_dead_letter(record)', 'EXECUTE'),
+          'an ordinary role can neither export nor import events, relays and dead letters');
+SELECT is((SELECT array_agg(part || ':' || format ORDER BY import_order)
+             FROM idempotency.export_manifest()),
+          ARRAY['keys:2', 'messages:2', 'positions:2', 'sequences:2',
+                'outbox_relays:2', 'outbox_events:2', 'outbox_dead_letters:2', 'key_memory:2'],
+          'the export manifest names its parts, key_memory a slot, in format 2');
 
 -- Moving the key memory (0.5.0): executable by superusers and grantees only
 SELECT has_function('idempotency', 'export_key_memory', ARRAY['text[]'],

@@ -76,7 +76,8 @@ my %PG_RAISED = (
 	'42602' => 'unknown name under the reserved idempotency. prefix',
 	'22023' => 'a setting out of range or malformed',
 	'25000' => 'PreventCommandIfParallelMode(), called by the writing functions',
-	'55P02' => 'SET of a sighup setting in a session',);
+	'55P02' => 'SET of a sighup setting in a session',
+	'22P02' => 'the input function of a distributed ledger\'s tenant type (citus.c)',);
 
 sub slurp_utf8
 {

@@ -236,8 +236,10 @@ foreach my $name (@settings)
 {
 	foreach my $bad ('-1', '0', 'garbage', '1 fortnight', '2147483648')
 	{
-		# premake and wait_timeout take 0
-		next if $bad eq '0' && ($name eq 'idempotency.premake' || $name eq 'idempotency.wait_timeout');
+		# premake, wait_timeout and key_memory (off) take 0
+		next
+		  if $bad eq '0'
+		  && grep { $name eq "idempotency.$_" } qw(premake wait_timeout key_memory);
 		is(sqlstate_of($primary, qq{LOAD 'idempotency';\nALTER SYSTEM SET $name = '$bad';}),
 			'22023', "primary: ALTER SYSTEM SET $name = '$bad' is refused");
 	}

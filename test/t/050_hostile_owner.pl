@@ -20,7 +20,9 @@
 # and dropped, where and how the extension decides), a partition maker
 # makes a far partition for an ordinary role's call, idem_maintain() and
 # ALTER EXTENSION UPDATE run by a superuser in that database run, and
-# "owner" never becomes a superuser: no look-alike is ever called.
+# "owner" never becomes a superuser: no look-alike is ever called.  With
+# idempotency.key_memory on (0.5.0), the worker drops an ordinary role's
+# expired key and id into the memory under all the settings at once.
 #
 # On 0.3.0 "owner" became a superuser within one naptime.  Every wait polls
 # for a condition.
@@ -40,6 +42,7 @@ idempotency.naptime = 1
 idempotency.partition_interval = 1
 idempotency.key_ttl = 2
 idempotency.message_ttl = 2
+idempotency.key_memory = 3
 log_min_messages = warning
 });
 $node->start;
@@ -293,6 +296,56 @@ is(q_db(q{SELECT extversion FROM pg_extension WHERE extname = 'idempotency'}),
 	'ALTER EXTENSION UPDATE under the hostile settings reaches the current version');
 $runs = wait_rounds($runs, 'after the update');
 check_storage('after the update');
+
+# the key memory (idempotency.key_memory = 3 s): the worker drops an
+# ordinary role's expired key and message id into the memory, under every
+# setting at once, making the memory tables and their pieces as the
+# storage owner, with pg_catalog's types and no grant; the key is then
+# answered "expired", the id false; the pieces are dropped once the
+# memory has passed
+$node->safe_psql('db', q{
+	SET ROLE app;
+	BEGIN;
+	SELECT status FROM idem_claim('remembered', ttl => '1 second');
+	SELECT idem_complete('remembered', 200);
+	COMMIT;
+	SELECT idem_consume_message('c', 'remembered', ttl => '1 second');});
+ok( $node->poll_query_until('db', q{
+		SELECT to_regclass('idempotency.keys_memory') IS NOT NULL
+		   AND to_regclass('idempotency.messages_memory') IS NOT NULL
+		   AND (SELECT count(*) FROM idempotency.keys_memory) > 0
+		   AND (SELECT count(*) FROM idempotency.messages_memory) > 0}),
+	'the worker drops the expired key and id into the memory under the hostile settings');
+is( $node->safe_psql('db', q{
+		SET ROLE app;
+		BEGIN;
+		SELECT (SELECT status FROM idem_claim('remembered')) || ' '
+		    || idem_consume_message('c', 'remembered')::text;
+		ROLLBACK;}),
+	'expired false', 'the memory answers for them');
+is(q_db(q{
+	SELECT format('%s tables, %s not by the owner, %s elsewhere, %s not heap, %s odd types, %s granted',
+	   count(*),
+	   count(*) FILTER (WHERE c.relowner <> n.nspowner),
+	   count(*) FILTER (WHERE c.reltablespace <> 0),
+	   count(*) FILTER (WHERE c.relkind = 'r'
+	                      AND c.relam <> (SELECT oid FROM pg_am WHERE amname = 'heap')),
+	   (SELECT count(*) FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+	     WHERE a.attrelid IN (SELECT oid FROM pg_class
+	                           WHERE relname LIKE 'keys\_memory%' OR relname LIKE 'messages\_memory%')
+	       AND a.attnum > 0 AND t.typnamespace <> 'pg_catalog'::regnamespace),
+	   count(*) FILTER (WHERE c.relacl IS NOT NULL AND EXISTS
+	       (SELECT FROM aclexplode(c.relacl) g WHERE g.grantee <> c.relowner)))
+	  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+	 WHERE c.relkind IN ('r', 'p')
+	   AND (c.relname LIKE 'keys\_memory%' OR c.relname LIKE 'messages\_memory%')}) =~ s/^(\d+)/N/r,
+	'N tables, 0 not by the owner, 0 elsewhere, 0 not heap, 0 odd types, 0 granted',
+	"the memory tables and their pieces are the extension's own");
+ok( $node->poll_query_until('db', q{
+		SELECT (SELECT count(*) FROM idempotency.keys_memory)
+		     + (SELECT count(*) FROM idempotency.messages_memory) = 0}),
+	'the worker drops the pieces once the memory has passed');
+$runs = wait_rounds($runs, 'with the key memory');
 
 is(sprung(), 'f f', 'after everything, no look-alike was called and owner is no superuser');
 

@@ -21,6 +21,12 @@
 # filters READY in every live partition.  Nothing else runs meanwhile:
 # autovacuum is off, and the preloaded server has no slot for the
 # maintenance worker (maintenance runs when the test calls it).
+#
+# Then twice more with idempotency.key_memory (0.5.0): a's keys and ids
+# have expired and maintenance has dropped them into the memory's pieces;
+# b's calls with a key a's memory holds and with nobody's move every
+# counter the same way (pieces are probed per role: their index leads with
+# the role, their filters hold (role, digest) pairs).
 
 use strict;
 use warnings;
@@ -283,6 +289,120 @@ idempotency.filter_memory = '8MB'
 	}
 	ok($writes >= 4, "$mode: b sees its own writes ($writes calls wrote a row)") if $preloaded;
 	crafted_filter_probe($node) if $preloaded;
+
+	$node->stop;
+}
+
+# ------------------------------------------------------- the key memory
+foreach my $preloaded (0, 1)
+{
+	my $mode = ($preloaded ? 'preloaded, digest filters' : 'not preloaded') . ', key memory';
+	my $node = PostgreSQL::Test::Cluster->new($preloaded ? 'memory_preloaded' : 'memory_plain');
+	$node->init;
+	# one lane per ledger; b's rows go to partitions made ahead (10 min)
+	$node->append_conf('postgresql.conf', q{
+autovacuum = off
+idempotency.partition_interval = '10s'
+idempotency.key_ttl = '10s'
+idempotency.message_ttl = '10s'
+idempotency.premake = 60
+idempotency.key_memory = '1h'
+log_min_messages = warning
+});
+	$node->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'idempotency'
+idempotency.naptime = '1d'
+max_worker_processes = 1
+idempotency.filter_memory = '8MB'
+}) if $preloaded;
+	$node->start;
+	$node->safe_psql('postgres', q{
+		CREATE EXTENSION idempotency;
+		CREATE ROLE a;
+		CREATE ROLE b IN ROLE pg_monitor;
+		SELECT idem_maintain();
+	});
+	my $n = scalar @ops;
+	$node->safe_psql('postgres', qq{
+		SET ROLE a;
+		SELECT count(*) FROM idem_consume_messages('orders',
+			ARRAY(SELECT 'held-' || i FROM generate_series(1, $n) i), ttl => '1 second');
+		DO \$\$
+		BEGIN
+			FOR i IN 1 .. $n LOOP
+				PERFORM idem_claim('held-' || i, '{"n": 1}', 'payments', ttl => '1 second');
+				PERFORM idem_complete('held-' || i, 201, '{"ok": true}', 'payments');
+			END LOOP;
+		END \$\$;
+	});
+	# maintenance drops a's partitions into the memory once they have ended
+	my $moved = 0;
+	foreach (1 .. 600)
+	{
+		$node->safe_psql('postgres', 'SELECT idem_maintain()');
+		$moved = $node->safe_psql('postgres', q{
+			SELECT to_regclass('idempotency.keys_memory') IS NOT NULL
+			   AND to_regclass('idempotency.messages_memory') IS NOT NULL}) eq 't'
+		  && $node->safe_psql('postgres', q{
+			SELECT (SELECT count(*) FROM idempotency.keys) = 0
+			   AND (SELECT count(*) FROM idempotency.messages) = 0
+			   AND (SELECT count(*) FROM idempotency.keys_memory) > 0
+			   AND (SELECT count(*) FROM idempotency.messages_memory) > 0}) eq 't';
+		last if $moved;
+		select(undef, undef, undef, 0.2);
+	}
+	ok($moved, "$mode: a's keys and ids are in the memory");
+	is($node->safe_psql('postgres', q{
+		SET ROLE a;
+		BEGIN;
+		SELECT (SELECT status FROM idem_claim('held-1', '{"n": 1}', 'payments')) || ' '
+		    || idem_consume_message('orders', 'held-1')::text;
+		ROLLBACK;}),
+		'expired false', "$mode: a's key is answered expired, its id false");
+	if ($preloaded)
+	{
+		is($node->safe_psql('postgres', q{
+			SELECT count(*) FILTER (WHERE f.state IS DISTINCT FROM 'ready') || ' of ' || count(*)
+			  FROM pg_inherits i LEFT JOIN idempotency.filter_info() f ON f.partition = i.inhrelid
+			 WHERE i.inhparent IN ('idempotency.keys_memory'::regclass,
+			                       'idempotency.messages_memory'::regclass)}),
+			'0 of 2', "$mode: both pieces have READY filters");
+	}
+
+	# a pair of calls is observed again if a partition ended meanwhile (a
+	# call looks into the ended partitions not dropped yet, each a probe)
+	my $ended_sql = q{SELECT count(*) FROM idempotency.partitions WHERE upper_bound <= clock_timestamp()};
+	my $i = 0;
+	foreach my $op (@ops)
+	{
+		my ($what, $sql) = @$op;
+		$i++;
+		my ($held, $free);
+		foreach my $try (1 .. 5)
+		{
+			my $ended = $node->safe_psql('postgres', $ended_sql);
+			# b's first rows in the partitions it writes to now (which
+			# change every 10 s), so that neither call of the pair is the
+			# one that gives them their first page
+			$node->safe_psql('postgres', qq{
+				SET ROLE b;
+				BEGIN;
+				SELECT idem_consume_message('orders', 'warm-$i-$try');
+				SELECT status FROM idem_claim('warm-$i-$try', '{"n": 1}', 'payments');
+				ROLLBACK;});
+			$held = observe($node, $preloaded, $sql, "held-$i");
+			$free = observe($node, $preloaded, $sql, "free-$i-$try");
+			last if $node->safe_psql('postgres', $ended_sql) eq $ended;
+		}
+		if (!$preloaded)
+		{
+			like($free, qr/^index keys_memory\S* .*\bscan\+1|^index messages_memory\S* .*\bscan\+1/m,
+				"$mode: $what probes a piece's index (b can see that)")
+			  if $what =~ /^idem_(claim|consume_messages?|lookup)$/;
+		}
+		is($held, $free,
+			"$mode: $what moves every counter b can read the same way for a key a's memory holds as for nobody's");
+	}
 
 	$node->stop;
 }

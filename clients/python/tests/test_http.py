@@ -87,6 +87,19 @@ def test_first_request_then_replay(svc):
     assert charges_for(key) == 1
 
 
+def test_flask_async_view(svc):
+    """An ``async def`` view under @idempotent runs once and replays."""
+    if svc.framework != "flask":
+        pytest.skip("an async view under the Flask decorator")
+    key = new_key()
+    first = charge(svc.port, key, path="/async-charges")
+    assert first.status == 201 and not first.replayed, first
+    again = charge(svc.port, key, path="/async-charges")
+    assert again.status == 201 and again.replayed, again
+    assert again.body == first.body
+    assert charges_for(key) == 1
+
+
 def test_mismatch_is_422(svc):
     key = new_key()
     assert charge(svc.port, key, 100).status == 201

@@ -170,6 +170,27 @@ def test_receivers_refuse_a_bad_secret_when_made():
             make([SECRET, "nope!"])
 
 
+def test_async_handlers_where_they_would_never_run(fake):
+    """A sync receiver given a coroutine function keeps nothing: Django's
+    refuses it when made, receive_webhook rolls the record back."""
+    from pg_idempotency.django import webhook_receiver as django_receiver
+    from pg_idempotency.webhooks import receive_webhook
+
+    async def handler(conn, event):
+        pass
+    with pytest.raises(TypeError):
+        django_receiver(consumer="c", secret=SECRET)(handler)
+    msg = uid("msg")
+    body = json.dumps({"n": 1}).encode()
+    h = webhook_headers(SECRET, msg, int(time.time()), body)
+    with fake_connect() as c:
+        with pytest.raises(TypeError):
+            receive_webhook(c, "async-c", SECRET, h, body, handler)
+        from pg_idempotency import consume_message
+        assert consume_message(c, "async-c", msg) is True
+        c.rollback()
+
+
 def test_repeated_header_is_malformed():
     h = list(webhook_headers(SECRET, "msg_1", 1000, "x").items())
     h.append(("webhook-id", "msg_2"))
@@ -415,6 +436,21 @@ def test_receiver_answers(fake, receivers, fw):
         from pg_idempotency import consume_message
         assert consume_message(c, fw, boom_id) is True
         c.rollback()
+
+
+def test_flask_async_receiver(fake, receivers):
+    """An ``async def`` view under Flask's webhook_receiver runs (once)."""
+    port = receivers["flask"].port
+    msg = uid("msg")
+    body = json.dumps({"n": 5}).encode()
+    h = webhook_headers(SECRET, msg, int(time.time()), body)
+    hdrs = list(h.items()) + [("Content-Type", "application/json")]
+    a = request(port, "/hooks-async", body, hdrs)
+    assert a.status == 200 and a.json() == {"id": msg, "status": "applied"}, a
+    assert received(fake, "flask-async", [msg]) == [msg]
+    a = request(port, "/hooks-async", body, hdrs)
+    assert a.json() == {"id": msg, "status": "duplicate"}
+    assert received(fake, "flask-async", [msg]) == [msg]
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)

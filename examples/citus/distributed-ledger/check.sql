@@ -1,11 +1,23 @@
-SELECT (SELECT count(*) FROM idempotency.keys) AS ledger_rows, (SELECT count(*) FROM payments) AS payments;
+-- examples/citus/distributed-ledger/check.sql -- per tenant, the ledger
+-- rows (read through Citus, i.e. the tenant's shards) match its payments
+-- and its applied events.
+SELECT (SELECT count(*) FROM idempotency.keys) AS key_rows, (SELECT count(*) FROM payments) AS payments,
+       (SELECT count(*) FROM idempotency.messages) AS message_rows, (SELECT count(*) FROM applied) AS applied;
 DO $$
-DECLARE t text; a bigint; b bigint; bad int := 0;
+DECLARE t text; a bigint; b bigint; c bigint; d bigint; bad int := 0;
 BEGIN
-  FOREACH t IN ARRAY array['acme','t00','t01','t02','t03','t04','t05','t06','t07','t08','t09','t10','t11','t12','t13','t14','t15','t16','t17','t18','t19','t20','t21','t22','t23'] LOOP
-    SELECT count(*) INTO a FROM idempotency.keys WHERE kept_scope = t;
+  FOR t IN SELECT DISTINCT tenant FROM payments UNION SELECT DISTINCT tenant FROM applied LOOP
+    SELECT count(*) INTO a FROM idempotency.keys WHERE tenant = t;
     SELECT count(*) INTO b FROM payments WHERE tenant = t;
-    IF a <> b THEN bad := bad + 1; RAISE NOTICE 'tenant %: % ledger rows, % payments', t, a, b; END IF;
+    SELECT count(*) INTO c FROM idempotency.messages WHERE tenant = t;
+    SELECT count(*) INTO d FROM applied WHERE tenant = t;
+    IF a <> b OR c <> d THEN
+      bad := bad + 1;
+      RAISE NOTICE 'tenant %: % key rows, % payments, % message rows, % applied', t, a, b, c, d;
+    END IF;
   END LOOP;
-  RAISE NOTICE 'tenants whose ledger rows (read through their shard) differ from their payments: %', bad;
+  RAISE NOTICE 'tenants whose ledger rows differ from their payments or applied events: %', bad;
+  IF bad > 0 THEN
+    RAISE EXCEPTION 'the ledger rows of % tenants do not match their payments and events', bad;
+  END IF;
 END $$;

@@ -1,8 +1,9 @@
--- examples/citus/distributed-ledger/setup.sql -- PROTOTYPE for issue 37:
--- the key ledger distributed by Citus, co-located with the payments.
--- Run on the coordinator (psql -v w1host=... -v w1port=...), after CREATE
--- EXTENSION citus on every node and citus_set_coordinator_host(); run.sh
--- adds the second worker later, under load.
+-- examples/citus/distributed-ledger/setup.sql -- the key and message
+-- ledgers distributed by Citus, co-located with the payments (issue 37).
+-- Run on the coordinator (psql -v w1host=... -v w1port=... -v distribute=on),
+-- after CREATE EXTENSION citus on every node and citus_set_coordinator_host();
+-- run.sh adds the second worker later, under load.  With distribute=off
+-- (run.sh's control) the ledgers stay each node's own, as before 0.5.0.
 \set ON_ERROR_STOP 1
 SELECT citus_add_node(:'w1host', :w1port);
 CREATE EXTENSION idempotency;
@@ -10,20 +11,16 @@ CREATE TABLE payments (tenant text NOT NULL, key text NOT NULL, amount numeric N
                        id bigserial, created_at timestamptz NOT NULL DEFAULT now(),
                        PRIMARY KEY (tenant, id));
 SELECT create_distributed_table('payments', 'tenant');
--- The ledger, made here by the extension (idem_maintain() makes the table
--- and its partitions ahead), then distributed by the scope (kept_scope
--- stands in for the design's tenant column) and co-located with payments.
--- Its partitions get a replica identity, so that Citus can move them
--- logically (and 'auto', the rebalancer's default, does not refuse).
-SELECT * FROM idem_maintain();
-DO $$
-DECLARE p regclass;
-BEGIN
-  FOR p IN SELECT inhrelid::regclass FROM pg_inherits WHERE inhparent = 'idempotency.keys'::regclass LOOP
-    EXECUTE format('ALTER TABLE %s REPLICA IDENTITY FULL', p);
-  END LOOP;
-END $$;
-SELECT create_distributed_table('idempotency.keys', 'kept_scope', colocate_with => 'payments');
+-- what an event's consumer did, once per event (not enforced here: the
+-- checks count events applied twice)
+CREATE TABLE applied (tenant text NOT NULL, id text NOT NULL, n bigserial,
+                      at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (tenant, n));
+SELECT create_distributed_table('applied', 'tenant', colocate_with => 'payments');
+-- Both ledgers distributed by tenant and co-located with payments, before
+-- the first call: that is all an operator does.
+\if :distribute
+SELECT idempotency.citus_distribute('payments');
+\endif
 -- The handler: one delegated function per request, run on the tenant's
 -- worker.  No tenant_shard_here(): the extension checks the shard itself.
 CREATE FUNCTION create_payment(tenant text, key text, amount numeric,
@@ -48,3 +45,17 @@ BEGIN
   END IF;
 END $$;
 SELECT create_distributed_function('create_payment(text,text,numeric)', 'tenant', colocate_with => 'payments');
+-- The consumer of an event: applies it once (the message ledger's row in
+-- the tenant's shard, written in the same transaction as "applied").
+CREATE FUNCTION apply_event(tenant text, id text)
+RETURNS boolean LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, public
+AS $$
+BEGIN
+  IF idem_consume_message('payment-events', apply_event.id, tenant => apply_event.tenant) THEN
+    INSERT INTO public.applied (tenant, id) VALUES (apply_event.tenant, apply_event.id);
+    RETURN true;
+  END IF;
+  RETURN false;
+END $$;
+SELECT create_distributed_function('apply_event(text,text)', 'tenant', colocate_with => 'payments');

@@ -25,6 +25,7 @@ CSRF token) like any POST view.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ._sql import DjangoRunner
@@ -249,6 +250,13 @@ def webhook_receiver(*, consumer: str, secret: Any,
         secret_key(s)
 
     def deco(view: Callable[..., Any]) -> Callable[..., Any]:
+        if inspect.iscoroutinefunction(view):
+            # Django's ORM and transaction.atomic are synchronous: an async
+            # view here would never run (its coroutine dropped) while the
+            # delivery is recorded
+            raise TypeError("webhook_receiver takes a plain (sync) view: "
+                            "the ORM writes commit with the dedup record")
+
         @functools.wraps(view)
         def wrapper(request: Any, *args: Any, **kwargs: Any) -> Any:
             import logging

@@ -16,6 +16,8 @@ caller defaults to the HTTP Basic user name (request.authorization): pass
 caller=lambda request: ... for your authentication (Flask has none of its
 own; g.user as a before_request hook sets it, say).  A request without a
 caller is refused (500 no-caller) unless ``anonymous=True``.
+An ``async def`` view is run the way Flask runs one undecorated
+(``app.ensure_sync``, which needs asgiref: ``flask[async]``).
 policy_view(**options) is a view publishing the policy document.
 """
 
@@ -97,10 +99,13 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
     def deco(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
-            from flask import g, make_response, request
+            from flask import current_app, g, make_response, request
+            # an ``async def`` view runs as Flask runs it undecorated
+            # (Flask's async support, which needs asgiref)
+            run_view = current_app.ensure_sync(fn)
             o = policy.options
             if not policy.applies(request.method, request.path):
-                return fn(*args, **kwargs)
+                return run_view(*args, **kwargs)
             try:
                 policy.check_length(request.content_length)
                 # read before any answer: a server that closes a
@@ -113,7 +118,7 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                 if o.key is None:
                     key = policy.key_of(request.headers.getlist(o.header))
                     if key is None:
-                        return fn(*args, **kwargs)
+                        return run_view(*args, **kwargs)
                 caller = o.caller(request) if o.caller \
                     else caller_from_request(request)
                 rule = request.url_rule
@@ -126,7 +131,7 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                     native=request, headers=list(request.headers.items()))
                 key, scope, fingerprint = policy.prepare(info, key)
                 if key is None:
-                    return fn(*args, **kwargs)
+                    return run_view(*args, **kwargs)
             except IdempotencyError as e:
                 return _to_flask(policy.error_response(e))
             try:
@@ -135,7 +140,7 @@ def idempotent(view: Optional[Callable[..., Any]] = None, *,
                         setattr(g, _G_KEY, conn)
                         setattr(g, _G_KEY + "_key", key)
                         try:
-                            rv = make_response(fn(*args, **kwargs))
+                            rv = make_response(run_view(*args, **kwargs))
                         finally:
                             setattr(g, _G_KEY, None)
                         rv.make_sequence()
@@ -184,7 +189,8 @@ def webhook_receiver(*, consumer: str, secret: Any,
     records it with idem_consume_message on CONSUMER.  What the view
     returns is ignored: the answer is 200 {"id", "status": "applied" |
     "duplicate"}, a 400/401 problem for a delivery refused, 413, 500 (the
-    view raised: nothing kept, the sender retries) or 503.
+    view raised: nothing kept, the sender retries) or 503.  VIEW may be an
+    ``async def``, run as Flask runs one (``app.ensure_sync``).
 
         @app.post("/hooks/orders")
         @webhook_receiver(consumer="shipping", secret=SECRET,
@@ -201,9 +207,13 @@ def webhook_receiver(*, consumer: str, secret: Any,
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             import logging
 
-            from flask import request
+            from flask import current_app, request
 
             from . import webhooks as W
+            # an ``async def`` view runs as Flask runs it undecorated: called
+            # directly, it would return a coroutine never run, and the
+            # delivery would be answered "applied" with no effect
+            run_view = current_app.ensure_sync(view)
             if request.content_length is not None and \
                     request.content_length > max_body_bytes:
                 return _to_flask(W.too_large(max_body_bytes))
@@ -215,7 +225,7 @@ def webhook_receiver(*, consumer: str, secret: Any,
                 with _open(connect, conninfo) as conn:
                     r = W.receive_webhook(
                         conn, consumer, secret, request.headers, body,
-                        lambda c, event: view(c, event, *args, **kwargs),
+                        lambda c, event: run_view(c, event, *args, **kwargs),
                         tolerance=tolerance, ttl=ttl)
                 resp = W.answer_received(r)
             except Exception as e:  # noqa: BLE001 -- answered

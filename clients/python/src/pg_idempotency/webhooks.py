@@ -20,6 +20,7 @@ import base64
 import binascii
 import hashlib
 import hmac
+import inspect
 import json
 import os
 import re
@@ -229,7 +230,9 @@ def receive_webhook(conn: Any, consumer: str,
     with idem_consume_message and, when it is new, call HANDLER(conn,
     event): its writes and the dedup record commit together.  A
     redelivery is Received(duplicate=True) and HANDLER does not run;
-    HANDLER raising rolls both back (the sender delivers again).
+    HANDLER raising rolls both back (the sender delivers again), and so
+    does a HANDLER that returns an awaitable (TypeError: a coroutine
+    function needs receive_webhook_async).
     """
     msg_id, timestamp = verify(secret, headers, body, tolerance=tolerance,
                                now=now)
@@ -238,7 +241,15 @@ def receive_webhook(conn: Any, consumer: str,
     def once() -> Received:
         if not consume_message(conn, consumer, msg_id, ttl):
             return Received(msg_id, True)
-        return Received(msg_id, False, handler(conn, event))
+        result = handler(conn, event)
+        if inspect.isawaitable(result):
+            # an async handler here would never run: roll the record back
+            # (500, the sender delivers again) rather than answer applied
+            if inspect.iscoroutine(result):
+                result.close()
+            raise TypeError("the webhook handler returned an awaitable: "
+                            "use receive_webhook_async, or a plain function")
+        return Received(msg_id, False, result)
     return run_in_transaction(conn, once)
 
 

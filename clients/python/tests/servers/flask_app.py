@@ -24,6 +24,19 @@ def charges():
     return out, status, hdrs
 
 
+@app.post("/async-charges")
+@idempotent(connect=pool.connection, **OPTS)
+async def async_charges():
+    # an async view, run by Flask's ensure_sync under the decorator
+    conn = connection()
+    headers = {k.lower(): v for k, v in request.headers.items()}
+    key = current_key()
+    sql, params = common.before(headers, key, request.get_data(), "flask")
+    charge_id = conn.execute(sql, params).fetchone()[0]
+    status, hdrs, out = common.after(headers, charge_id, conn.execute)
+    return out, status, hdrs
+
+
 @app.post("/blobs")
 @idempotent(connect=pool.connection, **OPTS)
 def blobs():

@@ -82,6 +82,13 @@ def flask():
         conn.execute(INSERT, ("flask", event.id, body.get("n")))
         check(body)
 
+    @app.post("/hooks-async")
+    @webhook_receiver(consumer="flask-async", secret=SECRET,
+                      connect=pool.connection)
+    async def hooks_async(conn, event):
+        # an async view, run by Flask's ensure_sync under the decorator
+        conn.execute(INSERT, ("flask-async", event.id, event.json().get("n")))
+
     @app.get("/idempotency")
     def ready():
         return "ok"
