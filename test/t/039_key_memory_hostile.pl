@@ -1,7 +1,7 @@
 
 # test/t/039_key_memory_hostile.pl -- the hostile review of
 # idempotency.key_memory (issue 35), with the library preloaded (the
-# pieces' digest filters):
+# memory's digest filter, one per ledger for all its pieces):
 #
 # 1. Rows written into a piece of the memory by other means than
 #    maintenance (here the memory's data restored on its own, after a
@@ -9,9 +9,10 @@
 #    not hidden by the filters: the remembered key is still answered
 #    "expired", the message id false.  The filters' hooks watch the memory
 #    tables and their pieces as they watch the ledgers: such a write makes
-#    the database's filters UNUSABLE, and the next round builds the pieces'
-#    filters from their chunks.  (Before, the empty READY filter ruled the
-#    key out: "claimed", and the operation ran a second time.)
+#    the database's filters UNUSABLE, and the next round builds the
+#    memory's filters from the pieces' chunks.  (Before, the empty READY
+#    filter ruled the key out: "claimed", and the operation ran a second
+#    time.)
 # 2. A maintenance run that dropped an expired partition into the memory,
 #    its transaction still open (idem_maintain() in a transaction of its
 #    own that has not committed yet, or the worker's run going on with the
@@ -23,14 +24,19 @@
 #    row, and waited for the whole maintenance transaction: here until
 #    lock_timeout).  A late retry of a key the partition held waits for
 #    the drop, and is answered "expired" once it commits.
-# 3. A piece's filter built again by a maintenance run (after such a
-#    write, or a restart) holds every chunk of the piece, also one written
+# 3. The memory's filter built again by a maintenance run (after such a
+#    write, or a restart) holds every chunk of its pieces, also one written
 #    after the run took its snapshot: the build reads every tuple version
 #    (SnapshotAny), as the builds of the ledgers' filters do.  Here a
 #    superuser puts a role's chunk back into a piece while a maintenance
 #    run's snapshot (a REPEATABLE READ transaction) predates it; before,
 #    the rebuilt READY filter missed the chunk, and the role's key was
 #    claimed again.
+# 4. An import of remembered keys and ids (import_key_memory(),
+#    import_message_memory(): a tenant moved from another node) writes
+#    its piece without the executor, as maintenance does: it adds its pairs
+#    to the memory's filter, which stays READY, and does not switch the
+#    database's filters off (an INSERT into the same piece does).
 #
 # Every wait polls for a condition.
 
@@ -77,16 +83,21 @@ sub maintain
 	die 'idem_maintain() skipped 100 times';
 }
 
-# the states of the filters of the pieces of database $db
-sub piece_filters
+# the states of the filters of the memory of each ledger of database $db
+# (keys, messages), and of its pieces' own if any (none: one filter per
+# memory)
+sub memory_filters
 {
 	my ($db) = @_;
 	return $node->safe_psql(
-		$db, q{SELECT coalesce(string_agg(coalesce(f.state, 'none'), ',' ORDER BY i.inhrelid), '')
-		         FROM pg_inherits i
-		         LEFT JOIN idempotency.filter_info() f ON f.partition = i.inhrelid
-		        WHERE i.inhparent IN ('idempotency.keys_memory'::regclass,
-		                              'idempotency.messages_memory'::regclass)});
+		$db, q{SELECT coalesce(string_agg(coalesce(f.state, 'none'), ',' ORDER BY m.n), '')
+		           || ' ' || (SELECT count(*) FROM idempotency.filter_info() f2
+		                        JOIN pg_inherits i ON i.inhrelid = f2.partition
+		                       WHERE i.inhparent IN ('idempotency.keys_memory'::regclass,
+		                                             'idempotency.messages_memory'::regclass))
+		         FROM (VALUES (1, 'idempotency.keys_memory'::regclass),
+		                      (2, 'idempotency.messages_memory'::regclass)) m (n, t)
+		         LEFT JOIN idempotency.filter_info() f ON f.partition = m.t});
 }
 
 my $answers_sql = q{
@@ -140,7 +151,7 @@ $node->safe_psql('postgres', 'CREATE DATABASE dst');
 # a maintenance round between the schema and the data (the worker's, a
 # pg_cron job's): the restored pieces are empty, their filters READY
 maintain('dst');
-is(piece_filters('dst'), 'ready,ready', 'the empty restored pieces have READY filters');
+is(memory_filters('dst'), 'ready,ready 0', 'the memory of the empty restored pieces has READY filters');
 {
 	local $ENV{PGAPPNAME} = 'pg_restore';
 	$node->command_ok(
@@ -154,7 +165,7 @@ is(piece_filters('dst'), 'ready,ready', 'the empty restored pieces have READY fi
 is($node->safe_psql('dst', $answers_sql), 'expired false claimed',
 	'the restored memory answers: its filters do not hide the restored rows');
 maintain('dst');
-is(piece_filters('dst'), 'ready,ready', 'the next round builds the filters again');
+is(memory_filters('dst'), 'ready,ready 0', 'the next round builds the filters again');
 is($node->safe_psql('dst', $answers_sql), 'expired false claimed',
 	'the filters built from the restored chunks keep the answers');
 
@@ -270,14 +281,44 @@ DELETE FROM $piece WHERE role = 'bob'::regrole;});
 my $rr = $node->background_psql('x');
 $rr->query_safe(q{BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class;});
 $node->safe_psql('x', "INSERT INTO $piece SELECT * FROM public.saved");
-is($node->safe_psql('x', "SELECT state FROM idempotency.filter_info() WHERE partition = '$piece'::regclass"),
-	'unusable', 'the INSERT into the piece made its filter unusable');
+is($node->safe_psql('x', "SELECT state FROM idempotency.filter_info() WHERE partition = 'idempotency.keys_memory'::regclass"),
+	'unusable', "the INSERT into the piece made the memory's filter unusable");
 $rr->query_safe('SELECT idem_maintain(); COMMIT;');
 $rr->quit;
-is($node->safe_psql('x', "SELECT state FROM idempotency.filter_info() WHERE partition = '$piece'::regclass"),
-	'ready', "the run built the piece's filter again");
+is($node->safe_psql('x', "SELECT state FROM idempotency.filter_info() WHERE partition = 'idempotency.keys_memory'::regclass"),
+	'ready', "the run built the memory's filter again");
 is($node->safe_psql('x', $bob_sql), 'expired',
 	"bob's key, whose chunk is newer than the run's snapshot, is still remembered");
+
+# ------------- 4. an import writes its piece without the executor's hooks
+# src's remembered key and id (part 1), exported, imported into w, whose
+# memory's filters are READY: they stay READY, with the imported pairs.
+maintain('w');
+is(memory_filters('w'), 'ready,ready 0', "w's memory has READY filters");
+my $key_record = $node->safe_psql('src',
+	q{SELECT format('(%s,%s,%s)', role, digest, expired_by)
+	    FROM idempotency.export_key_memory(NULL)});
+my $id_record = $node->safe_psql('src',
+	q{SELECT format('(%s,%s,%s)', role, digest, expired_by)
+	    FROM idempotency.export_message_memory(NULL)});
+is( $node->safe_psql(
+		'w', qq{SELECT idempotency.import_key_memory('$key_record'::idempotency.memory_record)
+		           || ' ' || idempotency.import_message_memory('$id_record'::idempotency.memory_record)}),
+	'inserted inserted', "src's key and id imported into w");
+is(memory_filters('w'), 'ready,ready 0',
+	"the import leaves w's filters READY: it is no external write");
+is($node->safe_psql('w', $answers_sql), 'expired false claimed',
+	'the imported key and id answer from the filters READY, a new key is claimed');
+# the control: the same pair written into the import piece with an INSERT
+my $import_piece = $node->safe_psql(
+	'w', q{SELECT c.oid::regclass FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	        WHERE i.inhparent = 'idempotency.keys_memory'::regclass
+	          AND c.relname LIKE 'keys\_memory\_import\_%'});
+isnt($import_piece, '', 'the import wrote a piece of imported keys');
+$node->safe_psql('w', "INSERT INTO $import_piece SELECT * FROM $import_piece");
+like(memory_filters('w'), qr/^unusable,unusable 0$/,
+	'an INSERT into the same piece switches the filters off');
+is($node->safe_psql('w', $answers_sql), 'expired false claimed', 'the answers stay');
 
 $node->stop;
 done_testing();
