@@ -366,8 +366,8 @@ REVOKE ALL ON FUNCTION idempotency.import_relay(record) FROM PUBLIC;
 -- own manifest says whether it takes that format and each part.  Format
 -- 2 is 0.5.0's; the exports of 0.3.0 and 0.4.0 (format 1: keys, messages,
 -- and since 0.4.0 positions and sequences) had no manifest and import as
--- before.  key_memory is a slot: the memory of expired keys is not
--- exported yet.
+-- before.  key_memory is a slot here, filled by the section "moving the
+-- key memory with a tenant" below.
 CREATE FUNCTION idempotency.export_manifest()
 RETURNS TABLE (format integer, part text, record_type regtype,
                export_function regprocedure, import_function regprocedure,
@@ -719,3 +719,43 @@ BEGIN
     END LOOP;
 END
 $memory_transfer_privileges$;
+
+-- The export manifest (section "outbox export and import" above) names
+-- the memory's parts now that they are exported: key_memory, whose slot
+-- it held, and message_memory.  Same privileges (CREATE OR REPLACE keeps
+-- them): EXECUTE for PUBLIC, it reads nothing.
+CREATE OR REPLACE FUNCTION idempotency.export_manifest()
+RETURNS TABLE (format integer, part text, record_type regtype,
+               export_function regprocedure, import_function regprocedure,
+               import_order integer)
+LANGUAGE sql STABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $manifest$
+SELECT 2, m.part, m.record_type::pg_catalog.regtype,
+       m.export_function::pg_catalog.regprocedure,
+       m.import_function::pg_catalog.regprocedure, m.import_order
+  FROM (VALUES
+        ('keys', 'idempotency.key_record', 'idempotency.export_keys(text[])',
+         'idempotency.import_key(record)', 1),
+        ('messages', 'idempotency.message_record', 'idempotency.export_messages(text[])',
+         'idempotency.import_message(record)', 2),
+        ('positions', 'idempotency.position_record', 'idempotency.export_positions(text[])',
+         'idempotency.import_position(record)', 3),
+        ('sequences', 'idempotency.sequence_record', 'idempotency.export_sequences(text[])',
+         'idempotency.import_sequence(record)', 4),
+        ('outbox_relays', 'idempotency.relay_record', 'idempotency.export_relays(text[])',
+         'idempotency.import_relay(record)', 5),
+        ('outbox_events', 'idempotency.event_record', 'idempotency.export_events(text[])',
+         'idempotency.import_event(record)', 6),
+        ('outbox_dead_letters', 'idempotency.dead_letter_record',
+         'idempotency.export_dead_letters(text[])', 'idempotency.import_dead_letter(record)', 7),
+        ('key_memory', 'idempotency.memory_record', 'idempotency.export_key_memory(text[])',
+         'idempotency.import_key_memory(record)', 8),
+        ('message_memory', 'idempotency.memory_record', 'idempotency.export_message_memory(text[])',
+         'idempotency.import_message_memory(record)', 9))
+       AS m(part, record_type, export_function, import_function, import_order)
+ ORDER BY m.import_order
+$manifest$;
+
+COMMENT ON FUNCTION idempotency.export_manifest() IS
+'what an export of this version holds (format 2): each part, its record type, its export and import functions, in the order to import them';

@@ -188,8 +188,9 @@ SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_eve
 SELECT is((SELECT array_agg(part || ':' || format ORDER BY import_order)
              FROM idempotency.export_manifest()),
           ARRAY['keys:2', 'messages:2', 'positions:2', 'sequences:2',
-                'outbox_relays:2', 'outbox_events:2', 'outbox_dead_letters:2', 'key_memory:2'],
-          'the export manifest names its parts, key_memory a slot, in format 2');
+                'outbox_relays:2', 'outbox_events:2', 'outbox_dead_letters:2', 'key_memory:2',
+                'message_memory:2'],
+          'the export manifest names its parts, the key memory''s two, in format 2');
 
 -- Moving the key memory (0.5.0): executable by superusers and grantees only
 SELECT has_function('idempotency', 'export_key_memory', ARRAY['text[]'],
