@@ -117,8 +117,8 @@ IdemFilterNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue)
 /*
  * IdemFilterIsLedger: is relid a ledger's table or one of its partitions
  * (in whatever schema), or a ledger's memory table or one of its pieces
- * (memory.c: a piece's filter holds the pairs maintenance wrote into it,
- * and no other)?  Nothing to look up in a database without the extension's
+ * (memory.c: the memory's filter holds the pairs maintenance and imports
+ * wrote into its pieces, with heap_insert, and no other)?  Nothing to look up in a database without the extension's
  * schema; a relation only named like a ledger in a database without the
  * extension is none.
  */

@@ -362,9 +362,9 @@ IdemMemoryPieces(IdemLedger ledger)
 /*
  * IdemIsMemoryRelation: is relid a ledger's memory table or one of its
  * pieces?  For the digest filters' hooks (filter_hooks.c): a row written
- * into a piece by anything but maintenance (a restore of its data, an
- * INSERT by a superuser) is in no piece's filter, so it is an external
- * write like one into a ledger.
+ * into a piece by anything but maintenance or an import (a restore of its
+ * data, an INSERT by a superuser) is not in the memory's filter, so it is
+ * an external write like one into a ledger.
  */
 bool
 IdemIsMemoryRelation(Oid relid)

@@ -238,7 +238,7 @@ is( $node->safe_psql(
 		       ROLLBACK;}),
 	'expired false 1', 'the memory holds the key and the id');
 
-# --------------- 3. a piece's filter rebuilt holds chunks newer than the run
+# -------------- 3. the memory's filter rebuilt holds chunks newer than the run
 $node->safe_psql('postgres', 'CREATE DATABASE x');
 $node->safe_psql('x', 'CREATE EXTENSION idempotency');
 $node->safe_psql('x', 'ALTER DATABASE x SET idempotency.premake = 30');
