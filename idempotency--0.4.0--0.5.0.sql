@@ -759,3 +759,93 @@ $manifest$;
 
 COMMENT ON FUNCTION idempotency.export_manifest() IS
 'what an export of this version holds (format 2): each part, its record type, its export and import functions, in the order to import them';
+
+-- 0.5.0: the members this version adds get exactly the privileges of a
+-- fresh install in a plain database, as 0.4.0's members do (see the block
+-- "Privileges" of the install script): each privilege that the default
+-- privileges of the role running this script account for and that this
+-- script does not give is taken back.  Only these members: a privilege on
+-- an older member that you granted stays.
+DO $privileges_0_5_0$
+DECLARE
+    item record;
+BEGIN
+    FOR item IN
+        WITH members (kind, objid, name, acl, owner, nsp, monitor) AS (
+            SELECT 'f', p.oid, pg_catalog.format('FUNCTION %s', p.oid::pg_catalog.regprocedure),
+                   p.proacl, p.proowner, p.pronamespace,
+                   p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_relay_info',
+                       'outbox_stats_info']::pg_catalog.name[])
+              FROM pg_catalog.pg_proc AS p
+             WHERE (p.pronamespace OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
+                    AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['idem_publish',
+                        'idem_outbox_next', 'idem_outbox_ack', 'idem_outbox_dead_letter',
+                        'idem_outbox_dead_letters', 'idem_outbox_relays']::pg_catalog.name[]))
+                OR (p.pronamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+                    AND p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_relay_info',
+                        'outbox_stats_info', 'export_events', 'import_event', 'export_relays',
+                        'import_relay', 'export_dead_letters', 'import_dead_letter',
+                        'export_manifest', 'citus_distribute', 'export_key_memory',
+                        'import_key_memory', 'export_message_memory',
+                        'import_message_memory']::pg_catalog.name[]))
+            UNION ALL
+            SELECT 'r', c.oid, pg_catalog.format('TABLE %s', c.oid::pg_catalog.regclass),
+                   c.relacl, c.relowner, c.relnamespace, true
+              FROM pg_catalog.pg_class AS c
+             WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+               AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['outbox_relay_lag',
+                   'outbox_stats']::pg_catalog.name[])
+            UNION ALL
+            SELECT 'T', t.oid, pg_catalog.format('TYPE %s', t.oid::pg_catalog.regtype),
+                   t.typacl, t.typowner, t.typnamespace, false
+              FROM pg_catalog.pg_type AS t
+             WHERE t.typnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+               AND t.typname OPERATOR(pg_catalog.=) ANY (ARRAY['event_record', 'relay_record',
+                   'dead_letter_record', 'memory_record']::pg_catalog.name[])
+        )
+        SELECT m.name, a.privilege_type,
+               CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                    ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(a.grantee)) END AS grantee
+          FROM members AS m
+          JOIN pg_catalog.pg_depend AS d
+            ON d.objid OPERATOR(pg_catalog.=) m.objid
+           AND d.classid OPERATOR(pg_catalog.=) CASE m.kind
+                   WHEN 'f' THEN 'pg_catalog.pg_proc'::pg_catalog.regclass
+                   WHEN 'r' THEN 'pg_catalog.pg_class'::pg_catalog.regclass
+                   ELSE 'pg_catalog.pg_type'::pg_catalog.regclass END
+           AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass
+           AND d.refobjid OPERATOR(pg_catalog.=)
+               (SELECT e.oid FROM pg_catalog.pg_extension AS e
+                 WHERE e.extname OPERATOR(pg_catalog.=) 'idempotency')
+           AND d.deptype OPERATOR(pg_catalog.=) 'e',
+               pg_catalog.aclexplode(m.acl) AS a
+         WHERE a.grantee OPERATOR(pg_catalog.<>) m.owner
+           AND EXISTS (
+               SELECT FROM pg_catalog.pg_default_acl AS da,
+                           pg_catalog.aclexplode(da.defaclacl) AS g
+                WHERE da.defaclrole OPERATOR(pg_catalog.=) m.owner
+                  AND da.defaclobjtype OPERATOR(pg_catalog.=) m.kind::pg_catalog."char"
+                  AND da.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY[0, m.nsp]::pg_catalog.oid[])
+                  AND g.grantee OPERATOR(pg_catalog.=) a.grantee
+                  AND g.privilege_type OPERATOR(pg_catalog.=) a.privilege_type)
+           -- what this script gives: EXECUTE on the idem_* functions and
+           -- export_manifest() and USAGE on the types to PUBLIC, the
+           -- monitoring ones to pg_monitor
+           AND NOT ((m.kind OPERATOR(pg_catalog.=) 'f'
+                     AND (m.nsp OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
+                          OR m.name OPERATOR(pg_catalog.=) 'FUNCTION idempotency.export_manifest()')
+                     AND a.grantee OPERATOR(pg_catalog.=) 0
+                     AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE')
+                 OR (m.kind OPERATOR(pg_catalog.=) 'T'
+                     AND a.grantee OPERATOR(pg_catalog.=) 0
+                     AND a.privilege_type OPERATOR(pg_catalog.=) 'USAGE')
+                 OR (m.monitor
+                     AND a.grantee OPERATOR(pg_catalog.=) 'pg_monitor'::pg_catalog.regrole
+                     AND a.privilege_type OPERATOR(pg_catalog.=) ANY (ARRAY['EXECUTE',
+                         'SELECT']::pg_catalog.text[])))
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE %s ON %s FROM %s CASCADE',
+                                  item.privilege_type, item.name, item.grantee);
+    END LOOP;
+END
+$privileges_0_5_0$;
