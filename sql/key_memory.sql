@@ -50,6 +50,11 @@ SELECT idem_complete('done', 201, '{"id": 1}');
 SELECT status FROM idem_claim('given-up', ttl => '1 second');
 SELECT idem_release('given-up');
 COMMIT;
+BEGIN;
+SELECT token AS moved_token FROM idem_claim('moved', ttl => '1 second') \gset
+SELECT idem_complete('moved', 200);
+COMMIT;
+SELECT digest AS moved_digest FROM idempotency.keys WHERE token = :moved_token \gset
 SELECT status FROM idem_claim('held', ttl => '1 second', lease => '1 second');
 SELECT idem_consume_message('km', 'id-1', ttl => '1 second');
 SELECT idem_consume_messages('km', ARRAY['id-2', 'id-3'], ttl => '1 second');
@@ -70,9 +75,21 @@ SELECT status FROM idem_claim('never-seen', ttl => '1 second');
 SELECT idem_release('given-up');
 SELECT idem_release('never-seen');
 COMMIT;
+-- a key that ran stays remembered through a newer version of it: imported
+-- in progress over its expired row, then released (nothing ran under that
+-- version, but the key's first one ran)
+SELECT status FROM idem_claim('moved');
+SELECT idempotency.import_key(ROW(current_user, :'moved_digest'::uuid,
+         now() + interval '1 second', 'in_progress'::text, :moved_token + 1,
+         now(), now() + interval '500 milliseconds', NULL::bytea, NULL::text,
+         NULL::int, NULL::jsonb));
+SELECT status, token = :moved_token + 1 AS imported FROM idem_lookup('moved');
+SELECT idem_release('moved', token => :moved_token + 1);
 
 -- the partitions dropped: their keys go to the memory
 SELECT pg_temp.wait_rows_ended();
+-- (the import expired too: the key is remembered by its first version)
+SELECT status FROM idem_claim('moved');
 SELECT partitions_dropped > 0 AS dropped FROM idem_maintain();
 SELECT count(*) AS ledger_rows FROM idempotency.keys;
 SELECT count(*) > 0 AS pieces FROM idempotency.keys_memory;
@@ -80,6 +97,7 @@ SELECT count(*) > 0 AS pieces FROM idempotency.messages_memory;
 SELECT * FROM idem_claim('done');
 SELECT * FROM idem_claim('held', wait => true);
 SELECT * FROM idem_lookup('done');
+SELECT status FROM idem_claim('moved');
 -- released keys are not remembered
 BEGIN;
 SELECT status FROM idem_claim('never-seen');

@@ -71,7 +71,10 @@ What the model allows is what the contract allows, and nothing else:
     --scenario late-cancel runs that interleaving alone (see late_cancel),
     --scenario concurrent-errors the race of two errors that each read the
     other's row (see concurrent_errors), --scenario batch-expiry-wait a
-    batch that finds an id expired and then waits (see batch_expiry_wait).
+    batch that finds an id expired and then waits (see batch_expiry_wait),
+    --scenario import-over-memory (with idempotency.key_memory) a key that
+    ran and expired, imported and released, remembered all the same (see
+    import_over_memory).
 Never two holders of one key, a completed key answering claimed, a consumed
 id answering true twice within its ttl, a stale token accepted, a wrong
 response replayed, a token that does not increase, a wrong SQLSTATE.
@@ -103,7 +106,7 @@ Usage:
   idem_model.py --dsn DSN [--seed N | --seeds 1,2,3] [--steps N]
                 [--sessions N] [--trace FILE] [--verbose]
                 [--scenario late-cancel|late-cancel-cycle|concurrent-errors|
-                             batch-expiry-wait]
+                             batch-expiry-wait|import-over-memory]
 Environment: SEED, MODEL_SEEDS, MODEL_STEPS, MODEL_SESSIONS, MODEL_STRICT,
   MODEL_CLOCK_TOL_MS (default 2), MODEL_SETTLE_SECONDS (default 60),
   MODEL_LATE_CANCELS (default 0).
@@ -229,9 +232,9 @@ class Prune(Exception):
 
 class KV:
     """One version of a key's row."""
-    __slots__ = ('st', 'tok', 'cat', 'exp', 'lease', 'fp', 'rp', 'code', 'body', 'mr', 'iss')
+    __slots__ = ('st', 'tok', 'cat', 'exp', 'lease', 'fp', 'rp', 'code', 'body', 'mr', 'iss', 'rem')
 
-    def __init__(self, st, tok, cat, exp, lease, fp, rp, code, body, mr, iss=False):
+    def __init__(self, st, tok, cat, exp, lease, fp, rp, code, body, mr, iss=False, rem=False):
         self.st = st          # 'p' in progress, 'c' completed, 'r' released
         self.tok = tok        # fencing token (us since 2000)
         self.cat = cat        # claimed_at (Unix us)
@@ -243,10 +246,12 @@ class KV:
         self.body = body      # response body (jsonb text) or None
         self.mr = mr          # a same-transaction claim not yet resolved
         self.iss = iss        # the token is the claim's clock (not imported, not bumped)
+        self.rem = rem        # written over an expired version that was not released
+                              # (key_memory): the key stays remembered (World.rem)
 
     def but(self, **kw):
         n = KV(self.st, self.tok, self.cat, self.exp, self.lease, self.fp,
-               self.rp, self.code, self.body, self.mr, self.iss)
+               self.rp, self.code, self.body, self.mr, self.iss, self.rem)
         for k, v in kw.items():
             setattr(n, k, v)
         return n
@@ -304,7 +309,7 @@ class Txn:
 
 
 class World:
-    __slots__ = ('keys', 'msgs', 'txns', 'blocked', 'conts', 'maxtok')
+    __slots__ = ('keys', 'msgs', 'txns', 'blocked', 'conts', 'maxtok', 'rem')
 
     def __init__(self, sessions):
         self.keys = {}        # kid -> committed KV
@@ -313,6 +318,11 @@ class World:
         self.blocked = {}     # sess -> (call, blocker sess, what)
         self.conts = {}       # sess -> continuation of a blocked batch
         self.maxtok = {}      # kid -> largest token the key ever had
+        # keys with key_memory on whose committed version expired unreleased
+        # and was then written over (an import): every version that ran is
+        # remembered, so the key stays remembered whatever its newer versions
+        # become (a later version released does not make it forgotten)
+        self.rem = set()
 
     def clone(self):
         n = World.__new__(World)
@@ -322,6 +332,7 @@ class World:
         n.blocked = dict(self.blocked)
         n.conts = dict(self.conts)
         n.maxtok = dict(self.maxtok)
+        n.rem = set(self.rem)
         return n
 
     # --- overlays
@@ -423,6 +434,8 @@ class World:
                 for v in vs:
                     if v.iss and v.tok > self.maxtok.get(kid, 0):
                         self.maxtok[kid] = v.tok
+                    if v.rem:
+                        self.rem.add(kid)
             for mid, iv in lv.msgs.items():
                 self.msgs[mid] = iv
         self.txns[s] = None
@@ -576,7 +589,8 @@ class Model:
         self.max_ttl = settings['max_ttl']
         self.max_len = settings['max_key_length']
         # idempotency.key_memory (0, or longer than the run): an expired key
-        # or id that was not released stays remembered
+        # or id that was not released stays remembered, and so does a key
+        # one of whose earlier versions was (World.rem)
         self.memory = settings.get('key_memory', 0) > 0
         self.superuser = superuser
         self.u = universe     # digest -> ('k', scope, key) / ('m', consumer, id)
@@ -689,8 +703,10 @@ class Model:
                 and ch.pick(2) == 1):
             cands = self.inprog_candidates(w, kid, None) | {None}
             return self.out_inprogress(cands, 'key lock busy')
-        if v is None and self.memory and gone is not None and gone.st != 'r':
-            # expired and remembered (key_memory): answered, nothing written
+        if v is None and self.memory and gone is not None and (gone.st != 'r' or kid in w.rem):
+            # expired and remembered (key_memory): answered, nothing written;
+            # a released version is not remembered, but an earlier one of
+            # the same key that ran is (doc/reference.md, key_memory)
             return self.out_fixed(['expired', None, None, None, None, None],
                                   'expired, remembered')
         if v is None:
@@ -847,7 +863,7 @@ class Model:
         if v is None:
             v = self.key_live(w, c, ch, kid)
             gone = w.keys.get(kid) if v is None else None
-            if self.memory and gone is not None and gone.st != 'r':
+            if self.memory and gone is not None and (gone.st != 'r' or kid in w.rem):
                 return Ok('expired, remembered',
                           check=expect_rows([['expired'] + [None] * 7]))
         if v is None:
@@ -1150,6 +1166,11 @@ class Model:
         v = self.key_live(w, c, ch, kid)
         if v is None:
             outcome = 'inserted'
+            # written over an expired version that ran: that version stays
+            # remembered (in its partition, then in the memory's piece)
+            gone = w.keys.get(kid)
+            if self.memory and gone is not None and gone.st != 'r':
+                rec = rec.but(rem=True)
         elif rec.tok < v.tok or (rec.tok == v.tok and v.st != 'p'):
             outcome = 'kept'
         elif rec.tok == v.tok and rec.st == 'p' and rec.rp == v.rp:
@@ -2754,6 +2775,62 @@ class Driver:
         self.finish()
         return time.monotonic() - t_start
 
+    def import_over_memory(self):
+        """--scenario import-over-memory (idempotency.key_memory on): a key
+        that ran, expired and is remembered, then imported in progress and
+        released, stays remembered once the import has expired too (seed 1
+        with key_memory, step 7834 of a CI run on PostgreSQL 17: the model
+        took the released import for the key's only version and expected
+        "claimed").  S1 claims and completes the key; once it has expired,
+        S1's claim answers "expired"; S2 imports it in progress and releases
+        it; once that has expired, S1's claim and lookup answer "expired",
+        and again after a maintenance run (the ended partitions dropped into
+        the memory)."""
+        t_start = time.monotonic()
+        if not self.model.memory:
+            raise RuntimeError("--scenario import-over-memory needs idempotency.key_memory")
+        s1, s2 = self.sess[0], self.sess[1]
+        key = self.fixed_key('iom')
+        kid = (self.superuser, '', key)
+
+        def past(us):
+            wait = (us + 100_000 - now_us()) / 1e6
+            if wait > 0:
+                time.sleep(wait)
+
+        def remembered():
+            self.fixed_step([self.fixed_begin(s1)])
+            self.fixed_step([self.fixed_claim(s1, key, False)])
+            got = self.answer_text(s1)
+            if got is None or 'expired' not in got:
+                raise Difference(f"import-over-memory scenario: S{s1}'s claim answered {got}, not expired")
+            self.fixed_step([self.fixed_lookup(s1, key)])
+            self.fixed_step([self.ctl(s1, 'rollback', "ROLLBACK")])
+
+        self.fixed_step([self.fixed_begin(s1)])
+        self.fixed_step([self.fixed_claim(s1, key, False)])
+        self.fixed_step([self.fixed_complete(s1, key)])
+        self.fixed_step([self.ctl(s1, 'commit', "COMMIT")])
+        past(self.w.keys[kid].exp)
+        remembered()
+        now = now_us()
+        f = dict(role=self.superuser, digest=digest('', key), exp=now + 1_000_000,
+                 status='in_progress', token=now - PG_EPOCH_US, cat=now,
+                 lease=now + 500_000, fp=None, rp=None, code=None, body=None)
+        self.fixed_step([self.fixed_begin(s2)])
+        self.fixed_step([self.fixed_import_key(s2, kid, f)])
+        self.fixed_step([self.ctl(s2, 'commit', "COMMIT")])
+        self.fixed_step([self.fixed_begin(s2)])
+        self.fixed_step([self.fixed_act(s2, 'release', key, f['token'])])
+        self.fixed_step([self.ctl(s2, 'commit', "COMMIT")])
+        past(f['exp'])
+        remembered()
+        self.mon.execute("SELECT * FROM idem_maintain()")
+        self.note("idem_maintain() by the monitor")
+        remembered()
+        self.finish()
+        return time.monotonic() - t_start
+
     # -- the scenarios' statements: fixed, no random choices
     def fixed_key(self, name):
         key = f'{self.tag}/{name}'
@@ -2782,6 +2859,31 @@ class Driver:
                  key=key, scope='', token=token, op=op)
         c.locks = {(self.w.txns[s].role, '', key)}
         c.label = f"{op} /{key}"
+        return c
+
+    def fixed_complete(self, s, key):
+        c = Call(s, 'complete', "SELECT idem_complete($1::text, 200)", [key],
+                 key=key, scope='', token=None, op='complete', code=200, body=None)
+        c.locks = {(self.w.txns[s].role, '', key)}
+        c.label = f"complete /{key}"
+        return c
+
+    def fixed_lookup(self, s, key):
+        cols = ("status, token, recovery_point, response_code, response_body::text, "
+                + US.format('claimed_at') + ', ' + US.format('expires_at') + ', '
+                + US.format('lease_expires_at'))
+        c = Call(s, 'lookup', f"SELECT {cols} FROM idem_lookup($1::text)", [key],
+                 key=key, scope='')
+        c.label = f"lookup /{key}"
+        return c
+
+    def fixed_import_key(self, s, kid, f):
+        ts = lambda us: None if us is None else us_to_ts(us)
+        p = [f['role'], f['digest'], ts(f['exp']), f['status'], f['token'], ts(f['cat']),
+             ts(f['lease']), f['fp'], f['rp'], f['code'], f['body']]
+        c = Call(s, 'import_key', self.KEY_IMPORT.format(cast='', extra=''), p, kid=kid, fields=f)
+        c.locks = {kid}
+        c.label = f"import_key {kid}"
         return c
 
     def fixed_consume(self, s, co, i, ttl):
@@ -2872,7 +2974,8 @@ def main():
     ap.add_argument('--sessions', type=int, default=int(os.environ.get('MODEL_SESSIONS', 3)))
     ap.add_argument('--trace', default=None)
     ap.add_argument('--verbose', action='store_true')
-    ap.add_argument('--scenario', choices=['late-cancel', 'late-cancel-cycle', 'concurrent-errors', 'batch-expiry-wait'], default=None,
+    ap.add_argument('--scenario', choices=['late-cancel', 'late-cancel-cycle', 'concurrent-errors', 'batch-expiry-wait',
+                                                 'import-over-memory'], default=None,
                     help='one fixed interleaving instead of random rounds')
     args = ap.parse_args()
     if args.seed is not None:
@@ -2896,6 +2999,7 @@ def main():
                 secs = (d.late_cancel() if args.scenario == 'late-cancel'
                         else d.late_cancel_cycle() if args.scenario == 'late-cancel-cycle'
                         else d.batch_expiry_wait() if args.scenario == 'batch-expiry-wait'
+                        else d.import_over_memory() if args.scenario == 'import-over-memory'
                         else d.concurrent_errors())
                 print(f"scenario {args.scenario}: {d.step} steps in {secs:.1f} s, no difference")
             else:
