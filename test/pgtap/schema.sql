@@ -143,7 +143,8 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
               AND d.deptype = 'e'
               AND p.pronamespace = 'pg_catalog'::regnamespace),
           ARRAY['idem_advance', 'idem_assign', 'idem_checkpoint', 'idem_claim', 'idem_complete',
-                'idem_consume_message', 'idem_consume_messages', 'idem_lookup', 'idem_maintain',
+                'idem_consume_message', 'idem_consume_message', 'idem_consume_messages',
+                'idem_consume_messages', 'idem_lookup', 'idem_maintain',
                 'idem_outbox_ack', 'idem_outbox_dead_letter', 'idem_outbox_dead_letters',
                 'idem_outbox_next', 'idem_outbox_relays', 'idem_positions', 'idem_publish',
                 'idem_recover', 'idem_release', 'idem_sequence'],
