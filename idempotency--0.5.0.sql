@@ -1017,17 +1017,16 @@ COMMENT ON FUNCTION idempotency.export_manifest() IS
 -- records with the tenant's rows; the C path then writes each row into
 -- the local shard of its tenant.  idem_consume_message() and
 -- idem_consume_messages() take that tenant (ignored while the message
--- ledger is not distributed): made anew, the old ones renamed first, their
--- privileges carried over, then dropped.
-ALTER FUNCTION pg_catalog.idem_consume_message(text, text, interval)
-    RENAME TO idem_consume_message_before_0_5_0;
-ALTER FUNCTION pg_catalog.idem_consume_messages(text, text[], interval)
-    RENAME TO idem_consume_messages_before_0_5_0;
-
+-- ledger is not distributed) in overloads of their own, with four
+-- arguments and no default: 0.4.0's three-argument functions stay as they
+-- are, because a call that leaves out a defaulted argument makes the
+-- parser read the function's defaults on every call (a second default
+-- cost about 5,000 instructions a consume, test/t/090_instructions.pl).
+-- A call that names the tenant passes ttl too (ttl => NULL).
 CREATE FUNCTION pg_catalog.idem_consume_message(consumer text,
                                                 message_id text,
-                                                ttl interval DEFAULT NULL,
-                                                tenant text DEFAULT NULL)
+                                                ttl interval,
+                                                tenant text)
 RETURNS boolean
 AS 'MODULE_PATHNAME', 'idem_consume_message'
 LANGUAGE C VOLATILE PARALLEL UNSAFE;
@@ -1037,8 +1036,8 @@ COMMENT ON FUNCTION pg_catalog.idem_consume_message(text, text, interval, text) 
 
 CREATE FUNCTION pg_catalog.idem_consume_messages(consumer text,
                                                  message_ids text[],
-                                                 ttl interval DEFAULT NULL,
-                                                 tenant text DEFAULT NULL)
+                                                 ttl interval,
+                                                 tenant text)
 RETURNS SETOF text
 AS 'MODULE_PATHNAME', 'idem_consume_messages'
 LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
@@ -1046,7 +1045,7 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 100;
 COMMENT ON FUNCTION pg_catalog.idem_consume_messages(text, text[], interval, text) IS
 'records a batch of messages as consumed in this transaction and returns the new ones, in input order (tenant: the shard of a message ledger distributed by Citus)';
 
--- Each new function gets exactly the privileges of the one it replaces
+-- Each overload gets exactly the privileges of its three-argument sibling
 -- (what default privileges gave it is taken back first).
 DO $citus_privileges$
 DECLARE
@@ -1058,9 +1057,9 @@ BEGIN
                d.proacl AS oldacl, n.proowner AS owner
           FROM (VALUES
                 ('pg_catalog.idem_consume_message(text,text,interval,text)'::pg_catalog.regprocedure::pg_catalog.oid,
-                 'pg_catalog.idem_consume_message_before_0_5_0(text,text,interval)'::pg_catalog.regprocedure::pg_catalog.oid),
+                 'pg_catalog.idem_consume_message(text,text,interval)'::pg_catalog.regprocedure::pg_catalog.oid),
                 ('pg_catalog.idem_consume_messages(text,text[],interval,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_consume_messages_before_0_5_0(text,text[],interval)'::pg_catalog.regprocedure))
+                 'pg_catalog.idem_consume_messages(text,text[],interval)'::pg_catalog.regprocedure))
                AS f (newobj, oldobj)
           JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
           JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj
@@ -1093,9 +1092,6 @@ BEGIN
     END LOOP;
 END
 $citus_privileges$;
-
-DROP FUNCTION pg_catalog.idem_consume_message_before_0_5_0(text, text, interval);
-DROP FUNCTION pg_catalog.idem_consume_messages_before_0_5_0(text, text[], interval);
 
 -- Run once, on the Citus coordinator, as the owner of schema idempotency
 -- (or a superuser), after the tenant's tables are distributed and before

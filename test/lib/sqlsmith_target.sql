@@ -194,6 +194,7 @@ SELECT p.oid, p.proname, p.pronamespace, p.prorettype, p.proretset, p.prokind, p
  WHERE p.pronamespace = 'sqlsmith_target'::regnamespace
     OR p.oid IN (SELECT to_regprocedure(f) FROM unnest(ARRAY[
         -- the extension's, called as they are
+        'pg_catalog.idem_consume_message(text,text,interval)',
         'pg_catalog.idem_consume_message(text,text,interval,text)',
         'pg_catalog.idem_claim(text,jsonb,text,interval,interval,boolean,boolean)',
         'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)',

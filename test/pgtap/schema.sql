@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(95);
+SELECT plan(112);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -19,39 +19,102 @@ CREATE ROLE idem_pgtap_bob;
 -- API functions
 ----------------------------------------------------------------------------
 
--- idem_consume_message(consumer text, message_id text, ttl interval DEFAULT NULL, tenant text DEFAULT NULL) RETURNS boolean
+-- idem_consume_message(consumer text, message_id text, ttl interval DEFAULT NULL) RETURNS boolean
+-- idem_consume_message(consumer text, message_id text, ttl interval, tenant text) RETURNS boolean
+-- (0.4.0's function as it was, and an overload with no defaults for the
+-- tenant: a defaulted fourth argument cost every call that left it out)
+SELECT has_function('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
+                    'idem_consume_message(text, text, interval) is in pg_catalog');
 SELECT has_function('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
                     'idem_consume_message(text, text, interval, text) is in pg_catalog');
-SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_message'), 1,
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_message'), 2,
           'idem_consume_message has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval, text)'::regprocedure),
-          'consumer text, message_id text, ttl interval DEFAULT NULL::interval, tenant text DEFAULT NULL::text',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval)'::regprocedure),
+          'consumer text, message_id text, ttl interval DEFAULT NULL::interval',
           'idem_consume_message argument names and defaults');
-SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'boolean',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_message(text, text, interval, text)'::regprocedure),
+          'consumer text, message_id text, ttl interval, tenant text',
+          'idem_consume_message with a tenant: argument names, no defaults');
+SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'boolean',
                         'idem_consume_message returns boolean');
-SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'volatile',
+SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'], 'volatile',
                      'idem_consume_message is VOLATILE');
-SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
+SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
                     'idem_consume_message is not SECURITY DEFINER');
-SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
+SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval'],
                    'idem_consume_message is not STRICT (NULL arguments get a clean error)');
+SELECT function_returns('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'boolean',
+                        'idem_consume_message with a tenant returns boolean');
+SELECT volatility_is('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'], 'volatile',
+                     'idem_consume_message with a tenant is VOLATILE');
+SELECT isnt_definer('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
+                    'idem_consume_message with a tenant is not SECURITY DEFINER');
+SELECT isnt_strict('pg_catalog', 'idem_consume_message', ARRAY['text', 'text', 'interval', 'text'],
+                   'idem_consume_message with a tenant is not STRICT (NULL arguments get a clean error)');
 
--- idem_consume_messages(consumer text, message_ids text[], ttl interval DEFAULT NULL, tenant text DEFAULT NULL) RETURNS SETOF text
+-- idem_consume_messages(consumer text, message_ids text[], ttl interval DEFAULT NULL) RETURNS SETOF text
+-- idem_consume_messages(consumer text, message_ids text[], ttl interval, tenant text) RETURNS SETOF text
+-- (0.4.0's function as it was, and an overload with no defaults for the
+-- tenant: a defaulted fourth argument cost every call that left it out)
+SELECT has_function('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
+                    'idem_consume_messages(text, text[], interval) is in pg_catalog');
 SELECT has_function('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
                     'idem_consume_messages(text, text[], interval, text) is in pg_catalog');
-SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_messages'), 1,
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname = 'idem_consume_messages'), 2,
           'idem_consume_messages has no other overload in any schema');
-SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval, text)'::regprocedure),
-          'consumer text, message_ids text[], ttl interval DEFAULT NULL::interval, tenant text DEFAULT NULL::text',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval)'::regprocedure),
+          'consumer text, message_ids text[], ttl interval DEFAULT NULL::interval',
           'idem_consume_messages argument names and defaults');
-SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'setof text',
+SELECT is(pg_get_function_arguments('pg_catalog.idem_consume_messages(text, text[], interval, text)'::regprocedure),
+          'consumer text, message_ids text[], ttl interval, tenant text',
+          'idem_consume_messages with a tenant: argument names, no defaults');
+SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'setof text',
                         'idem_consume_messages returns SETOF text');
-SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'volatile',
+SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'], 'volatile',
                      'idem_consume_messages is VOLATILE');
-SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
+SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
                     'idem_consume_messages is not SECURITY DEFINER');
-SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
+SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval'],
                    'idem_consume_messages is not STRICT (NULL arguments get a clean error)');
+SELECT function_returns('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'setof text',
+                        'idem_consume_messages with a tenant returns SETOF text');
+SELECT volatility_is('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'], 'volatile',
+                     'idem_consume_messages with a tenant is VOLATILE');
+SELECT isnt_definer('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
+                    'idem_consume_messages with a tenant is not SECURITY DEFINER');
+SELECT isnt_strict('pg_catalog', 'idem_consume_messages', ARRAY['text', 'text[]', 'interval', 'text'],
+                   'idem_consume_messages with a tenant is not STRICT (NULL arguments get a clean error)');
+
+-- Which of the two a call resolves to: two or three arguments, positional,
+-- named or unknown-typed literals, the three-argument function (no
+-- ambiguity); four, the tenant's; a tenant without ttl, none.
+CREATE TEMP VIEW idem_pgtap_calls AS
+SELECT idem_consume_message('c', 'm') AS m2,
+       idem_consume_message('c', 'm', '1 day') AS m3,
+       idem_consume_message('c', 'm', ttl => '1 day') AS m3n,
+       idem_consume_message(consumer => 'c', message_id => 'm') AS m2n,
+       (SELECT count(*) FROM idem_consume_messages('c', '{m}')) AS s2,
+       (SELECT count(*) FROM idem_consume_messages('c', '{m}', '1 day')) AS s3;
+CREATE TEMP VIEW idem_pgtap_tenant_calls AS
+SELECT idem_consume_message('c', 'm', NULL, 't') AS m4,
+       idem_consume_message('c', 'm', ttl => NULL, tenant => 't') AS m4n,
+       (SELECT count(*) FROM idem_consume_messages('c', '{m}', NULL, 't')) AS s4;
+SELECT is((SELECT array_agg(DISTINCT d.refobjid::regprocedure::text ORDER BY d.refobjid::regprocedure::text)
+             FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+            WHERE r.ev_class = 'idem_pgtap_calls'::regclass
+              AND d.refclassid = 'pg_proc'::regclass
+              AND d.refobjid::regprocedure::text LIKE 'idem_consume%'),
+          ARRAY['idem_consume_message(text,text,interval)', 'idem_consume_messages(text,text[],interval)'],
+          'calls with two or three arguments resolve to the three-argument functions');
+SELECT is((SELECT array_agg(DISTINCT d.refobjid::regprocedure::text ORDER BY d.refobjid::regprocedure::text)
+             FROM pg_depend d JOIN pg_rewrite r ON r.oid = d.objid
+            WHERE r.ev_class = 'idem_pgtap_tenant_calls'::regclass
+              AND d.refclassid = 'pg_proc'::regclass
+              AND d.refobjid::regprocedure::text LIKE 'idem_consume%'),
+          ARRAY['idem_consume_message(text,text,interval,text)', 'idem_consume_messages(text,text[],interval,text)'],
+          'calls with a tenant resolve to the four-argument functions');
+SELECT throws_ok($$SELECT idem_consume_message('c', 'm', tenant => 't')$$, '42883', NULL,
+                 'a call that names the tenant without ttl finds no function');
 
 -- idem_maintain(OUT partitions_created int, OUT partitions_dropped int) RETURNS record
 SELECT has_function('pg_catalog', 'idem_maintain', ARRAY[]::name[],
@@ -80,7 +143,8 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
               AND d.deptype = 'e'
               AND p.pronamespace = 'pg_catalog'::regnamespace),
           ARRAY['idem_advance', 'idem_assign', 'idem_checkpoint', 'idem_claim', 'idem_complete',
-                'idem_consume_message', 'idem_consume_messages', 'idem_lookup', 'idem_maintain',
+                'idem_consume_message', 'idem_consume_message', 'idem_consume_messages',
+                'idem_consume_messages', 'idem_lookup', 'idem_maintain',
                 'idem_outbox_ack', 'idem_outbox_dead_letter', 'idem_outbox_dead_letters',
                 'idem_outbox_next', 'idem_outbox_relays', 'idem_positions', 'idem_publish',
                 'idem_recover', 'idem_release', 'idem_sequence'],
@@ -91,10 +155,14 @@ SELECT ok(NOT has_function_privilege('public', 'pg_catalog.idem_maintain()', 'EX
           'PUBLIC cannot execute idem_maintain()');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_maintain()', 'EXECUTE'),
           'an ordinary role cannot execute idem_maintain()');
-SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval, text)', 'EXECUTE'),
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval)', 'EXECUTE'),
           'an ordinary role can execute idem_consume_message()');
-SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval, text)', 'EXECUTE'),
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_message(text, text, interval, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_consume_message() with a tenant');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval)', 'EXECUTE'),
           'an ordinary role can execute idem_consume_messages()');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_consume_messages() with a tenant');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.citus_distribute(regclass)', 'EXECUTE'),
           'an ordinary role cannot execute idempotency.citus_distribute()');
 

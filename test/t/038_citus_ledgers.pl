@@ -3,7 +3,7 @@
 # idempotency.citus_distribute() distributes the key and message ledgers by
 # a "tenant" column co-located with the application's tables, with a
 # replica identity index on every partition and shard; a call on a key
-# (scope = tenant) or a message id (tenant => ...) reads and writes the
+# (scope = tenant) or a message id (ttl => NULL, tenant => ...) reads and writes the
 # local shard of its tenant, and only that call does: whatever the same
 # backend runs next (an export, maintenance), after a call that returned,
 # failed, or failed inside a savepoint, reads the node's own ledger table.
@@ -127,9 +127,9 @@ SELECT status || ' ' || response_code FROM idem_claim('k1', scope => 'acme')}),
 	'completed 201', 'a routed call finds the key in the shard');
 
 is($node->safe_psql('postgres', q{
-SELECT idem_consume_message('events', 'm1', tenant => 'acme');
-SELECT idem_consume_message('events', 'm1', tenant => 'acme');
-SELECT string_agg(x, ',') FROM idem_consume_messages('events', ARRAY['m1', 'm2'], tenant => 'acme') AS x;
+SELECT idem_consume_message('events', 'm1', ttl => NULL, tenant => 'acme');
+SELECT idem_consume_message('events', 'm1', ttl => NULL, tenant => 'acme');
+SELECT string_agg(x, ',') FROM idem_consume_messages('events', ARRAY['m1', 'm2'], ttl => NULL, tenant => 'acme') AS x;
 SELECT string_agg(tenant, ',') FROM idempotency.messages;
 }), "t\nf\nm2\nacme,acme", 'message ids are recorded once, in the tenant\'s shard');
 
@@ -146,7 +146,7 @@ my $export = q{SELECT count(*) FROM idempotency.export_keys()};
 is($node->safe_psql('postgres', qq{
 BEGIN;
 SELECT status FROM idem_claim('k2', scope => 'acme', lease => '1 hour');
-SELECT idem_consume_message('events', 'm4', tenant => 'acme');
+SELECT idem_consume_message('events', 'm4', ttl => NULL, tenant => 'acme');
 $export;
 SELECT count(*) FROM idempotency.export_messages();
 COMMIT;
@@ -260,7 +260,7 @@ like($stderr, qr/ERROR:  55000: Citus is not installed in this database/,
 	'citus_distribute() without Citus: 55000');
 is($node->safe_psql('plain', q{
 SELECT status FROM idem_claim('k', scope => 'acme', lease => '1 hour');
-SELECT idem_consume_message('events', 'm1', tenant => 'acme');
+SELECT idem_consume_message('events', 'm1', ttl => NULL, tenant => 'acme');
 SELECT count(*) FROM idempotency.export_keys();
 }), "claimed\nt\n2", 'without Citus the ledgers are the node\'s own, and tenant is not used');
 

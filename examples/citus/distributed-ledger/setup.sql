@@ -52,7 +52,8 @@ RETURNS boolean LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, public
 AS $$
 BEGIN
-  IF idem_consume_message('payment-events', apply_event.id, tenant => apply_event.tenant) THEN
+  IF idem_consume_message('payment-events', apply_event.id, ttl => NULL,
+                          tenant => apply_event.tenant) THEN
     INSERT INTO public.applied (tenant, id) VALUES (apply_event.tenant, apply_event.id);
     RETURN true;
   END IF;
