@@ -2914,13 +2914,11 @@ class Driver:
 
     def answered(self, s):
         """The SQLSTATE S<s> answered in this step ('' for rows, None if none)."""
-        for st, t, _ in reversed(self.log):
-            if st != self.step:
-                break
-            if t.startswith(f"  S{s} -> "):
-                m = re.match(r"  S\d+ -> ERROR (\w+):", t)
-                return m.group(1) if m else ''
-        return None
+        t = self.answer_text(s)
+        if t is None:
+            return None
+        m = re.match(r"ERROR (\w+):", t)
+        return m.group(1) if m else ''
 
     def summary(self):
         """What the run exercised, per statement: the answers the model
@@ -2965,6 +2963,16 @@ class Driver:
         self.audit()
 
 
+# --scenario NAME: the fixed interleavings, each a Driver method
+SCENARIOS = {
+    'late-cancel': Driver.late_cancel,
+    'late-cancel-cycle': Driver.late_cancel_cycle,
+    'concurrent-errors': Driver.concurrent_errors,
+    'batch-expiry-wait': Driver.batch_expiry_wait,
+    'import-over-memory': Driver.import_over_memory,
+}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--dsn', required=True)
@@ -2974,8 +2982,7 @@ def main():
     ap.add_argument('--sessions', type=int, default=int(os.environ.get('MODEL_SESSIONS', 3)))
     ap.add_argument('--trace', default=None)
     ap.add_argument('--verbose', action='store_true')
-    ap.add_argument('--scenario', choices=['late-cancel', 'late-cancel-cycle', 'concurrent-errors', 'batch-expiry-wait',
-                                                 'import-over-memory'], default=None,
+    ap.add_argument('--scenario', choices=list(SCENARIOS), default=None,
                     help='one fixed interleaving instead of random rounds')
     args = ap.parse_args()
     if args.seed is not None:
@@ -2996,11 +3003,7 @@ def main():
         try:
             d = Driver(args.dsn, seed, args.steps, args.sessions, tol, settle, args.verbose, trace)
             if args.scenario:
-                secs = (d.late_cancel() if args.scenario == 'late-cancel'
-                        else d.late_cancel_cycle() if args.scenario == 'late-cancel-cycle'
-                        else d.batch_expiry_wait() if args.scenario == 'batch-expiry-wait'
-                        else d.import_over_memory() if args.scenario == 'import-over-memory'
-                        else d.concurrent_errors())
+                secs = SCENARIOS[args.scenario](d)
                 print(f"scenario {args.scenario}: {d.step} steps in {secs:.1f} s, no difference")
             else:
                 secs = d.run()

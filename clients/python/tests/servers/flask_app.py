@@ -12,9 +12,7 @@ app = Flask(__name__)
 OPTS = common.options()
 
 
-@app.post("/charges")
-@idempotent(connect=pool.connection, **OPTS)
-def charges():
+def charge():
     conn = connection()
     headers = {k.lower(): v for k, v in request.headers.items()}
     key = current_key()
@@ -22,19 +20,19 @@ def charges():
     charge_id = conn.execute(sql, params).fetchone()[0]
     status, hdrs, out = common.after(headers, charge_id, conn.execute)
     return out, status, hdrs
+
+
+@app.post("/charges")
+@idempotent(connect=pool.connection, **OPTS)
+def charges():
+    return charge()
 
 
 @app.post("/async-charges")
 @idempotent(connect=pool.connection, **OPTS)
 async def async_charges():
     # an async view, run by Flask's ensure_sync under the decorator
-    conn = connection()
-    headers = {k.lower(): v for k, v in request.headers.items()}
-    key = current_key()
-    sql, params = common.before(headers, key, request.get_data(), "flask")
-    charge_id = conn.execute(sql, params).fetchone()[0]
-    status, hdrs, out = common.after(headers, charge_id, conn.execute)
-    return out, status, hdrs
+    return charge()
 
 
 @app.post("/blobs")
