@@ -226,6 +226,50 @@ bench_resdir() {
     fi
 }
 
+# ---------------------------------------------------------------- another major
+#   bench_in_root SCRIPT
+#                      BENCH_PG=NN runs a script against PostgreSQL NN: on
+#                      this machine if its Debian packages NN (then this
+#                      returns and the script goes on with that major's
+#                      PGBIN), otherwise inside the Debian root file system
+#                      of test/lib/roots.sh (made if missing; as root) on a
+#                      copy of this tree without its results; the run's
+#                      results are copied back to bench_resdir and the
+#                      caller exits with the run's status.
+bench_in_root() {
+    local script=$1 repo R rc resdir inner
+    [ -n "${BENCH_PG:-}" ] || return 0
+    if [ -x "/usr/lib/postgresql/$BENCH_PG/bin/pgbench" ]; then
+        PGBIN=${PGBIN:-/usr/lib/postgresql/$BENCH_PG/bin}
+        return 0
+    fi
+    repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+    # shellcheck source=test/lib/deps.sh
+    . "$repo/test/lib/deps.sh"
+    # shellcheck source=test/lib/roots.sh
+    . "$repo/test/lib/roots.sh"
+    [ "$(id -u)" = 0 ] || { echo "$script: BENCH_PG=$BENCH_PG needs root (a root file system)" >&2; exit 1; }
+    root_ensure "$BENCH_PG" || exit 1
+    R=$(root_dir "$BENCH_PG")
+    rm -rf --one-file-system "$R/tmp/idempotency-bench"
+    mkdir -p "$R/tmp/idempotency-bench"
+    tar -C "$repo" --exclude=./.git --exclude=./bench/results --exclude='*.o' --exclude='*.so' \
+        --exclude='*.bc' -cf - . | tar -C "$R/tmp/idempotency-bench" -xf -
+    trap 'root_umount_all' EXIT
+    root_mount "$R"
+    # the results go to the copy's own directory (BENCH_RESULTS may name
+    # one outside the root), and are copied back from there
+    rc=0
+    root_run "$R" env PGBIN="/usr/lib/postgresql/$BENCH_PG/bin" BENCH_PG= BENCH_RESULTS= \
+        bash "/tmp/idempotency-bench/bench/$script" || rc=$?
+    resdir=$(bench_resdir)
+    mkdir -p "$resdir"
+    inner=$R/tmp/idempotency-bench/bench/results
+    [ "${BENCH_SMOKE:-0}" != 1 ] || inner=$inner/smoke
+    cp "$inner/"* "$resdir/" 2>/dev/null || true
+    exit "$rc"
+}
+
 # The scripts find the backends of their load by pgbench's application
 # name, which PGAPPNAME would replace (PostgreSQL::Test::Utils sets it to
 # the test's name, for one): the load's clients would never be found.

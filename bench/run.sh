@@ -44,38 +44,9 @@ BENCH_NAME=run.sh
 . "$HERE/lib.sh"
 
 # ---------------------------------------------------------------- another major
-# BENCH_PG=NN runs this script against PostgreSQL NN: on this machine if its
-# Debian packages NN, otherwise inside the Debian root file system of
-# test/lib/roots.sh (made if missing; as root), copying the results back.
-if [ -n "${BENCH_PG:-}" ] && [ ! -x "/usr/lib/postgresql/$BENCH_PG/bin/pgbench" ]; then
-    # shellcheck source=test/lib/deps.sh
-    . "$REPO/test/lib/deps.sh"
-    # shellcheck source=test/lib/roots.sh
-    . "$REPO/test/lib/roots.sh"
-    [ "$(id -u)" = 0 ] || { echo "run.sh: BENCH_PG=$BENCH_PG needs root (a root file system)" >&2; exit 1; }
-    root_ensure "$BENCH_PG" || exit 1
-    R=$(root_dir "$BENCH_PG")
-    rm -rf --one-file-system "$R/tmp/idempotency-bench"
-    mkdir -p "$R/tmp/idempotency-bench"
-    tar -C "$REPO" --exclude=./.git --exclude='*.o' --exclude='*.so' --exclude='*.bc' -cf - . |
-        tar -C "$R/tmp/idempotency-bench" -xf -
-    trap 'root_umount_all' EXIT
-    root_mount "$R"
-    set +e
-    # the results go to the copy's own directory (BENCH_RESULTS names one
-    # outside the root), and are copied back from there
-    root_run "$R" env PGBIN="/usr/lib/postgresql/$BENCH_PG/bin" BENCH_PG= BENCH_RESULTS= \
-        bash /tmp/idempotency-bench/bench/run.sh
-    rc=$?
-    set -e
-    RESDIR=$(bench_resdir)
-    mkdir -p "$RESDIR"
-    inner=$R/tmp/idempotency-bench/bench/results
-    [ "${BENCH_SMOKE:-0}" != 1 ] || inner=$inner/smoke
-    cp "$inner/"*latest* "$RESDIR/" 2>/dev/null || true
-    exit "$rc"
-fi
-[ -n "${BENCH_PG:-}" ] && PGBIN=${PGBIN:-/usr/lib/postgresql/$BENCH_PG/bin}
+# BENCH_PG=NN: PostgreSQL NN, in its Debian root if this machine's Debian
+# does not package it (bench/lib.sh, bench_in_root)
+bench_in_root run.sh
 PGBIN_SET=${PGBIN:+1}
 PGBIN=$(bench_pgbin)
 PORT=${BENCH_PORT:-54401}

@@ -74,6 +74,8 @@
 #   STREAMS_PORT        server port (unix socket only)             [54501]
 #   BENCH_BUILD         auto|1|0: make install of this tree first  [auto]
 #   PGBIN               PostgreSQL binaries  [PG_CONFIG's bin dir, else /usr/lib/postgresql/15/bin]
+#   BENCH_PG            PostgreSQL major to measure; one this machine's Debian
+#                       does not package runs in its Debian root (test/lib/roots.sh) []
 #   BENCH_RESULTS       directory of the results files  [bench/results, bench/results/smoke]
 #
 # Output: a summary, also in streams-latest.txt in BENCH_RESULTS with the
@@ -89,6 +91,9 @@ REPO=$(cd "$HERE/.." && pwd)
 BENCH_NAME=streams.sh
 # shellcheck source=bench/lib.sh
 . "$HERE/lib.sh"
+# BENCH_PG=NN: PostgreSQL NN, in its Debian root if this machine's Debian
+# does not package it (bench/lib.sh, bench_in_root)
+bench_in_root streams.sh
 PGBIN=$(bench_pgbin)
 export PG_CONFIG=$PGBIN/pg_config
 SECS=${BENCH_SECONDS:-$(bench_size 15 1)}
