@@ -69,6 +69,12 @@
 #                    the prepared statements, as the raw SQL's body is in
 #                    claim_raw_prep (claim_complete_prep passes them as
 #                    parameters, each call parsing its jsonb)
+#   publish_prep, publish_raw_prep
+#                    one event published, prepared, its own transaction:
+#                    idem_publish() of a jsonb payload with a key (64
+#                    keys in turn), and the hand-written outbox's INSERT
+#                    of the same into a table with a bigserial key
+#                    (bench/outbox.sh's two sides, one event per statement)
 #   consume_prep, consume_raw_prep, claim_raw_prep, replay_pl_prep
 #                    the statements of bench/run.sh's variants idem_p2,
 #                    plain_insert, keys_raw and replay_plpgsql, prepared as
@@ -293,6 +299,14 @@ statements() {
 			[ "$i" != "$from" ] || echo "PREPARE pl_replay(text, jsonb) AS SELECT status, response_code, response_body FROM pl_claim(\$1, \$2)"
 			echo "EXECUTE pl_replay('done$(((i - 1) % 500 + 1))', '{\"amount\": 1}')"
 			;;
+		publish_prep)
+			[ "$i" != "$from" ] || echo "PREPARE pub(int) AS SELECT idem_publish('orders', jsonb_build_object('order', \$1, 'total', 99.5), 'k' || (\$1 % 64))"
+			echo "EXECUTE pub($i)"
+			;;
+		publish_raw_prep)
+			[ "$i" != "$from" ] || echo "PREPARE pub_raw(int) AS INSERT INTO plain_outbox (topic, key, payload) VALUES ('orders', 'k' || (\$1 % 64), jsonb_build_object('order', \$1, 'total', 99.5))"
+			echo "EXECUTE pub_raw($i)"
+			;;
 		advance) echo "SELECT count(*) FROM idem_advance('c', 's', 0, $((i * 100)), $((i * 100 + 99)))" ;;
 		advance_prep)
 			[ "$i" != "$from" ] || echo "PREPARE adv(int, bigint, bigint) AS SELECT first_offset, last_offset FROM idem_advance('c', 's', \$1, \$2, \$3, 1)"
@@ -317,6 +331,9 @@ statements() {
 	echo "SELECT idem_maintain()"
 	echo "CREATE TABLE plain_msg (consumer text, id text, expires_at timestamptz, PRIMARY KEY (consumer, id))"
 	echo "CREATE TABLE plain_keys (key text PRIMARY KEY, fingerprint bytea, status text DEFAULT 'in_progress', code int, body jsonb, expires_at timestamptz)"
+	echo "CREATE TABLE plain_outbox (id bigserial PRIMARY KEY, topic text NOT NULL, key text, payload jsonb, published_at timestamptz NOT NULL DEFAULT now())"
+	# the outbox's events table is made by the first event (0.5.0 and later)
+	case " $WORKLOADS " in *" publish_prep "*) echo "SELECT idem_publish('orders')" ;; esac
 	echo "CREATE TABLE plain_offsets (consumer text, stream text, part int, next_offset bigint, PRIMARY KEY (consumer, stream, part))"
 	# partition 1 of stream s, assigned with generation 1 (advance_prep,
 	# 0.4.0 and later)

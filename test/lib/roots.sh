@@ -168,7 +168,7 @@ root_run() {
 	shift
 	while IFS= read -r v; do
 		envs+=("$v=${!v}")
-	done < <(compgen -e | grep -E '^(IDEM_|PG_|BENCH_|SUITES$|SUITE_TIMEOUT$|KEEP_WORKDIR$|CI$)')
+	done < <(compgen -e | grep -E '^(IDEM_|PG_|BENCH_|STREAMS_|OUTBOX_|SUITES$|SUITE_TIMEOUT$|KEEP_WORKDIR$|CI$)')
 	[ -r "$dir/etc/idempotency-host-ca.crt" ] &&
 		envs+=(NODE_EXTRA_CA_CERTS=/etc/idempotency-host-ca.crt)
 	chroot "$dir" /usr/bin/env -i \
