@@ -75,6 +75,10 @@
 #                    keys in turn), and the hand-written outbox's INSERT
 #                    of the same into a table with a bigserial key
 #                    (bench/outbox.sh's two sides, one event per statement)
+#   claim_field_prep claim_idem_prep with the claim's status taken as a
+#                    field of the call's result in the target list,
+#                    SELECT (idem_claim(...)).status, instead of from a
+#                    function scan, SELECT status FROM idem_claim(...)
 #   consume_prep, consume_raw_prep, claim_raw_prep, replay_pl_prep
 #                    the statements of bench/run.sh's variants idem_p2,
 #                    plain_insert, keys_raw and replay_plpgsql, prepared as
@@ -283,6 +287,16 @@ statements() {
 			echo "BEGIN"
 			echo "EXECUTE claim_c('k$i')"
 			echo "EXECUTE complete_c('k$i')"
+			echo "COMMIT"
+			;;
+		claim_field_prep)
+			if [ "$i" = "$from" ]; then
+				echo "PREPARE claim_f(text) AS SELECT (idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')).status"
+				echo "PREPARE complete_f(text) AS SELECT idem_complete(\$1, 201, '{\"charge\": 1}')"
+			fi
+			echo "BEGIN"
+			echo "EXECUTE claim_f('k$i')"
+			echo "EXECUTE complete_f('k$i')"
 			echo "COMMIT"
 			;;
 		claim_raw_prep)
