@@ -169,7 +169,7 @@ async function outbox(): Promise<void> {
   await receiveWebhook({ pool, consumer: 'c', secret, tenant: (event) => event.json().tenant },
     { headers: {}, body: '' }, async () => undefined);
   const app2 = express();
-  app2.post('/hooks/:tenant', webhookReceiver({ pool, consumer: 'shipping', secret, tenant: (event, req) => req.params.tenant },
+  app2.post('/hooks/:tenant', webhookReceiver({ pool, consumer: 'shipping', secret, tenant: (event, req) => String(req.params.tenant) },
     async () => undefined));
   app2.post('/hooks', webhookReceiver({ pool, consumer: 'shipping', secret }, async (tx, event) => {
     await tx.query('INSERT INTO shipments VALUES ($1)', [event.json().order]);
