@@ -382,9 +382,11 @@ async function recoverLapsed(opts, fn) {
 // idem_consume_messages in one transaction ({ pool }, retried) or in the
 // caller's ({ client }), and calls fn(tx, fresh, { duplicates }) with the
 // messages seen for the first time, in input order, each id once.
+// opts.tenant: the batch's tenant, for a message ledger distributed by Citus.
 async function consume(opts, messages, fn) {
   if (!opts || typeof opts.consumer !== 'string') throw new TypeError('consume needs { consumer }');
   if (!Array.isArray(messages)) throw new TypeError('messages must be an array');
+  sql.tenantOf(opts);   // a bad tenant fails before any transaction
   const idOf = opts.id || ((m) => (m !== null && typeof m === 'object' ? m.id : m));
   const body = async (tx) => {
     if (messages.length === 0) return { fresh: [], duplicates: [], result: undefined };
@@ -392,7 +394,7 @@ async function consume(opts, messages, fn) {
       const id = idOf(m);
       return id === undefined || id === null ? id : String(id);
     });
-    const freshIds = new Set(await sql.consumeMessages(tx, opts.consumer, ids, { ttl: opts.ttl }));
+    const freshIds = new Set(await sql.consumeMessages(tx, opts.consumer, ids, { ttl: opts.ttl, tenant: opts.tenant }));
     const fresh = [];
     const duplicates = [];
     messages.forEach((m, i) => {

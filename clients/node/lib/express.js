@@ -15,7 +15,7 @@
 
 const http = require('node:http');
 const { HttpIdempotency, splitTarget } = require('./http');
-const { answerWebhook, secretKey } = require('./webhooks');
+const { answerWebhook, requestTenant, secretKey } = require('./webhooks');
 
 function toBuffer(chunk, encoding) {
   if (Buffer.isBuffer(chunk)) return chunk;
@@ -230,10 +230,12 @@ function idempotency(options = {}) {
   return pgIdempotency;
 }
 
-// webhookReceiver({ pool, consumer, secret, tolerance, limit, onError },
-// handler) → (req, res, next): verifies a Standard Webhooks delivery and
-// runs handler(tx, event, req) once per webhook-id, in the transaction
-// that records it (../outbox-behaviour.md).  The signature covers the body
+// webhookReceiver({ pool, consumer, secret, tolerance, limit, tenant,
+// onError }, handler) → (req, res, next): verifies a Standard Webhooks
+// delivery and runs handler(tx, event, req) once per webhook-id, in the
+// transaction that records it (../outbox-behaviour.md); tenant, a value or
+// (event, req) => value: the tenant whose shard records the id, for a
+// message ledger distributed by Citus.  The signature covers the body
 // as sent: mount it without a body parser before it (it reads the body
 // itself), or behind express.raw().
 function webhookReceiver(options, handler) {
@@ -259,7 +261,8 @@ function webhookReceiver(options, handler) {
           `The body is over ${limit} bytes.`), res.end);
         return;
       }
-      const out = await answerWebhook({ ...options, onError }, { headers: req.headers, headersDistinct: req.headersDistinct, body },
+      const out = await answerWebhook({ ...options, onError, tenant: requestTenant(options.tenant, req) },
+        { headers: req.headers, headersDistinct: req.headersDistinct, body },
         (tx, event) => handler(tx, event, req));
       sendRaw(res, out, res.end);
     }).catch(next);

@@ -10,7 +10,7 @@
 // ../http-behaviour.md.
 
 const { HttpIdempotency } = require('./http');
-const { answerWebhook, secretKey } = require('./webhooks');
+const { answerWebhook, requestTenant, secretKey } = require('./webhooks');
 
 const kState = Symbol('pg-idempotency');
 
@@ -106,9 +106,12 @@ fastifyIdempotency[Symbol.for('skip-override')] = true;
 fastifyIdempotency[Symbol.for('fastify.display-name')] = 'pg-idempotency';
 
 // fastify.register(webhookReceiver, { url, pool, consumer, secret, handler,
-// tolerance, bodyLimit, onError }): a POST route at url that verifies a
-// Standard Webhooks delivery and runs handler(tx, event, request) once per
-// webhook-id, in the transaction that records it (../outbox-behaviour.md).
+// tolerance, bodyLimit, tenant, onError }): a POST route at url that
+// verifies a Standard Webhooks delivery and runs handler(tx, event, request)
+// once per webhook-id, in the transaction that records it
+// (../outbox-behaviour.md); tenant, a value or (event, request) => value: the
+// tenant whose shard records the id, for a message ledger distributed by
+// Citus.
 // The route reads its body as bytes (a parser of its own, in the plugin's
 // encapsulated context: the app's other routes keep theirs).
 function webhookReceiver(fastify, options, done) {
@@ -124,7 +127,8 @@ function webhookReceiver(fastify, options, done) {
     (request, body, next) => next(null, body));
   fastify.post(options.url || '/', async (request, reply) => {
     const body = request.body === undefined || request.body === null ? Buffer.alloc(0) : request.body;
-    const out = await answerWebhook({ ...options, onError }, { headers: request.headers, headersDistinct: request.raw.headersDistinct, body },
+    const out = await answerWebhook({ ...options, onError, tenant: requestTenant(options.tenant, request) },
+      { headers: request.headers, headersDistinct: request.raw.headersDistinct, body },
       (tx, event) => options.handler(tx, event, request));
     return sendReply(reply, out);
   });

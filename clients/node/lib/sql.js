@@ -148,16 +148,40 @@ async function recover(db, opts = {}) {
   }));
 }
 
+// A consumed message's tenant (opts.tenant), for a message ledger
+// distributed by Citus: a string, or an integer sent as its decimal text (the
+// server converts it to the type of the ledger's tenant column); null when
+// none was given, and then the three-argument call is made, as before 0.5.0.
+function tenantOf(opts) {
+  const t = opts ? opts.tenant : undefined;
+  if (t === undefined || t === null) return null;
+  if (typeof t === 'string' || typeof t === 'bigint' || (typeof t === 'number' && Number.isSafeInteger(t))) {
+    return String(t);
+  }
+  throw new TypeError(`tenant must be a string or an integer, not ${typeof t === 'number' ? t : typeof t}`);
+}
+
 async function consumeMessage(db, consumer, messageId, opts = {}) {
-  const { rows } = await q(db, 'SELECT idem_consume_message($1, $2, $3::interval) AS fresh',
-    [consumer, textOrNull(messageId), interval(opts.ttl, 'ttl')]);
+  const tenant = tenantOf(opts);
+  const { rows } = tenant === null
+    ? await q(db, 'SELECT idem_consume_message($1, $2, $3::interval) AS fresh',
+      [consumer, textOrNull(messageId), interval(opts.ttl, 'ttl')])
+    // the four-argument overload (extension 0.5.0): the tenant's shard of a
+    // message ledger distributed by Citus; not used where it is not
+    : await q(db, 'SELECT idem_consume_message($1, $2, $3::interval, $4::text) AS fresh',
+      [consumer, textOrNull(messageId), interval(opts.ttl, 'ttl'), tenant]);
   return rows[0].fresh;
 }
 
 async function consumeMessages(db, consumer, messageIds, opts = {}) {
-  const { rows } = await q(db,
-    'SELECT m FROM idem_consume_messages($1, $2::text[], $3::interval) AS t(m)',
-    [consumer, messageIds.map(textOrNull), interval(opts.ttl, 'ttl')]);
+  const tenant = tenantOf(opts);
+  const { rows } = tenant === null
+    ? await q(db,
+      'SELECT m FROM idem_consume_messages($1, $2::text[], $3::interval) AS t(m)',
+      [consumer, messageIds.map(textOrNull), interval(opts.ttl, 'ttl')])
+    : await q(db,
+      'SELECT m FROM idem_consume_messages($1, $2::text[], $3::interval, $4::text) AS t(m)',
+      [consumer, messageIds.map(textOrNull), interval(opts.ttl, 'ttl'), tenant]);
   return rows.map((r) => r.m);
 }
 
@@ -231,6 +255,7 @@ module.exports = {
   recover,
   consumeMessage,
   consumeMessages,
+  tenantOf,
   assign,
   advance,
   positions,

@@ -158,7 +158,11 @@ function webhookEvent(id, timestamp, headers, body) {
 // webhook-id for opts.consumer with idem_consume_message and, when it is
 // new, runs fn(tx, event): its writes and the dedup record commit together.
 // A redelivery is { duplicate: true } and fn does not run; fn throwing
-// rolls both back (the sender retries).
+// rolls both back (the sender retries).  opts.tenant (a string or integer,
+// or a function of the verified event giving one), for a message ledger
+// distributed by Citus: the tenant whose rows fn writes, in whose shard the
+// id is recorded; none (or the function answering none): the
+// three-argument call.
 async function receiveWebhook(opts, request, fn) {
   if (!opts || typeof opts.consumer !== 'string') throw new TypeError('receiveWebhook needs { consumer }');
   if (opts.secret === undefined) throw new TypeError('receiveWebhook needs { secret }');
@@ -167,14 +171,21 @@ async function receiveWebhook(opts, request, fn) {
   const { id, timestamp } = verifyWebhook(opts.secret, request.headersDistinct || request.headers,
     request.body, opts);
   const event = webhookEvent(id, timestamp, request.headers, request.body);
+  const tenant = typeof opts.tenant === 'function' ? await opts.tenant(event) : opts.tenant;
   const body = async (tx) => {
-    const fresh = await sql.consumeMessage(tx, opts.consumer, id, { ttl: opts.ttl });
+    const fresh = await sql.consumeMessage(tx, opts.consumer, id, { ttl: opts.ttl, tenant });
     if (!fresh) return { id, duplicate: true, result: undefined };
     return { id, duplicate: false, result: await fn(tx, event) };
   };
   if (opts.client) return body(opts.client);
   if (!opts.pool) throw new TypeError('receiveWebhook needs { pool } or { client }');
   return transaction(opts.pool, body, opts);
+}
+
+// A framework receiver's tenant option, a value or a function of (event,
+// request), as receiveWebhook takes it.
+function requestTenant(tenant, request) {
+  return typeof tenant === 'function' ? (event) => tenant(event, request) : tenant;
 }
 
 function problem(status, slug, title, detail) {
@@ -230,5 +241,6 @@ module.exports = {
   verifyWebhook,
   receiveWebhook,
   answerWebhook,
+  requestTenant,
   webhookEvent,
 };

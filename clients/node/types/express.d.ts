@@ -1,7 +1,9 @@
 // Express 5 middleware of pg-idempotency (TypeScript users: @types/express).
 
 import type { RequestHandler } from 'express';
-import type { HttpOptions, HttpIdempotency, IdempotencyContext, ReceiveWebhookOptions, WebhookEvent } from './index';
+import type {
+  HttpOptions, HttpIdempotency, IdempotencyContext, ReceiveWebhookOptions, Tenant, TenantAnswer, WebhookEvent,
+} from './index';
 import type { PoolClient } from 'pg';
 
 export { HttpIdempotency } from './index';
@@ -14,8 +16,14 @@ export interface IdempotencyMiddleware extends RequestHandler {
 
 export function idempotency(options: HttpOptions | HttpIdempotency): IdempotencyMiddleware;
 
+export interface WebhookReceiverOptions extends Omit<ReceiveWebhookOptions, 'tenant'> {
+  /** bytes (1 MiB) */
+  limit?: number;
+  /** The delivery's tenant, or a function of the verified event and the request giving it (for a message ledger distributed by Citus). */
+  tenant?: Tenant | null | ((event: WebhookEvent, req: import('express').Request) => TenantAnswer);
+}
 /** A Standard Webhooks receiver: the handler runs once per webhook-id, in the transaction that records it. */
-export function webhookReceiver(options: ReceiveWebhookOptions & { limit?: number },
+export function webhookReceiver(options: WebhookReceiverOptions,
   handler: (tx: PoolClient, event: WebhookEvent, req: import('express').Request) => unknown): RequestHandler;
 
 declare global {

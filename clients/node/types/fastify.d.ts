@@ -1,7 +1,7 @@
 // Fastify 5 plugin of pg-idempotency.
 
 import type { FastifyPluginCallback } from 'fastify';
-import type { HttpOptions, IdempotencyContext, ReceiveWebhookOptions, WebhookEvent } from './index';
+import type { HttpOptions, IdempotencyContext, ReceiveWebhookOptions, Tenant, TenantAnswer, WebhookEvent } from './index';
 import type { FastifyRequest } from 'fastify';
 import type { PoolClient } from 'pg';
 
@@ -14,9 +14,11 @@ export interface FastifyIdempotencyOptions extends HttpOptions {
 
 export const fastifyIdempotency: FastifyPluginCallback<FastifyIdempotencyOptions>;
 
-export interface WebhookReceiverOptions extends ReceiveWebhookOptions {
+export interface WebhookReceiverOptions extends Omit<ReceiveWebhookOptions, 'tenant'> {
   url?: string;
   bodyLimit?: number;
+  /** The delivery's tenant, or a function of the verified event and the request giving it (for a message ledger distributed by Citus). */
+  tenant?: Tenant | null | ((event: WebhookEvent, request: FastifyRequest) => TenantAnswer);
   handler: (tx: PoolClient, event: WebhookEvent, request: FastifyRequest) => unknown;
 }
 /** A POST route receiving Standard Webhooks: the handler runs once per webhook-id, in the transaction that records it. */

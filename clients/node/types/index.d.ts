@@ -105,10 +105,26 @@ export function checkpoint(db: Queryable, key: string, recoveryPoint: string, op
 export function release(db: Queryable, key: string, options?: HolderOptions): Promise<void>;
 export function lookup(db: Queryable, key: string, options?: { scope?: string }): Promise<LookupResult | null>;
 export function recover(db: Queryable, options: { lease: Duration; scope?: string | null; maxKeys?: number }): Promise<RecoveredClaim[]>;
+/**
+ * A consumed message's tenant, for a message ledger distributed by Citus
+ * (extension 0.5.0, `idempotency.citus_distribute()`): the tenant whose rows
+ * the transaction writes, in whose shard the id is recorded. A string, or an
+ * integer sent as its decimal text. Given, the four-argument
+ * `idem_consume_message(s)` is called; not given (or null), the
+ * three-argument one, as before. A server whose ledger is not distributed
+ * does not use it. A key's tenant is its `scope`.
+ */
+export type Tenant = string | number | bigint;
+/** What a receiver's tenant function answers: a tenant, or none (the three-argument call). */
+export type TenantAnswer = Tenant | null | undefined | Promise<Tenant | null | undefined>;
+export interface ConsumeMessageOptions {
+  ttl?: Duration;
+  tenant?: Tenant | null;
+}
 export function consumeMessage(db: Queryable, consumer: string, messageId: string | number,
-  options?: { ttl?: Duration }): Promise<boolean>;
+  options?: ConsumeMessageOptions): Promise<boolean>;
 export function consumeMessages(db: Queryable, consumer: string, messageIds: ReadonlyArray<string | number>,
-  options?: { ttl?: Duration }): Promise<string[]>;
+  options?: ConsumeMessageOptions): Promise<string[]>;
 
 // ------------------------------------------------------------ ordered streams
 
@@ -273,6 +289,8 @@ export function recoverLapsed(options: RecoverOptions,
 export type ConsumeOptions<M> = TransactionOptions & {
   consumer: string;
   ttl?: Duration;
+  /** The batch's tenant (one for the batch), for a message ledger distributed by Citus. */
+  tenant?: Tenant | null;
   /** The message's id (default: m.id for objects, else m itself). */
   id?: (message: M) => string | number;
 } & ({ pool: Pool; client?: undefined } | { client: ClientBase; pool?: undefined });
@@ -545,6 +563,8 @@ export interface ReceiveWebhookOptions extends WebhookVerifyOptions, Transaction
   pool?: Pool;
   client?: PoolClient;
   ttl?: Duration;
+  /** The delivery's tenant, or a function of the verified event giving it (for a message ledger distributed by Citus). */
+  tenant?: Tenant | null | ((event: WebhookEvent) => TenantAnswer);
   onError?: (err: unknown) => void;
 }
 export function receiveWebhook<T>(options: ReceiveWebhookOptions, request: { headers: unknown; body: Buffer | string },

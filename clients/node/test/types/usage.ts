@@ -6,7 +6,7 @@ import express from 'express';
 import Fastify from 'fastify';
 import { Pool } from 'pg';
 import {
-  run, twoPhase, recoverLapsed, consume, claim, complete, lookup, transaction,
+  run, twoPhase, recoverLapsed, consume, consumeMessage, consumeMessages, claim, complete, lookup, transaction,
   StaleTokenError, ResponseTooLargeError, Outcome,
   assign, advance, positions, sequence, streamConsumer, StreamConsumer, StaleGenerationError, SequenceGapError,
   Seek, OffsetRange, Position, SequenceAnswer, idempotent, KeyMismatchError, ConfigurationError,
@@ -51,6 +51,11 @@ async function core(): Promise<void> {
   });
   const n: number | undefined = batch.result;
   console.log(n);
+  // a ledger distributed by Citus: the batch's tenant
+  await consume({ pool, consumer: 'billing', tenant: 'acct-1' }, ['m2'], async () => undefined);
+  await consumeMessage(pool, 'billing', 'm3', { ttl: '1 day', tenant: 42 });
+  const ids: string[] = await consumeMessages(pool, 'billing', ['m4'], { tenant: 7n });
+  void ids;
 
   const c = await claim(pool, 'k3', { lease: 1000, keepRequest: true, request: null });
   try {
@@ -161,7 +166,11 @@ async function outbox(): Promise<void> {
     return event.json();
   });
   void r.duplicate;
+  await receiveWebhook({ pool, consumer: 'c', secret, tenant: (event) => event.json().tenant },
+    { headers: {}, body: '' }, async () => undefined);
   const app2 = express();
+  app2.post('/hooks/:tenant', webhookReceiver({ pool, consumer: 'shipping', secret, tenant: (event, req) => String(req.params.tenant) },
+    async () => undefined));
   app2.post('/hooks', webhookReceiver({ pool, consumer: 'shipping', secret }, async (tx, event) => {
     await tx.query('INSERT INTO shipments VALUES ($1)', [event.json().order]);
   }));
@@ -169,6 +178,11 @@ async function outbox(): Promise<void> {
   f2.register(fastifyWebhookReceiver, {
     url: '/hooks', pool, consumer: 'shipping', secret,
     handler: async (tx, event) => { await tx.query('SELECT $1', [event.id]); },
+  });
+  f2.register(fastifyWebhookReceiver, {
+    url: '/hooks/:tenant', pool, consumer: 'shipping', secret,
+    tenant: (event, request) => (request.params as { tenant: string }).tenant,
+    handler: async () => undefined,
   });
 }
 

@@ -201,23 +201,63 @@ def recover(lease: Interval, scope: Optional[str] = None,
     return sql, (lease_v, scope, int(max_keys)), read
 
 
+#: a consumed message's tenant: text, or an integer sent as its decimal text
+#: (the server converts it to the type of the ledger's tenant column)
+Tenant = Union[str, int]
+
+
+def tenant_param(tenant: Optional[Tenant]) -> Optional[str]:
+    """TENANT as the text parameter of the four-argument consume calls;
+    None when there is none (the three-argument call is made)."""
+    if tenant is None:
+        return None
+    if isinstance(tenant, bool) or not isinstance(tenant, (str, int)):
+        raise TypeError("a tenant is a string or an integer, not %r"
+                        % (tenant,))
+    return str(tenant)
+
+
+def _fresh(rows: List[Row]) -> bool:
+    return bool(rows[0][0])
+
+
+def _new_ids(rows: List[Row]) -> List[str]:
+    return [r[0] for r in rows]
+
+
 def consume_message(consumer: str, message_id: str,
-                    ttl: Optional[Interval] = None) -> Statement:
+                    ttl: Optional[Interval] = None,
+                    tenant: Optional[Tenant] = None) -> Statement:
     ttl_sql, ttl_v = interval_sql(ttl)
-    return ("SELECT idem_consume_message(%s::text, %s::text, " + ttl_sql + ")",
-            (consumer, message_id, ttl_v), lambda rows: bool(rows[0][0]))
+    t = tenant_param(tenant)
+    if t is None:
+        # 0.4.0's three-argument function: what a client without a tenant
+        # has always sent
+        return ("SELECT idem_consume_message(%s::text, %s::text, " + ttl_sql
+                + ")", (consumer, message_id, ttl_v), _fresh)
+    # the four-argument overload (0.5.0): the tenant's shard of a message
+    # ledger distributed by Citus; not used by a server whose ledger is not
+    return ("SELECT idem_consume_message(%s::text, %s::text, " + ttl_sql +
+            ", %s::text)", (consumer, message_id, ttl_v, t), _fresh)
 
 
 def consume_messages(consumer: str, message_ids: Sequence[str],
-                     ttl: Optional[Interval] = None) -> Statement:
+                     ttl: Optional[Interval] = None,
+                     tenant: Optional[Tenant] = None) -> Statement:
     ttl_sql, ttl_v = interval_sql(ttl)
+    t = tenant_param(tenant)
     # the ids go as one text parameter holding a JSON array, which every
     # driver passes the same way (array adaptation differs between them)
     ids = json.dumps([str(m) for m in message_ids], ensure_ascii=False)
+    if t is None:
+        sql = ("SELECT m FROM idem_consume_messages(%s::text, "
+               "ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)), " +
+               ttl_sql + ") AS t(m)")
+        return sql, (consumer, ids, ttl_v), _new_ids
     sql = ("SELECT m FROM idem_consume_messages(%s::text, "
            "ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)), " + ttl_sql +
-           ") AS t(m)")
-    return sql, (consumer, ids, ttl_v), lambda rows: [r[0] for r in rows]
+           ", %s::text) AS t(m)")
+    return sql, (consumer, ids, ttl_v, t), _new_ids
 
 
 # ------------------------------------------------------------ ordered streams

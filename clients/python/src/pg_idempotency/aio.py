@@ -14,7 +14,8 @@ from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, Iterable,
 
 from . import _protocol as P
 from ._protocol import (ClaimResult, Headers, KeyRecord, OffsetRange,
-                        Position, Recovered, SequenceAnswer, StoredResponse)
+                        Position, Recovered, SequenceAnswer, StoredResponse,
+                        Tenant)
 from ._sql import AsyncRunner, Interval, async_runner_for
 from .consumer import record_offset
 from .core import (Wait, _default_request, _replay_value, _to_json,
@@ -89,18 +90,22 @@ async def recover(conn: Any, lease: Interval, scope: Optional[str] = None,
 
 
 async def consume_message(conn: Any, consumer: str, message_id: str,
-                          ttl: Optional[Interval] = None) -> bool:
+                          ttl: Optional[Interval] = None, *,
+                          tenant: Optional[Tenant] = None) -> bool:
     """As core.consume_message()."""
-    return await run(conn, P.consume_message(consumer, message_id, ttl))  # type: ignore[no-any-return]
+    return await run(conn, P.consume_message(consumer, message_id, ttl,  # type: ignore[no-any-return]
+                                             tenant))
 
 
 async def consume_messages(conn: Any, consumer: str,
                            message_ids: Sequence[str],
-                           ttl: Optional[Interval] = None) -> List[str]:
+                           ttl: Optional[Interval] = None, *,
+                           tenant: Optional[Tenant] = None) -> List[str]:
     """As core.consume_messages()."""
     if not message_ids:
         return []
-    return await run(conn, P.consume_messages(consumer, message_ids, ttl))  # type: ignore[no-any-return]
+    return await run(conn, P.consume_messages(consumer, message_ids, ttl,  # type: ignore[no-any-return]
+                                              tenant))
 
 
 async def assign(conn: Any, consumer: str, stream: str, parts: Iterable[int],
@@ -292,6 +297,7 @@ async def consume_batch(conn: Any, consumer: str, messages: Sequence[Any],
                         handler: Callable[[Any, Any], Awaitable[Any]], *,
                         message_id: Callable[[Any], Any] = str,
                         ttl: Optional[Interval] = None,
+                        tenant: Optional[Tenant] = None,
                         attempts: int = 3) -> List[Any]:
     """As consumer.consume_batch(), HANDLER a coroutine function."""
     msgs = list(messages)
@@ -299,7 +305,8 @@ async def consume_batch(conn: Any, consumer: str, messages: Sequence[Any],
 
     async def once() -> List[Any]:
         ids = [str(message_id(m)) for m in msgs]
-        fresh = set(await consume_messages(runner, consumer, ids, ttl))
+        fresh = set(await consume_messages(runner, consumer, ids, ttl,
+                                           tenant=tenant))
         done: List[Any] = []
         for m, i in zip(msgs, ids):
             if i in fresh:

@@ -48,9 +48,10 @@ import functools
 import inspect
 import logging
 import sys
-from typing import (Any, AsyncIterator, Awaitable, Callable, Dict, List,
-                    Optional, Tuple)
+from typing import (TYPE_CHECKING, Any, AsyncIterator, Awaitable, Callable,
+                    Dict, List, Optional, Tuple, Union)
 
+from ._protocol import Tenant
 from ._sql import AsyncPsycopgRunner
 from .errors import ConfigurationError, IdempotencyError, classify
 from .http import Options, Policy, RequestInfo, Response
@@ -58,6 +59,9 @@ from .http import Options, Policy, RequestInfo, Response
 Scope = Dict[str, Any]
 Receive = Callable[[], Awaitable[Dict[str, Any]]]
 Send = Callable[[Dict[str, Any]], Awaitable[None]]
+
+if TYPE_CHECKING:
+    from .webhooks import WebhookEvent
 
 _STATE_KEY = "pg_idempotency"
 log = logging.getLogger("pg_idempotency")
@@ -669,13 +673,23 @@ class WebhookEndpoint:
     holds.  Answers: 200 {"id", "status": "applied" | "duplicate"}, 400
     or 401 problems for a delivery refused, 413 over MAX_BODY_BYTES, 500
     (the handler failed: nothing kept, the sender retries), 503.
+
+    TENANT, for a message ledger distributed by Citus: the tenant whose
+    rows the handler writes, in whose shard the id is recorded (a string
+    or integer, or a function TENANT(event, scope) of the verified event
+    and the ASGI scope, e.g. its path parameters, which may be a coroutine
+    function; None: no tenant, the call of a receiver without one).
     """
 
     def __init__(self, handler: Callable[[Any, Any], Awaitable[Any]], *,
                  consumer: str, secret: Any, pool: Any = None,
                  connect: Optional[Callable[[], Awaitable[Any]]] = None,
                  conninfo: Optional[str] = None, tolerance: int = 300,
-                 ttl: Any = None, max_body_bytes: int = 1024 * 1024) -> None:
+                 ttl: Any = None,
+                 tenant: Union[Tenant, Callable[[WebhookEvent, Scope], Union[
+                     Optional[Tenant], Awaitable[Optional[Tenant]]]],
+                     None] = None,
+                 max_body_bytes: int = 1024 * 1024) -> None:
         from .webhooks import secret_key
         if sum(x is not None for x in (pool, connect, conninfo)) != 1:
             raise TypeError("give one of pool, connect or conninfo")
@@ -689,6 +703,7 @@ class WebhookEndpoint:
         self.secret = secret
         self.tolerance = tolerance
         self.ttl = ttl
+        self.tenant = tenant
         self.max_body_bytes = max_body_bytes
         self._conns = IdempotencyMiddleware.__new__(IdempotencyMiddleware)
         self._conns.pool = pool
@@ -724,7 +739,8 @@ class WebhookEndpoint:
             async with self._conns._connection() as conn:
                 r = await W.receive_webhook_async(
                     conn, self.consumer, self.secret, headers, body,
-                    self.handler, tolerance=self.tolerance, ttl=self.ttl)
+                    self.handler, tolerance=self.tolerance, ttl=self.ttl,
+                    tenant=W.request_tenant(self.tenant, scope))
             resp = W.answer_received(r)
         except Exception as e:      # noqa: BLE001 -- answered
             if not isinstance(e, W.WebhookVerificationError):

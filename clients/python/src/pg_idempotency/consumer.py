@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import (Any, Callable, Dict, Hashable, Iterable, List, Mapping,
                     Optional, TypeVar)
 
-from ._protocol import Position
+from ._protocol import Position, Tenant
 from ._sql import Interval, runner_for
 from .core import (advance, assign, consume_messages, positions,
                    run_in_transaction)
@@ -23,6 +23,7 @@ def consume_batch(conn: Any, consumer: str, messages: Iterable[M],
                   handler: Callable[[Any, M], Any], *,
                   message_id: Callable[[M], Hashable] = str,
                   ttl: Optional[Interval] = None,
+                  tenant: Optional[Tenant] = None,
                   attempts: int = 3) -> List[M]:
     """
     Process MESSAGES exactly once for CONSUMER: in one transaction, record
@@ -42,13 +43,19 @@ def consume_batch(conn: Any, consumer: str, messages: Iterable[M],
     with other work (40P01) or a serialization failure (40001) runs the
     batch again, ATTEMPTS times in all, when this opened the transaction.
     In a transaction the caller opened, it runs there and commits with it.
+
+    TENANT, for a message ledger distributed by Citus: the tenant whose
+    rows the batch's transaction writes (one for the batch); the ids are
+    recorded in its shard.  Without it the batch is recorded as before
+    (idem_consume_messages' three-argument form).
     """
     msgs = list(messages)
     runner = runner_for(conn)
 
     def once() -> List[M]:
         ids = [str(message_id(m)) for m in msgs]
-        fresh = set(consume_messages(runner, consumer, ids, ttl))
+        fresh = set(consume_messages(runner, consumer, ids, ttl,
+                                     tenant=tenant))
         done: List[M] = []
         for m, i in zip(msgs, ids):
             if i in fresh:

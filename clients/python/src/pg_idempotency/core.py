@@ -21,7 +21,8 @@ from typing import (Any, Callable, Dict, Iterable, Iterator, List, Optional,
 
 from . import _protocol as P
 from ._protocol import (ClaimResult, Headers, KeyRecord, OffsetRange,
-                        Position, Recovered, SequenceAnswer, StoredResponse)
+                        Position, Recovered, SequenceAnswer, StoredResponse,
+                        Tenant)
 from ._sql import Interval, Runner, interval_seconds, runner_for
 from .errors import (ClaimNotResolved, KeyExpired, KeyInProgress,
                      KeyMismatch,
@@ -111,17 +112,26 @@ def recover(conn: Any, lease: Interval, scope: Optional[str] = None,
 
 
 def consume_message(conn: Any, consumer: str, message_id: str,
-                    ttl: Optional[Interval] = None) -> bool:
-    """idem_consume_message: True on the first delivery."""
-    return run(conn, P.consume_message(consumer, message_id, ttl))  # type: ignore[no-any-return]
+                    ttl: Optional[Interval] = None, *,
+                    tenant: Optional[Tenant] = None) -> bool:
+    """
+    idem_consume_message: True on the first delivery.  TENANT (the
+    tenant whose rows the transaction writes) is for a message ledger
+    distributed by Citus, which records the id in that tenant's shard:
+    given, the four-argument function is called (extension 0.5.0); not
+    given, the three-argument one, as before.
+    """
+    return run(conn, P.consume_message(consumer, message_id, ttl, tenant))  # type: ignore[no-any-return]
 
 
 def consume_messages(conn: Any, consumer: str, message_ids: Sequence[str],
-                     ttl: Optional[Interval] = None) -> List[str]:
-    """idem_consume_messages: the ids that were new, in input order."""
+                     ttl: Optional[Interval] = None, *,
+                     tenant: Optional[Tenant] = None) -> List[str]:
+    """idem_consume_messages: the ids that were new, in input order (one
+    TENANT for the batch, as consume_message's)."""
     if not message_ids:
         return []
-    return run(conn, P.consume_messages(consumer, message_ids, ttl))  # type: ignore[no-any-return]
+    return run(conn, P.consume_messages(consumer, message_ids, ttl, tenant))  # type: ignore[no-any-return]
 
 
 # ------------------------------------------------------------ ordered streams

@@ -26,11 +26,16 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import (TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple,
+                    Union)
 
+from ._protocol import Tenant
 from ._sql import DjangoRunner
 from .errors import ConfigurationError, IdempotencyError
 from .http import Options, Policy, RequestInfo, Response
+
+if TYPE_CHECKING:
+    from .webhooks import WebhookEvent
 
 #: Django's middleware that set request.user
 _AUTH_MIDDLEWARE = ("django.contrib.auth.middleware.AuthenticationMiddleware",
@@ -227,8 +232,11 @@ def policy_view(**options: Any) -> Callable[[Any], Any]:
 
 def webhook_receiver(*, consumer: str, secret: Any,
                      using: Optional[str] = None, tolerance: int = 300,
-                     ttl: Any = None) -> Callable[[Callable[..., Any]],
-                                                  Callable[..., Any]]:
+                     ttl: Any = None,
+                     tenant: Union[Tenant, Callable[[WebhookEvent, Any],
+                                                    Optional[Tenant]],
+                                   None] = None
+                     ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """
     A view receiving Standard Webhooks deliveries (an outbox relay's,
     ../../outbox-behaviour.md): verifies the signature and runs the
@@ -244,6 +252,12 @@ def webhook_receiver(*, consumer: str, secret: Any,
         @webhook_receiver(consumer="shipping", secret=settings.HOOK_SECRET)
         def on_order(request, event):
             Shipment.objects.create(order=event.json()["order"])
+
+    TENANT, for a message ledger distributed by Citus: the tenant whose
+    rows the view writes, in whose shard the id is recorded (a string or
+    integer, or a function TENANT(event, request) of the verified event
+    and the HttpRequest, e.g. request.resolver_match.kwargs; None: no
+    tenant, the call of a receiver without one).
     """
     from .webhooks import secret_key
     for s in (secret if isinstance(secret, (list, tuple)) else [secret]):
@@ -274,7 +288,8 @@ def webhook_receiver(*, consumer: str, secret: Any,
                     request.headers, body,
                     lambda conn, event: view(request, event, *args,
                                              **kwargs),
-                    tolerance=tolerance, ttl=ttl)
+                    tolerance=tolerance, ttl=ttl,
+                    tenant=W.request_tenant(tenant, request))
                 resp = W.answer_received(r)
             except Exception as e:  # noqa: BLE001 -- answered
                 if not isinstance(e, W.WebhookVerificationError):

@@ -25,11 +25,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any, Callable, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional, Union
 
+from ._protocol import Tenant
 from ._sql import PsycopgRunner
 from .errors import IdempotencyError, classify
 from .http import Options, Policy, RequestInfo, Response
+
+if TYPE_CHECKING:
+    from .webhooks import WebhookEvent
 
 _G_KEY = "pg_idempotency_connection"
 
@@ -179,7 +183,11 @@ def policy_view(**options: Any) -> Callable[[], Any]:
 def webhook_receiver(*, consumer: str, secret: Any,
                      connect: Optional[Callable[[], Any]] = None,
                      conninfo: Optional[str] = None, tolerance: int = 300,
-                     ttl: Any = None, max_body_bytes: int = 1024 * 1024
+                     ttl: Any = None,
+                     tenant: Union[Tenant, Callable[[WebhookEvent, Any],
+                                                    Optional[Tenant]],
+                                   None] = None,
+                     max_body_bytes: int = 1024 * 1024
                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """
     A view receiving Standard Webhooks deliveries (an outbox relay's,
@@ -197,6 +205,12 @@ def webhook_receiver(*, consumer: str, secret: Any,
                           connect=pool.connection)
         def on_order(conn, event):
             conn.execute("INSERT INTO shipments ...", ...)
+
+    TENANT, for a message ledger distributed by Citus: the tenant whose
+    rows the view writes, in whose shard the id is recorded (a string or
+    integer, or a function TENANT(event, request) of the verified event
+    and flask.request, e.g. request.view_args; None: no tenant, the call
+    of a receiver without one).
     """
     from .webhooks import secret_key
     for s in (secret if isinstance(secret, (list, tuple)) else [secret]):
@@ -226,7 +240,8 @@ def webhook_receiver(*, consumer: str, secret: Any,
                     r = W.receive_webhook(
                         conn, consumer, secret, request.headers, body,
                         lambda c, event: run_view(c, event, *args, **kwargs),
-                        tolerance=tolerance, ttl=ttl)
+                        tolerance=tolerance, ttl=ttl,
+                        tenant=W.request_tenant(tenant, request))
                 resp = W.answer_received(r)
             except Exception as e:  # noqa: BLE001 -- answered
                 if not isinstance(e, W.WebhookVerificationError):

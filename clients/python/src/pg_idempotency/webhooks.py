@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import (Any, Awaitable, Callable, Iterable, List, Mapping,
                     Optional, Sequence, Tuple, Union)
 
+from ._protocol import Tenant
 from .core import consume_message, run_in_transaction
 from .errors import IdempotencyError, StoreUnavailable, classify
 from .http import PROBLEM_TAG, Response
@@ -217,12 +218,36 @@ class Received:
     result: Any = None
 
 
+#: a receiver's tenant: one for every delivery, or a function of the
+#: verified event giving each delivery's (None: no tenant)
+TenantOf = Union[Tenant, Callable[[WebhookEvent], Optional[Tenant]], None]
+#: receive_webhook_async's: the function may also be a coroutine function
+AsyncTenantOf = Union[Tenant, Callable[[WebhookEvent], Union[
+    Optional[Tenant], Awaitable[Optional[Tenant]]]], None]
+
+
+def event_tenant(tenant: Any, event: WebhookEvent) -> Any:
+    """The tenant of EVENT: TENANT, or TENANT(event) when it is callable."""
+    if callable(tenant):
+        return tenant(event)
+    return tenant
+
+
+def request_tenant(tenant: Any, request: Any) -> Any:
+    """A framework receiver's TENANT, a value or a function of (event,
+    REQUEST), as receive_webhook takes it."""
+    if callable(tenant):
+        return lambda event: tenant(event, request)
+    return tenant
+
+
 def receive_webhook(conn: Any, consumer: str,
                     secret: Union[Secret, Sequence[Secret]],
                     headers: Headers, body: Union[bytes, str],
                     handler: Callable[[Any, WebhookEvent], Any], *,
                     tolerance: int = DEFAULT_TOLERANCE,
-                    ttl: Any = None, now: Optional[int] = None) -> Received:
+                    ttl: Any = None, tenant: TenantOf = None,
+                    now: Optional[int] = None) -> Received:
     """
     Verify the delivery, then in one transaction on CONN (psycopg 3,
     psycopg2 or Django's connection; a transaction of its own, retried on
@@ -233,13 +258,20 @@ def receive_webhook(conn: Any, consumer: str,
     HANDLER raising rolls both back (the sender delivers again), and so
     does a HANDLER that returns an awaitable (TypeError: a coroutine
     function needs receive_webhook_async).
+
+    TENANT (a string or integer, or a function of the verified event
+    giving one) is for a message ledger distributed by Citus: the tenant
+    whose rows HANDLER writes, in whose shard the id is recorded
+    (idem_consume_message's four-argument form).  None, or a function
+    answering None: the three-argument form, as before.
     """
     msg_id, timestamp = verify(secret, headers, body, tolerance=tolerance,
                                now=now)
     event = WebhookEvent(msg_id, timestamp, headers, _bytes(body))
+    of = event_tenant(tenant, event)
 
     def once() -> Received:
-        if not consume_message(conn, consumer, msg_id, ttl):
+        if not consume_message(conn, consumer, msg_id, ttl, tenant=of):
             return Received(msg_id, True)
         result = handler(conn, event)
         if inspect.isawaitable(result):
@@ -258,16 +290,20 @@ async def receive_webhook_async(
         headers: Headers, body: Union[bytes, str],
         handler: Callable[[Any, WebhookEvent], Awaitable[Any]], *,
         tolerance: int = DEFAULT_TOLERANCE, ttl: Any = None,
-        now: Optional[int] = None) -> Received:
+        tenant: AsyncTenantOf = None, now: Optional[int] = None) -> Received:
     """receive_webhook on a psycopg AsyncConnection, HANDLER a coroutine
-    function."""
+    function (TENANT, if a function, may be one too)."""
     from . import aio
     msg_id, timestamp = verify(secret, headers, body, tolerance=tolerance,
                                now=now)
     event = WebhookEvent(msg_id, timestamp, headers, _bytes(body))
+    of: Any = event_tenant(tenant, event)
+    if inspect.isawaitable(of):
+        of = await of
 
     async def once() -> Received:
-        if not await aio.consume_message(conn, consumer, msg_id, ttl):
+        if not await aio.consume_message(conn, consumer, msg_id, ttl,
+                                         tenant=of):
             return Received(msg_id, True)
         return Received(msg_id, False, await handler(conn, event))
     return await aio.run_in_transaction(conn, once)  # type: ignore[no-any-return]

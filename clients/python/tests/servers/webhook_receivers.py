@@ -4,8 +4,11 @@ The webhook receivers of the outbox tests, one framework per process
 Standard Webhooks delivery signed with WEBHOOK_SECRET and, once per
 webhook-id, inserts a row into received (consumer = the framework,
 event_id, n = the body's "n"); a body with "explode" makes the handler
-raise after its INSERT.  GET /idempotency answers 200 (the suite's
-readiness probe).  Prints "PORT <n>" once it listens.
+raise after its INSERT.  POST /hooks/t/<tenant> does the same for the
+consumer "<framework>-tenant", with the receiver's tenant taken from the
+path by a function of (event, request) (test_tenant.py).  GET
+/idempotency answers 200 (the suite's readiness probe).  Prints "PORT
+<n>" once it listens.
 """
 
 import json
@@ -39,6 +42,10 @@ def asgi(fastapi=False):
         await conn.execute(INSERT, (name, event.id, body.get("n")))
         check(body)
 
+    async def on_tenant_event(conn, event):
+        await conn.execute(INSERT, (name + "-tenant", event.id,
+                                    event.json().get("n")))
+
     async def ready(request):
         return PlainTextResponse("ok")
 
@@ -47,16 +54,22 @@ def asgi(fastapi=False):
 
     endpoint = WebhookEndpoint(on_event, consumer=name, secret=SECRET,
                                pool=pool)
+    # the tenant from the route's path parameter, in the ASGI scope
+    tenant_endpoint = WebhookEndpoint(
+        on_tenant_event, consumer=name + "-tenant", secret=SECRET, pool=pool,
+        tenant=lambda event, scope: scope["path_params"]["tenant"])
     if fastapi:
         from fastapi import FastAPI
         app = FastAPI(on_startup=[startup])
         app.add_route("/hooks", endpoint, methods=["POST"])
+        app.add_route("/hooks/t/{tenant}", tenant_endpoint, methods=["POST"])
         app.add_route("/idempotency", ready)
     else:
         from starlette.applications import Starlette
         from starlette.routing import Route
         app = Starlette(routes=[
             Route("/hooks", endpoint, methods=["POST"]),
+            Route("/hooks/t/{tenant}", tenant_endpoint, methods=["POST"]),
             Route("/idempotency", ready)], on_startup=[startup])
     sock = common.listen()
     common.announce(sock.getsockname()[1])
@@ -88,6 +101,13 @@ def flask():
     async def hooks_async(conn, event):
         # an async view, run by Flask's ensure_sync under the decorator
         conn.execute(INSERT, ("flask-async", event.id, event.json().get("n")))
+
+    @app.post("/hooks/t/<tenant>")
+    @webhook_receiver(consumer="flask-tenant", secret=SECRET,
+                      connect=pool.connection,
+                      tenant=lambda event, request: request.view_args["tenant"])
+    def hooks_tenant(conn, event, tenant):
+        conn.execute(INSERT, ("flask-tenant", event.id, event.json().get("n")))
 
     @app.get("/idempotency")
     def ready():
@@ -131,8 +151,17 @@ def django():
             cur.execute(INSERT, ("django", event.id, body.get("n")))
         check(body)
 
+    @webhook_receiver(
+        consumer="django-tenant", secret=SECRET,
+        tenant=lambda event, request: request.resolver_match.kwargs["tenant"])
+    def hooks_tenant(request, event, tenant):
+        with connection.cursor() as cur:
+            cur.execute(INSERT, ("django-tenant", event.id,
+                                 event.json().get("n")))
+
     global urlpatterns
     urlpatterns = [path("hooks", hooks),
+                   path("hooks/t/<str:tenant>", hooks_tenant),
                    path("idempotency", lambda r: HttpResponse("ok"))]
 
     class Server(socketserver.ThreadingMixIn, WSGIServer):
