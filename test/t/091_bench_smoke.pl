@@ -336,11 +336,11 @@ my $number = qr/-?[0-9]+(?:\.[0-9]+)?(?:e[-+]?[0-9]+)?/;
 	if ($r)
 	{
 		my ($t) = values %$r;
-		my @rounds = $t =~ /^raw round=\d+ ours_bytes=\d+ handmade_bytes=\d+ segments=\d+ ours_lag=0 handmade_left=0 /mg;
-		is(scalar(@rounds), 6, 'outbox.sh: a line per round, both outboxes relayed dry');
+		my @rounds = $t =~ /^raw round=\d+ ours_bytes=\d+ handmade_bytes=\d+ segments=\d+ ours_lag=0 handmade_left=0 .* publish_ratio=[0-9.e+-]+ relay_ratio=[0-9.e+-]+$/mg;
+		is(scalar(@rounds), 6, 'outbox.sh: a line per round, both outboxes relayed dry, both sides timed');
 		my @v = verdicts($t);
-		is(scalar(@v), 1, 'outbox.sh: a verdict for its goal (ours flat)');
-		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'outbox.sh: the goal measured');
+		is(scalar(@v), 3, 'outbox.sh: a verdict for each goal (ours flat, publish, relay)');
+		is_deeply([ grep { $_ eq 'SKIP' } @v ], [], 'outbox.sh: every goal measured');
 		like($t, qr/^elapsed: /m, 'outbox.sh: ran to its end');
 	}
 }
