@@ -323,7 +323,10 @@ idempotency.filter_memory = '8MB'
 		CREATE ROLE b IN ROLE pg_monitor;
 		SELECT idem_maintain();
 	});
-	my $n = scalar @ops;
+	# a key of a's for each try of each call (below): a try that is made
+	# again observes a key b has not probed yet, as its free key is
+	my $tries = 5;
+	my $n = $tries * scalar @ops;
 	$node->safe_psql('postgres', qq{
 		SET ROLE a;
 		SELECT count(*) FROM idem_consume_messages('orders',
@@ -379,7 +382,7 @@ idempotency.filter_memory = '8MB'
 		my ($what, $sql) = @$op;
 		$i++;
 		my ($held, $free);
-		foreach my $try (1 .. 5)
+		foreach my $try (1 .. $tries)
 		{
 			my $ended = $node->safe_psql('postgres', $ended_sql);
 			# b's first rows in the partitions it writes to now (which
@@ -391,7 +394,9 @@ idempotency.filter_memory = '8MB'
 				SELECT idem_consume_message('orders', 'warm-$i-$try');
 				SELECT status FROM idem_claim('warm-$i-$try', '{"n": 1}', 'payments');
 				ROLLBACK;});
-			$held = observe($node, $preloaded, $sql, "held-$i");
+			# (not the held key of an earlier try: b's rolled-back row of
+			# it would be found by this probe, and the free key has none)
+			$held = observe($node, $preloaded, $sql, 'held-' . ($tries * ($i - 1) + $try));
 			$free = observe($node, $preloaded, $sql, "free-$i-$try");
 			last if $node->safe_psql('postgres', $ended_sql) eq $ended;
 		}
