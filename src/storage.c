@@ -50,6 +50,7 @@
 #include "filter.h"
 #include "keyhash.h"
 #include "privilege.h"
+#include "relation_checks.h"
 #include "stats.h"
 #include "storage.h"
 
@@ -1614,11 +1615,16 @@ IdemDropPrepareMayFail(int sqlerrcode)
 /*
  * IdemDropPartition drops one partition, waiting at most lock_timeout_ms for
  * its locks.  Returns false, leaving everything as it was, if the locks
- * could not be had in time; other errors propagate.  "prepare", if not
+ * could not be had in time, or if this session uses the partition (below);
+ * other errors propagate.  "prepare", if not
  * NULL, runs first in the same subtransaction (memory.c writes the piece
  * that remembers the partition's keys there), so that it commits or rolls
  * back with the DROP; an error of its own (but a cancel, a shutdown, an
  * I/O or internal error) also returns false, with a WARNING.
+ *
+ * A partition this session itself still uses (read by the statement that
+ * runs maintenance, or by a cursor of its transaction) is left as well:
+ * DROP TABLE would refuse it (CheckTableNotInUse, 55006), failing the run.
  *
  * Only the partition and its parent are locked: the ledgers' readers and
  * writers never lock the parent, and no live row is in an expired partition,
@@ -1649,6 +1655,13 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 	nspname = get_namespace_name(get_rel_namespace(relid));
 	if (nspname == NULL)
 		return false;
+	if (IdemRelationInUseHere(relid))
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("could not drop expired partition \"%s.%s\" now, will retry: this session uses it",
+								 nspname, relname)));
+		return false;
+	}
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcontext);
