@@ -1,9 +1,20 @@
 /*-------------------------------------------------------------------------
  *
  * relation_checks.c
- *	  Checks PostgreSQL's own commands make on a relation, made ahead by
- *	  the code that drops the extension's tables, so that a table those
- *	  commands would refuse is left alone instead of failing the whole run.
+ *	  Checks PostgreSQL's own commands make on a relation, made by the code
+ *	  that does their work without them: the extension's direct writes of
+ *	  rows (the executor's replica identity check), and maintenance's drops
+ *	  (whether DROP TABLE would find the table in use by this session).
+ *
+ * Rows of the ledgers (probe.c, relocate.c) and of the keyed tables
+ * (keyed_rows.c: stream positions and sequences, the outbox's relay
+ * positions) are updated and deleted with simple_heap_update and
+ * simple_heap_delete, not by the executor, which would first refuse an
+ * UPDATE or a DELETE of a table that publishes that kind of change
+ * without a replica identity (CheckCmdReplicaIdentity, SQLSTATE 55000):
+ * no subscriber could apply it, and its subscription would stop.
+ * IdemCheckDirectWrite makes that check before each such write, so that
+ * a direct write is refused exactly where the SQL statement would be.
  *
  * Maintenance drops the ledgers' ended partitions (storage.c), the pieces
  * of the key memory it no longer needs (memory.c) and the outbox's old
@@ -30,6 +41,7 @@
 #include "access/relation.h"
 #include "catalog/pg_class.h"
 #include "commands/trigger.h"
+#include "executor/executor.h"
 #include "nodes/pg_list.h"
 #include "utils/rel.h"
 #include "utils/relcache.h"
@@ -109,4 +121,20 @@ IdemRelationInUseHere(Oid relid)
 	if (!in_use && OidIsValid(toast))
 		in_use = IdemRelationInUseHere(toast);
 	return in_use;
+}
+
+/*
+ * IdemCheckDirectWrite: the executor's check before an UPDATE or a DELETE
+ * of rows of "rel" (CMD_UPDATE, CMD_DELETE; an insert needs none), for a
+ * write made with the heap functions: refused with 55000, as the statement
+ * would be, if a publication of the table (or of a table it is a partition
+ * of; FOR ALL TABLES included) publishes that kind of change and the table
+ * has no replica identity (or the publication's row filter or column list
+ * needs columns the identity lacks).  The publications are read once per
+ * relcache entry, and kept with it until an invalidation.
+ */
+void
+IdemCheckDirectWrite(Relation rel, CmdType cmd)
+{
+	CheckCmdReplicaIdentity(rel, cmd);
 }

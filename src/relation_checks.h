@@ -1,8 +1,8 @@
 /*-------------------------------------------------------------------------
  *
  * relation_checks.h
- *	  Checks PostgreSQL's own commands make on a relation, made ahead by
- *	  the code that drops the extension's tables (relation_checks.c).
+ *	  Checks PostgreSQL's own commands make on a relation, made by the code
+ *	  that does their work without them (relation_checks.c).
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -16,6 +16,10 @@
 
 #include "idempotency.h"
 
+#include "nodes/nodes.h"
+#include "utils/relcache.h"
+
 extern bool IdemRelationInUseHere(Oid relid);
+extern void IdemCheckDirectWrite(Relation rel, CmdType cmd);
 
 #endif							/* IDEMPOTENCY_RELATION_CHECKS_H */
