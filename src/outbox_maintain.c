@@ -344,6 +344,7 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 		return;
 	IdemOutboxRestrictAcls();
 	(void) IdemRelayDeadLettersExpire(lose_after);
+	(void) IdemRelaysOfGoneRolesForget();
 	if (!OidIsValid(IdemOutboxParent(false)))
 		return;
 	IdemOutboxEnsureDependency();
