@@ -553,8 +553,11 @@ SELECT k, status FROM (VALUES ('published'), ('published-released')) AS v(k),
 -- publishing inserts only: nothing to refuse
 ALTER PUBLICATION regress_idem_ledger SET (publish = 'insert');
 SELECT pg_temp.try_published(format($$SELECT idem_complete('published', 200, token => %s)$$, :published_token));
--- the partitions given a replica identity: nothing to refuse either
+-- the partitions given a replica identity: nothing to refuse either (the
+-- ones made before their table was, altered by hand; those made after it,
+-- made so by the extension)
 ALTER PUBLICATION regress_idem_ledger SET (publish = 'insert, update, delete');
+ALTER TABLE idempotency.keys REPLICA IDENTITY FULL;
 DO $$
 DECLARE
   part regclass;
@@ -566,7 +569,14 @@ END $$;
 SELECT pg_temp.try_published($$SELECT status FROM idem_claim('published-released', lease => '1 hour')$$);
 SELECT k, status FROM (VALUES ('published'), ('published-released')) AS v(k),
        LATERAL idem_lookup(k) ORDER BY k;
+SET idempotency.premake = 3;
+SELECT partitions_created > 0 AS made FROM idem_maintain();
+RESET idempotency.premake;
+SELECT count(*) > 2 AS partitions, count(*) FILTER (WHERE c.relreplident <> 'f') AS not_full
+  FROM idempotency.partitions p JOIN pg_class c ON c.oid = p.partition
+ WHERE p.table_name = 'keys';
 DROP PUBLICATION regress_idem_ledger;
+ALTER TABLE idempotency.keys REPLICA IDENTITY DEFAULT;
 DO $$
 DECLARE
   part regclass;

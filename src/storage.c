@@ -205,6 +205,7 @@ static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
 static int	IdemRelNatts(Oid relid);
 static Oid	IdemIdentityIndexOf(IdemLedger ledger, Oid partition);
+static char IdemReplicaIdentityOf(Oid relid);
 static Oid	IdemTenantColumnType(IdemLedger ledger, Oid relid, int natts);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 also_lane, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
@@ -1584,6 +1585,21 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 							 quote_identifier(name.data));
 		IdemExecAsOwner(sql.data, 0);
 	}
+	else if (IdemReplicaIdentityOf(IdemLedgerParent(ledger, false)) == REPLICA_IDENTITY_FULL)
+	{
+		/*
+		 * A ledger table a DBA gave REPLICA IDENTITY FULL, so that a
+		 * publication may carry its updates and deletes (without one, the
+		 * calls that make them are refused, as an UPDATE or a DELETE is:
+		 * relation_checks.c): its partitions have none of their own (no
+		 * primary key), and each new one is made FULL too, in the same
+		 * transaction.
+		 */
+		resetStringInfo(&sql);
+		appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
+						 quote_identifier(name.data));
+		IdemExecAsOwner(sql.data, 0);
+	}
 
 	IdemRestrictTableAcl(relid);
 	IdemFilterCreated(ledger, relid, lane);
@@ -1595,6 +1611,21 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	CommandCounterIncrement();
 	IdemStatsAdd(IDEM_STAT_PARTITIONS_CREATED, 1);
 	return relid;
+}
+
+/* relation "relid"'s pg_class.relreplident (REPLICA_IDENTITY_DEFAULT if gone) */
+static char
+IdemReplicaIdentityOf(Oid relid)
+{
+	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	char		identity = REPLICA_IDENTITY_DEFAULT;
+
+	if (HeapTupleIsValid(tuple))
+	{
+		identity = ((Form_pg_class) GETSTRUCT(tuple))->relreplident;
+		ReleaseSysCache(tuple);
+	}
+	return identity;
 }
 
 /*
