@@ -345,5 +345,26 @@ RESET enable_seqscan;
 DROP TRIGGER regress_idem_trigger ON idempotency.positions;
 DROP INDEX idempotency.regress_idem_hash, idempotency.regress_idem_next;
 
+-- ------------------------------------------------------------ dropped roles
+-- A dropped role's positions and sequences go at the next maintenance run:
+-- rows are keyed by the role's OID, which a role made later can get again,
+-- and would then start its streams from the dropped role's offsets (before,
+-- they stayed until unused for position_ttl)
+CREATE ROLE regress_idem_stream_gone;
+SET ROLE regress_idem_stream_gone;
+SELECT * FROM idem_advance('gone', 'orders', 0, 0, 9);
+SELECT idem_sequence('gone', 'producer-1', 1, 1);
+RESET ROLE;
+SELECT oid AS gone_oid FROM pg_roles WHERE rolname = 'regress_idem_stream_gone' \gset
+DROP ROLE regress_idem_stream_gone;
+SELECT (SELECT count(*) FROM idempotency.positions WHERE role::oid = :gone_oid) AS positions,
+       (SELECT count(*) FROM idempotency.sequences WHERE role::oid = :gone_oid) AS sequences;
+SELECT count(*) AS rows_before FROM idempotency.positions \gset
+SELECT partitions_created >= 0 AS ran FROM idem_maintain();
+SELECT (SELECT count(*) FROM idempotency.positions WHERE role::oid = :gone_oid) AS positions,
+       (SELECT count(*) FROM idempotency.sequences WHERE role::oid = :gone_oid) AS sequences;
+-- every other role's rows stay
+SELECT count(*) = :rows_before - 1 AS others_kept FROM idempotency.positions;
+
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_stream_a, regress_idem_stream_b;

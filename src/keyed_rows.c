@@ -69,6 +69,7 @@
 #include "idempotency.h"
 #include "compat.h"
 #include "keyed_rows.h"
+#include "relation_checks.h"
 
 #include "access/genam.h"
 #include "access/heapam.h"
@@ -670,9 +671,8 @@ IdemKeyedWrite(IdemKeyedRows *rows, IdemKeyedRow *row, Datum *values,
 		 * As an UPDATE's: refused (55000) if the table publishes updates
 		 * without a replica identity, which no subscriber could apply (a
 		 * DBA's ALTER TABLE ... REPLICA IDENTITY NOTHING and publication).
-		 * The publications are read once per relcache entry.
 		 */
-		CheckCmdReplicaIdentity(rows->heap, CMD_UPDATE);
+		IdemCheckDirectWrite(rows->heap, CMD_UPDATE);
 		which = IdemSimpleHeapUpdate(rows->heap, &row->tid, tuple);
 	}
 	else

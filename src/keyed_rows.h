@@ -93,6 +93,21 @@
 #define IDEM_KEYED_MAX_ATTS		32
 
 /*
+ * A condition on a keyed table's row (its first column "role", the role's
+ * OID as regrole): the role no longer exists.  Maintenance deletes such
+ * rows (streams.c, outbox_position.c), FOR UPDATE SKIP LOCKED like the
+ * rows it deletes for their age.  A role's rows are keyed by its OID, and
+ * a role made later may get the same OID (PostgreSQL hands a dropped
+ * role's OID out again once its pg_authid row is vacuumed away and the
+ * cluster's OID counter comes round to it): with the rows left, that role
+ * would start its streams and relays from the dropped role's positions.
+ * pg_roles is readable by every role, the storage owner included.
+ */
+#define IDEM_KEYED_ROLE_GONE \
+	"NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r" \
+	" WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)"
+
+/*
  * A keyed table: idempotency.<relname>, whose primary key is its first
  * nkeys columns, of the types keytypes (OIDOID for the role, TEXTOID,
  * INT4OID or INT8OID for the names); natts columns in all, of the types

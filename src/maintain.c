@@ -12,7 +12,9 @@
  *	  its rows have expired, and calls on the ledgers never lock the parent
  *	  nor expired partitions, so the drop waits for nobody and blocks nobody;
  *	  if its locks cannot be had within a moment (a pg_dump, a long query on
- *	  the parent) it is left for the next run.  With idempotency.key_memory,
+ *	  the parent), or this very session reads it (the statement that called
+ *	  idem_maintain(), a cursor: relation_checks.c), it is left for the
+ *	  next run.  With idempotency.key_memory,
  *	  the drop first writes the piece of the ledger's memory that remembers
  *	  its keys (memory.c), in the same subtransaction; a call that finds no
  *	  live row of its key then looks into the ended partition, and so waits
@@ -42,6 +44,7 @@
 #include "keyhash.h"
 #include "memory.h"
 #include "outbox.h"
+#include "relation_checks.h"
 #include "stats.h"
 #include "storage.h"
 #include "streams.h"
@@ -180,6 +183,15 @@ IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now)
 	int			created = 0;
 	int			lane_number;
 
+	/*
+	 * A ledger this session reads (the statement that runs maintenance, a
+	 * cursor): ATTACH PARTITION would refuse its table (55006), failing the
+	 * run.  Its partitions are made by the next run (or by a call that
+	 * needs one).
+	 */
+	if (IdemRelationInUseHere(IdemLedgerParent(ledger, false)))
+		return 0;
+
 	IdemCurrentLayout(ledger, &layout);
 	horizon = now + (int64) IdemLedgerDefaultTtl(ledger) * USECS_PER_SEC +
 		idem_premake * layout.width_us;
@@ -220,10 +232,21 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
 	ListCell   *lc;
 	int			dropped = 0;
 	TimestampTz since = now - (int64) idem_key_memory * USECS_PER_SEC;
+	Oid			memory = IdemMemoryParent(ledger);
+	bool		memory_in_use;
+
+	/*
+	 * A memory this session reads (the statement that runs maintenance, a
+	 * cursor) takes no piece now: ATTACH PARTITION would refuse its table
+	 * (55006).  The partitions whose keys it would take are left for the
+	 * next run.
+	 */
+	memory_in_use = OidIsValid(memory) && IdemRelationInUseHere(memory);
 
 	foreach(lc, partitions)
 	{
 		IdemPartition *p = (IdemPartition *) lfirst(lc);
+		bool		remember;
 
 		CHECK_FOR_INTERRUPTS();
 
@@ -232,10 +255,10 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
 		 * than key_memory ago go to the memory first; one that ended
 		 * longer ago (left by earlier runs) has none left to remember.
 		 */
-		if (p->upper <= now &&
+		remember = idem_key_memory > 0 && p->upper > since;
+		if (p->upper <= now && !(remember && memory_in_use) &&
 			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS,
-							  idem_key_memory > 0 && p->upper > since ?
-							  IdemMemoryRemember : NULL,
+							  remember ? IdemMemoryRemember : NULL,
 							  &ledger))
 			dropped++;
 	}

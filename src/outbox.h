@@ -173,6 +173,7 @@ extern void IdemRelayDeadLetterPut(IdemRelayState *st, HeapTuple event,
 								   bool has_attempts, int32 attempts);
 extern int64 IdemRelayDeadLetterCount(Oid role, text *relay, text *topic);
 extern uint64 IdemRelayDeadLettersExpire(TimestampTz before);
+extern uint64 IdemRelaysOfGoneRolesForget(void);
 extern void IdemRelayDeadLetterRows(Oid role, text *relay, text *topic,
 									ReturnSetInfo *rsinfo);
 extern void IdemRelayDeadLettersAll(void (*emit) (Datum *values, bool *nulls,

@@ -14,7 +14,9 @@
  * waiting, and only then looks at its events: none is in progress, none
  * can be added, and the relays that read it wait for the drop (or, if it
  * is kept, for this transaction).  A segment whose lock cannot be had now
- * is left for the next run, as the ledgers' partitions are.
+ * is left for the next run, as the ledgers' partitions are; so is one
+ * this session reads itself (a cursor, or the statement that runs
+ * maintenance: relation_checks.c).
  *
  * A segment goes when, for every relay of every role, every committed
  * event of the relay's topic in the segment is acknowledged by it
@@ -42,6 +44,7 @@
 #include "compat.h"
 #include "outbox.h"
 #include "privilege.h"
+#include "relation_checks.h"
 #include "stats.h"
 
 #include "access/genam.h"
@@ -341,15 +344,22 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 		return;
 	IdemOutboxRestrictAcls();
 	(void) IdemRelayDeadLettersExpire(lose_after);
+	(void) IdemRelaysOfGoneRolesForget();
 	if (!OidIsValid(IdemOutboxParent(false)))
 		return;
 	IdemOutboxEnsureDependency();
 
-	/* a new segment once the newest has taken events for an interval */
+	/*
+	 * A new segment once the newest has taken events for an interval; not
+	 * while this session reads idempotency.outbox (the statement that runs
+	 * maintenance, a cursor): ATTACH PARTITION would refuse it (55006), and
+	 * the next run makes it.
+	 */
 	nsegs = IdemReadSegmentTimes(&segs);
 	if (nsegs > 0 &&
 		(segs[nsegs - 1].opened_at == 0 ||
-		 segs[nsegs - 1].opened_at + IdemOutboxIntervalUs() <= now))
+		 segs[nsegs - 1].opened_at + IdemOutboxIntervalUs() <= now) &&
+		!IdemRelationInUseHere(IdemOutboxParent(false)))
 	{
 		int32		next = segs[nsegs - 1].seg + 1;
 
@@ -407,6 +417,18 @@ IdemOutboxMaintain(TimestampTz now, int *created, int *dropped)
 			segs[i].quiet_at = now;
 		}
 		if (closed_at > keep_after)
+		{
+			UnlockRelationOid(segs[i].relid, AccessExclusiveLock);
+			continue;
+		}
+
+		/*
+		 * Read by this session (the statement that runs maintenance, a
+		 * cursor of its transaction): the lock was had all the same (a
+		 * session's locks never conflict), but DROP TABLE would refuse it
+		 * (55006).  Left for the next run, before any loss is recorded.
+		 */
+		if (IdemRelationInUseHere(segs[i].relid))
 		{
 			UnlockRelationOid(segs[i].relid, AccessExclusiveLock);
 			continue;

@@ -121,6 +121,7 @@ typedef enum IdemPositionStmt
 	STMT_DEAD_LIST,
 	STMT_DEAD_LIST_ALL,
 	STMT_DEAD_IMPORT,
+	STMT_RELAY_FORGET_GONE,
 	NUM_POSITION_STMTS
 } IdemPositionStmt;
 
@@ -160,8 +161,16 @@ static const IdemPositionStmtDef stmt_defs[NUM_POSITION_STMTS] = {
 	},
 	[STMT_DEAD_EXPIRE] = {
 		"DELETE FROM idempotency.outbox_dead_letters"
-		" WHERE failed_at OPERATOR(pg_catalog.<) $1",
+		" WHERE failed_at OPERATOR(pg_catalog.<) $1 OR " IDEM_KEYED_ROLE_GONE,
 		1, {TIMESTAMPTZOID}
+	},
+	[STMT_RELAY_FORGET_GONE] = {
+		"DELETE FROM idempotency.outbox_relays"
+		" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+		"SELECT ctid FROM idempotency.outbox_relays"
+		" WHERE " IDEM_KEYED_ROLE_GONE
+		" FOR UPDATE SKIP LOCKED))",
+		0, {InvalidOid}
 	},
 	[STMT_DEAD_LIST] = {
 		"SELECT relay, topic, event_id, key, payload, payload_raw, headers,"
@@ -599,7 +608,11 @@ IdemRelayDeadLetterCount(Oid role, text *relay, text *topic)
 	return count;
 }
 
-/* deletes the dead letters recorded before "before"; returns how many */
+/*
+ * deletes the dead letters recorded before "before", and those of roles
+ * that no longer exist (keyed_rows.h, IDEM_KEYED_ROLE_GONE); returns how
+ * many
+ */
 uint64
 IdemRelayDeadLettersExpire(TimestampTz before)
 {
@@ -609,6 +622,26 @@ IdemRelayDeadLettersExpire(TimestampTz before)
 
 	IdemPositionBegin(&save);
 	removed = IdemPositionExec(STMT_DEAD_EXPIRE, &arg, NULL);
+	IdemPositionEnd(&save);
+	return removed;
+}
+
+/*
+ * IdemRelaysOfGoneRolesForget deletes the relays of roles that no longer
+ * exist (keyed_rows.h, IDEM_KEYED_ROLE_GONE: a role made later could get
+ * the same OID, and with it their positions), each locked FOR UPDATE SKIP
+ * LOCKED as the keyed rows require (a relay still held by a transaction is
+ * left for a later run).  Their events then hold no segment back.  Returns
+ * how many went.
+ */
+uint64
+IdemRelaysOfGoneRolesForget(void)
+{
+	IdemSavedUser save;
+	uint64		removed;
+
+	IdemPositionBegin(&save);
+	removed = IdemPositionExec(STMT_RELAY_FORGET_GONE, NULL, NULL);
 	IdemPositionEnd(&save);
 	return removed;
 }

@@ -77,6 +77,7 @@
 #include "lock_secret.h"
 #include "memory.h"
 #include "protocol.h"
+#include "relation_checks.h"
 #include "storage.h"
 #include "wait.h"
 #include "worker.h"
@@ -838,6 +839,8 @@ IdemUpdateRow(IdemOpenPartition *op, ItemPointer tid, HeapTuple newtuple)
 {
 	IdemIndexUpdate which;
 
+	/* refused as an UPDATE is without a replica identity (relation_checks.c) */
+	IdemCheckDirectWrite(op->heap, CMD_UPDATE);
 	IdemSeeOwnWrites();
 	which = IdemSimpleHeapUpdate(op->heap, tid, newtuple);
 	IdemNoteWrite();
@@ -1191,6 +1194,8 @@ IdemOpReplace(IdemOp *op, ItemPointer newtid)
 {
 	IdemOpenPartition *found = &op->open[op->probe.which];
 
+	/* refused as a DELETE is without a replica identity (relation_checks.c) */
+	IdemCheckDirectWrite(found->heap, CMD_DELETE);
 	IdemSeeOwnWrites();
 	simple_heap_delete(found->heap, &op->probe.tid);
 	if (IdemMustKeepKeyLock(found->heap))

@@ -25,6 +25,7 @@
 #include "idempotency.h"
 #include "keyhash.h"
 #include "protocol.h"
+#include "relation_checks.h"
 #include "storage.h"
 
 #include "access/heapam.h"
@@ -209,6 +210,8 @@ IdemMoveRow(IdemLedger ledger, IdemMisplaced *m)
 	}
 
 	from = table_open(m->from.relid, NoLock);
+	/* refused as a DELETE is without a replica identity (relation_checks.c) */
+	IdemCheckDirectWrite(from, CMD_DELETE);
 	simple_heap_delete(from, &m->tuple->t_self);
 	table_close(from, NoLock);
 

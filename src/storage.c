@@ -50,6 +50,7 @@
 #include "filter.h"
 #include "keyhash.h"
 #include "privilege.h"
+#include "relation_checks.h"
 #include "stats.h"
 #include "storage.h"
 
@@ -204,6 +205,7 @@ static void IdemRebuildLedgerCache(IdemLedger ledger, IdemLedgerCache *cache);
 static void IdemUpgradeLedgerColumns(IdemLedger ledger);
 static int	IdemRelNatts(Oid relid);
 static Oid	IdemIdentityIndexOf(IdemLedger ledger, Oid partition);
+static char IdemReplicaIdentityOf(Oid relid);
 static Oid	IdemTenantColumnType(IdemLedger ledger, Oid relid, int natts);
 static bool IdemReadBound(PartitionBoundSpec *spec, int16 also_lane, int16 *lane,
 						  TimestampTz *lower, TimestampTz *upper);
@@ -1583,6 +1585,21 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 							 quote_identifier(name.data));
 		IdemExecAsOwner(sql.data, 0);
 	}
+	else if (IdemReplicaIdentityOf(IdemLedgerParent(ledger, false)) == REPLICA_IDENTITY_FULL)
+	{
+		/*
+		 * A ledger table a DBA gave REPLICA IDENTITY FULL, so that a
+		 * publication may carry its updates and deletes (without one, the
+		 * calls that make them are refused, as an UPDATE or a DELETE is:
+		 * relation_checks.c): its partitions have none of their own (no
+		 * primary key), and each new one is made FULL too, in the same
+		 * transaction.
+		 */
+		resetStringInfo(&sql);
+		appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
+						 quote_identifier(name.data));
+		IdemExecAsOwner(sql.data, 0);
+	}
 
 	IdemRestrictTableAcl(relid);
 	IdemFilterCreated(ledger, relid, lane);
@@ -1594,6 +1611,21 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	CommandCounterIncrement();
 	IdemStatsAdd(IDEM_STAT_PARTITIONS_CREATED, 1);
 	return relid;
+}
+
+/* relation "relid"'s pg_class.relreplident (REPLICA_IDENTITY_DEFAULT if gone) */
+static char
+IdemReplicaIdentityOf(Oid relid)
+{
+	HeapTuple	tuple = SearchSysCache1(RELOID, ObjectIdGetDatum(relid));
+	char		identity = REPLICA_IDENTITY_DEFAULT;
+
+	if (HeapTupleIsValid(tuple))
+	{
+		identity = ((Form_pg_class) GETSTRUCT(tuple))->relreplident;
+		ReleaseSysCache(tuple);
+	}
+	return identity;
 }
 
 /*
@@ -1614,11 +1646,16 @@ IdemDropPrepareMayFail(int sqlerrcode)
 /*
  * IdemDropPartition drops one partition, waiting at most lock_timeout_ms for
  * its locks.  Returns false, leaving everything as it was, if the locks
- * could not be had in time; other errors propagate.  "prepare", if not
+ * could not be had in time, or if this session uses the partition (below);
+ * other errors propagate.  "prepare", if not
  * NULL, runs first in the same subtransaction (memory.c writes the piece
  * that remembers the partition's keys there), so that it commits or rolls
  * back with the DROP; an error of its own (but a cancel, a shutdown, an
  * I/O or internal error) also returns false, with a WARNING.
+ *
+ * A partition this session itself still uses (read by the statement that
+ * runs maintenance, or by a cursor of its transaction) is left as well:
+ * DROP TABLE would refuse it (CheckTableNotInUse, 55006), failing the run.
  *
  * Only the partition and its parent are locked: the ledgers' readers and
  * writers never lock the parent, and no live row is in an expired partition,
@@ -1649,6 +1686,13 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 	nspname = get_namespace_name(get_rel_namespace(relid));
 	if (nspname == NULL)
 		return false;
+	if (IdemRelationInUseHere(relid))
+	{
+		ereport(DEBUG1,
+				(errmsg_internal("could not drop expired partition \"%s.%s\" now, will retry: this session uses it",
+								 nspname, relname)));
+		return false;
+	}
 
 	BeginInternalSubTransaction(NULL);
 	MemoryContextSwitchTo(oldcontext);

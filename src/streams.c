@@ -11,7 +11,8 @@
  * generation.  idempotency.sequences holds, per (role, consumer, producer),
  * the last sequence number seen and its epoch.  Both are small tables,
  * members of the extension whose rows pg_dump carries; rows unused for
- * idempotency.position_ttl are deleted by maintenance (IdemStreamsMaintain).
+ * idempotency.position_ttl, and those of a role that was dropped, are
+ * deleted by maintenance (IdemStreamsMaintain).
  *
  * Every call takes a heavyweight lock on its row's identity (the role, and
  * a digest of consumer, stream and partition, or of consumer and producer)
@@ -782,8 +783,9 @@ idem_sequence(PG_FUNCTION_ARGS)
  * database's extension has them (0.4.0 on): it takes back any privilege on
  * them granted since (they hold every role's consumers, streams and
  * producers, like the ledgers), and deletes the positions and sequences
- * not used since "before" (idempotency.position_ttl ago).  Returns how many
- * rows went.
+ * not used since "before" (idempotency.position_ttl ago), and those of
+ * roles that no longer exist (keyed_rows.h, IDEM_KEYED_ROLE_GONE: a role
+ * made later could get the same OID).  Returns how many rows went.
  *
  * A call reads its row FOR UPDATE (under its stream lock) and keeps that
  * row lock until its transaction ends; the DELETE locks each row it
@@ -823,6 +825,7 @@ IdemStreamsMaintain(TimestampTz before)
 						 " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
 						 "SELECT ctid FROM idempotency.%s"
 						 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz"
+						 " OR " IDEM_KEYED_ROLE_GONE
 						 " FOR UPDATE SKIP LOCKED))",
 						 tables[i], tables[i], cutoff);
 		removed += IdemExecAsOwner(sql.data, 0);

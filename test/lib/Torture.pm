@@ -25,6 +25,8 @@
 #     (check_torture) and the whole run (run_torture);
 #   - amcheck over every ledger index at the end of a load test
 #     (amcheck_ledger);
+#   - the digest filters of a preloaded server: every live partition has
+#     a READY one (filters_ready);
 #   - small helpers: poll_until, server_log_errors.
 #
 # Every wait polls for a condition; nothing sleeps for a fixed time.
@@ -50,6 +52,7 @@ our @EXPORT = qw(
   torture_conf run_torture
   poll_until server_log_errors log_size
   amcheck_ledger
+  filters_ready
 );
 
 # ---------------------------------------------------------------- schema
@@ -234,6 +237,27 @@ sub amcheck_ledger
 		"$label: amcheck bt_index_check(heapallindexed) is clean on every ledger index ("
 		  . ($checked // '?') . ' checked, ' . ($gone // '?') . ' dropped meanwhile)')
 	  or diag("rc $rc, psql said:\n$err");
+	return;
+}
+
+=pod
+
+=item filters_ready($node, $db, $label)
+
+One test: every live partition of the ledgers in $db has a READY digest
+filter (idempotency.filter_info(); the library preloaded, after a
+maintenance run has built what was missing).
+
+=cut
+
+sub filters_ready
+{
+	my ($node, $db, $label) = @_;
+	is($node->safe_psql($db, q{
+		SELECT count(*) FILTER (WHERE f.state IS DISTINCT FROM 'ready')
+		  FROM idempotency.partitions p LEFT JOIN idempotency.filter_info() f USING (partition)
+		 WHERE NOT p.expired}),
+		'0', "$label: every live partition has a READY filter");
 	return;
 }
 

@@ -2110,12 +2110,20 @@ class Driver:
                  'ttl_zero': [co, i, '0 ms'],
                  'ttl_max': [co, i, f"{self.settings['max_ttl'] // 1000000 + 1} seconds"]}[bad]
         if p[2] is None and rng.random() < 0.6:
-            sql = "SELECT idem_consume_message($1::text, $2::text)"
             p = p[:2]
+        return self.consume_of(s, p, **a)
+
+    def consume_of(self, s, p, **a):
+        """A call of idem_consume_message() with parameters p: [consumer,
+        id] (two arguments), or [consumer, id, ttl text] (ttl => NULL when
+        the text is None); a: what the model is told (consumer, id, ttl,
+        bad)."""
+        if len(p) == 2:
+            sql = "SELECT idem_consume_message($1::text, $2::text)"
         else:
             sql = "SELECT idem_consume_message($1::text, $2::text, ttl => $3::interval)"
         c = Call(s, 'consume', sql, p, **a)
-        c.label = f"consume {co}/{i}"
+        c.label = f"consume {a['consumer']}/{a['id']}"
         return c
 
     def batch_call(self, s):
@@ -2887,14 +2895,8 @@ class Driver:
         return c
 
     def fixed_consume(self, s, co, i, ttl):
-        if ttl is None:
-            c = Call(s, 'consume', "SELECT idem_consume_message($1::text, $2::text)", [co, i],
-                     consumer=co, id=i, ttl=None)
-        else:
-            c = Call(s, 'consume', "SELECT idem_consume_message($1::text, $2::text, ttl => $3::interval)",
-                     [co, i, self.ttl_text(ttl)], consumer=co, id=i, ttl=ttl)
-        c.label = f"consume {co}/{i}"
-        return c
+        p = [co, i] if ttl is None else [co, i, self.ttl_text(ttl)]
+        return self.consume_of(s, p, consumer=co, id=i, ttl=ttl)
 
     def fixed_batch(self, s, co, ids):
         arr = '{' + ','.join(json.dumps(i) for i in ids) + '}'

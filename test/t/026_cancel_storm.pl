@@ -183,7 +183,7 @@ sub messages
 # expression", older majors "SQL expression".)  Anything else is reported.
 my $cancel_re = qr/^ERROR:  canceling statement due to (statement timeout|user request)$/;
 my $context_re = qr/^(?:SQL\ statement\ "(?:CREATE\ TABLE|DROP\ TABLE|REVOKE\ ALL\ ON\ TABLE)\ idempotency\.[^"]*"
-	               |SQL\ statement\ "DELETE\ FROM\ idempotency\.(?:positions|sequences)\ WHERE\ ctid\ OPERATOR\(pg_catalog\.=\)\ ANY\ \(ARRAY\(SELECT\ ctid\ FROM\ idempotency\.(?:positions|sequences)\ WHERE\ updated_at\ OPERATOR\(pg_catalog\.<\)\ '[^']*'::pg_catalog\.timestamptz\ FOR\ UPDATE\ SKIP\ LOCKED\)\)"
+	               |SQL\ statement\ "DELETE\ FROM\ idempotency\.(?:positions|sequences)\ WHERE\ ctid\ OPERATOR\(pg_catalog\.=\)\ ANY\ \(ARRAY\(SELECT\ ctid\ FROM\ idempotency\.(?:positions|sequences)\ WHERE\ updated_at\ OPERATOR\(pg_catalog\.<\)\ '[^']*'::pg_catalog\.timestamptz\ OR\ NOT\ EXISTS\ \(SELECT\ FROM\ pg_catalog\.pg_roles\ AS\ r\ WHERE\ r\.oid\ OPERATOR\(pg_catalog\.=\)\ role::pg_catalog\.oid\)\ FOR\ UPDATE\ SKIP\ LOCKED\)\)"
 	               |SQL\ statement\ "SELECT\ idem_complete\('s-\d+',\ 200\)"
 	               |SQL\ statement\ "(?:SELECT|DELETE|UPDATE|INSERT)\ [^"]*\bidempotency\.outbox\w*\b[^"]*"
 	               |(?:PL\/pgSQL|SQL)\ expression\ "\(SELECT\ status\ FROM\ idem_claim\('s-\d+',\ jsonb_build_object\('k',\ \d+\)\)\)\ =\ 'claimed'"
@@ -237,9 +237,9 @@ sub classify
 				q{ERROR:  canceling statement due to user request},
 				q{CONTEXT:  SQL statement "DROP TABLE idempotency.messages_n24_1_20261129_000000 CASCADE"},
 				q{ERROR:  canceling statement due to user request},
-				q{CONTEXT:  SQL statement "DELETE FROM idempotency.positions WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM idempotency.positions WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:10.702288+00'::pg_catalog.timestamptz FOR UPDATE SKIP LOCKED))"},
+				q{CONTEXT:  SQL statement "DELETE FROM idempotency.positions WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM idempotency.positions WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:10.702288+00'::pg_catalog.timestamptz OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid) FOR UPDATE SKIP LOCKED))"},
 				q{ERROR:  canceling statement due to statement timeout},
-				q{CONTEXT:  SQL statement "DELETE FROM idempotency.sequences WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM idempotency.sequences WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:17.740602+00'::pg_catalog.timestamptz FOR UPDATE SKIP LOCKED))"},
+				q{CONTEXT:  SQL statement "DELETE FROM idempotency.sequences WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT ctid FROM idempotency.sequences WHERE updated_at OPERATOR(pg_catalog.<) '2026-10-26 06:05:17.740602+00'::pg_catalog.timestamptz OR NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid) FOR UPDATE SKIP LOCKED))"},
 				q{ERROR:  canceling statement due to user request},
 				q{CONTEXT:  PL/pgSQL function inline_code_block line 1 at IF},
 				q{ERROR:  canceling statement due to statement timeout},

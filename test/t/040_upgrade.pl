@@ -12,9 +12,12 @@
 use strict;
 use warnings;
 
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Torture;
 
 my $node = PostgreSQL::Test::Cluster->new('upgrade');
 $node->init;
@@ -106,11 +109,7 @@ is($node->safe_psql('upgraded', q{
 # (while the older version was installed none is made), and the behaviour
 # below is checked through them
 $node->safe_psql('upgraded', 'SELECT idem_maintain()');
-is($node->safe_psql('upgraded', q{
-	SELECT count(*) FILTER (WHERE f.state IS DISTINCT FROM 'ready')
-	  FROM idempotency.partitions p LEFT JOIN idempotency.filter_info() f USING (partition)
-	 WHERE NOT p.expired}),
-	'0', 'after the update and a maintenance run, every live partition has a READY filter');
+filters_ready($node, 'upgraded', 'after the update and a maintenance run');
 
 # ---------------------------------------------------------------- behaviour
 is($node->safe_psql('upgraded', q{

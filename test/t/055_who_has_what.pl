@@ -32,9 +32,12 @@
 use strict;
 use warnings;
 
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
 use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
+use Torture;
 use Digest::SHA;
 
 # counters of every relation of schema idempotency, and of the extension
@@ -260,11 +263,7 @@ idempotency.filter_memory = '8MB'
 	if ($preloaded)
 	{
 		$node->safe_psql('postgres', 'SELECT idem_maintain()');
-		is($node->safe_psql('postgres', q{
-			SELECT count(*) FILTER (WHERE f.state IS DISTINCT FROM 'ready')
-			  FROM idempotency.partitions p LEFT JOIN idempotency.filter_info() f USING (partition)
-			 WHERE NOT p.expired}),
-			'0', "$mode: every live partition has a READY filter");
+		filters_ready($node, 'postgres', $mode);
 	}
 
 	my $i = 0;
