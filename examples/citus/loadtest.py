@@ -554,7 +554,7 @@ def carry_the_rest(cluster, app_co, app_user, check):
         problems.append("%d events not acknowledged before the move, want 4"
                         % len(unacked))
 
-    n_tenants, n_keys, n_msgs, imported = cluster.move(shard, 1 - frm)
+    imported = cluster.move(shard, 1 - frm)[3]
     print("moved shard %d of %s from worker %d to worker %d: %s"
           % (shard, tenant, frm + 1, 2 - frm, imported))
     with psycopg.connect(cluster.workers[1 - frm], autocommit=True) as w:
