@@ -30,12 +30,20 @@ holds the tenant's shard.  Steps:
      to the other worker (a shard may come back to a worker that still has
      old copies of its keys).
      Afterwards every old key replays its first reply from its new node,
-     every event id is still a duplicate, and the checks of step 2 hold.
+     every event id is still a duplicate, the checks of step 2 hold, and
+     the outbox of each tenant's worker has every payment's event once.
   5. controls, which must find duplicates so that the checks can fail:
      create_payment_unsafe() (check-then-insert, no claim) under concurrent
      duplicates, and a shard of fresh tenants moved with a plain
      citus_move_shard_placement() (no ledger), after which their keys are
      paid again.
+  6. the rest of a tenant moves too: on a fresh tenant's worker a relay
+     delivers some of its payments' events and dead-letters one, and a key
+     and a message id run and expire (remembered: idempotency.key_memory);
+     after move_tenant_shard() the relay gets on the new worker exactly
+     the events it had not acknowledged, its dead letter is there, and the
+     expired key and id are answered "expired" and false there, paying
+     and applying nothing.
 
 Prints one line per check and exits 0 if every check passed.
 """
@@ -191,9 +199,11 @@ class Cluster:
             delay = min(delay * 2, 1.0)
 
     def move(self, shard, to):
+        """move_tenant_shard(): (tenants, keys and message ids imported,
+        {part of the export: rows written})."""
         name, port = [k for k, v in self.node_of.items() if v == to][0]
         return self.moving(
-            "SELECT tenants, keys_imported, messages_imported"
+            "SELECT tenants, keys_imported, messages_imported, imported"
             "  FROM move_tenant_shard(%s, %s, %s)", (shard, name, port)
         ).fetchone()
 
@@ -447,7 +457,7 @@ def moves_under_load(cluster, app_co, old_keys, tenants, events, args, rng):
                 where = sorted(set(where) & at_start)
             shard, frm = rng.choice(where)
             started = time.monotonic()
-            n_tenants, n_keys, n_msgs = cluster.move(shard, 1 - frm)
+            n_tenants, n_keys, n_msgs, _ = cluster.move(shard, 1 - frm)
             moves.append((shard, frm, 1 - frm, n_tenants, n_keys, n_msgs,
                           time.monotonic() - started))
     finally:
@@ -455,6 +465,132 @@ def moves_under_load(cluster, app_co, old_keys, tenants, events, args, rng):
         for t in threads:
             t.join()
     return replies, new_keys, moves, ev_answers
+
+
+def outbox_problems(cluster, keys):
+    """Each payment published its event (schema.sql): the outbox of the
+    worker holding the tenant has it, once (topic 'payments:<tenant>', the
+    payment's key), whatever moves the tenant went through."""
+    problems = []
+    per_tenant = defaultdict(set)
+    for t, k in keys:
+        per_tenant[t].add(k)
+    home = cluster.home(per_tenant)
+    for w in range(len(cluster.workers)):
+        here = [t for t in per_tenant if home[t][1] == w]
+        with psycopg.connect(cluster.workers[w], autocommit=True) as conn:
+            got = defaultdict(list)
+            for topic, key in conn.execute(
+                    "SELECT topic, key FROM idempotency.export_events(%s)",
+                    (["payments:" + t for t in here],)):
+                got[topic[len("payments:"):]].append(key)
+        for t in here:
+            want = per_tenant[t]
+            seen = got.get(t, [])
+            missing = want - set(seen)
+            twice = len(seen) - len(set(seen))
+            if missing or twice or set(seen) - want:
+                problems.append("%s on worker %d: %d events missing, %d "
+                                "twice, %d of keys not paid"
+                                % (t, w + 1, len(missing), twice,
+                                   len(set(seen) - want)))
+    return problems
+
+
+def carry_the_rest(cluster, app_co, app_user, check):
+    """Step 6: a tenant's outbox (its relay, the events the relay has not
+    acknowledged, its dead letters) and the keys and message ids it
+    remembers after they expired move with it (move_tenant_shard())."""
+    tenant = "carry-01"
+    topic = "payments:" + tenant
+    consumer = "events:" + tenant
+    keys = [(tenant, "key-%d" % i) for i in range(1, 9)]
+    replies = run_pool(app_co, "create_payment", "carry",
+                       [(t, k, amount_of(t, k)) for t, k in keys], 1, RETRY)
+    problems = ["%s: %s" % (r.key, r.status) for r in replies
+                if r.status != "created"]
+    shard, frm = cluster.home([tenant])[tenant]
+    with psycopg.connect(cluster.workers[frm], autocommit=True) as w:
+        w.execute("SET ROLE %s" % app_user)
+        # the tenant's relay delivers three events, then gives up on the
+        # fourth (a dead letter) and acknowledges it: four are left
+        first = w.execute("SELECT batch, event_id FROM"
+                          " idem_outbox_next('books', %s, 3)",
+                          (topic,)).fetchall()
+        w.execute("SELECT idem_outbox_ack('books', %s, %s)",
+                  (topic, first[0][0]))
+        batch, dead = w.execute("SELECT batch, event_id FROM"
+                                " idem_outbox_next('books', %s, 1)",
+                                (topic,)).fetchone()
+        w.execute("SELECT idem_outbox_dead_letter('books', %s, %s,"
+                  "                               'refused by the books')",
+                  (topic, dead))
+        w.execute("SELECT idem_outbox_ack('books', %s, %s)", (topic, batch))
+        # a message id and a key that ran and expired, remembered
+        w.execute("SELECT idem_consume_message(%s, 'late-event',"
+                  "                            ttl => '1 second')",
+                  (consumer,))
+        with w.transaction():
+            w.execute("SELECT idem_claim('late-key', scope => %s,"
+                      "                  ttl => '1 second')", (tenant,))
+            w.execute("SELECT idem_complete('late-key', 201, scope => %s)",
+                      (tenant,))
+        # until it has expired (its ttl is a second): remembered, answered
+        # "expired"
+        deadline = time.monotonic() + 60
+        while w.execute("SELECT coalesce((SELECT status FROM"
+                        "  idem_lookup('late-key', scope => %s)), 'none')",
+                        (tenant,)).fetchone()[0] != "expired":
+            if time.monotonic() > deadline:
+                problems.append("the expired key is not remembered on its "
+                                "worker")
+                break
+            time.sleep(0.05)
+        w.execute("RESET ROLE")
+        unacked = {r[0] for r in w.execute(
+            "SELECT event_id FROM idempotency.export_events(%s)"
+            " WHERE NOT 'books' = ANY (delivered_by)", ([topic],))}
+    if len(unacked) != 4:
+        problems.append("%d events not acknowledged before the move, want 4"
+                        % len(unacked))
+
+    imported = cluster.move(shard, 1 - frm)[3]
+    print("moved shard %d of %s from worker %d to worker %d: %s"
+          % (shard, tenant, frm + 1, 2 - frm, imported))
+    with psycopg.connect(cluster.workers[1 - frm], autocommit=True) as w:
+        w.execute("SET ROLE %s" % app_user)
+        got = {r[0] for r in w.execute("SELECT event_id FROM"
+                                       " idem_outbox_next('books', %s, 100)",
+                                       (topic,))}
+        if got != unacked:
+            problems.append("the relay got %d events on the new worker, %d "
+                            "of them not acknowledged on the old one; want "
+                            "the %d it had not acknowledged"
+                            % (len(got), len(got & unacked), len(unacked)))
+        letters = [r[0] for r in w.execute(
+            "SELECT event_id FROM idem_outbox_dead_letters('books', %s)",
+            (topic,))]
+        if letters != [dead]:
+            problems.append("dead letters on the new worker: %s, want [%s]"
+                            % (letters, dead))
+    late = run_pool(app_co, "create_payment", "carry-late",
+                    [(tenant, "late-key", 1)], 1, RETRY)
+    if [r.status for r in late] != ["expired"]:
+        problems.append("the expired key on the new worker: %s, want "
+                        "'expired'" % [r.status for r in late])
+    with psycopg.connect(app_co, autocommit=True) as conn:
+        applied = conn.execute("SELECT apply_event(%s, 'late-event', 1)",
+                               (tenant,)).fetchone()[0]
+    if applied is not False:
+        problems.append("the expired message id on the new worker was "
+                        "applied")
+    rows = cluster.payments()
+    if rows.get((tenant, "late-key")):
+        problems.append("the expired key was paid")
+    if cluster.events().get((tenant, "late-event")):
+        problems.append("the expired message id was applied")
+    check("a tenant's undelivered events, relay, dead letters and "
+          "remembered keys and ids move with it", problems)
 
 
 def main():
@@ -586,6 +722,9 @@ def main():
            if k not in set(all_keys) and k[0] in tenants])
     check("every key is on its tenant's worker after the moves",
           ledger_problems(cluster, all_keys))
+    check("every payment's event is in the outbox of its tenant's worker, "
+          "once, after the moves",
+          outbox_problems(cluster, [k for k in rows if k[0] in tenants]))
     check("every event is still a duplicate after the moves",
           event_problems(events, send_events(app_co, events, 1, 4),
                          cluster.events(), False))
@@ -623,6 +762,9 @@ def main():
     check("a move without the ledger pays the keys again",
           [] if paid_again == len(victims) else
           ["%d of %d keys paid again" % (paid_again, len(victims))])
+
+    # ------------------------------------------------------------ 6. the rest
+    carry_the_rest(cluster, app_co, args.app_user, check)
 
     if check.failed:
         print("loadtest: %d check(s) failed (seed %d)"

@@ -9,8 +9,8 @@
 -- worker, and runs each call of create_payment() and apply_event() on the
 -- worker that holds the tenant's shard ("delegation"): claim, business
 -- write and completion are one local transaction there, against that
--- worker's own ledger.  move_tenant_shard() (move.sql) moves a shard with
--- its tenants' ledger rows.
+-- worker's own ledger and outbox.  move_tenant_shard() (move.sql) moves a
+-- shard with its tenants' ledger rows, key memory and outbox.
 
 CREATE EXTENSION IF NOT EXISTS idempotency;
 CREATE EXTENSION IF NOT EXISTS dblink;
@@ -86,7 +86,10 @@ $$;
 
 -- create_payment: the whole request handler, run where the tenant lives.
 --   status 'created' (201), 'replayed' (the stored response), 'mismatch'
---   (422: the key was used with another request), 'in_progress' (409).
+--   (422: the key was used with another request), 'in_progress' (409),
+--   'expired' (409: the key ran and expired, and is remembered:
+--   idempotency.key_memory).  A payment publishes its event to the outbox
+--   topic 'payments:<tenant>' in the same transaction.
 -- Every table is schema-qualified: Citus does not carry the caller's
 -- search_path to the worker that runs a delegated call.
 CREATE FUNCTION create_payment(tenant text, key text, request jsonb,
@@ -116,6 +119,10 @@ BEGIN
         response_body := jsonb_build_object('payment_id', payment,
                                             'tenant', create_payment.tenant,
                                             'amount', create_payment.amount);
+        -- the payment's event, for the tenant's relays (its outbox topic
+        -- names the tenant, so the event moves with it: move.sql)
+        PERFORM idem_publish('payments:' || create_payment.tenant,
+                             response_body, key => create_payment.key);
         PERFORM idem_complete(create_payment.key, response_code, response_body,
                               scope => create_payment.tenant);
     ELSIF claim.status = 'completed' THEN

@@ -24,7 +24,8 @@
 #   worker1, worker2
 #
 # Steps: start the servers with shared_preload_libraries = 'citus,
-# idempotency', make the cluster, check what Citus did with CREATE
+# idempotency' and idempotency.key_memory on (expired keys remembered, and
+# moved with their tenant), make the cluster, check what Citus did with CREATE
 # EXTENSION idempotency, load schema.sql and move.sql, a smoke test, then
 # loadtest.py (every load phase, move and check; see its header), then the
 # ledgers distributed by Citus (distributed-ledger/run.sh, on servers of its
@@ -82,6 +83,7 @@ for s in "${NODES[@]}"; do
 		"citus.local_hostname = '$WORK/$s/sock'" \
 		"citus.node_conninfo = 'sslmode=prefer'" \
 		"max_prepared_transactions = 50" \
+		"idempotency.key_memory = '1h'" \
 		"fsync = off" "synchronous_commit = off" \
 		"log_min_messages = warning" ||
 		fail "could not start $s"
