@@ -1537,6 +1537,8 @@ class Driver:
         t0 = now_us()
         for c in calls:
             c.step = self.step
+            # its clock window starts here, however many rounds it waits
+            c.sent_us = t0
             self.note(c.show(), self.touched(c))
             self.conns[c.sess].send(c.sql, c.params)
             self.inflight[c.sess] = c
@@ -1605,13 +1607,21 @@ class Driver:
                 self.note(f"  S{s} -> {o[1]!r}", t)
             else:
                 self.note(f"  S{s} waits for S{o[1]}", t)
-        # clock windows: from just before the round to the answer
+        # clock windows: from just before the statement was sent (in this
+        # round, or in an earlier one it has waited since) to the answer.
+        # A statement that waited may have read the clock before its wait:
+        # a claim takes its instant when it starts, then waits for the
+        # partition it writes into if another session's open transaction
+        # made it (the cassert run's seed 2, step 568: S1's claim, sent at
+        # step 564, claimed at an instant 2.6 ms before the round its wait
+        # ended in).
         self.windows = {}
         tnow = now_us()
         for s, c in self.inflight.items():
             o = obs[s]
             hi = o[2] if o[0] == 'res' else tnow
-            self.windows[id(c)] = (t0 - self.tol, hi + self.tol)
+            lo = min(getattr(c, 'sent_us', t0), t0)
+            self.windows[id(c)] = (lo - self.tol, hi + self.tol)
         # which key locks the running statements may take (for claims with
         # wait => false racing them)
         lockers = [(c.sess, k) for c in self.inflight.values() for k in c.locks]
