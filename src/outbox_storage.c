@@ -67,6 +67,7 @@
 #include "outbox.h"
 #include "privilege.h"
 #include "stats.h"
+#include "storage.h"
 #include "worker.h"
 
 #include "access/genam.h"
@@ -1006,42 +1007,7 @@ IdemOutboxRestrictAcls(void)
 void
 IdemOutboxEnsureDependency(void)
 {
-	Oid			parent = IdemOutboxParent(false);
-	Oid			extoid;
-	Relation	deprel;
-	ScanKeyData key[2];
-	SysScanDesc scan;
-	HeapTuple	tup;
-	bool		found = false;
-
-	if (!OidIsValid(parent))
-		return;
-	extoid = get_extension_oid("idempotency", false);
-	deprel = table_open(DependRelationId, AccessShareLock);
-	ScanKeyInit(&key[0], Anum_pg_depend_classid, BTEqualStrategyNumber,
-				F_OIDEQ, ObjectIdGetDatum(RelationRelationId));
-	ScanKeyInit(&key[1], Anum_pg_depend_objid, BTEqualStrategyNumber,
-				F_OIDEQ, ObjectIdGetDatum(parent));
-	scan = systable_beginscan(deprel, DependDependerIndexId, true, NULL, 2, key);
-	while ((tup = systable_getnext(scan)) != NULL)
-	{
-		Form_pg_depend dep = (Form_pg_depend) GETSTRUCT(tup);
-
-		if (dep->refclassid == ExtensionRelationId && dep->refobjid == extoid)
-			found = true;
-	}
-	systable_endscan(scan);
-	table_close(deprel, AccessShareLock);
-	if (!found)
-	{
-		ObjectAddress table;
-		ObjectAddress extension;
-
-		ObjectAddressSet(table, RelationRelationId, parent);
-		ObjectAddressSet(extension, ExtensionRelationId, extoid);
-		recordDependencyOn(&table, &extension, DEPENDENCY_AUTO);
-		CommandCounterIncrement();
-	}
+	IdemEnsureRelationDependency(IdemOutboxParent(false));
 }
 
 /*
