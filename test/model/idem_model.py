@@ -549,7 +549,7 @@ def expect_rows(expected):
 class Call:
     """One statement sent to one session, with what the model needs."""
     __slots__ = ('sess', 'kind', 'sql', 'params', 'a', 'armed', 'racy',
-                 'step', 'locks', 'label')
+                 'step', 'sent_us', 'locks', 'label')
 
     def __init__(self, sess, kind, sql, params=(), **a):
         self.sess = sess
