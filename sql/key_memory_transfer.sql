@@ -70,6 +70,7 @@ SELECT count(*) AS without_memory FROM idempotency.export_key_memory();
 ROLLBACK;
 
 -- carried as text in psql variables
+SET DateStyle = ISO;  -- text that reads back in any time zone (not "SST")
 SELECT string_agg(pg_catalog.format('(%L, %L, %L)', role, digest, expired_by), ', ') AS keys
   FROM idempotency.export_key_memory(ARRAY['tenant-1']) \gset
 SELECT string_agg(pg_catalog.format('(%L, %L, %L)', role, digest, expired_by), ', ') AS ids

@@ -103,10 +103,12 @@ SET ROLE regress_idem_xfer_app;
 SELECT count(idem_publish('lonely', '{"n": 1}'));
 RESET ROLE;
 SELECT topic, payload, delivered_by FROM idempotency.export_events(ARRAY['lonely']);
+SET DateStyle = ISO;  -- text that reads back in any time zone (not "SST")
 SELECT array_agg(e ORDER BY e.ord)::text AS events
   FROM idempotency.export_events(ARRAY['acme']) e \gset
 SELECT array_agg(r ORDER BY r.relay)::text AS relays
   FROM idempotency.export_relays(ARRAY['acme']) r \gset
+RESET DateStyle;  -- compared as text where it is read back, in the same style
 SELECT array_agg(e.event_id::text || ' ' || e.published_at ORDER BY e.ord)::text AS event_ids
   FROM idempotency.export_events(ARRAY['acme']) e \gset
 -- the relays of the old node stop: the tenant's relays go on at the new one
@@ -217,6 +219,7 @@ SELECT batch, payload FROM idem_outbox_next('webhook', 'acme', 10);
 RESET ROLE;
 SELECT e.ord, e.payload, e.delivered_by
   FROM idempotency.export_events(ARRAY['acme']) e ORDER BY e.ord;
+SET DateStyle = ISO;  -- text that reads back in any time zone (not "SST")
 SELECT array_agg(e ORDER BY e.ord)::text AS events_back
   FROM idempotency.export_events(ARRAY['acme']) e \gset
 SELECT array_agg(r ORDER BY r.relay)::text AS relays_back
@@ -416,6 +419,7 @@ RESET ROLE;
 SELECT role, relay, topic, key, payload, headers, reason, attempts
   FROM idempotency.export_dead_letters(ARRAY['dl']);
 SELECT count(*) AS none FROM idempotency.export_dead_letters(ARRAY['acme']);
+SET DateStyle = ISO;  -- text that reads back in any time zone (not "SST")
 SELECT array_agg(d)::text AS dead
   FROM idempotency.export_dead_letters(ARRAY['dl']) d \gset
 \c outbox_xfer_dst
