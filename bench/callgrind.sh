@@ -279,24 +279,17 @@ statements() {
 			[ "$i" != "$from" ] || echo "PREPARE consume_raw(text) AS INSERT INTO plain_messages (consumer, message_id) VALUES ('c', \$1) ON CONFLICT DO NOTHING"
 			echo "EXECUTE consume_raw('p$i')"
 			;;
-		claim_idem_prep)
+		claim_idem_prep | claim_field_prep)
+			# the claim's status from a function scan, or as a field of the call
+			c=c claim="status FROM idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')"
+			[ "$w" = claim_idem_prep ] || c=f claim="(idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')).status"
 			if [ "$i" = "$from" ]; then
-				echo "PREPARE claim_c(text) AS SELECT status FROM idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')"
-				echo "PREPARE complete_c(text) AS SELECT idem_complete(\$1, 201, '{\"charge\": 1}')"
+				echo "PREPARE claim_$c(text) AS SELECT $claim"
+				echo "PREPARE complete_$c(text) AS SELECT idem_complete(\$1, 201, '{\"charge\": 1}')"
 			fi
 			echo "BEGIN"
-			echo "EXECUTE claim_c('k$i')"
-			echo "EXECUTE complete_c('k$i')"
-			echo "COMMIT"
-			;;
-		claim_field_prep)
-			if [ "$i" = "$from" ]; then
-				echo "PREPARE claim_f(text) AS SELECT (idem_claim(\$1, '{\"amount\": 100, \"currency\": \"eur\"}')).status"
-				echo "PREPARE complete_f(text) AS SELECT idem_complete(\$1, 201, '{\"charge\": 1}')"
-			fi
-			echo "BEGIN"
-			echo "EXECUTE claim_f('k$i')"
-			echo "EXECUTE complete_f('k$i')"
+			echo "EXECUTE claim_$c('k$i')"
+			echo "EXECUTE complete_$c('k$i')"
 			echo "COMMIT"
 			;;
 		claim_raw_prep)
