@@ -11,6 +11,7 @@ path by a function of (event, request) (test_tenant.py).  GET
 <n>" once it listens.
 """
 
+import contextlib
 import json
 import os
 
@@ -49,8 +50,11 @@ def asgi(fastapi=False):
     async def ready(request):
         return PlainTextResponse("ok")
 
-    async def startup():
+    # a lifespan, which every Starlette takes (1.0 dropped on_startup)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
         await pool.open()
+        yield
 
     endpoint = WebhookEndpoint(on_event, consumer=name, secret=SECRET,
                                pool=pool)
@@ -60,7 +64,7 @@ def asgi(fastapi=False):
         tenant=lambda event, scope: scope["path_params"]["tenant"])
     if fastapi:
         from fastapi import FastAPI
-        app = FastAPI(on_startup=[startup])
+        app = FastAPI(lifespan=lifespan)
         app.add_route("/hooks", endpoint, methods=["POST"])
         app.add_route("/hooks/t/{tenant}", tenant_endpoint, methods=["POST"])
         app.add_route("/idempotency", ready)
@@ -70,7 +74,7 @@ def asgi(fastapi=False):
         app = Starlette(routes=[
             Route("/hooks", endpoint, methods=["POST"]),
             Route("/hooks/t/{tenant}", tenant_endpoint, methods=["POST"]),
-            Route("/idempotency", ready)], on_startup=[startup])
+            Route("/idempotency", ready)], lifespan=lifespan)
     sock = common.listen()
     common.announce(sock.getsockname()[1])
     uvicorn.Server(uvicorn.Config(app, log_level="warning",
