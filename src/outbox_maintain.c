@@ -115,9 +115,7 @@ IdemReadSegmentTimes(IdemSegmentInfo **out)
 		info[i].relid = segs[i].relid;
 	}
 	pfree(segs);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(&save);
+	IdemOwnerSPIBegin(&save);
 	rc = SPI_execute("SELECT seg, opened_at, quiet_at FROM idempotency.outbox_segments",
 					 true, 0);
 	if (rc != SPI_OK_SELECT)
@@ -141,8 +139,7 @@ IdemReadSegmentTimes(IdemSegmentInfo **out)
 				info[i].quiet_at = isnull ? 0 : DatumGetTimestampTz(quiet);
 			}
 	}
-	IdemRestoreUser(&save);
-	SPI_finish();
+	IdemOwnerSPIEnd(&save);
 	*out = info;
 	return n;
 }
@@ -157,9 +154,7 @@ IdemForgetSegment(int32 seg)
 	Datum		arg = Int32GetDatum(seg);
 	int			rc;
 
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(&save);
+	IdemOwnerSPIBegin(&save);
 	plan = SPI_prepare("DELETE FROM idempotency.outbox_segments"
 					   " WHERE seg OPERATOR(pg_catalog.=) $1", 1, &argtype);
 	if (plan == NULL)
@@ -167,8 +162,7 @@ IdemForgetSegment(int32 seg)
 	rc = SPI_execute_plan(plan, &arg, NULL, false, 0);
 	if (rc != SPI_OK_DELETE)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	IdemRestoreUser(&save);
-	SPI_finish();
+	IdemOwnerSPIEnd(&save);
 }
 
 /*
@@ -190,9 +184,7 @@ IdemSegmentQuiet(int32 seg, TimestampTz now)
 
 	args[0] = Int32GetDatum(seg);
 	args[1] = TimestampTzGetDatum(now);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(&save);
+	IdemOwnerSPIBegin(&save);
 	plan = SPI_prepare("UPDATE idempotency.outbox_segments SET quiet_at = $2"
 					   " WHERE seg OPERATOR(pg_catalog.=) $1 AND quiet_at IS NULL",
 					   2, argtypes);
@@ -201,8 +193,7 @@ IdemSegmentQuiet(int32 seg, TimestampTz now)
 	rc = SPI_execute_plan(plan, args, NULL, false, 0);
 	if (rc != SPI_OK_UPDATE)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	IdemRestoreUser(&save);
-	SPI_finish();
+	IdemOwnerSPIEnd(&save);
 }
 
 /*

@@ -258,16 +258,13 @@ static void
 IdemPositionBegin(IdemSavedUser *save)
 {
 	IdemRelayCheckTable();
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(save);
+	IdemOwnerSPIBegin(save);
 }
 
 static void
 IdemPositionEnd(const IdemSavedUser *save)
 {
-	IdemRestoreUser(save);
-	SPI_finish();
+	IdemOwnerSPIEnd(save);
 }
 
 /* runs one statement under a fresh snapshot; returns SPI_processed */
@@ -275,31 +272,9 @@ static int
 IdemPositionExec(IdemPositionStmt which, Datum *values, const bool *isnull)
 {
 	const IdemPositionStmtDef *def = &stmt_defs[which];
-	char		nulls[lengthof(def->argtypes)];
-	int			rc;
-	int			i;
 
-	if (stmt_plans[which] == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(def->sql, def->nargs,
-									   (Oid *) def->argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s", def->sql,
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		stmt_plans[which] = plan;
-	}
-	Assert(def->nargs <= lengthof(nulls));
-	for (i = 0; i < def->nargs; i++)
-		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
-	rc = SPI_execute_snapshot(stmt_plans[which], values, nulls,
-							  GetLatestSnapshot(), InvalidSnapshot,
-							  false, false, 0);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-	return (int) SPI_processed;
+	return IdemExecKeptPlan(&stmt_plans[which], def->sql, def->nargs,
+							def->argtypes, values, isnull, false);
 }
 
 /* an int8[] datum of n values */

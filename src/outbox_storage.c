@@ -589,12 +589,9 @@ IdemOutboxCreateSegment(int32 seg)
 
 	args[0] = Int32GetDatum(seg);
 	args[1] = TimestampTzGetDatum(GetCurrentTimestamp());
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(&save);
+	IdemOwnerSPIBegin(&save);
 	(void) IdemOutboxExec(STMT_SEGMENT_PUT, args, NULL, false);
-	IdemRestoreUser(&save);
-	SPI_finish();
+	IdemOwnerSPIEnd(&save);
 
 	/* our own ATTACH invalidated the cache; make the next reader see it */
 	CommandCounterIncrement();
@@ -726,30 +723,9 @@ IdemOutboxExec(IdemOutboxStmt which, Datum *values, const bool *isnull,
 			   bool read_only)
 {
 	const IdemOutboxStmtDef *def = &stmt_defs[which];
-	char		nulls[3];
-	int			rc;
-	int			i;
 
-	if (stmt_plans[which] == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(def->sql, def->nargs,
-									   (Oid *) def->argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s", def->sql,
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		stmt_plans[which] = plan;
-	}
-	for (i = 0; i < def->nargs; i++)
-		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
-	rc = SPI_execute_snapshot(stmt_plans[which], values, nulls,
-							  GetLatestSnapshot(), InvalidSnapshot,
-							  read_only, false, 0);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-	return (int) SPI_processed;
+	return IdemExecKeptPlan(&stmt_plans[which], def->sql, def->nargs,
+							def->argtypes, values, isnull, read_only);
 }
 
 /*
@@ -779,9 +755,7 @@ IdemOutboxXidBase(void)
 		return cache.base;
 
 	relid = IdemOutboxRequireMember(MEMBER_XID_BASE);
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(&save);
+	IdemOwnerSPIBegin(&save);
 	if (!IdemOutboxPeekBase(&base, &checked))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
@@ -795,8 +769,7 @@ IdemOutboxXidBase(void)
 		int64		high = IdemOutboxHighestStoredTxid();
 		int64		next = (int64) U64FromFullTransactionId(ReadNextFullTransactionId());
 
-		IdemRestoreUser(&save);
-		SPI_finish();
+		IdemOwnerSPIEnd(&save);
 		return Max(base, high - next + 1);
 	}
 	if (!checked)
@@ -810,8 +783,7 @@ IdemOutboxXidBase(void)
 			base = IdemOutboxRaiseBase(relid, IdemOutboxHighestStoredTxid());
 		LockRelease(&tag, ExclusiveLock, false);
 	}
-	IdemRestoreUser(&save);
-	SPI_finish();
+	IdemOwnerSPIEnd(&save);
 
 	cache.base = base;
 	cache.base_valid = true;

@@ -57,6 +57,7 @@
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/lsyscache.h"
+#include "utils/snapmgr.h"
 #include "utils/syscache.h"
 
 /*
@@ -268,6 +269,67 @@ void
 IdemRestoreUser(const IdemSavedUser *save)
 {
 	SetUserIdAndSecContext(save->userid, save->sec_context);
+}
+
+/*
+ * IdemOwnerSPIBegin connects to SPI and makes the storage owner the current
+ * user, for the prepared statements of streams.c and the outbox
+ * (IdemExecKeptPlan); IdemOwnerSPIEnd undoes both.
+ */
+void
+IdemOwnerSPIBegin(IdemSavedUser *save)
+{
+	if (SPI_connect() != SPI_OK_CONNECT)
+		elog(ERROR, "SPI_connect failed");
+	IdemBecomeStorageOwner(save);
+}
+
+void
+IdemOwnerSPIEnd(const IdemSavedUser *save)
+{
+	IdemRestoreUser(save);
+	SPI_finish();
+}
+
+/*
+ * IdemExecKeptPlan runs "sql" under a fresh snapshot (what is committed
+ * now, and this transaction's own changes), between SPI_connect and
+ * SPI_finish, as whoever the caller made current.  The plan is made on the
+ * first call and kept in *plan for the backend's life (SPI_keepplan), so
+ * it is planned with the names the statement had then: the statements
+ * name every table and operator with its schema.  isnull may be NULL (no
+ * argument is null).  Returns SPI_processed.
+ */
+int
+IdemExecKeptPlan(SPIPlanPtr *plan, const char *sql, int nargs,
+				 const Oid *argtypes, Datum *values, const bool *isnull,
+				 bool read_only)
+{
+	char		nulls[IDEM_KEPT_PLAN_MAX_ARGS];
+	int			rc;
+	int			i;
+
+	Assert(nargs <= IDEM_KEPT_PLAN_MAX_ARGS);
+	if (*plan == NULL)
+	{
+		SPIPlanPtr	p = SPI_prepare(sql, nargs, (Oid *) argtypes);
+
+		if (p == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql,
+				 SPI_result_code_string(SPI_result));
+		if (SPI_keepplan(p) != 0)
+			elog(ERROR, "SPI_keepplan failed");
+		*plan = p;
+	}
+	for (i = 0; i < nargs; i++)
+		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
+	rc = SPI_execute_snapshot(*plan, values, nulls,
+							  GetLatestSnapshot(), InvalidSnapshot,
+							  read_only, false, 0);
+	if (rc < 0)
+		elog(ERROR, "SPI_execute_snapshot failed: %s",
+			 SPI_result_code_string(rc));
+	return (int) SPI_processed;
 }
 
 /*

@@ -15,6 +15,8 @@
 
 #include "idempotency.h"
 
+#include "executor/spi.h"
+
 /* Who the caller was, while it runs as the storage owner */
 typedef struct IdemSavedUser
 {
@@ -28,5 +30,13 @@ extern Oid	IdemStorageOwner(void);
 extern void IdemBecomeStorageOwner(IdemSavedUser *save);
 extern void IdemRestoreUser(const IdemSavedUser *save);
 extern void IdemRestrictTableAcl(Oid relid);
+
+/* prepared statements run as the storage owner */
+#define IDEM_KEPT_PLAN_MAX_ARGS 16
+extern void IdemOwnerSPIBegin(IdemSavedUser *save);
+extern void IdemOwnerSPIEnd(const IdemSavedUser *save);
+extern int	IdemExecKeptPlan(SPIPlanPtr *plan, const char *sql, int nargs,
+							 const Oid *argtypes, Datum *values,
+							 const bool *isnull, bool read_only);
 
 #endif							/* IDEMPOTENCY_PRIVILEGE_H */

@@ -240,16 +240,13 @@ IdemCompareLockTags(const void *a, const void *b)
 static void
 IdemStreamBegin(IdemSavedUser *save)
 {
-	if (SPI_connect() != SPI_OK_CONNECT)
-		elog(ERROR, "SPI_connect failed");
-	IdemBecomeStorageOwner(save);
+	IdemOwnerSPIBegin(save);
 }
 
 static void
 IdemStreamEnd(const IdemSavedUser *save)
 {
-	IdemRestoreUser(save);
-	SPI_finish();
+	IdemOwnerSPIEnd(save);
 }
 
 /*
@@ -261,30 +258,9 @@ static int
 IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
 {
 	const IdemStreamStmtDef *def = &stmt_defs[which];
-	char		nulls[7];
-	int			rc;
-	int			i;
 
-	if (stmt_plans[which] == NULL)
-	{
-		SPIPlanPtr	plan = SPI_prepare(def->sql, def->nargs,
-									   (Oid *) def->argtypes);
-
-		if (plan == NULL)
-			elog(ERROR, "SPI_prepare failed for \"%s\": %s", def->sql,
-				 SPI_result_code_string(SPI_result));
-		if (SPI_keepplan(plan) != 0)
-			elog(ERROR, "SPI_keepplan failed");
-		stmt_plans[which] = plan;
-	}
-	for (i = 0; i < def->nargs; i++)
-		nulls[i] = (isnull != NULL && isnull[i]) ? 'n' : ' ';
-	rc = SPI_execute_snapshot(stmt_plans[which], values, nulls,
-							  GetLatestSnapshot(), InvalidSnapshot,
-							  false, false, 0);
-	if (rc < 0)
-		elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
-	return (int) SPI_processed;
+	return IdemExecKeptPlan(&stmt_plans[which], def->sql, def->nargs,
+							def->argtypes, values, isnull, false);
 }
 
 /* reads one position (locked by the caller) FOR UPDATE */
