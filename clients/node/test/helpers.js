@@ -18,6 +18,26 @@ function appPool(max = 10) {
   return new Pool({ max });
 }
 
+// the application role's pool with SCHEMA first on its search_path, before
+// pg_catalog, where the extension's functions are: the conformance fakes
+// and spies stand in for them there
+function schemaPool(schema, max) {
+  return new Pool({ max, options: `-c search_path=${schema},pg_catalog,public` });
+}
+
+// an HTTP server on 127.0.0.1, port 0 → { url, close }
+function listen(handler) {
+  return new Promise((resolve) => {
+    const server = http.createServer(handler);
+    server.listen(0, '127.0.0.1', () => {
+      resolve({
+        url: `http://127.0.0.1:${server.address().port}`,
+        close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }),
+      });
+    });
+  });
+}
+
 function adminPool() {
   return new Pool({ max: 2, user: process.env.IDEM_ADMIN_USER });
 }
@@ -105,4 +125,6 @@ function makeGates() {
   };
 }
 
-module.exports = { appPool, adminPool, uid, request, waitFor, makeGates, WAIT_MS };
+module.exports = {
+  appPool, schemaPool, adminPool, listen, uid, request, waitFor, makeGates, WAIT_MS,
+};

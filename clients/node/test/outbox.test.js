@@ -19,7 +19,7 @@ const { spawn } = require('node:child_process');
 const express = require('express');
 const Fastify = require('fastify');
 const { Pool } = require('pg');
-const { uid, request, waitFor, adminPool } = require('./helpers');
+const { uid, request, waitFor, adminPool, schemaPool, listen } = require('./helpers');
 const idem = require('../lib');
 const { webhookReceiver } = require('../lib/express');
 const { webhookReceiver: fastifyWebhookReceiver } = require('../lib/fastify');
@@ -32,22 +32,9 @@ const FAKE_SQL = fs.readFileSync(path.join(CONFORMANCE, 'outbox-fake.sql'), 'utf
 const SECRET = idem.generateSecret();
 
 function fakePool(max = 6) {
-  // before pg_catalog, where the extension's own calls are when it has them
-  return new Pool({ max, options: '-c search_path=outbox_fake,pg_catalog,public' });
+  return schemaPool('outbox_fake', max);
 }
 
-// an HTTP server on 127.0.0.1, port 0 → { url, close }
-function listen(handler) {
-  return new Promise((resolve) => {
-    const server = http.createServer(handler);
-    server.listen(0, '127.0.0.1', () => {
-      resolve({
-        url: `http://127.0.0.1:${server.address().port}`,
-        close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }),
-      });
-    });
-  });
-}
 
 // a relay's sleeps, recorded instead of waited (the waits are the
 // arithmetic's business, asserted on their own)

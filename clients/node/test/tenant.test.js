@@ -19,7 +19,7 @@ const http = require('node:http');
 const express = require('express');
 const Fastify = require('fastify');
 const { Pool } = require('pg');
-const { uid, request, adminPool, appPool } = require('./helpers');
+const { uid, request, adminPool, appPool, schemaPool, listen } = require('./helpers');
 const idem = require('../lib');
 const { webhookReceiver } = require('../lib/express');
 const { webhookReceiver: fastifyWebhookReceiver } = require('../lib/fastify');
@@ -27,22 +27,10 @@ const { webhookReceiver: fastifyWebhookReceiver } = require('../lib/fastify');
 const SPY_SQL = fs.readFileSync(path.join(__dirname, '..', '..', 'conformance', 'tenant-spy.sql'), 'utf8');
 const SECRET = idem.generateSecret();
 
-// the spies before pg_catalog, where the extension's functions are
 function spyPool(max = 4) {
-  return new Pool({ max, options: '-c search_path=tenant_spy,pg_catalog,public' });
+  return schemaPool('tenant_spy', max);
 }
 
-function listen(handler) {
-  return new Promise((resolve) => {
-    const server = http.createServer(handler);
-    server.listen(0, '127.0.0.1', () => {
-      resolve({
-        url: `http://127.0.0.1:${server.address().port}`,
-        close: () => new Promise((r) => { server.closeAllConnections(); server.close(r); }),
-      });
-    });
-  });
-}
 
 function delivery(id, body = { n: 1 }) {
   const raw = Buffer.from(JSON.stringify(body));
