@@ -1453,3 +1453,21 @@ BEGIN
     END LOOP;
 END
 $privileges_0_5_0$;
+
+-- 0.5.0: dumps leave out the rows of dropped roles (doc/security.md,
+-- "Dropped roles").  The positions, sequences, relays and dead letters of
+-- a role that no longer exists, not yet deleted by maintenance, would be
+-- written by pg_dump under the role's bare OID (regrole's output for an
+-- OID no role has), and restored under that OID into a cluster where it
+-- may be another role's: that role would start its streams and relays
+-- from them, and read the dead letters' copies of the events.  pg_dump
+-- runs each condition with its own settings (search_path empty): every
+-- name is qualified.
+SELECT pg_catalog.pg_extension_config_dump('idempotency.positions',
+  'WHERE EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.sequences',
+  'WHERE EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_relays',
+  'WHERE EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');
+SELECT pg_catalog.pg_extension_config_dump('idempotency.outbox_dead_letters',
+  'WHERE EXISTS (SELECT FROM pg_catalog.pg_roles AS r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');

@@ -366,5 +366,27 @@ SELECT (SELECT count(*) FROM idempotency.positions WHERE role::oid = :gone_oid) 
 -- every other role's rows stay
 SELECT count(*) = :rows_before - 1 AS others_kept FROM idempotency.positions;
 
+-- The cutoff maintenance deletes by is written into its statement in a
+-- form no setting of the caller's changes (ISO, with its UTC offset, read
+-- back under pinned settings): a caller of idem_maintain() (a grantee, or
+-- pg_cron's session with a database's settings) whose DateStyle reads
+-- dates day first and whose TimeZone is far from UTC deletes no position
+-- used within position_ttl.  The cutoff is set to the 12th of January of
+-- last year: read month first, "12/01" would be the 1st of December, and
+-- every position unused since then would go.
+SELECT extract(epoch FROM now() - (date_trunc('year', now()) - interval '1 year' + interval '11 days'))::int AS cutoff_ttl \gset
+SELECT idempotency.import_position(ROW('regress_idem_stream_a', 'styled', 'orders', p, 0, NULL,
+         date_trunc('year', now()) - interval '1 year' + interval '11 days' + d)::idempotency.position_record)
+  FROM (VALUES (0, interval '1 day'), (1, interval '-1 day')) AS v(p, d);
+SET idempotency.position_ttl = :cutoff_ttl;
+SET DateStyle = 'SQL, DMY';
+SET TimeZone = 'Asia/Kathmandu';
+SELECT partitions_created >= 0 AS ran FROM idem_maintain();
+RESET DateStyle;
+RESET TimeZone;
+RESET idempotency.position_ttl;
+-- the position used after the cutoff stays, the one unused since goes
+SELECT part FROM idempotency.positions WHERE consumer = 'styled' ORDER BY part;
+
 DROP EXTENSION idempotency;
 DROP ROLE regress_idem_stream_a, regress_idem_stream_b;

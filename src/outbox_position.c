@@ -161,7 +161,10 @@ static const IdemPositionStmtDef stmt_defs[NUM_POSITION_STMTS] = {
 	},
 	[STMT_DEAD_EXPIRE] = {
 		"DELETE FROM idempotency.outbox_dead_letters"
-		" WHERE failed_at OPERATOR(pg_catalog.<) $1 OR " IDEM_KEYED_ROLE_GONE,
+		" WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+		"SELECT ctid FROM idempotency.outbox_dead_letters"
+		" WHERE failed_at OPERATOR(pg_catalog.<) $1 OR " IDEM_KEYED_ROLE_GONE
+		" FOR UPDATE SKIP LOCKED))",
 		1, {TIMESTAMPTZOID}
 	},
 	[STMT_RELAY_FORGET_GONE] = {
@@ -586,7 +589,11 @@ IdemRelayDeadLetterCount(Oid role, text *relay, text *topic)
 /*
  * deletes the dead letters recorded before "before", and those of roles
  * that no longer exist (keyed_rows.h, IDEM_KEYED_ROLE_GONE); returns how
- * many
+ * many.  Each is locked FOR UPDATE SKIP LOCKED, as the relays are: one a
+ * relay's open transaction holds (idem_outbox_dead_letter() of the same
+ * event again, which updates it) is left for a later run, instead of
+ * holding maintenance up until that transaction ends, whichever role's it
+ * is (specs/outbox_dead_letters_maintain.spec).
  */
 uint64
 IdemRelayDeadLettersExpire(TimestampTz before)
