@@ -756,6 +756,63 @@ $manifest$;
 COMMENT ON FUNCTION idempotency.export_manifest() IS
 'what an export of this version holds (format 2): each part, its record type, its export and import functions, in the order to import them';
 
+-- 0.5.0: a ledger that a publication carries keeps working.  0.5.0
+-- refuses an update or delete of a ledger row, as an UPDATE is, when a
+-- publication carries that change and the partition has no replica
+-- identity (src/relation_checks.c); before, the change was written and no
+-- subscriber could apply it.  So that updating the extension does not make
+-- every completion of a database that publishes FOR ALL TABLES (or the
+-- schema, or a ledger) fail, such a ledger table and its partitions get
+-- REPLICA IDENTITY FULL here, which a subscriber can apply; the partitions
+-- made after take it from their table (storage.c).  A ledger made later,
+-- or a publication made later, is the DBA's choice (doc/operations.md,
+-- "Not supported").
+DO $replica_identity_0_5_0$
+DECLARE
+    ledger pg_catalog.oid;
+    part pg_catalog.oid;
+BEGIN
+    FOR ledger IN
+        SELECT c.oid FROM pg_catalog.pg_class AS c
+         WHERE c.relnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
+           AND c.relname OPERATOR(pg_catalog.=) ANY (ARRAY['keys', 'messages']::pg_catalog.name[])
+           AND c.relkind OPERATOR(pg_catalog.=) 'p'
+           AND c.relreplident OPERATOR(pg_catalog.=) 'd'
+           AND EXISTS (
+               SELECT FROM pg_catalog.pg_publication AS p
+                WHERE (p.pubupdate OR p.pubdelete)
+                  AND (p.puballtables
+                       OR EXISTS (SELECT FROM pg_catalog.pg_publication_namespace AS pn
+                                   WHERE pn.pnpubid OPERATOR(pg_catalog.=) p.oid
+                                     AND pn.pnnspid OPERATOR(pg_catalog.=) c.relnamespace)
+                       OR EXISTS (SELECT FROM pg_catalog.pg_publication_rel AS pr
+                                   WHERE pr.prpubid OPERATOR(pg_catalog.=) p.oid
+                                     AND pr.prrelid OPERATOR(pg_catalog.=) ANY (
+                                         SELECT t.relid FROM pg_catalog.pg_partition_tree(c.oid) AS t))))
+    LOOP
+        BEGIN
+            FOR part IN
+                SELECT t.relid FROM pg_catalog.pg_partition_tree(ledger) AS t
+                  JOIN pg_catalog.pg_class AS pc ON pc.oid OPERATOR(pg_catalog.=) t.relid
+                 WHERE pc.relreplident OPERATOR(pg_catalog.=) 'd'
+                 ORDER BY t.level
+            LOOP
+                EXECUTE pg_catalog.format('ALTER TABLE %s REPLICA IDENTITY FULL',
+                                          part::pg_catalog.regclass);
+            END LOOP;
+            RAISE NOTICE 'the ledger % is published: made REPLICA IDENTITY FULL, with its partitions',
+                ledger::pg_catalog.regclass
+                USING DETAIL = 'Since 0.5.0, an update or delete of a ledger row that a publication carries needs a replica identity, as an UPDATE does.';
+        EXCEPTION WHEN insufficient_privilege THEN
+            RAISE WARNING 'the ledger % is published and has no replica identity',
+                ledger::pg_catalog.regclass
+                USING DETAIL = 'Since 0.5.0, the calls that update or delete its rows are refused while a publication carries those changes.',
+                      HINT = 'As the owner of schema idempotency, give the table and its partitions REPLICA IDENTITY FULL (doc/operations.md, "Not supported").';
+        END;
+    END LOOP;
+END
+$replica_identity_0_5_0$;
+
 -- 0.5.0: the members this version adds get exactly the privileges of a
 -- fresh install in a plain database, as 0.4.0's members do (see the block
 -- "Privileges" of the install script): each privilege that the default

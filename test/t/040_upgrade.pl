@@ -74,6 +74,12 @@ my $partitions_before = $node->safe_psql('upgraded',
 	q{SELECT string_agg(partition::text || ' ' || lower_bound || ' ' || upper_bound, E'\n' ORDER BY partition::text)
 	    FROM idempotency.partitions});
 
+# A publication that carries every table's updates (as change data capture
+# tools make them): 0.5.0 refuses an update of a ledger row that such a
+# publication carries without a replica identity, so the update gives the
+# published ledgers one
+$node->safe_psql('upgraded', 'CREATE PUBLICATION everything FOR ALL TABLES');
+
 # ---------------------------------------------------------------- update
 $node->safe_psql('upgraded', 'ALTER EXTENSION idempotency UPDATE');
 is($node->safe_psql('upgraded',
@@ -110,6 +116,13 @@ is($node->safe_psql('upgraded', q{
 # below is checked through them
 $node->safe_psql('upgraded', 'SELECT idem_maintain()');
 filters_ready($node, 'upgraded', 'after the update and a maintenance run');
+my $identities = q{
+	SELECT string_agg(DISTINCT c.relreplident::text, ',')
+	  FROM pg_class c
+	 WHERE c.relnamespace = 'idempotency'::regnamespace AND c.relkind IN ('r', 'p')
+	   AND c.relname ~ '^(keys|messages)' AND c.relname !~ '_memory'};
+is($node->safe_psql('upgraded', $identities), 'f',
+	'the published ledgers, their partitions and those maintenance made since are REPLICA IDENTITY FULL');
 
 # ---------------------------------------------------------------- behaviour
 is($node->safe_psql('upgraded', q{
@@ -192,6 +205,8 @@ is($node->safe_psql('big_endian', "SELECT count(*) FROM idempotency.messages WHE
 	$misplaced, 'and sits in its own lane');
 is($node->safe_psql('big_endian', 'SELECT idempotency.relocate_lanes()'), '0',
 	'a second run finds nothing to move');
+is($node->safe_psql('big_endian', $identities), 'd',
+	'without a publication, the update leaves the ledgers\' replica identity as it was');
 
 # ---------------------------------------------------------------- same objects as a fresh install
 my $objects_sql = q{
