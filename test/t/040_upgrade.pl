@@ -229,12 +229,16 @@ SELECT string_agg(line, E'\n' ORDER BY line) FROM (
   UNION ALL
   SELECT 'comment ' || pg_describe_object(classid, objid, 0) || ': ' || obj_description(objid, classid::regclass::name)
     FROM members WHERE obj_description(objid, classid::regclass::name) IS NOT NULL
+  UNION ALL
+  SELECT 'dumped ' || c.tab::regclass::text || ' ' || coalesce(c.cond, '')
+    FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS c(tab, cond)
+   WHERE e.extname = 'idempotency'
 ) s};
 my $fresh = $node->safe_psql('fresh', $objects_sql);
 my $updated = $node->safe_psql('upgraded', $objects_sql);
 ok(length($fresh) > 1000, 'the fresh install has members to compare');
 is($updated, $fresh,
-	'the updated extension has the same members, definitions, privileges and comments as a fresh install');
+	'the updated extension has the same members, definitions, privileges, comments and dump conditions as a fresh install');
 
 $node->stop;
 done_testing();
