@@ -22,7 +22,11 @@
  *	  EXCLUSIVE, reads its rows and writes one piece, a partition of the
  *	  memory table with the dropped partition's lane and bounds.  The piece
  *	  and the DROP commit or roll back together: a crash neither loses nor
- *	  doubles a piece.
+ *	  doubles a piece.  Not for a ledger distributed by Citus (citus.c):
+ *	  a piece is the node's, mixing tenants, and Citus would not move it
+ *	  with them, so maintenance keeps its ended partitions instead until
+ *	  key_memory has passed (maintain.c); their rows, in the tenants'
+ *	  shards, answer as above on whichever node a tenant's shard is.
  *
  * A piece holds, per role, the role's digests sorted and cut into chunks of
  * at most a heap page: one row (expires_at, role, lane, last, digests) per
