@@ -19,7 +19,13 @@
  *	  its keys (memory.c), in the same subtransaction; a call that finds no
  *	  live row of its key then looks into the ended partition, and so waits
  *	  for this run's transaction, unless the partition's digest filter
- *	  (kept until the drop commits: filter_pool.c) rules its key out;
+ *	  (kept until the drop commits: filter_pool.c) rules its key out.  A
+ *	  ledger distributed by Citus (citus.c) gets no piece: a piece is the
+ *	  node's, mixing tenants, and Citus would not move it with them.  Its
+ *	  ended partitions are kept instead until key_memory has passed since
+ *	  their range ended, and then dropped: their rows stay in the tenants'
+ *	  shards, which Citus moves, splits and isolates with the tenants, and
+ *	  a call finds them there as it finds any ended partition (memory.c);
  *	- drop the pieces of the memory that key_memory has passed (memory.c);
  *	- the outbox's segments: a new one, and old ones dropped
  *	  (outbox_maintain.c);
@@ -63,7 +69,8 @@ PG_FUNCTION_INFO_V1(idem_maintain);
 #define IDEM_DROP_LOCK_TIMEOUT_MS	100
 
 static int	IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now);
-static int	IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now);
+static int	IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now,
+									  bool distributed);
 
 /*
  * IdemMaintainDatabase runs maintenance once in the current database, in
@@ -94,6 +101,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 		for (ledger = 0; ledger < IDEM_NUM_LEDGERS; ledger++)
 		{
 			bool		coordinator;
+			bool		distributed;
 
 			if (!IdemLedgerDefined(ledger))
 				continue;
@@ -104,15 +112,16 @@ IdemMaintainDatabase(int *created, int *dropped)
 			 * on every worker in the same transaction; a worker leaves
 			 * them alone.
 			 */
-			if (IdemCitusDistributed(IdemLedgerParent(ledger, false),
-									 &coordinator) && !coordinator)
+			distributed = IdemCitusDistributed(IdemLedgerParent(ledger, false),
+											   &coordinator);
+			if (distributed && !coordinator)
 				continue;
 			(void) IdemLedgerParent(ledger, true);
 			(void) IdemUpgradeLedgerIndex(ledger);
 			IdemEnsureExtensionDependency(ledger);
 			IdemRestrictLedgerPrivileges(ledger);
 			*created += IdemMakePartitionsAhead(ledger, now);
-			*dropped += IdemDropExpiredPartitions(ledger, now);
+			*dropped += IdemDropExpiredPartitions(ledger, now, distributed);
 		}
 		*dropped += IdemMemoryForget(now, IDEM_DROP_LOCK_TIMEOUT_MS);
 		IdemMemoryUpkeep();
@@ -223,10 +232,13 @@ IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now)
 
 /*
  * IdemDropExpiredPartitions drops the partitions of a ledger whose range has
- * ended.  Returns how many it dropped.
+ * ended; of a ledger distributed by Citus ("distributed"), with
+ * key_memory, only those whose range ended key_memory ago or longer.
+ * Returns how many it dropped.
  */
 static int
-IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
+IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now,
+						  bool distributed)
 {
 	List	   *partitions = IdemAllPartitions(ledger);
 	ListCell   *lc;
@@ -256,6 +268,13 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now)
 		 * longer ago (left by earlier runs) has none left to remember.
 		 */
 		remember = idem_key_memory > 0 && p->upper > since;
+
+		/*
+		 * Distributed by Citus: the partition itself remembers its keys,
+		 * in the tenants' shards, until key_memory has passed.
+		 */
+		if (distributed && remember)
+			continue;
 		if (p->upper <= now && !(remember && memory_in_use) &&
 			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS,
 							  remember ? IdemMemoryRemember : NULL,

@@ -141,6 +141,17 @@ static bool IdemOpenCacheLookup(IdemOpenCache *cache, IdemLedger ledger,
  * neither locked nor opened: no row of the key can be there.  If a new row
  * is to go there, IdemOpFindTarget opens it then; *open has room for every
  * partition listed.
+ *
+ * The live partitions come first in *open, the ended ones after them, so
+ * that a probe that finds the key's live row stops before the ended ones
+ * (IdemProbe stops at the first row it finds).  The answer is the same in
+ * either order: a key has one live row, and an expired row only adds
+ * "remembered", which counts only when no live row is found, that is once
+ * every partition has been probed.  It matters where ended partitions are
+ * many: a ledger distributed by Citus keeps them for key_memory
+ * (maintain.c), key_memory / partition_interval of them per lane, which
+ * every call on a live key (a completion, a replay) would otherwise probe
+ * first, as partitions come in order of their ranges.
  */
 int
 IdemOpenLivePartitions(IdemLedger ledger, Oid role, const pg_uuid_t *digest,
@@ -154,6 +165,7 @@ IdemOpenLivePartitions(IdemLedger ledger, Oid role, const pg_uuid_t *digest,
 		bool	   *locked;
 		int			n;
 		int			i;
+		int			pass;
 		int			nopen;
 
 		CHECK_FOR_INTERRUPTS();
@@ -193,13 +205,18 @@ IdemOpenLivePartitions(IdemLedger ledger, Oid role, const pg_uuid_t *digest,
 		if (capacity != NULL)
 			*capacity = Max(n, 1);
 		nopen = 0;
-		for (i = 0; i < n; i++)
+		for (pass = 0; pass < 2; pass++)
 		{
-			if (!locked[i])
-				continue;
-			IdemOpenPartitionRels(&(*open)[nopen], ledger, &parts[i],
-								  parts[i].ended ? AccessShareLock : lockmode, true);
-			nopen++;
+			/* the live partitions, then the ended ones */
+			for (i = 0; i < n; i++)
+			{
+				if (!locked[i] || parts[i].ended != (pass == 1))
+					continue;
+				IdemOpenPartitionRels(&(*open)[nopen], ledger, &parts[i],
+									  parts[i].ended ? AccessShareLock : lockmode,
+									  true);
+				nopen++;
+			}
 		}
 		pfree(parts);
 		pfree(locked);

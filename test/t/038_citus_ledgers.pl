@@ -7,11 +7,15 @@
 # local shard of its tenant, and only that call does: whatever the same
 # backend runs next (an export, maintenance), after a call that returned,
 # failed, or failed inside a savepoint, reads the node's own ledger table.
+# With idempotency.key_memory, the coordinator's maintenance keeps the
+# expired partitions of the distributed ledgers (no piece) until
+# key_memory has passed, so that a tenant's expired keys move with its
+# shards: answered "expired" on the node a force_logical move took them to.
 #
 # One node with Citus preloaded, holding the shards itself (the
-# coordinator, shouldhaveshards).  The test command builds Citus for the
-# server under test (test/run-suites.sh, citus_for_tests); skipped where
-# Citus is not installed.  The proof through Citus' own shard operations
+# coordinator, shouldhaveshards); a second one for the move.  The test
+# command builds Citus for the server under test (test/run-suites.sh,
+# citus_for_tests); skipped where Citus is not installed.  The proof through Citus' own shard operations
 # under load is examples/citus/distributed-ledger/run.sh.
 
 use strict;
@@ -21,17 +25,26 @@ use PostgreSQL::Test::Cluster;
 use PostgreSQL::Test::Utils;
 use Test::More;
 
+use FindBin;
+use lib "$FindBin::RealBin/../lib";
+use Torture qw(poll_until);
+
 my $node = PostgreSQL::Test::Cluster->new('citus_ledgers');
 my $pkglibdir = $node->config_data('--pkglibdir');
 plan skip_all => "Citus is not installed in $pkglibdir"
   unless -f "$pkglibdir/citus.so";
 
 $node->init;
+# wal_level logical and the node reaching itself by its socket: for the
+# force_logical move of the key memory check below
 $node->append_conf('postgresql.conf', q{
 shared_preload_libraries = 'citus'
 max_worker_processes = 16
 citus.shard_count = 4
-});
+wal_level = logical
+max_wal_senders = 10
+max_replication_slots = 10
+} . "citus.local_hostname = '" . $node->host . "'\n");
 $node->start;
 
 my $host = $node->host;
@@ -263,6 +276,161 @@ SELECT status FROM idem_claim('k', scope => 'acme', lease => '1 hour');
 SELECT idem_consume_message('events', 'm1', ttl => NULL, tenant => 'acme');
 SELECT count(*) FROM idempotency.export_keys();
 }), "claimed\nt\n2", 'without Citus the ledgers are the node\'s own, and tenant is not used');
+
+# Key memory on distributed ledgers: the coordinator's maintenance keeps a
+# partition whose range ended until key_memory has passed since (no piece
+# of the node's memory: Citus could not move it), so the expired rows stay
+# in the tenants' shards and move with them.  A key and a message id of
+# tenant acme expire (1 s partitions, ttl 1 s); maintenance keeps their
+# partitions; acme's shards move to a second node with force_logical; the
+# key is "expired" there, the message id consumed.  Once key_memory has
+# passed, maintenance drops the kept partitions, on every node.
+my $node2 = PostgreSQL::Test::Cluster->new('citus_ledgers_2');
+$node2->init;
+$node2->append_conf('postgresql.conf', q{
+shared_preload_libraries = 'citus'
+max_worker_processes = 16
+wal_level = logical
+max_wal_senders = 10
+max_replication_slots = 10
+} . "citus.local_hostname = '" . $node2->host . "'\n");
+$node2->start;
+my $host2 = $node2->host;
+my $port2 = $node2->port;
+my $fast = q{
+SET idempotency.partition_interval = '1s';
+SET idempotency.key_ttl = '1s';
+SET idempotency.message_ttl = '1s';
+SET idempotency.premake = 10;
+SET idempotency.key_memory = '1h';
+};
+for my $n ($node, $node2)
+{
+	$n->safe_psql('postgres', 'CREATE DATABASE mem');
+	$n->safe_psql('mem', 'CREATE EXTENSION citus');
+}
+$node->safe_psql('mem', qq{
+SELECT citus_set_coordinator_host('$host', $port);
+SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
+CREATE EXTENSION idempotency;
+CREATE TABLE payments (tenant text NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
+SELECT create_distributed_table('payments', 'tenant');
+$fast
+SELECT idempotency.citus_distribute('payments');
+SELECT count(*) FROM idem_maintain();
+SELECT citus_add_node('$host2', $port2);
+});
+# the rows of acme, on the coordinator (which holds every shard so far)
+my $ends = $node->safe_psql('mem', qq{
+$fast
+SELECT count(*) FROM idem_maintain();
+BEGIN;
+SELECT status FROM idem_claim('late', scope => 'acme', ttl => '1 second');
+SELECT idem_complete('late', 201, '{"id": 1}', scope => 'acme');
+COMMIT;
+SELECT idem_consume_message('events', 'late-m', ttl => '1 second', tenant => 'acme');
+SELECT max(p.upper_bound) FROM idempotency.partitions p
+ WHERE p.lower_bound <= (SELECT max(expires_at) FROM idempotency.keys)
+    OR p.lower_bound <= (SELECT max(expires_at) FROM idempotency.messages);
+});
+$ends = (split /\n/, $ends)[-1];
+ok( poll_until(
+		'the partitions of acme\'s rows ended',
+		sub {
+			$node->safe_psql('mem', qq{SELECT clock_timestamp() > '$ends'}) eq 't';
+		}),
+	'the partitions holding acme\'s key and message id ended');
+is($node->safe_psql('mem', qq{
+$fast
+SELECT count(*) FROM idem_maintain();
+SELECT (SELECT count(*) FROM idempotency.keys WHERE tenant = 'acme') || ' '
+    || (SELECT count(*) FROM idempotency.messages WHERE tenant = 'acme') || ' '
+    || (SELECT count(*) FROM idempotency.partitions WHERE upper_bound <= '$ends') || ' '
+    || (SELECT count(*) FROM pg_inherits
+         WHERE inhparent IN (SELECT c.oid FROM pg_class c
+                              WHERE c.relnamespace = 'idempotency'::regnamespace
+                                AND c.relname IN ('keys_memory', 'messages_memory')));
+}) =~ s/^(?:.*\n)*//r =~ s/^(\d+ \d+) [1-9]\d* /$1 some /r, '1 1 some 0',
+	'with key_memory, maintenance keeps the ended partitions of distributed ledgers (the rows stay in the shards), and writes no piece');
+
+$node->safe_psql('mem', qq{
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idempotency.keys', 'acme'),
+                                  '$host', $port, '$host2', $port2,
+                                  shard_transfer_mode => 'force_logical');
+$fast
+SELECT count(*) FROM idem_maintain();
+});
+is($node->safe_psql('mem', q{
+SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+ WHERE p.shardid = get_shard_id_for_distribution_column('idempotency.keys', 'acme')}),
+	$port2, 'acme\'s ledger shard moved to the second node');
+my $answers = q{
+BEGIN;
+SELECT (SELECT status FROM idem_claim('late', scope => 'acme', ttl => '1 second')) || ' '
+    || coalesce((SELECT status FROM idem_lookup('late', scope => 'acme')), 'none') || ' '
+    || idem_consume_message('events', 'late-m', ttl => '1 second', tenant => 'acme')::text || ' '
+    || (SELECT status FROM idem_claim('fresh', scope => 'acme', ttl => '1 second'));
+ROLLBACK;
+};
+is($node2->safe_psql('mem', "$fast $answers"), 'expired expired false claimed',
+	'after the move, the new node answers for the expired key and message id of acme');
+
+# What the kept partitions cost a call on the second node, counted by the
+# index scans of their shards in the call's transaction: a key with a
+# live row finds it before them (none scanned), a key never seen scans
+# each of its lanes' kept partitions once (not a second time for the
+# memory).
+my $kept_scans = q{
+SET citus.override_table_visibility = off;
+SELECT coalesce(sum(t.idx_scan), 0) || ' ' || coalesce(max(t.idx_scan), 0)
+  FROM pg_stat_xact_user_tables t
+ WHERE t.schemaname = 'idempotency'
+   AND EXISTS (SELECT FROM idempotency.partitions p JOIN pg_class c ON c.oid = p.partition
+                WHERE p.upper_bound <= now() AND c.relname ~ '^keys_'
+                  AND t.relname ~ ('^' || c.relname || '_[0-9]+$'));
+};
+$node->safe_psql('mem', "$fast SELECT count(*) FROM idem_maintain()");
+$node2->safe_psql('mem', qq{
+$fast
+BEGIN;
+SELECT status FROM idem_claim('live', scope => 'acme', ttl => '8 seconds');
+SELECT idem_complete('live', 200, scope => 'acme');
+COMMIT;
+});
+is($node2->safe_psql('mem', qq{
+$fast
+BEGIN;
+SELECT status FROM idem_claim('live', scope => 'acme', ttl => '8 seconds');
+$kept_scans
+ROLLBACK;
+}), "completed\n0 0", 'a call on a live key scans no kept partition');
+like($node2->safe_psql('mem', qq{
+$fast
+BEGIN;
+SELECT status FROM idem_claim('never-seen', scope => 'acme', ttl => '8 seconds');
+$kept_scans
+ROLLBACK;
+}), qr/^claimed\n[1-9][0-9]* 1$/, 'a key never seen scans each kept partition of its lanes once');
+
+# key_memory (3 s here) passes: maintenance drops the kept partitions,
+# their shards on the second node with them, and the key runs again
+ok( poll_until(
+		'key_memory passed since the partitions ended',
+		sub {
+			$node->safe_psql('mem', qq{SELECT clock_timestamp() > '$ends'::timestamptz + interval '3.1 seconds'}) eq 't';
+		}),
+	'3 s have passed since the partitions of acme\'s rows ended');
+is($node->safe_psql('mem', qq{
+$fast
+SET idempotency.key_memory = '3s';
+SELECT partitions_dropped > 0 FROM idem_maintain();
+SELECT (SELECT count(*) FROM idempotency.keys WHERE tenant = 'acme' AND expires_at < '$ends') || ' '
+    || (SELECT count(*) FROM idempotency.messages WHERE tenant = 'acme' AND expires_at < '$ends') || ' '
+    || (SELECT count(*) FROM idempotency.partitions WHERE upper_bound <= '$ends');
+}), "t\n0 0 0", 'once key_memory has passed, maintenance drops the kept partitions');
+is($node2->safe_psql('mem', "$fast SET idempotency.key_memory = '3s'; $answers"),
+	'claimed in_progress true claimed', 'forgotten: the key and the message id run again');
+$node2->stop;
 
 $node->stop;
 done_testing();

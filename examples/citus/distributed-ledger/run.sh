@@ -25,8 +25,12 @@
 # payments and events (check.sql), and runs a control that must find keys
 # paid twice and events applied twice: the same move in a database "ctl"
 # of the same servers whose ledgers are not distributed (each worker's own,
-# as before 0.5.0).  Exit status 0 when all checks pass and the control
-# fails as it must.
+# as before 0.5.0).  Last, the key memory (database "mem", 1 s partitions
+# and ttls, key_memory 1 h): 40 payments of one tenant expire, maintenance
+# keeps their partitions, the tenant's shards move with force_logical, and
+# every key sent again answers "expired" (nothing paid), every event a
+# duplicate; once key_memory (3 s) has passed, maintenance drops them.
+# Exit status 0 when all checks pass and the control fails as it must.
 set -u
 PG_CONFIG=${PG_CONFIG:?set PG_CONFIG}
 BIN=$("$PG_CONFIG" --bindir)
@@ -68,6 +72,17 @@ CONF
 	"$BIN/pg_ctl" -D "$WORK/$n" -l "$WORK/$n.log" -w start >/dev/null || exit 1
 	PGOPTIONS='-c client_min_messages=warning' sql "$n" -c "CREATE EXTENSION citus" -c "CREATE DATABASE ctl" || exit 1
 	sql "$n" -d ctl -c "CREATE EXTENSION citus" || exit 1
+	# the key memory's database: 1 s partitions, keys and ids living 1 s,
+	# remembered an hour (set on every node: maintenance decides on the
+	# coordinator what it keeps, the calls answer on the workers)
+	PGOPTIONS='-c client_min_messages=warning' sql "$n" -c "CREATE DATABASE mem" || exit 1
+	sql "$n" -d mem -c "CREATE EXTENSION citus" || exit 1
+	sql "$n" -c "SET citus.enable_ddl_propagation = off" \
+		-c "ALTER DATABASE mem SET idempotency.partition_interval = '1s'" \
+		-c "ALTER DATABASE mem SET idempotency.key_ttl = '1s'" \
+		-c "ALTER DATABASE mem SET idempotency.message_ttl = '1s'" \
+		-c "ALTER DATABASE mem SET idempotency.premake = 10" \
+		-c "ALTER DATABASE mem SET idempotency.key_memory = '1h'" || exit 1
 done
 trap 'for n in coord w1 w2; do "$BIN/pg_ctl" -D "$WORK/$n" -m fast stop >/dev/null 2>&1; done' EXIT
 
@@ -141,5 +156,48 @@ if CO="host=$WORK/coord/sock port=${PORT[coord]} dbname=ctl" timeout 900 "$PY" "
 else
 	say "control failed as it must"
 fi
+say "key memory: expired keys and ids of a tenant answered after a force_logical move, forgotten once key_memory has passed"
+mem() { local n=$1; shift; sql "$n" -d mem "$@"; }
+mem coord -c "SELECT citus_set_coordinator_host('$WORK/coord/sock', ${PORT[coord]})" >/dev/null || exit 1
+mem coord -f "$HERE/setup.sql" -v w1host="$WORK/w1/sock" -v w1port="${PORT[w1]}" -v distribute=on >/dev/null || exit 1
+mem coord -c "SELECT citus_add_node('$WORK/w2/sock', ${PORT[w2]})" -c "SELECT count(*) FROM idem_maintain()" >/dev/null || exit 1
+# 40 payments and their events for tenant t03, each key living 1 s, each
+# call alone (delegated to the tenant's worker)
+sends() {
+	local i
+	for i in $(seq 1 40); do
+		echo "SELECT status FROM create_payment('t03', 'mem-$i', 5);"
+		echo "SELECT apply_event('t03', 'mem-$i');"
+	done | mem coord | sort | uniq -c | awk '{ printf "%s%s %s", sep, $2, $1; sep = "," }'
+}
+paid=$(sends)
+# wait until every partition that can hold them has ended, then maintenance
+ends=$(mem coord -c "SELECT max(upper_bound) FROM idempotency.partitions
+                      WHERE lower_bound <= (SELECT max(expires_at) FROM idempotency.keys)
+                         OR lower_bound <= (SELECT max(expires_at) FROM idempotency.messages)")
+until [ "$(mem coord -c "SELECT clock_timestamp() > '$ends'")" = t ]; do sleep 0.1; done
+mem coord -c "SELECT count(*) FROM idem_maintain()" >/dev/null || exit 1
+kept=$(mem coord -c "SELECT count(*) FROM idempotency.keys WHERE tenant = 't03'")
+s=$(mem coord -c "SELECT get_shard_id_for_distribution_column('payments', 't03')")
+from=$(mem coord -c "SELECT nodeport FROM citus_shards WHERE shardid = $s LIMIT 1")
+if [ "$from" = "${PORT[w1]}" ]; then from=$W1 to=$W2; else from=$W2 to=$W1; fi
+mem coord -c "SELECT citus_move_shard_placement($s, $from, $to, shard_transfer_mode => 'force_logical')" \
+	-c "SELECT count(*) FROM idem_maintain()" >/dev/null || exit 1
+# every key once more: "expired" (nothing paid), every event a duplicate
+again=$(sends)
+payments=$(mem coord -c "SELECT count(*) FROM payments WHERE tenant = 't03'")
+say "sent: '$paid'; $kept key rows kept after their partitions ended, moved to port ${to##*, }; sent again: '$again'; $payments payments"
+if [ "$paid" != "created 40,t 40" ] || [ "$kept" != 40 ] || [ "$again" != "expired 40,f 40" ] || [ "$payments" != 40 ]; then
+	say "key memory: want 'created 40,t 40', 40 kept, 'expired 40,f 40', 40 payments"
+	fails=$((fails + 1))
+fi
+# key_memory (3 s here) passes: maintenance drops the kept partitions
+until [ "$(mem coord -c "SELECT clock_timestamp() > '$ends'::timestamptz + interval '3.1 seconds'")" = t ]; do sleep 0.1; done
+left=$(mem coord -c "SET idempotency.key_memory = '3s'" -c "SELECT count(*) FROM idem_maintain()" \
+	-c "SELECT (SELECT count(*) FROM idempotency.keys WHERE tenant = 't03') + (SELECT count(*) FROM idempotency.messages WHERE tenant = 't03')
+	           + (SELECT count(*) FROM idempotency.partitions WHERE upper_bound <= '$ends')" | tail -1)
+say "after key_memory: $left rows and partitions left"
+[ "$left" = 0 ] || fails=$((fails + 1))
+
 say "$fails failures"
 [ "$fails" = 0 ]
