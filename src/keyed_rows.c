@@ -89,6 +89,7 @@
 #include "utils/lsyscache.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
@@ -152,7 +153,9 @@ static void IdemKeyedLocksSubXactCallback(SubXactEvent event,
 										  void *arg);
 static bool IdemKeyedLockTake(const LOCKTAG *tag, bool nowait);
 static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
+static void IdemKeyedRegister(IdemKeyedTable *table);
 static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
+static void IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table);
 static bool IdemKeyedColumnsMatch(IdemKeyedRows *rows);
 static void IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows);
 static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
@@ -345,6 +348,20 @@ IdemKeyedRelcacheCallback(Datum arg, Oid relid)
 		}
 }
 
+/* makes the relcache callback forget the table's cached OID */
+static void
+IdemKeyedRegister(IdemKeyedTable *table)
+{
+	int			i;
+
+	for (i = 0; i < nkeyed_tables; i++)
+		if (keyed_tables[i] == table)
+			return;
+	if (nkeyed_tables == IDEM_KEYED_MAX_TABLES)
+		elog(ERROR, "too many keyed tables");
+	keyed_tables[nkeyed_tables++] = table;
+}
+
 /*
  * IdemKeyedLockTable locks the table ROW EXCLUSIVE and returns its OID: the
  * cached one, or else the one its name has now, if no invalidation has come
@@ -355,17 +372,7 @@ IdemKeyedRelcacheCallback(Datum arg, Oid relid)
 static Oid
 IdemKeyedLockTable(IdemKeyedTable *table)
 {
-	int			i;
-
-	for (i = 0; i < nkeyed_tables; i++)
-		if (keyed_tables[i] == table)
-			break;
-	if (i == nkeyed_tables)
-	{
-		if (nkeyed_tables == IDEM_KEYED_MAX_TABLES)
-			elog(ERROR, "too many keyed tables");
-		keyed_tables[nkeyed_tables++] = table;
-	}
+	IdemKeyedRegister(table);
 	for (;;)
 	{
 		Oid			relid = table->relid;
@@ -399,10 +406,38 @@ IdemKeyedLockTable(IdemKeyedTable *table)
 void
 IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
 {
+	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
+	IdemKeyedOpened(rows, table);
+}
+
+/*
+ * IdemKeyedOpenRelid opens table "relid", of the shape "table" describes,
+ * as IdemKeyedOpen does: a Citus shard of a distributed keyed table, whose
+ * OID the caller found (citus.c) and whose shard lock it holds.  The
+ * checks of the columns and the primary key are made again whenever the
+ * OID differs from the one opened last with "table".
+ */
+void
+IdemKeyedOpenRelid(IdemKeyedRows *rows, IdemKeyedTable *table, Oid relid)
+{
+	IdemKeyedRegister(table);
+	if (table->relid != relid)
+	{
+		table->relid = relid;
+		table->checked = false;
+	}
+	LockRelationOid(relid, RowExclusiveLock);
+	rows->heap = table_open(relid, NoLock);
+	IdemKeyedOpened(rows, table);
+}
+
+/* the rest of an open: the checks once, and the slot */
+static void
+IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table)
+{
 	rows->table = table;
 	rows->hash = 0;
 	rows->pkey = NULL;
-	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
 	if (!table->checked ||
 		RelationGetDescr(rows->heap)->natts != table->relnatts)
 	{
@@ -528,8 +563,19 @@ IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key, Snapshot snapshot)
 				eq = F_INT8EQ;
 				break;
 			default:
-				elog(ERROR, "unexpected key type %u", table->keytypes[i]);
-				eq = InvalidOid;	/* keep compiler quiet */
+				{
+					/* another type (a Citus tenant's): its opclass's = */
+					Oid			opno;
+
+					opno = get_opfamily_member(rows->pkey->rd_opfamily[i],
+											   rows->pkey->rd_opcintype[i],
+											   rows->pkey->rd_opcintype[i],
+											   BTEqualStrategyNumber);
+					if (!OidIsValid(opno))
+						elog(ERROR, "no equality operator for key column %d of \"%s.%s\"",
+							 i + 1, IDEM_SCHEMA_NAME, table->relname);
+					eq = get_opcode(opno);
+				}
 		}
 		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
 							   InvalidOid, rows->pkey->rd_indcollation[i],
@@ -747,8 +793,10 @@ IdemKeyedHash(const IdemKeyedTable *table, const Datum *key)
 		else if (table->keytypes[i] == INT8OID)
 			k = hash_bytes_uint32((uint32) DatumGetInt64(key[i])) ^
 				hash_bytes_uint32((uint32) (DatumGetInt64(key[i]) >> 32));
-		else
+		else if (table->keytypes[i] == OIDOID || table->keytypes[i] == INT4OID)
 			k = hash_bytes_uint32(DatumGetUInt32(key[i]));
+		else
+			k = 0;				/* another type: a hint without it */
 		h = hash_combine(h, k);
 	}
 	return h;
@@ -807,10 +855,11 @@ IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key, bool detoast)
 	for (i = 0; i < table->nkeys; i++)
 	{
 		Datum		d = rows->slot->tts_values[i];
+		Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rows->heap), i);
 
 		if (rows->slot->tts_isnull[i])
 			return false;
-		if (table->keytypes[i] == TEXTOID)
+		if (table->keytypes[i] == TEXTOID || att->attlen == -1)
 		{
 			text	   *want = DatumGetTextPP(key[i]);
 			text	   *have = (text *) DatumGetPointer(d);
@@ -836,8 +885,13 @@ IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key, bool detoast)
 			if (DatumGetInt64(d) != DatumGetInt64(key[i]))
 				return false;
 		}
-		else if (DatumGetUInt32(d) != DatumGetUInt32(key[i]))
-			return false;
+		else if (table->keytypes[i] == OIDOID || table->keytypes[i] == INT4OID)
+		{
+			if (DatumGetUInt32(d) != DatumGetUInt32(key[i]))
+				return false;
+		}
+		else if (!datumIsEqual(d, key[i], att->attbyval, att->attlen))
+			return false;		/* another type: the same bytes */
 	}
 	return true;
 }
