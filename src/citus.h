@@ -4,7 +4,8 @@
  *	  Ledgers distributed by Citus (citus.c): routing a key to the local
  *	  shard of the ledger that holds its tenant, for a ledger distributed
  *	  by idempotency.citus_distribute() (doc/scale-out.md, "Citus' own
- *	  shard operations").
+ *	  shard operations"), and a stream position to the local shard of
+ *	  idempotency.tenant_positions (streams.c).
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -19,6 +20,9 @@
 #include "storage.h"
 
 extern void IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what);
+extern Oid	IdemCitusRouteTable(const char *relname, text *tenant,
+								const char *what, Oid *tenant_type,
+								Datum *tenant_value);
 extern bool IdemCitusCallTenant(IdemLedger ledger, Datum *value);
 extern void IdemCitusEndCall(void);
 extern bool IdemCitusDistributed(Oid relid, bool *coordinator);
