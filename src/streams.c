@@ -66,6 +66,7 @@
 #include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"
+#include "storage.h"
 #include "streams.h"
 #include "transfer.h"
 
@@ -1029,12 +1030,17 @@ IdemStreamsMaintain(TimestampTz before)
  * maintenance deletes the rows of its own shards (the coordinator's, none
  * unless it holds shards): Citus would refuse the statement on the
  * distributed table (a ctid is a shard's own).  A shard whose table is
- * gone meanwhile (moved away, dropped by Citus' cleanup) is skipped.
+ * gone meanwhile (moved away, dropped by Citus' cleanup) is skipped.  On
+ * the coordinator, the table (made by citus_distribute(), not a member of
+ * the extension) gets its AUTO dependency on the extension, as the ledgers
+ * do (storage.c), so that DROP EXTENSION drops it; a worker leaves its
+ * shell table to Citus, and its privileges to the coordinator.
  */
 static uint64
 IdemTenantPositionsMaintain(Oid nsp, const char *cutoff)
 {
 	Oid			rel = get_relname_relid(TENANT_POSITIONS_NAME, nsp);
+	bool		coordinator;
 	IdemSavedUser save;
 	Datum		arg;
 	Oid			argtype = REGCLASSOID;
@@ -1048,7 +1054,11 @@ IdemTenantPositionsMaintain(Oid nsp, const char *cutoff)
 		!OidIsValid(get_relname_relid("pg_dist_placement", PG_CATALOG_NAMESPACE)) ||
 		!OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
 		return 0;
-	IdemRestrictTableAcl(rel);
+	if (IdemCitusDistributed(rel, &coordinator) && coordinator)
+	{
+		IdemEnsureRelationDependency(rel);
+		IdemRestrictTableAcl(rel);
+	}
 	arg = ObjectIdGetDatum(rel);
 	IdemStreamBegin(&save);
 	if (SPI_execute_with_args("SELECT s.shardid FROM pg_catalog.pg_dist_shard AS s"

@@ -194,6 +194,12 @@ UPDATE idempotency.tenant_positions SET updated_at = now() - interval '400 days'
 SELECT count(*) >= 0 FROM idem_maintain();
 SELECT string_agg(DISTINCT tenant, ',') || ' ' || count(*) FROM idempotency.tenant_positions;
 }), "t\nacme 2", 'maintenance deletes the tenant positions unused for position_ttl, in the local shards');
+is($node->safe_psql('postgres', q{
+SELECT deptype FROM pg_depend
+ WHERE classid = 'pg_class'::regclass AND objid = 'idempotency.tenant_positions'::regclass
+   AND refclassid = 'pg_extension'::regclass
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')}), 'a',
+	'maintenance on the coordinator makes the tenant positions depend on the extension (AUTO)');
 
 # Every call's routing is its own: an export in the same transaction after
 # routed calls reads the node's own (empty) table, not the last shard.
