@@ -155,7 +155,7 @@ static bool IdemKeyedLockTake(const LOCKTAG *tag, bool nowait);
 static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
 static void IdemKeyedRegister(IdemKeyedTable *table);
 static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
-static void IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table);
+static inline void IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table);
 static bool IdemKeyedColumnsMatch(IdemKeyedRows *rows);
 static void IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows);
 static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
@@ -165,6 +165,7 @@ static void IdemKeyedIndexEntries(IdemKeyedRows *rows, HeapTuple tuple,
 static uint32 IdemKeyedHash(const IdemKeyedTable *table, const Datum *key);
 static bool IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key,
 								bool detoast);
+static inline bool IdemKeyedSameBytes(Datum d, Datum key, bool detoast);
 static bool IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key,
 									 uint32 hash, Snapshot snapshot);
 static void IdemKeyedRemember(IdemKeyedRows *rows, uint32 hash,
@@ -432,7 +433,7 @@ IdemKeyedOpenRelid(IdemKeyedRows *rows, IdemKeyedTable *table, Oid relid)
 }
 
 /* the rest of an open: the checks once, and the slot */
-static void
+static inline void
 IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table)
 {
 	rows->table = table;
@@ -855,45 +856,64 @@ IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key, bool detoast)
 	for (i = 0; i < table->nkeys; i++)
 	{
 		Datum		d = rows->slot->tts_values[i];
-		Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rows->heap), i);
+		Oid			keytype = table->keytypes[i];
 
 		if (rows->slot->tts_isnull[i])
 			return false;
-		if (table->keytypes[i] == TEXTOID || att->attlen == -1)
+		if (keytype == TEXTOID)
 		{
-			text	   *want = DatumGetTextPP(key[i]);
-			text	   *have = (text *) DatumGetPointer(d);
-			bool		same;
-
-			if (VARATT_IS_EXTENDED(have) && !VARATT_IS_SHORT(have))
-			{
-				/* compressed or out of line */
-				if (!detoast)
-					return false;
-				have = DatumGetTextPP(d);
-			}
-			same = VARSIZE_ANY_EXHDR(have) == VARSIZE_ANY_EXHDR(want) &&
-				memcmp(VARDATA_ANY(have), VARDATA_ANY(want),
-					   VARSIZE_ANY_EXHDR(want)) == 0;
-			if (have != (text *) DatumGetPointer(d))
-				pfree(have);
-			if (!same)
+			if (!IdemKeyedSameBytes(d, key[i], detoast))
 				return false;
 		}
-		else if (table->keytypes[i] == INT8OID)
+		else if (keytype == INT8OID)
 		{
 			if (DatumGetInt64(d) != DatumGetInt64(key[i]))
 				return false;
 		}
-		else if (table->keytypes[i] == OIDOID || table->keytypes[i] == INT4OID)
+		else if (keytype == OIDOID || keytype == INT4OID)
 		{
 			if (DatumGetUInt32(d) != DatumGetUInt32(key[i]))
 				return false;
 		}
-		else if (!datumIsEqual(d, key[i], att->attbyval, att->attlen))
-			return false;		/* another type: the same bytes */
+		else
+		{
+			/* another type (a Citus tenant's): the same bytes */
+			Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rows->heap), i);
+
+			if (att->attlen == -1 ?
+				!IdemKeyedSameBytes(d, key[i], detoast) :
+				!datumIsEqual(d, key[i], att->attbyval, att->attlen))
+				return false;
+		}
 	}
 	return true;
+}
+
+/*
+ * IdemKeyedSameBytes: has varlena column value d (of a row in a slot) the
+ * bytes of key?  One compressed or stored out of line is detoasted if
+ * "detoast", else taken as another key.
+ */
+static inline bool
+IdemKeyedSameBytes(Datum d, Datum key, bool detoast)
+{
+	text	   *want = DatumGetTextPP(key);
+	text	   *have = (text *) DatumGetPointer(d);
+	bool		same;
+
+	if (VARATT_IS_EXTENDED(have) && !VARATT_IS_SHORT(have))
+	{
+		/* compressed or out of line */
+		if (!detoast)
+			return false;
+		have = DatumGetTextPP(d);
+	}
+	same = VARSIZE_ANY_EXHDR(have) == VARSIZE_ANY_EXHDR(want) &&
+		memcmp(VARDATA_ANY(have), VARDATA_ANY(want),
+			   VARSIZE_ANY_EXHDR(want)) == 0;
+	if (have != (text *) DatumGetPointer(d))
+		pfree(have);
+	return same;
 }
 
 /* remembers where the newest version of the row of this key is */

@@ -223,8 +223,8 @@ static void IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part);
 static int	IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull);
 static void IdemStreamBegin(IdemSavedUser *save);
 static void IdemStreamEnd(const IdemSavedUser *save);
-static void IdemPositionsOwn(IdemPositionsAt *at);
-static void IdemPositionsRoute(FunctionCallInfo fcinfo, int argno,
+static inline void IdemPositionsOwn(IdemPositionsAt *at);
+static inline void IdemPositionsRoute(FunctionCallInfo fcinfo, int argno,
 							   IdemPositionsAt *at);
 static void IdemPositionsOpen(IdemKeyedRows *rows, const IdemPositionsAt *at);
 static void IdemListShardPositions(const IdemPositionsAt *at, Datum *args,
@@ -356,7 +356,7 @@ IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
  * used, as idem_consume_message()'s is not while the message ledger is
  * not distributed).
  */
-static void
+static inline void
 IdemPositionsRoute(FunctionCallInfo fcinfo, int argno, IdemPositionsAt *at)
 {
 	text	   *tenant;
@@ -387,7 +387,7 @@ IdemPositionsRoute(FunctionCallInfo fcinfo, int argno, IdemPositionsAt *at)
 }
 
 /* sets *at to the node's own idempotency.positions */
-static void
+static inline void
 IdemPositionsOwn(IdemPositionsAt *at)
 {
 	at->table = &positions_table;
