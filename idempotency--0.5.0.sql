@@ -1164,18 +1164,20 @@ BEGIN
                   DETAIL = 'Only empty ledgers are distributed: a row does not say its tenant.',
                   HINT = 'Distribute the ledgers before the first call, or once the rows have expired.';
     END IF;
-    -- the tenant positions start empty too: a position written before,
-    -- with or without a tenant, is in the node's own idempotency.positions,
-    -- which a tenant call no longer reads once they are distributed
-    IF pg_catalog.to_regclass('idempotency.tenant_positions') IS NOT NULL THEN
+    -- the tenant positions and sequences start empty too: one written
+    -- before, with or without a tenant, is in the node's own
+    -- idempotency.positions or sequences, which a tenant call no longer
+    -- reads once they are distributed
+    IF pg_catalog.to_regclass('idempotency.tenant_positions') IS NOT NULL
+       OR pg_catalog.to_regclass('idempotency.tenant_sequences') IS NOT NULL THEN
         RAISE EXCEPTION 'the stream positions are distributed already'
             USING ERRCODE = '55000';
     END IF;
-    IF EXISTS (SELECT FROM idempotency.positions) THEN
+    IF EXISTS (SELECT FROM idempotency.positions) OR EXISTS (SELECT FROM idempotency.sequences) THEN
         RAISE EXCEPTION 'the stream positions of this node have rows'
             USING ERRCODE = '55000',
-                  DETAIL = 'A position in idempotency.positions does not say its tenant, and a call that names its tenant would not read it once the positions are distributed.',
-                  HINT = 'Distribute before the first call, or once the positions are unused for idempotency.position_ttl.';
+                  DETAIL = 'A position in idempotency.positions or a sequence in idempotency.sequences does not say its tenant, and a call that names its tenant would not read it once they are distributed.',
+                  HINT = 'Distribute before the first call, or once the positions and sequences are unused for idempotency.position_ttl.';
     END IF;
     FOR worker IN
         EXECUTE 'SELECT w.nodename, w.nodeport
@@ -1192,13 +1194,14 @@ BEGIN
     FOR worker IN
         EXECUTE 'SELECT w.nodename, w.nodeport
                    FROM pg_catalog.run_command_on_workers(
-                        ''SELECT EXISTS (SELECT FROM idempotency.positions)'') AS w
+                        ''SELECT EXISTS (SELECT FROM idempotency.positions)
+                              OR EXISTS (SELECT FROM idempotency.sequences)'') AS w
                   WHERE NOT w.success OR w.result OPERATOR(pg_catalog.<>) ''f'''
     LOOP
         RAISE EXCEPTION 'the stream positions of worker %:% have rows', worker.nodename, worker.nodeport
             USING ERRCODE = '55000',
-                  DETAIL = 'A position in idempotency.positions does not say its tenant, and a call that names its tenant would not read it once the positions are distributed.',
-                  HINT = 'Distribute before the first call, or once the positions are unused for idempotency.position_ttl.';
+                  DETAIL = 'A position in idempotency.positions or a sequence in idempotency.sequences does not say its tenant, and a call that names its tenant would not read it once they are distributed.',
+                  HINT = 'Distribute before the first call, or once the positions and sequences are unused for idempotency.position_ttl.';
     END LOOP;
 
     FOREACH ledger IN ARRAY ARRAY['keys', 'messages'] LOOP
@@ -1265,11 +1268,34 @@ BEGIN
         'the stream positions of the calls that name their tenant, distributed by Citus with the tenant''s rows (idempotency.citus_distribute())';
     EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
       USING 'idempotency.tenant_positions', colocate_with::pg_catalog.text;
+
+    -- The producer sequences of the calls that name their tenant
+    -- (idem_sequence(..., tenant)), likewise: "tenant" fourth, after the
+    -- columns of the key of idempotency.sequences.
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idempotency.tenant_sequences (
+             role       pg_catalog.regrole     NOT NULL,
+             consumer   pg_catalog.text        NOT NULL,
+             producer   pg_catalog.text        NOT NULL,
+             tenant     %s NOT NULL,
+             epoch      pg_catalog.int8        NOT NULL,
+             seq        pg_catalog.int8        NOT NULL,
+             updated_at pg_catalog.timestamptz NOT NULL,
+             PRIMARY KEY (role, consumer, producer, tenant))', tenant_type);
+    REVOKE ALL ON idempotency.tenant_sequences FROM PUBLIC;
+    EXECUTE pg_catalog.format('ALTER TABLE idempotency.tenant_sequences OWNER TO %I',
+                              (SELECT pg_catalog.pg_get_userbyid(n.nspowner)
+                                 FROM pg_catalog.pg_namespace AS n
+                                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'));
+    COMMENT ON TABLE idempotency.tenant_sequences IS
+        'the producer sequences of the calls that name their tenant, distributed by Citus with the tenant''s rows (idempotency.citus_distribute())';
+    EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+      USING 'idempotency.tenant_sequences', colocate_with::pg_catalog.text;
 END
 $citus_distribute$;
 
 COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
-'distributes the key and message ledgers and the tenant stream positions by tenant, co-located with a table distributed by its tenant (Citus coordinator, once, before the first call)';
+'distributes the key and message ledgers and the tenant stream positions and producer sequences by tenant, co-located with a table distributed by its tenant (Citus coordinator, once, before the first call)';
 
 REVOKE ALL ON FUNCTION idempotency.citus_distribute(regclass) FROM PUBLIC;
 
@@ -1417,16 +1443,18 @@ $manifest$;
 COMMENT ON FUNCTION idempotency.export_manifest() IS
 'what an export of this version holds (format 2): each part, its record type, its export and import functions, in the order to import them';
 
--- 0.5.0: stream positions carried by Citus' shard operations (issue 37;
--- src/streams.c, doc/scale-out.md, "What the distributed ledgers do not
--- carry").  idem_assign(), idem_advance() and idem_positions() take the
+-- 0.5.0: stream positions and producer sequences carried by Citus' shard
+-- operations (issue 37; src/streams.c, doc/scale-out.md, "What the
+-- distributed ledgers do not carry").  idem_assign(), idem_advance(),
+-- idem_positions() and idem_sequence() take the
 -- tenant in overloads of their own, with every argument and no default, as
 -- idem_consume_message() does (0.4.0's functions stay as they are; a call
 -- that names the tenant passes generation too, generation => NULL for an
--- unfenced advance).  With idempotency.tenant_positions made by
+-- unfenced advance, and strict for a sequence).  With
+-- idempotency.tenant_positions and tenant_sequences made by
 -- idempotency.citus_distribute(), the call reads and writes the tenant's
--- local shard of it; otherwise the tenant is not used, and the call is the
--- one without it.
+-- local shard of them; otherwise the tenant is not used, and the call is
+-- the one without it.
 CREATE FUNCTION pg_catalog.idem_assign(consumer text,
                                        stream text,
                                        parts integer[],
@@ -1462,6 +1490,19 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION pg_catalog.idem_positions(text, text, text) IS
 'the calling role''s positions of one consumer on one stream (tenant: the shard of stream positions distributed by Citus)';
 
+CREATE FUNCTION pg_catalog.idem_sequence(consumer text,
+                                         producer text,
+                                         epoch bigint,
+                                         seq bigint,
+                                         strict boolean,
+                                         tenant text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_sequence'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_sequence(text, text, bigint, bigint, boolean, text) IS
+'checks a producer''s sequence number in the caller''s transaction: new, duplicate, gap or fenced (tenant: the shard of producer sequences distributed by Citus)';
+
 -- Each overload gets exactly the privileges of its sibling without the
 -- tenant (what default privileges gave it is taken back first).
 DO $tenant_positions_privileges$
@@ -1478,7 +1519,9 @@ BEGIN
                 ('pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint,text)'::pg_catalog.regprocedure,
                  'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure),
                 ('pg_catalog.idem_positions(text,text,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure))
+                 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_sequence(text,text,bigint,bigint,boolean,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure))
                AS f (newobj, oldobj)
           JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
           JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj

@@ -32,9 +32,10 @@
  *	   and keeps the tenant, as a value of the column's type, for the rows
  *	   the call writes (IdemCitusCallTenant, probe.c's IdemInsertRow).
  *
- * The stream positions of the calls that name their tenant are a keyed
- * table that citus_distribute() made and distributed by its column
- * "tenant", idempotency.tenant_positions (streams.c): IdemCitusRouteTable
+ * The stream positions and producer sequences of the calls that name their
+ * tenant are keyed tables that citus_distribute() made and distributed by
+ * their column "tenant", idempotency.tenant_positions and tenant_sequences
+ * (streams.c): IdemCitusRouteTable
  * runs steps 1-3 for it and returns its local shard's table, which the
  * caller opens itself (no override, nothing kept past the call but step
  * 1-3's answer, as for the ledgers).
@@ -141,9 +142,13 @@ typedef struct IdemRouted
 	Oid			relid;
 } IdemRouted;
 
-/* one per ledger, and one for the tenant positions (IdemCitusRouteTable) */
-#define IDEM_ROUTED_POSITIONS	IDEM_NUM_LEDGERS
-static IdemRouted routed[IDEM_NUM_LEDGERS + 1];
+/* one per ledger, and one per keyed table of IdemCitusRouteTable */
+static IdemRouted routed[IDEM_NUM_LEDGERS + IDEM_CITUS_NUM_TABLES];
+
+const char *const IdemCitusTableNames[IDEM_CITUS_NUM_TABLES] = {
+	[IDEM_CITUS_TENANT_POSITIONS] = "tenant_positions",
+	[IDEM_CITUS_TENANT_SEQUENCES] = "tenant_sequences",
+};
 
 /* the input function of the tenant column's type, for a type not text */
 static Oid	tenant_input_type = InvalidOid;
@@ -280,7 +285,8 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 /*
  * IdemCitusRouteTable is IdemCitusRoute for a keyed table of schema
  * idempotency that idempotency.citus_distribute() made and distributed by
- * its column "tenant" (the tenant positions, streams.c): it returns the
+ * its column "tenant" (the tenant positions and sequences, streams.c):
+ * it returns the
  * OID of the local shard's table that holds "tenant", after the same
  * steps 1-3, and sets *tenant_type and *tenant_value to the column's type
  * and the tenant as a value of it (in the call's memory).  InvalidOid if
@@ -289,9 +295,10 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
  * call only (no override: it opens the shard's table itself).
  */
 Oid
-IdemCitusRouteTable(const char *relname, text *tenant, const char *what,
+IdemCitusRouteTable(IdemCitusTable table, text *tenant, const char *what,
 					Oid *tenant_type, Datum *tenant_value)
 {
+	const char *relname = IdemCitusTableNames[table];
 	Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
 	Oid			rel;
 	AttrNumber	att;
@@ -310,7 +317,7 @@ IdemCitusRouteTable(const char *relname, text *tenant, const char *what,
 				 errhint("Pass the tenant whose rows the call's transaction writes.")));
 	*tenant_type = get_atttype(rel, att);
 	*tenant_value = IdemCitusTenantValue(*tenant_type, tenant);
-	return IdemCitusRouteShard(&routed[IDEM_ROUTED_POSITIONS], rel, -1,
+	return IdemCitusRouteShard(&routed[IDEM_NUM_LEDGERS + table], rel, -1,
 							   relname, "Table", tenant);
 }
 

@@ -185,21 +185,27 @@ static IdemKeyedTable tenant_positions_table = {
 	InvalidOid
 };
 
-#define TENANT_POSITIONS_NAME	"tenant_positions"
+/* idempotency.tenant_sequences, likewise: "tenant" fourth, after the key */
+static IdemKeyedTable tenant_sequences_table = {
+	"tenant_sequences", 7, 4, {OIDOID, TEXTOID, TEXTOID, InvalidOid},
+	{REGROLEOID, TEXTOID, TEXTOID, InvalidOid, INT8OID, INT8OID, TIMESTAMPTZOID},
+	InvalidOid
+};
 
 /*
- * Where a call's positions are: the node's own idempotency.positions, or
- * the local shard of idempotency.tenant_positions that holds the call's
+ * Where a call's positions or sequence are: the node's own
+ * idempotency.positions (sequences), or the local shard of
+ * idempotency.tenant_positions (tenant_sequences) that holds the call's
  * tenant (off = 1: its columns after the key are one further).
  */
-typedef struct IdemPositionsAt
+typedef struct IdemStreamAt
 {
 	IdemKeyedTable *table;
 	Oid			shard;			/* the shard's table, or InvalidOid */
 	Oid			tenant_type;
 	Datum		tenant;			/* a value of tenant_type */
 	int			off;
-} IdemPositionsAt;
+} IdemStreamAt;
 
 /* columns of idempotency.positions and idempotency.sequences, from 0 */
 #define POSITION_NEXT_OFFSET	4
@@ -223,26 +229,29 @@ static void IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part);
 static int	IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull);
 static void IdemStreamBegin(IdemSavedUser *save);
 static void IdemStreamEnd(const IdemSavedUser *save);
-static inline void IdemPositionsOwn(IdemPositionsAt *at);
-static inline void IdemPositionsRoute(FunctionCallInfo fcinfo, int argno,
-							   IdemPositionsAt *at);
-static void IdemPositionsOpen(IdemKeyedRows *rows, const IdemPositionsAt *at);
-static void IdemListShardPositions(const IdemPositionsAt *at, Datum *args,
+static inline void IdemStreamOwn(IdemStreamAt *at, IdemCitusTable which);
+static inline void IdemStreamRoute(FunctionCallInfo fcinfo, int argno,
+								   IdemCitusTable which, IdemStreamAt *at);
+static void IdemStreamOpen(IdemKeyedRows *rows, const IdemStreamAt *at);
+static void IdemListShardPositions(const IdemStreamAt *at, Datum *args,
 								   bool touch);
-static uint64 IdemTenantPositionsMaintain(Oid nsp, const char *cutoff);
-static void IdemGetPosition(IdemKeyedRows *rows, const IdemPositionsAt *at,
+static uint64 IdemTenantStreamsMaintain(Oid nsp, const char *relname,
+										const char *cutoff);
+static void IdemGetPosition(IdemKeyedRows *rows, const IdemStreamAt *at,
 							Oid role, text *consumer, text *stream, int32 part,
 							IdemPosition *pos);
-static void IdemPutPosition(IdemKeyedRows *rows, const IdemPositionsAt *at,
+static void IdemPutPosition(IdemKeyedRows *rows, const IdemStreamAt *at,
 							Oid role, text *consumer, text *stream, int32 part,
 							IdemPosition *old, bool has_next,
 							int64 next_offset, bool has_generation,
 							int64 generation, TimestampTz now);
-static bool IdemGetSequence(IdemKeyedRows *rows, Oid role, text *consumer,
-							text *producer, IdemKeyedRow *row);
-static void IdemPutSequence(IdemKeyedRows *rows, Oid role, text *consumer,
-							text *producer, IdemKeyedRow *row, int64 epoch,
-							int64 seq, TimestampTz now);
+static bool IdemGetSequence(IdemKeyedRows *rows, const IdemStreamAt *at,
+							Oid role, text *consumer, text *producer,
+							IdemKeyedRow *row);
+static void IdemPutSequence(IdemKeyedRows *rows, const IdemStreamAt *at,
+							Oid role, text *consumer, text *producer,
+							IdemKeyedRow *row, int64 epoch, int64 seq,
+							TimestampTz now);
 static void IdemCheckGeneration(const IdemPosition *pos, int64 generation,
 								text *stream, int32 part);
 static void IdemRefuseUnfenced(const IdemPosition *pos, text *stream,
@@ -346,30 +355,38 @@ IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
 }
 
 /*
- * IdemPositionsRoute sets *at to where the positions of the call are.  The
- * forms without a tenant (argno past the call's arguments) use the node's
- * own idempotency.positions, with no lookup.  A call that names a tenant
- * uses the local shard of idempotency.tenant_positions that holds it, if
- * citus_distribute() made that table (citus.c: the shard lock, and 40001
- * or 0A000 if the shard is not on this node; a NULL tenant is refused
- * there), and the node's own table otherwise (the tenant is then not
- * used, as idem_consume_message()'s is not while the message ledger is
- * not distributed).
+ * IdemStreamRoute sets *at to where the positions (which:
+ * IDEM_CITUS_TENANT_POSITIONS) or the producer sequence
+ * (IDEM_CITUS_TENANT_SEQUENCES) of the call are.  The forms without a
+ * tenant (argno past the call's arguments) use the node's own
+ * idempotency.positions or sequences, with no lookup.  A call that names a
+ * tenant uses the local shard of idempotency.tenant_positions or
+ * tenant_sequences that holds it, if citus_distribute() made that table
+ * (citus.c: the shard lock, and 40001 or 0A000 if the shard is not on this
+ * node; a NULL tenant is refused there), and the node's own table
+ * otherwise (the tenant is then not used, as idem_consume_message()'s is
+ * not while the message ledger is not distributed).
  */
 static inline void
-IdemPositionsRoute(FunctionCallInfo fcinfo, int argno, IdemPositionsAt *at)
+IdemStreamRoute(FunctionCallInfo fcinfo, int argno, IdemCitusTable which,
+				IdemStreamAt *at)
 {
+	IdemKeyedTable *table;
+	int			col;
 	text	   *tenant;
 
-	IdemPositionsOwn(at);
+	IdemStreamOwn(at, which);
 	if (PG_NARGS() <= argno)
 		return;
 	tenant = PG_ARGISNULL(argno) ? NULL : PG_GETARG_TEXT_PP(argno);
-	at->shard = IdemCitusRouteTable(TENANT_POSITIONS_NAME, tenant, "tenant",
+	at->shard = IdemCitusRouteTable(which, tenant, "tenant",
 									&at->tenant_type, &at->tenant);
 	if (!OidIsValid(at->shard))
 		return;
-	if (tenant_positions_table.atttypes[4] != at->tenant_type)
+	table = which == IDEM_CITUS_TENANT_POSITIONS ?
+		&tenant_positions_table : &tenant_sequences_table;
+	col = table->nkeys - 1;		/* the tenant: the key's last column */
+	if (table->atttypes[col] != at->tenant_type)
 	{
 		Oid			opclass = GetDefaultOpClass(at->tenant_type, BTREE_AM_OID);
 
@@ -377,29 +394,30 @@ IdemPositionsRoute(FunctionCallInfo fcinfo, int argno, IdemPositionsAt *at)
 			ereport(ERROR,
 					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 					 errmsg("the tenant column of \"%s.%s\" has no btree operator class",
-							IDEM_SCHEMA_NAME, TENANT_POSITIONS_NAME)));
-		tenant_positions_table.atttypes[4] = at->tenant_type;
-		tenant_positions_table.keytypes[4] = get_opclass_input_type(opclass);
-		tenant_positions_table.checked = false;
+							IDEM_SCHEMA_NAME, IdemCitusTableNames[which])));
+		table->atttypes[col] = at->tenant_type;
+		table->keytypes[col] = get_opclass_input_type(opclass);
+		table->checked = false;
 	}
-	at->table = &tenant_positions_table;
+	at->table = table;
 	at->off = 1;
 }
 
-/* sets *at to the node's own idempotency.positions */
+/* sets *at to the node's own idempotency.positions or sequences */
 static inline void
-IdemPositionsOwn(IdemPositionsAt *at)
+IdemStreamOwn(IdemStreamAt *at, IdemCitusTable which)
 {
-	at->table = &positions_table;
+	at->table = which == IDEM_CITUS_TENANT_POSITIONS ?
+		&positions_table : &sequences_table;
 	at->shard = InvalidOid;
 	at->tenant_type = InvalidOid;
 	at->tenant = (Datum) 0;
 	at->off = 0;
 }
 
-/* opens the table of the call's positions (IdemPositionsRoute) */
+/* opens the table of the call's positions or sequence (IdemStreamRoute) */
 static void
-IdemPositionsOpen(IdemKeyedRows *rows, const IdemPositionsAt *at)
+IdemStreamOpen(IdemKeyedRows *rows, const IdemStreamAt *at)
 {
 	if (OidIsValid(at->shard))
 		IdemKeyedOpenRelid(rows, at->table, at->shard);
@@ -409,7 +427,7 @@ IdemPositionsOpen(IdemKeyedRows *rows, const IdemPositionsAt *at)
 
 /* reads one position (locked by the caller) FOR UPDATE */
 static void
-IdemGetPosition(IdemKeyedRows *rows, const IdemPositionsAt *at, Oid role,
+IdemGetPosition(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
 				text *consumer, text *stream, int32 part, IdemPosition *pos)
 {
 	Datum		key[5];
@@ -432,7 +450,7 @@ IdemGetPosition(IdemKeyedRows *rows, const IdemPositionsAt *at, Oid role,
 
 /* writes one position (read by IdemGetPosition): insert or update */
 static void
-IdemPutPosition(IdemKeyedRows *rows, const IdemPositionsAt *at, Oid role,
+IdemPutPosition(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
 				text *consumer, text *stream, int32 part, IdemPosition *old,
 				bool has_next, int64 next_offset, bool has_generation,
 				int64 generation, TimestampTz now)
@@ -456,31 +474,35 @@ IdemPutPosition(IdemKeyedRows *rows, const IdemPositionsAt *at, Oid role,
 
 /* reads one producer's sequence (locked by the caller) FOR UPDATE */
 static bool
-IdemGetSequence(IdemKeyedRows *rows, Oid role, text *consumer, text *producer,
-				IdemKeyedRow *row)
+IdemGetSequence(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
+				text *consumer, text *producer, IdemKeyedRow *row)
 {
-	Datum		key[3];
+	Datum		key[4];
 
 	key[0] = ObjectIdGetDatum(role);
 	key[1] = PointerGetDatum(consumer);
 	key[2] = PointerGetDatum(producer);
+	key[3] = at->tenant;
 	return IdemKeyedFetch(rows, key, row);
 }
 
 /* writes one producer's sequence (read by IdemGetSequence) */
 static void
-IdemPutSequence(IdemKeyedRows *rows, Oid role, text *consumer, text *producer,
-				IdemKeyedRow *row, int64 epoch, int64 seq, TimestampTz now)
+IdemPutSequence(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
+				text *consumer, text *producer, IdemKeyedRow *row, int64 epoch,
+				int64 seq, TimestampTz now)
 {
-	Datum		values[6];
-	bool		isnull[6] = {false};
+	Datum		values[7];
+	bool		isnull[7] = {false};
+	int			off = at->off;
 
 	values[0] = ObjectIdGetDatum(role);
 	values[1] = PointerGetDatum(consumer);
 	values[2] = PointerGetDatum(producer);
-	values[SEQUENCE_EPOCH] = Int64GetDatum(epoch);
-	values[SEQUENCE_SEQ] = Int64GetDatum(seq);
-	values[SEQUENCE_UPDATED_AT] = TimestampTzGetDatum(now);
+	values[3] = at->tenant;		/* (epoch, when not routed) */
+	values[SEQUENCE_EPOCH + off] = Int64GetDatum(epoch);
+	values[SEQUENCE_SEQ + off] = Int64GetDatum(seq);
+	values[SEQUENCE_UPDATED_AT + off] = TimestampTzGetDatum(now);
 	IdemKeyedWrite(rows, row, values, isnull);
 }
 
@@ -641,7 +663,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	LOCKTAG    *tags;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemKeyedRows rows;
-	IdemPositionsAt at;
+	IdemStreamAt at;
 	int			i;
 
 	IdemCheckLibraryVersion();
@@ -651,7 +673,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	generation = IdemNonNegativeArg(fcinfo, 3, "generation");
 	IdemCheckWritable("idem_assign()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	IdemPositionsRoute(fcinfo, 4, &at);
+	IdemStreamRoute(fcinfo, 4, IDEM_CITUS_TENANT_POSITIONS, &at);
 
 	/*
 	 * The partitions' locks, in the order of their tags: two assignments of
@@ -666,7 +688,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	qsort(tags, nparts, sizeof(LOCKTAG), IdemCompareLockTags);
 	for (i = 0; i < nparts; i++)
 		IdemKeyedLockAcquire(&tags[i]);
-	IdemPositionsOpen(&rows, &at);
+	IdemStreamOpen(&rows, &at);
 	for (i = 0; i < nparts; i++)
 	{
 		IdemGetPosition(&rows, &at, role, consumer, stream, parts[i], &pos[i]);
@@ -720,7 +742,7 @@ idem_advance(PG_FUNCTION_ARGS)
 	bool		has_generation;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemKeyedRows rows;
-	IdemPositionsAt at;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
@@ -742,10 +764,10 @@ idem_advance(PG_FUNCTION_ARGS)
 		generation = IdemNonNegativeArg(fcinfo, 5, "generation");
 	IdemCheckWritable("idem_advance()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	IdemPositionsRoute(fcinfo, 6, &at);
+	IdemStreamRoute(fcinfo, 6, IDEM_CITUS_TENANT_POSITIONS, &at);
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
-	IdemPositionsOpen(&rows, &at);
+	IdemStreamOpen(&rows, &at);
 	IdemGetPosition(&rows, &at, role, consumer, stream, part, &pos);
 	if (fenced)
 		IdemCheckGeneration(&pos, generation, stream, part);
@@ -784,7 +806,7 @@ idem_advance(PG_FUNCTION_ARGS)
  * idempotency.position_ttl get the current time as updated_at, so that
  * maintenance keeps positions a consumer reads but has not moved.  With a
  * tenant, those of the tenant's shard of idempotency.tenant_positions when
- * citus_distribute() made it (IdemPositionsRoute).
+ * citus_distribute() made it (IdemStreamRoute).
  */
 Datum
 idem_positions(PG_FUNCTION_ARGS)
@@ -797,14 +819,14 @@ idem_positions(PG_FUNCTION_ARGS)
 	IdemSavedUser save;
 	Datum		args[6];
 	bool		touch;
-	IdemPositionsAt at;
+	IdemStreamAt at;
 	uint64		i;
 
 	IdemCheckLibraryVersion();
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
 	stream = IdemCheckKeyArg(fcinfo, 1, "stream");
 	InitMaterializedSRF(fcinfo, 0);
-	IdemPositionsRoute(fcinfo, 2, &at);
+	IdemStreamRoute(fcinfo, 2, IDEM_CITUS_TENANT_POSITIONS, &at);
 
 	args[0] = ObjectIdGetDatum(role);
 	args[1] = PointerGetDatum(consumer);
@@ -846,7 +868,7 @@ idem_positions(PG_FUNCTION_ARGS)
  * Planned for this call only: the table differs from shard to shard.
  */
 static void
-IdemListShardPositions(const IdemPositionsAt *at, Datum *args, bool touch)
+IdemListShardPositions(const IdemStreamAt *at, Datum *args, bool touch)
 {
 	Oid			types[6] = {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, at->tenant_type};
@@ -887,9 +909,11 @@ IdemListShardPositions(const IdemPositionsAt *at, Datum *args, bool touch)
 
 /*
  * idem_sequence(consumer text, producer text, epoch bigint, seq bigint,
- *				 strict boolean DEFAULT false) RETURNS text
+ *				 strict boolean DEFAULT false[, tenant text]) RETURNS text
  *
- * new, duplicate, gap or fenced: see the SPEC's "Ordered streams".
+ * new, duplicate, gap or fenced: see the SPEC's "Ordered streams".  With a
+ * tenant, in the tenant's shard of idempotency.tenant_sequences when
+ * citus_distribute() made it (IdemStreamRoute).
  */
 Datum
 idem_sequence(PG_FUNCTION_ARGS)
@@ -905,6 +929,7 @@ idem_sequence(PG_FUNCTION_ARGS)
 	IdemKeyedRow row;
 	const char *answer;
 	bool		write = true;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
@@ -917,15 +942,16 @@ idem_sequence(PG_FUNCTION_ARGS)
 				 errmsg("strict must not be null")));
 	strict = PG_GETARG_BOOL(4);
 	IdemCheckWritable("idem_sequence()");
+	IdemStreamRoute(fcinfo, 5, IDEM_CITUS_TENANT_SEQUENCES, &at);
 
 	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
-	IdemKeyedOpen(&rows, &sequences_table);
-	if (!IdemGetSequence(&rows, role, consumer, producer, &row))
+	IdemStreamOpen(&rows, &at);
+	if (!IdemGetSequence(&rows, &at, role, consumer, producer, &row))
 		answer = "new";
 	else
 	{
-		int64		stored_epoch = DatumGetInt64(row.values[SEQUENCE_EPOCH]);
-		int64		stored_seq = DatumGetInt64(row.values[SEQUENCE_SEQ]);
+		int64		stored_epoch = DatumGetInt64(row.values[SEQUENCE_EPOCH + at.off]);
+		int64		stored_seq = DatumGetInt64(row.values[SEQUENCE_SEQ + at.off]);
 
 		if (epoch < stored_epoch)
 		{
@@ -957,7 +983,7 @@ idem_sequence(PG_FUNCTION_ARGS)
 		}
 	}
 	if (write)
-		IdemPutSequence(&rows, role, consumer, producer, &row, epoch, seq, now);
+		IdemPutSequence(&rows, &at, role, consumer, producer, &row, epoch, seq, now);
 	IdemKeyedClose(&rows);
 	PG_RETURN_TEXT_P(cstring_to_text(answer));
 }
@@ -1015,16 +1041,17 @@ IdemStreamsMaintain(TimestampTz before)
 		removed += IdemExecAsOwner(sql.data, 0);
 	}
 	pfree(sql.data);
-	removed += IdemTenantPositionsMaintain(nsp, cutoff);
+	for (i = 0; i < IDEM_CITUS_NUM_TABLES; i++)
+		removed += IdemTenantStreamsMaintain(nsp, IdemCitusTableNames[i], cutoff);
 	pfree(cutoff);
 	IdemStatsAdd(IDEM_STAT_STREAMS_REMOVED, removed);
 	return removed;
 }
 
 /*
- * IdemTenantPositionsMaintain is IdemStreamsMaintain's work on the shards
- * of idempotency.tenant_positions that this node holds, if
- * citus_distribute() made it: the same DELETE (unused since the cutoff, or
+ * IdemTenantStreamsMaintain is IdemStreamsMaintain's work on the shards
+ * of idempotency.tenant_positions or tenant_sequences (relname) that this
+ * node holds, if citus_distribute() made it: the same DELETE (unused since the cutoff, or
  * of a role that is gone, FOR UPDATE SKIP LOCKED), run on each local
  * shard's table, whose row locks are the ones the calls take.  Each node's
  * maintenance deletes the rows of its own shards (the coordinator's, none
@@ -1037,9 +1064,9 @@ IdemStreamsMaintain(TimestampTz before)
  * shell table to Citus, and its privileges to the coordinator.
  */
 static uint64
-IdemTenantPositionsMaintain(Oid nsp, const char *cutoff)
+IdemTenantStreamsMaintain(Oid nsp, const char *relname, const char *cutoff)
 {
-	Oid			rel = get_relname_relid(TENANT_POSITIONS_NAME, nsp);
+	Oid			rel = get_relname_relid(relname, nsp);
 	bool		coordinator;
 	IdemSavedUser save;
 	Datum		arg;
@@ -1070,7 +1097,7 @@ IdemTenantPositionsMaintain(Oid nsp, const char *cutoff)
 							  " ORDER BY 1",
 							  1, &argtype, &arg, NULL, false, 0) != SPI_OK_SELECT)
 		elog(ERROR, "could not list the local shards of \"%s.%s\"",
-			 IDEM_SCHEMA_NAME, TENANT_POSITIONS_NAME);
+			 IDEM_SCHEMA_NAME, relname);
 	nshards = SPI_processed;
 	shards = palloc(Max(nshards, 1) * sizeof(int64));
 	for (i = 0; i < nshards; i++)
@@ -1086,8 +1113,7 @@ IdemTenantPositionsMaintain(Oid nsp, const char *cutoff)
 		char		name[NAMEDATALEN];
 		const char *table;
 
-		snprintf(name, sizeof(name), "%s_" INT64_FORMAT, TENANT_POSITIONS_NAME,
-				 shards[i]);
+		snprintf(name, sizeof(name), "%s_" INT64_FORMAT, relname, shards[i]);
 		if (!OidIsValid(get_relname_relid(name, nsp)))
 			continue;
 		table = quote_qualified_identifier(IDEM_SCHEMA_NAME, name);
@@ -1101,13 +1127,14 @@ IdemTenantPositionsMaintain(Oid nsp, const char *cutoff)
 						 " FOR UPDATE SKIP LOCKED))",
 						 table, table, cutoff);
 		if (SPI_execute(sql.data, false, 0) != SPI_OK_DELETE)
-			elog(ERROR, "could not delete the unused positions of shard " INT64_FORMAT,
+			elog(ERROR, "could not delete the unused rows of shard " INT64_FORMAT,
 				 shards[i]);
 		removed += SPI_processed;
 	}
-	IdemStreamEnd(&save);
+	/* in SPI's memory, which IdemStreamEnd frees */
 	pfree(sql.data);
 	pfree(shards);
+	IdemStreamEnd(&save);
 	return removed;
 }
 
@@ -1245,10 +1272,10 @@ idem_import_position(PG_FUNCTION_ARGS)
 	IdemPosition pos;
 	IdemKeyedRows rows;
 	IdemImportOutcome outcome;
-	IdemPositionsAt at;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
-	IdemPositionsOwn(&at);
+	IdemStreamOwn(&at, IDEM_CITUS_TENANT_POSITIONS);
 	IdemDeformRecord(fcinfo, Natts_position_record, Natts_position_record,
 					 position_record_types, "position_record", rec, nulls);
 	role = IdemImportRole(rec[0], nulls[0]);
@@ -1266,7 +1293,7 @@ idem_import_position(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idempotency.import_position()");
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
-	IdemPositionsOpen(&rows, &at);
+	IdemStreamOpen(&rows, &at);
 	IdemGetPosition(&rows, &at, role, consumer, stream, part, &pos);
 	if (!pos.row.found)
 		outcome = IDEM_IMPORT_INSERTED;
@@ -1303,8 +1330,10 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 	IdemKeyedRows rows;
 	IdemKeyedRow row;
 	IdemImportOutcome outcome;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
+	IdemStreamOwn(&at, IDEM_CITUS_TENANT_SEQUENCES);
 	IdemDeformRecord(fcinfo, Natts_sequence_record, Natts_sequence_record,
 					 sequence_record_types, "sequence_record", rec, nulls);
 	role = IdemImportRole(rec[0], nulls[0]);
@@ -1316,8 +1345,8 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idempotency.import_sequence()");
 
 	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
-	IdemKeyedOpen(&rows, &sequences_table);
-	if (!IdemGetSequence(&rows, role, consumer, producer, &row))
+	IdemStreamOpen(&rows, &at);
+	if (!IdemGetSequence(&rows, &at, role, consumer, producer, &row))
 		outcome = IDEM_IMPORT_INSERTED;
 	else
 	{
@@ -1329,7 +1358,7 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 			IDEM_IMPORT_REPLACED : IDEM_IMPORT_KEPT;
 	}
 	if (outcome != IDEM_IMPORT_KEPT)
-		IdemPutSequence(&rows, role, consumer, producer, &row, epoch, seq,
+		IdemPutSequence(&rows, &at, role, consumer, producer, &row, epoch, seq,
 						DatumGetTimestampTz(rec[5]));
 	IdemKeyedClose(&rows);
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));

@@ -83,6 +83,14 @@ SELECT idempotency.citus_distribute('payments');
 }, stdout => \$stdout, stderr => \$stderr, on_error_stop => 1);
 like($stderr, qr/ERROR:  55000: the stream positions of this node have rows/,
 	'stream positions with rows are not distributed: 55000');
+$node->psql('postgres', q{
+\set VERBOSITY verbose
+BEGIN;
+SELECT idem_sequence('early', 'p', 1, 1);
+SELECT idempotency.citus_distribute('payments');
+}, stdout => \$stdout, stderr => \$stderr, on_error_stop => 1);
+like($stderr, qr/ERROR:  55000: the stream positions of this node have rows/,
+	'producer sequences with rows are not distributed: 55000');
 
 # A table not distributed by hash: 22023.
 $node->safe_psql('postgres', 'CREATE TABLE local_table (tenant text)');
@@ -163,8 +171,14 @@ SELECT (colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logical
   FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tenant_positions'::regclass;
 SELECT pg_get_indexdef(indexrelid) FROM pg_index
  WHERE indrelid = 'idempotency.tenant_positions'::regclass AND indisprimary;
-}), "true tenant\nCREATE UNIQUE INDEX tenant_positions_pkey ON idempotency.tenant_positions USING btree (role, consumer, stream, part, tenant)",
-	'the tenant positions: distributed by tenant, co-located with payments, the tenant in the primary key');
+SELECT (colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'payments'::regclass))
+       || ' ' || column_to_column_name(logicalrelid, partkey)
+  FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tenant_sequences'::regclass;
+SELECT pg_get_indexdef(indexrelid) FROM pg_index
+ WHERE indrelid = 'idempotency.tenant_sequences'::regclass AND indisprimary;
+}), "true tenant\nCREATE UNIQUE INDEX tenant_positions_pkey ON idempotency.tenant_positions USING btree (role, consumer, stream, part, tenant)\n"
+  . "true tenant\nCREATE UNIQUE INDEX tenant_sequences_pkey ON idempotency.tenant_sequences USING btree (role, consumer, producer, tenant)",
+	'the tenant positions and sequences: distributed by tenant, co-located with payments, the tenant in the primary key');
 is($node->safe_psql('postgres', q{
 SELECT count(*) FROM idem_assign('c', 's', ARRAY[0, 1], 1, 'acme');
 SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, 1, 'acme');
@@ -177,6 +191,21 @@ SELECT string_agg(tenant || ':' || part || ':' || coalesce(next_offset::text, '-
 SELECT count(*) FROM idempotency.positions;
 }), "2\n0-9\n10-14\n0-9\n0:15:1,1:-:1\nacme:0:15,acme:1:-,globex:0:10\n0",
 	'tenant positions are read and written in the tenant\'s shard, one per tenant');
+is($node->safe_psql('postgres', q{
+SELECT idem_sequence('c', 'p', 1, 1, false, 'acme');
+SELECT idem_sequence('c', 'p', 1, 1, false, 'acme');
+SELECT idem_sequence('c', 'p', 1, 1, false, 'globex');
+SELECT idem_sequence('c', 'p', 1, 3, false, 'acme');
+SELECT string_agg(tenant || ':' || epoch || ':' || seq, ',' ORDER BY tenant) FROM idempotency.tenant_sequences;
+SELECT count(*) FROM idempotency.sequences;
+}), "new\nduplicate\nnew\ngap\nacme:1:3,globex:1:1\n0",
+	'tenant producer sequences are checked and written in the tenant\'s shard, one per tenant');
+$node->psql('postgres', q{
+\set VERBOSITY verbose
+SELECT idem_sequence('c', 'p', 1, 4, false, NULL);
+}, stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/ERROR:  22004: tenant must not be null when table "idempotency.tenant_sequences" is distributed by Citus/,
+	'a tenant producer sequence without its tenant: 22004');
 $node->psql('postgres', q{
 \set VERBOSITY verbose
 SELECT * FROM idem_advance('c', 's', 0, 15, 19, 1, NULL);
@@ -191,15 +220,19 @@ SELECT count(*) FROM idempotency.positions;
 is($node->safe_psql('postgres', q{
 UPDATE idempotency.tenant_positions SET updated_at = now() - interval '400 days'
  WHERE tenant = 'globex';
+UPDATE idempotency.tenant_sequences SET updated_at = now() - interval '400 days'
+ WHERE tenant = 'globex';
 SELECT count(*) >= 0 FROM idem_maintain();
 SELECT string_agg(DISTINCT tenant, ',') || ' ' || count(*) FROM idempotency.tenant_positions;
-}), "t\nacme 2", 'maintenance deletes the tenant positions unused for position_ttl, in the local shards');
+SELECT string_agg(DISTINCT tenant, ',') || ' ' || count(*) FROM idempotency.tenant_sequences;
+}), "t\nacme 2\nacme 1", 'maintenance deletes the tenant positions and sequences unused for position_ttl, in the local shards');
 is($node->safe_psql('postgres', q{
-SELECT deptype FROM pg_depend
- WHERE classid = 'pg_class'::regclass AND objid = 'idempotency.tenant_positions'::regclass
+SELECT string_agg(deptype::text, ',') FROM pg_depend
+ WHERE classid = 'pg_class'::regclass
+   AND objid IN ('idempotency.tenant_positions'::regclass, 'idempotency.tenant_sequences'::regclass)
    AND refclassid = 'pg_extension'::regclass
-   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')}), 'a',
-	'maintenance on the coordinator makes the tenant positions depend on the extension (AUTO)');
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')}), 'a,a',
+	'maintenance on the coordinator makes the tenant positions and sequences depend on the extension (AUTO)');
 
 # Every call's routing is its own: an export in the same transaction after
 # routed calls reads the node's own (empty) table, not the last shard.
