@@ -23,18 +23,22 @@ BEGIN
 END $$;
 -- per tenant, its stream position (read through Citus: the tenant's shard
 -- of idempotency.tenant_positions) is one past the last offset processed,
--- every offset up to it was processed, and none twice
+-- every offset up to it was processed, and none twice; its producer
+-- sequence (idempotency.tenant_sequences) is that of the last batch
 DO $$
-DECLARE t text; pos bigint; cnt bigint; mx bigint; dups bigint; bad int := 0;
+DECLARE t text; pos bigint; cnt bigint; mx bigint; dups bigint; sq bigint; bad int := 0;
 BEGIN
   FOR t IN SELECT DISTINCT tenant FROM processed LOOP
     SELECT p.next_offset INTO pos FROM idempotency.tenant_positions AS p
      WHERE p.tenant = t AND p.consumer = 'ledger-consumer' AND p.stream = 'payments:' || t AND p.part = 0;
+    SELECT s.seq INTO sq FROM idempotency.tenant_sequences AS s
+     WHERE s.tenant = t AND s.consumer = 'ledger-consumer' AND s.producer = 'producer:' || t;
     SELECT count(*), max(off), count(*) - count(DISTINCT off) INTO cnt, mx, dups
       FROM processed WHERE tenant = t;
-    IF pos IS DISTINCT FROM cnt OR pos IS DISTINCT FROM mx + 1 OR dups <> 0 THEN
+    IF pos IS DISTINCT FROM cnt OR pos IS DISTINCT FROM mx + 1 OR dups <> 0
+       OR sq IS DISTINCT FROM mx / 5 THEN
       bad := bad + 1;
-      RAISE NOTICE 'tenant %: stream position %, % offsets processed (% twice), the last %', t, pos, cnt, dups, mx;
+      RAISE NOTICE 'tenant %: stream position %, % offsets processed (% twice), the last %, producer sequence %', t, pos, cnt, dups, mx, sq;
     END IF;
   END LOOP;
   RAISE NOTICE 'tenants whose stream position differs from the offsets they processed: %', bad;

@@ -4,12 +4,13 @@ Citus shard operation runs (issue 37).  Each send of a key calls
 create_payment(tenant, key) (the key ledger) then apply_event(tenant, key)
 (the message ledger), each retried on an error; then a batch of the
 tenant's stream, consume_offsets(tenant, first, last) (the tenant's stream
-position): the next batch of 5 offsets, or one delivered before again (a
-redelivery), one batch of a tenant in flight at a time, retried on an
-error.
+position, and the batch's producer sequence): the next batch of 5
+offsets, or one delivered before again (a redelivery), one batch of a
+tenant in flight at a time, retried on an error.
 Usage: CO=conninfo load.py "SQL[;; SQL...]" TAG [MAXKEYS]; exit 1 on a key
 paid twice, differing replies, an event applied twice, a stream offset
-processed twice, or a replay lost after the operation (a key not replayed,
+processed twice, a batch's sequence new twice or a gap, or a replay lost
+after the operation (a key not replayed,
 an event applied again, a tenant's stream position not where its consumer
 left it, or a batch delivered before processed again)."""
 import os, random, sys, threading, time
@@ -185,12 +186,20 @@ for t in TENANTS:
     processed_again += got
 cur.execute("SELECT tenant, off, count(*) FROM processed GROUP BY 1, 2 HAVING count(*) > 1")
 dup_offsets = cur.fetchall()
+# each batch's producer sequence: new once (a redelivery is a duplicate),
+# never a gap (the tenant's sequence moved with it)
+cur.execute("SELECT tenant, seq, count(*) FROM sequenced GROUP BY 1, 2 HAVING count(*) > 1")
+dup_seqs = cur.fetchall()
+cur.execute("SELECT count(*) FROM sequenced WHERE answer = 'gap'")
+gaps = cur.fetchone()[0]
 multi = [k for k, v in replies.items() if len(v) > 1]
 print("stats", stats, "keys", len(replies), "payments", npay)
 print("keys paid twice:", len(dup), "keys with differing replies:", len(multi), "replays lost after:", lost)
 print("events applied twice:", len(dup_events), "events applied again after:", applied_again)
 print("stream offsets processed twice:", len(dup_offsets), "tenants whose stream position is not where its consumer left it:",
       moved_wrong, "offsets of an old batch processed again after:", processed_again)
+print("batch sequences new twice:", len(dup_seqs), "sequence gaps:", gaps)
 if errs: print("errors:", errs)
 sys.exit(1 if dup or multi or lost or npay != len(replies) or dup_events or applied_again
-         or dup_offsets or moved_wrong or processed_again or stats["redelivered_processed"] else 0)
+         or dup_offsets or moved_wrong or processed_again or stats["redelivered_processed"]
+         or dup_seqs or gaps else 0)

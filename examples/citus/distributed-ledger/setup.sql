@@ -70,12 +70,24 @@ SELECT create_distributed_function('apply_event(text,text)', 'tenant', colocate_
 CREATE TABLE processed (tenant text NOT NULL, off bigint NOT NULL, n bigserial,
                         PRIMARY KEY (tenant, n));
 SELECT create_distributed_table('processed', 'tenant', colocate_with => 'payments');
+-- each batch is also numbered by its producer (batch n: sequence n, epoch
+-- 1): idem_sequence(..., tenant) answers new or gap for a batch not seen,
+-- duplicate for one seen; the answers other than duplicate are kept here
+CREATE TABLE sequenced (tenant text NOT NULL, seq bigint NOT NULL, answer text NOT NULL,
+                        n bigserial, PRIMARY KEY (tenant, n));
+SELECT create_distributed_table('sequenced', 'tenant', colocate_with => 'payments');
 CREATE FUNCTION consume_offsets(tenant text, first_offset bigint, last_offset bigint)
 RETURNS bigint LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, public
 AS $$
-DECLARE r record; o bigint; n bigint := 0;
+DECLARE r record; o bigint; n bigint := 0; answer text;
 BEGIN
+  answer := idem_sequence('ledger-consumer', 'producer:' || consume_offsets.tenant, 1,
+                          consume_offsets.first_offset / 5, false, consume_offsets.tenant);
+  IF answer <> 'duplicate' THEN
+    INSERT INTO public.sequenced (tenant, seq, answer)
+    VALUES (consume_offsets.tenant, consume_offsets.first_offset / 5, answer);
+  END IF;
   FOR r IN SELECT a.first_offset AS f, a.last_offset AS l
              FROM idem_advance('ledger-consumer', 'payments:' || consume_offsets.tenant, 0,
                                consume_offsets.first_offset,
