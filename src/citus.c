@@ -35,10 +35,10 @@
  * The stream positions and producer sequences of the calls that name their
  * tenant are keyed tables that citus_distribute() made and distributed by
  * their column "tenant", idempotency.tenant_positions and tenant_sequences
- * (streams.c): IdemCitusRouteTable
- * runs steps 1-3 for it and returns its local shard's table, which the
- * caller opens itself (no override, nothing kept past the call but step
- * 1-3's answer, as for the ledgers).
+ * (streams.c): IdemCitusRouteTable runs steps 1-3 for one of them and
+ * returns its local shard's table, which the caller opens itself (no
+ * override, nothing kept past the call but steps 1-3's answer, as for the
+ * ledgers).
  *
  * Steps 1 and 2 call Citus' SQL functions through fmgr (looked up by name
  * and signature once per backend: the library is never linked against
@@ -286,9 +286,8 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
  * IdemCitusRouteTable is IdemCitusRoute for a keyed table of schema
  * idempotency that idempotency.citus_distribute() made and distributed by
  * its column "tenant" (the tenant positions and sequences, streams.c):
- * it returns the
- * OID of the local shard's table that holds "tenant", after the same
- * steps 1-3, and sets *tenant_type and *tenant_value to the column's type
+ * it returns the OID of the local shard's table that holds "tenant", after
+ * the same steps 1-3, and sets *tenant_type and *tenant_value to the column's type
  * and the tenant as a value of it (in the call's memory).  InvalidOid if
  * the table does not exist: nothing is distributed, and the caller uses
  * the node's own table.  The caller holds the routing to the end of its
@@ -324,8 +323,7 @@ IdemCitusRouteTable(IdemCitusTable table, text *tenant, const char *what,
 /*
  * IdemCitusRouteShard runs steps 1-3 for table "relname" (its OID "rel",
  * or InvalidOid for ledger "ledger": its own table, looked up only when
- * the answer is not remembered)
- * and "tenant", and returns the OID of the local shard's table (step 4's
+ * the answer is not remembered) and "tenant", and returns the OID of the local shard's table (step 4's
  * lookup), or fails with 40001 or 0A000.  "kind" starts the error's
  * detail ("Ledger", "Table").  Remembers the answer in *r for the rest of
  * the (sub)transaction.
