@@ -233,6 +233,13 @@ SELECT string_agg(deptype::text, ',') FROM pg_depend
    AND refclassid = 'pg_extension'::regclass
    AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')}), 'a,a',
 	'maintenance on the coordinator makes the tenant positions and sequences depend on the extension (AUTO)');
+# granted to nobody: a grant is taken back by maintenance on the coordinator
+is($node->safe_psql('postgres', q{
+GRANT SELECT ON idempotency.tenant_positions, idempotency.tenant_sequences TO app;
+SELECT count(*) >= 0 FROM idem_maintain();
+SELECT has_table_privilege('app', 'idempotency.tenant_positions', 'SELECT'),
+       has_table_privilege('app', 'idempotency.tenant_sequences', 'SELECT');
+}), "t\nf|f", 'maintenance takes back a grant on the tenant positions and sequences');
 
 # Every call's routing is its own: an export in the same transaction after
 # routed calls reads the node's own (empty) table, not the last shard.
