@@ -1164,6 +1164,21 @@ BEGIN
                   DETAIL = 'Only empty ledgers are distributed: a row does not say its tenant.',
                   HINT = 'Distribute the ledgers before the first call, or once the rows have expired.';
     END IF;
+    -- the tenant positions and sequences start empty too: one written
+    -- before, with or without a tenant, is in the node's own
+    -- idempotency.positions or sequences, which a tenant call no longer
+    -- reads once they are distributed
+    IF pg_catalog.to_regclass('idempotency.tenant_positions') IS NOT NULL
+       OR pg_catalog.to_regclass('idempotency.tenant_sequences') IS NOT NULL THEN
+        RAISE EXCEPTION 'the stream positions are distributed already'
+            USING ERRCODE = '55000';
+    END IF;
+    IF EXISTS (SELECT FROM idempotency.positions) OR EXISTS (SELECT FROM idempotency.sequences) THEN
+        RAISE EXCEPTION 'the stream positions of this node have rows'
+            USING ERRCODE = '55000',
+                  DETAIL = 'A position in idempotency.positions or a sequence in idempotency.sequences does not say its tenant, and a call that names its tenant would not read it once they are distributed.',
+                  HINT = 'Distribute before the first call, or once the positions and sequences are unused for idempotency.position_ttl.';
+    END IF;
     FOR worker IN
         EXECUTE 'SELECT w.nodename, w.nodeport
                    FROM pg_catalog.run_command_on_workers(
@@ -1175,6 +1190,18 @@ BEGIN
             USING ERRCODE = '55000',
                   DETAIL = 'Its idempotency.keys or idempotency.messages would stand in the way of the distributed ledgers.',
                   HINT = 'Drop them on that worker once its rows have expired or moved, then distribute.';
+    END LOOP;
+    FOR worker IN
+        EXECUTE 'SELECT w.nodename, w.nodeport
+                   FROM pg_catalog.run_command_on_workers(
+                        ''SELECT EXISTS (SELECT FROM idempotency.positions)
+                              OR EXISTS (SELECT FROM idempotency.sequences)'') AS w
+                  WHERE NOT w.success OR w.result OPERATOR(pg_catalog.<>) ''f'''
+    LOOP
+        RAISE EXCEPTION 'the stream positions of worker %:% have rows', worker.nodename, worker.nodeport
+            USING ERRCODE = '55000',
+                  DETAIL = 'A position in idempotency.positions or a sequence in idempotency.sequences does not say its tenant, and a call that names its tenant would not read it once they are distributed.',
+                  HINT = 'Distribute before the first call, or once the positions and sequences are unused for idempotency.position_ttl.';
     END LOOP;
 
     FOREACH ledger IN ARRAY ARRAY['keys', 'messages'] LOOP
@@ -1212,11 +1239,63 @@ BEGIN
         EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
           USING pg_catalog.format('idempotency.%I', ledger), colocate_with::pg_catalog.text;
     END LOOP;
+
+    -- The stream positions of the calls that name their tenant
+    -- (idem_assign(), idem_advance(), idem_positions(); src/streams.c): a
+    -- table of their own, not a member of the extension (Citus leaves the
+    -- shell of a member table to CREATE EXTENSION on each node, which
+    -- would make it without the tenant column), owned like the ledgers by
+    -- the owner of schema idempotency and granted to nobody.  The tenant
+    -- is the fifth column, so that the primary key, which must contain
+    -- the distribution column, is the first five.
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idempotency.tenant_positions (
+             role        pg_catalog.regrole     NOT NULL,
+             consumer    pg_catalog.text        NOT NULL,
+             stream      pg_catalog.text        NOT NULL,
+             part        pg_catalog.int4        NOT NULL,
+             tenant      %s NOT NULL,
+             next_offset pg_catalog.int8,
+             generation  pg_catalog.int8,
+             updated_at  pg_catalog.timestamptz NOT NULL,
+             PRIMARY KEY (role, consumer, stream, part, tenant))', tenant_type);
+    REVOKE ALL ON idempotency.tenant_positions FROM PUBLIC;
+    EXECUTE pg_catalog.format('ALTER TABLE idempotency.tenant_positions OWNER TO %I',
+                              (SELECT pg_catalog.pg_get_userbyid(n.nspowner)
+                                 FROM pg_catalog.pg_namespace AS n
+                                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'));
+    COMMENT ON TABLE idempotency.tenant_positions IS
+        'the stream positions of the calls that name their tenant, distributed by Citus with the tenant''s rows (idempotency.citus_distribute())';
+    EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+      USING 'idempotency.tenant_positions', colocate_with::pg_catalog.text;
+
+    -- The producer sequences of the calls that name their tenant
+    -- (idem_sequence(..., tenant)), likewise: "tenant" fourth, after the
+    -- columns of the key of idempotency.sequences.
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idempotency.tenant_sequences (
+             role       pg_catalog.regrole     NOT NULL,
+             consumer   pg_catalog.text        NOT NULL,
+             producer   pg_catalog.text        NOT NULL,
+             tenant     %s NOT NULL,
+             epoch      pg_catalog.int8        NOT NULL,
+             seq        pg_catalog.int8        NOT NULL,
+             updated_at pg_catalog.timestamptz NOT NULL,
+             PRIMARY KEY (role, consumer, producer, tenant))', tenant_type);
+    REVOKE ALL ON idempotency.tenant_sequences FROM PUBLIC;
+    EXECUTE pg_catalog.format('ALTER TABLE idempotency.tenant_sequences OWNER TO %I',
+                              (SELECT pg_catalog.pg_get_userbyid(n.nspowner)
+                                 FROM pg_catalog.pg_namespace AS n
+                                WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'));
+    COMMENT ON TABLE idempotency.tenant_sequences IS
+        'the producer sequences of the calls that name their tenant, distributed by Citus with the tenant''s rows (idempotency.citus_distribute())';
+    EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+      USING 'idempotency.tenant_sequences', colocate_with::pg_catalog.text;
 END
 $citus_distribute$;
 
 COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
-'distributes the key and message ledgers by tenant, co-located with a table distributed by its tenant (Citus coordinator, once, before the first call)';
+'distributes the key and message ledgers and the tenant stream positions and producer sequences by tenant, co-located with a table distributed by its tenant (Citus coordinator, once, before the first call)';
 
 REVOKE ALL ON FUNCTION idempotency.citus_distribute(regclass) FROM PUBLIC;
 
@@ -1363,6 +1442,118 @@ $manifest$;
 
 COMMENT ON FUNCTION idempotency.export_manifest() IS
 'what an export of this version holds (format 2): each part, its record type, its export and import functions, in the order to import them';
+
+-- 0.5.0: stream positions and producer sequences carried by Citus' shard
+-- operations (issue 37; src/streams.c, doc/scale-out.md, "What the
+-- distributed ledgers do not carry").  idem_assign(), idem_advance(),
+-- idem_positions() and idem_sequence() take the
+-- tenant in overloads of their own, with every argument and no default, as
+-- idem_consume_message() does (0.4.0's functions stay as they are; a call
+-- that names the tenant passes generation too, generation => NULL for an
+-- unfenced advance, and strict for a sequence).  With
+-- idempotency.tenant_positions and tenant_sequences made by
+-- idempotency.citus_distribute(), the call reads and writes the tenant's
+-- local shard of them; otherwise the tenant is not used, and the call is
+-- the one without it.
+CREATE FUNCTION pg_catalog.idem_assign(consumer text,
+                                       stream text,
+                                       parts integer[],
+                                       generation bigint,
+                                       tenant text)
+RETURNS TABLE (part integer, next_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_assign'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_assign(text, text, integer[], bigint, text) IS
+'records the assignment of stream partitions to a consumer with its generation, and returns where to seek each (tenant: the shard of stream positions distributed by Citus)';
+
+CREATE FUNCTION pg_catalog.idem_advance(consumer text,
+                                        stream text,
+                                        part integer,
+                                        first_offset bigint,
+                                        last_offset bigint,
+                                        generation bigint,
+                                        tenant text)
+RETURNS TABLE (first_offset bigint, last_offset bigint)
+AS 'MODULE_PATHNAME', 'idem_advance'
+LANGUAGE C VOLATILE PARALLEL UNSAFE ROWS 1;
+
+COMMENT ON FUNCTION pg_catalog.idem_advance(text, text, integer, bigint, bigint, bigint, text) IS
+'moves a stream partition''s position past a batch in the caller''s transaction, and returns the part of the batch not processed yet (tenant: the shard of stream positions distributed by Citus)';
+
+CREATE FUNCTION pg_catalog.idem_positions(consumer text, stream text, tenant text)
+RETURNS TABLE (part integer, next_offset bigint, generation bigint,
+               updated_at timestamptz)
+AS 'MODULE_PATHNAME', 'idem_positions'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_positions(text, text, text) IS
+'the calling role''s positions of one consumer on one stream (tenant: the shard of stream positions distributed by Citus)';
+
+CREATE FUNCTION pg_catalog.idem_sequence(consumer text,
+                                         producer text,
+                                         epoch bigint,
+                                         seq bigint,
+                                         strict boolean,
+                                         tenant text)
+RETURNS text
+AS 'MODULE_PATHNAME', 'idem_sequence'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_sequence(text, text, bigint, bigint, boolean, text) IS
+'checks a producer''s sequence number in the caller''s transaction: new, duplicate, gap or fenced (tenant: the shard of producer sequences distributed by Citus)';
+
+-- Each overload gets exactly the privileges of its sibling without the
+-- tenant (what default privileges gave it is taken back first).
+DO $tenant_positions_privileges$
+DECLARE
+    o record;
+    item record;
+BEGIN
+    FOR o IN
+        SELECT n.oid::pg_catalog.regprocedure AS name, n.proacl AS newacl,
+               d.proacl AS oldacl, n.proowner AS owner
+          FROM (VALUES
+                ('pg_catalog.idem_assign(text,text,integer[],bigint,text)'::pg_catalog.regprocedure::pg_catalog.oid,
+                 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure::pg_catalog.oid),
+                ('pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_positions(text,text,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_sequence(text,text,bigint,bigint,boolean,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure))
+               AS f (newobj, oldobj)
+          JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
+          JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', o.name);
+        FOR item IN
+            SELECT a.grantee
+              FROM pg_catalog.aclexplode(o.newacl) AS a
+             WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+               AND a.grantee OPERATOR(pg_catalog.<>) 0
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', o.name,
+                                      pg_catalog.pg_get_userbyid(item.grantee));
+        END LOOP;
+        IF o.oldacl IS NULL THEN
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', o.name);
+        ELSE
+            FOR item IN
+                SELECT a.grantee, a.privilege_type, a.is_grantable
+                  FROM pg_catalog.aclexplode(o.oldacl) AS a
+                 WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+            LOOP
+                EXECUTE pg_catalog.format('GRANT %s ON FUNCTION %s TO %s%s',
+                                          item.privilege_type, o.name,
+                                          CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                               ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END,
+                                          CASE WHEN item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+            END LOOP;
+        END IF;
+    END LOOP;
+END
+$tenant_positions_privileges$;
 
 -- 0.5.0: the members this version adds get exactly the privileges of a
 -- fresh install in a plain database, as 0.4.0's members do (see the block

@@ -127,6 +127,12 @@ INSERT INTO null_cases VALUES
   ('idem_advance',          'generation',     $$SELECT * FROM idem_advance('c', 's', 0, 0, 1, NULL)$$),
   ('idem_positions',        'consumer',       $$SELECT * FROM idem_positions(NULL, 's')$$),
   ('idem_positions',        'stream',         $$SELECT * FROM idem_positions('c', NULL)$$),
+  -- a NULL tenant is refused only where the positions are distributed
+  -- by Citus (sql/stream_tenant.sql; not used otherwise)
+  ('idem_assign',           'tenant',         $$SELECT * FROM idem_assign('c', 's-tenant', ARRAY[0], 1, NULL)$$),
+  ('idem_advance',          'tenant',         $$SELECT * FROM idem_advance('c', 's-tenant-advance', 0, 0, 1, NULL, NULL)$$),
+  ('idem_positions',        'tenant',         $$SELECT count(*) FROM idem_positions('c', 's-tenant', NULL)$$),
+  ('idem_sequence',         'tenant',         $$SELECT idem_sequence('c', 'p-tenant', 0, 0, false, NULL)$$),
   ('idem_sequence',         'consumer',       $$SELECT idem_sequence(NULL, 'p', 0, 0)$$),
   ('idem_sequence',         'producer',       $$SELECT idem_sequence('c', NULL, 0, 0)$$),
   ('idem_sequence',         'epoch',          $$SELECT idem_sequence('c', 'p', NULL, 0)$$),

@@ -32,6 +32,14 @@
  *	   and keeps the tenant, as a value of the column's type, for the rows
  *	   the call writes (IdemCitusCallTenant, probe.c's IdemInsertRow).
  *
+ * The stream positions and producer sequences of the calls that name their
+ * tenant are keyed tables that citus_distribute() made and distributed by
+ * their column "tenant", idempotency.tenant_positions and tenant_sequences
+ * (streams.c): IdemCitusRouteTable runs steps 1-3 for one of them and
+ * returns its local shard's table, which the caller opens itself (no
+ * override, nothing kept past the call but steps 1-3's answer, as for the
+ * ledgers).
+ *
  * Steps 1 and 2 call Citus' SQL functions through fmgr (looked up by name
  * and signature once per backend: the library is never linked against
  * Citus), step 3 reads Citus' catalog pg_dist_placement by its shardid
@@ -134,7 +142,13 @@ typedef struct IdemRouted
 	Oid			relid;
 } IdemRouted;
 
-static IdemRouted routed[IDEM_NUM_LEDGERS];
+/* one per ledger, and one per keyed table of IdemCitusRouteTable */
+static IdemRouted routed[IDEM_NUM_LEDGERS + IDEM_CITUS_NUM_TABLES];
+
+const char *const IdemCitusTableNames[IDEM_CITUS_NUM_TABLES] = {
+	[IDEM_CITUS_TENANT_POSITIONS] = "tenant_positions",
+	[IDEM_CITUS_TENANT_SEQUENCES] = "tenant_sequences",
+};
 
 /* the input function of the tenant column's type, for a type not text */
 static Oid	tenant_input_type = InvalidOid;
@@ -150,11 +164,15 @@ static void IdemCitusRelcacheCallback(Datum arg, Oid relid);
 static void IdemCitusLookupApi(void);
 static Oid	IdemCitusFunction(const char *name, int nargs, const Oid *argtypes,
 							  Oid rettype);
-static int64 IdemCitusShard(IdemLedger ledger, text *tenant);
+static Oid	IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger,
+								const char *relname, const char *kind,
+								text *tenant);
+static int64 IdemCitusShard(Oid rel, int ledger, const char *relname,
+							text *tenant);
 static void IdemCitusLockShard(int64 shard);
 static bool IdemCitusShardIsLocal(int64 shard);
 static int32 IdemCitusReadLocalGroup(Oid local_group_rel);
-static Oid	IdemCitusShardTable(IdemLedger ledger, int64 shard);
+static Oid	IdemCitusShardTable(const char *relname, int64 shard);
 static Datum IdemCitusTenantValue(Oid type, text *tenant);
 
 /*
@@ -208,7 +226,7 @@ IdemCitusXactCallback(XactEvent event, void *arg)
 	int			i;
 
 	IdemCitusClearCall();
-	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+	for (i = 0; i < lengthof(routed); i++)
 		routed[i].subxid = InvalidSubTransactionId;
 }
 
@@ -226,7 +244,7 @@ IdemCitusSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 	if (event != SUBXACT_EVENT_ABORT_SUB)
 		return;
 	IdemCitusClearCall();
-	for (i = 0; i < IDEM_NUM_LEDGERS; i++)
+	for (i = 0; i < lengthof(routed); i++)
 		if (routed[i].subxid == mySubid)
 			routed[i].subxid = InvalidSubTransactionId;
 }
@@ -242,10 +260,8 @@ IdemCitusSubXactCallback(SubXactEvent event, SubTransactionId mySubid,
 void
 IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 {
-	IdemSavedUser save;
 	IdemRouted *r = &routed[ledger];
 	Oid			tenant_type;
-	int64		shard;
 	Oid			relid;
 
 	tenant_type = IdemLedgerTenantType(ledger);
@@ -258,6 +274,68 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 						what, IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
 				 errhint("Pass the tenant whose rows the call's transaction writes.")));
 
+	/* a tenant that is not a value of the column's type: 22P02 and such */
+	call_tenant[ledger] = IdemCitusTenantValue(tenant_type, tenant);
+	relid = IdemCitusRouteShard(r, InvalidOid, (int) ledger,
+								IdemLedgerName(ledger), "Ledger", tenant);
+	IdemSetLedgerParentOverride(ledger, relid);
+	call_routed[ledger] = true;
+}
+
+/*
+ * IdemCitusRouteTable is IdemCitusRoute for a keyed table of schema
+ * idempotency that idempotency.citus_distribute() made and distributed by
+ * its column "tenant" (the tenant positions and sequences, streams.c):
+ * it returns the OID of the local shard's table that holds "tenant", after
+ * the same steps 1-3, and sets *tenant_type and *tenant_value to the column's type
+ * and the tenant as a value of it (in the call's memory).  InvalidOid if
+ * the table does not exist: nothing is distributed, and the caller uses
+ * the node's own table.  The caller holds the routing to the end of its
+ * call only (no override: it opens the shard's table itself).
+ */
+Oid
+IdemCitusRouteTable(IdemCitusTable table, text *tenant, const char *what,
+					Oid *tenant_type, Datum *tenant_value)
+{
+	const char *relname = IdemCitusTableNames[table];
+	Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+	Oid			rel;
+	AttrNumber	att;
+
+	rel = OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+	if (!OidIsValid(rel))
+		return InvalidOid;
+	att = get_attnum(rel, IDEM_TENANT_COLUMN);
+	if (att == InvalidAttrNumber)
+		return InvalidOid;
+	if (tenant == NULL)
+		ereport(ERROR,
+				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
+				 errmsg("%s must not be null when table \"%s.%s\" is distributed by Citus",
+						what, IDEM_SCHEMA_NAME, relname),
+				 errhint("Pass the tenant whose rows the call's transaction writes.")));
+	*tenant_type = get_atttype(rel, att);
+	*tenant_value = IdemCitusTenantValue(*tenant_type, tenant);
+	return IdemCitusRouteShard(&routed[IDEM_NUM_LEDGERS + table], rel, -1,
+							   relname, "Table", tenant);
+}
+
+/*
+ * IdemCitusRouteShard runs steps 1-3 for table "relname" (its OID "rel",
+ * or InvalidOid for ledger "ledger": its own table, looked up only when
+ * the answer is not remembered) and "tenant", and returns the OID of the local shard's table (step 4's
+ * lookup), or fails with 40001 or 0A000.  "kind" starts the error's
+ * detail ("Ledger", "Table").  Remembers the answer in *r for the rest of
+ * the (sub)transaction.
+ */
+static Oid
+IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger, const char *relname,
+					const char *kind, text *tenant)
+{
+	IdemSavedUser save;
+	int64		shard;
+	Oid			relid;
+
 	/*
 	 * Routed already in this (sub)transaction: the lock keeps the placement.
 	 * (Not across subtransactions: one that rolls back releases the lock.)
@@ -266,12 +344,7 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 		r->subxid == GetCurrentSubTransactionId() &&
 		r->tenant_len == VARSIZE_ANY_EXHDR(tenant) &&
 		memcmp(r->tenant, VARDATA_ANY(tenant), r->tenant_len) == 0)
-	{
-		call_tenant[ledger] = IdemCitusTenantValue(tenant_type, tenant);
-		IdemSetLedgerParentOverride(ledger, r->relid);
-		call_routed[ledger] = true;
-		return;
-	}
+		return r->relid;
 
 	/* registered on the first routing: nothing changes for anyone else */
 	if (!xact_callbacks_registered)
@@ -284,15 +357,12 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 	if (!citus_api.valid)
 		IdemCitusLookupApi();
 
-	/* a tenant that is not a value of the column's type: 22P02 and such */
-	call_tenant[ledger] = IdemCitusTenantValue(tenant_type, tenant);
-
 	/*
 	 * 1 and 2: the shard, locked as Citus' own writes lock it, as the
 	 * ledgers' owner (lock_shard_metadata() wants the table's owner).
 	 */
 	IdemBecomeStorageOwner(&save);
-	shard = IdemCitusShard(ledger, tenant);
+	shard = IdemCitusShard(rel, ledger, relname, tenant);
 	IdemCitusLockShard(shard);
 	IdemRestoreUser(&save);
 
@@ -307,8 +377,8 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 			ereport(ERROR,
 					(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
 					 errmsg("the tenant's ledger shard is not on this node"),
-					 errdetail("Ledger \"%s.%s\" is distributed by Citus, and its shard " INT64_FORMAT " is on a worker.",
-							   IDEM_SCHEMA_NAME, IdemLedgerName(ledger), shard),
+					 errdetail("%s \"%s.%s\" is distributed by Citus, and its shard " INT64_FORMAT " is on a worker.",
+							   kind, IDEM_SCHEMA_NAME, relname, shard),
 					 errhint("Call the function that calls this one delegated to the tenant's node (create_distributed_function() with its tenant argument).")));
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
@@ -318,7 +388,7 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 	}
 
 	/* 4: the local shard's table */
-	relid = IdemCitusShardTable(ledger, shard);
+	relid = IdemCitusShardTable(relname, shard);
 	if (VARSIZE_ANY_EXHDR(tenant) <= (int) sizeof(r->tenant))
 	{
 		r->subxid = GetCurrentSubTransactionId();
@@ -326,8 +396,7 @@ IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what)
 		memcpy(r->tenant, VARDATA_ANY(tenant), r->tenant_len);
 		r->relid = relid;
 	}
-	IdemSetLedgerParentOverride(ledger, relid);
-	call_routed[ledger] = true;
+	return relid;
 }
 
 /*
@@ -452,19 +521,24 @@ IdemCitusFunction(const char *name, int nargs, const Oid *argtypes, Oid rettype)
 	return fn;
 }
 
-/* 1: the shard of the ledger holding the tenant */
+/*
+ * 1: the shard of table "rel" holding the tenant; for a ledger (rel
+ * InvalidOid), of the ledger's own table
+ */
 static int64
-IdemCitusShard(IdemLedger ledger, text *tenant)
+IdemCitusShard(Oid rel, int ledger, const char *relname, text *tenant)
 {
 	LOCAL_FCINFO(fcinfo, 2);
-	Oid			ledger_rel = IdemLedgerParent(ledger, false);
+	Oid			ledger_rel = rel;
 	Datum		result;
 
+	if (!OidIsValid(ledger_rel))
+		ledger_rel = IdemLedgerParent((IdemLedger) ledger, false);
 	if (!OidIsValid(ledger_rel))
 		ereport(ERROR,
 				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
 				 errmsg("ledger \"%s.%s\" does not exist",
-						IDEM_SCHEMA_NAME, IdemLedgerName(ledger))));
+						IDEM_SCHEMA_NAME, relname)));
 	InitFunctionCallInfoData(*fcinfo, &citus_api.shard_fn, 2, InvalidOid,
 							 NULL, NULL);
 	fcinfo->args[0].value = ObjectIdGetDatum(ledger_rel);
@@ -569,13 +643,13 @@ IdemCitusReadLocalGroup(Oid local_group_rel)
 	return group;
 }
 
-/* 4: the local table of the ledger's shard, idempotency.<ledger>_<shard> */
+/* 4: the local table of the shard, idempotency.<relname>_<shard> */
 static Oid
-IdemCitusShardTable(IdemLedger ledger, int64 shard)
+IdemCitusShardTable(const char *relname, int64 shard)
 {
 	IdemShardTable *entry;
 	bool		found;
-	char		relname[NAMEDATALEN];
+	char		shardname[NAMEDATALEN];
 	Oid			relid;
 
 	if (shard_tables == NULL)
@@ -592,9 +666,8 @@ IdemCitusShardTable(IdemLedger ledger, int64 shard)
 	if (found && OidIsValid(entry->relid))
 		return entry->relid;
 
-	snprintf(relname, sizeof(relname), "%s_" INT64_FORMAT,
-			 IdemLedgerName(ledger), shard);
-	relid = get_relname_relid(relname, get_namespace_oid(IDEM_SCHEMA_NAME, false));
+	snprintf(shardname, sizeof(shardname), "%s_" INT64_FORMAT, relname, shard);
+	relid = get_relname_relid(shardname, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	if (!OidIsValid(relid))
 		ereport(ERROR,
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),

@@ -4,7 +4,9 @@
  *	  Ledgers distributed by Citus (citus.c): routing a key to the local
  *	  shard of the ledger that holds its tenant, for a ledger distributed
  *	  by idempotency.citus_distribute() (doc/scale-out.md, "Citus' own
- *	  shard operations").
+ *	  shard operations"), and a stream position or a producer sequence to
+ *	  the local shard of idempotency.tenant_positions or tenant_sequences
+ *	  (streams.c).
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -19,6 +21,18 @@
 #include "storage.h"
 
 extern void IdemCitusRoute(IdemLedger ledger, text *tenant, const char *what);
+/* the keyed tables citus_distribute() distributes by tenant (streams.c) */
+typedef enum IdemCitusTable
+{
+	IDEM_CITUS_TENANT_POSITIONS,	/* idempotency.tenant_positions */
+	IDEM_CITUS_TENANT_SEQUENCES,	/* idempotency.tenant_sequences */
+	IDEM_CITUS_NUM_TABLES
+} IdemCitusTable;
+
+extern const char *const IdemCitusTableNames[IDEM_CITUS_NUM_TABLES];
+extern Oid	IdemCitusRouteTable(IdemCitusTable table, text *tenant,
+								const char *what, Oid *tenant_type,
+								Datum *tenant_value);
 extern bool IdemCitusCallTenant(IdemLedger ledger, Datum *value);
 extern void IdemCitusEndCall(void);
 extern bool IdemCitusDistributed(Oid relid, bool *coordinator);

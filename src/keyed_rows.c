@@ -89,6 +89,7 @@
 #include "utils/lsyscache.h"
 #include "storage/bufmgr.h"
 #include "storage/lmgr.h"
+#include "utils/datum.h"
 #include "utils/fmgroids.h"
 #include "utils/inval.h"
 #include "utils/memutils.h"
@@ -152,7 +153,9 @@ static void IdemKeyedLocksSubXactCallback(SubXactEvent event,
 										  void *arg);
 static bool IdemKeyedLockTake(const LOCKTAG *tag, bool nowait);
 static void IdemKeyedRelcacheCallback(Datum arg, Oid relid);
+static void IdemKeyedRegister(IdemKeyedTable *table);
 static Oid	IdemKeyedLockTable(IdemKeyedTable *table);
+static inline void IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table);
 static bool IdemKeyedColumnsMatch(IdemKeyedRows *rows);
 static void IdemKeyedOpenPrimaryKey(IdemKeyedRows *rows);
 static bool IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key,
@@ -162,6 +165,7 @@ static void IdemKeyedIndexEntries(IdemKeyedRows *rows, HeapTuple tuple,
 static uint32 IdemKeyedHash(const IdemKeyedTable *table, const Datum *key);
 static bool IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key,
 								bool detoast);
+static inline bool IdemKeyedSameBytes(Datum d, Datum key, bool detoast);
 static bool IdemKeyedFetchRemembered(IdemKeyedRows *rows, const Datum *key,
 									 uint32 hash, Snapshot snapshot);
 static void IdemKeyedRemember(IdemKeyedRows *rows, uint32 hash,
@@ -345,6 +349,20 @@ IdemKeyedRelcacheCallback(Datum arg, Oid relid)
 		}
 }
 
+/* makes the relcache callback forget the table's cached OID */
+static void
+IdemKeyedRegister(IdemKeyedTable *table)
+{
+	int			i;
+
+	for (i = 0; i < nkeyed_tables; i++)
+		if (keyed_tables[i] == table)
+			return;
+	if (nkeyed_tables == IDEM_KEYED_MAX_TABLES)
+		elog(ERROR, "too many keyed tables");
+	keyed_tables[nkeyed_tables++] = table;
+}
+
 /*
  * IdemKeyedLockTable locks the table ROW EXCLUSIVE and returns its OID: the
  * cached one, or else the one its name has now, if no invalidation has come
@@ -355,17 +373,7 @@ IdemKeyedRelcacheCallback(Datum arg, Oid relid)
 static Oid
 IdemKeyedLockTable(IdemKeyedTable *table)
 {
-	int			i;
-
-	for (i = 0; i < nkeyed_tables; i++)
-		if (keyed_tables[i] == table)
-			break;
-	if (i == nkeyed_tables)
-	{
-		if (nkeyed_tables == IDEM_KEYED_MAX_TABLES)
-			elog(ERROR, "too many keyed tables");
-		keyed_tables[nkeyed_tables++] = table;
-	}
+	IdemKeyedRegister(table);
 	for (;;)
 	{
 		Oid			relid = table->relid;
@@ -399,10 +407,38 @@ IdemKeyedLockTable(IdemKeyedTable *table)
 void
 IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
 {
+	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
+	IdemKeyedOpened(rows, table);
+}
+
+/*
+ * IdemKeyedOpenRelid opens table "relid", of the shape "table" describes,
+ * as IdemKeyedOpen does: a Citus shard of a distributed keyed table, whose
+ * OID the caller found (citus.c) and whose shard lock it holds.  The
+ * checks of the columns and the primary key are made again whenever the
+ * OID differs from the one opened last with "table".
+ */
+void
+IdemKeyedOpenRelid(IdemKeyedRows *rows, IdemKeyedTable *table, Oid relid)
+{
+	IdemKeyedRegister(table);
+	if (table->relid != relid)
+	{
+		table->relid = relid;
+		table->checked = false;
+	}
+	LockRelationOid(relid, RowExclusiveLock);
+	rows->heap = table_open(relid, NoLock);
+	IdemKeyedOpened(rows, table);
+}
+
+/* the rest of an open: the checks once, and the slot */
+static inline void
+IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table)
+{
 	rows->table = table;
 	rows->hash = 0;
 	rows->pkey = NULL;
-	rows->heap = table_open(IdemKeyedLockTable(table), NoLock);
 	if (!table->checked ||
 		RelationGetDescr(rows->heap)->natts != table->relnatts)
 	{
@@ -528,8 +564,19 @@ IdemKeyedProbe(IdemKeyedRows *rows, const Datum *key, Snapshot snapshot)
 				eq = F_INT8EQ;
 				break;
 			default:
-				elog(ERROR, "unexpected key type %u", table->keytypes[i]);
-				eq = InvalidOid;	/* keep compiler quiet */
+				{
+					/* another type (a Citus tenant's): its opclass's = */
+					Oid			opno;
+
+					opno = get_opfamily_member(rows->pkey->rd_opfamily[i],
+											   rows->pkey->rd_opcintype[i],
+											   rows->pkey->rd_opcintype[i],
+											   BTEqualStrategyNumber);
+					if (!OidIsValid(opno))
+						elog(ERROR, "no equality operator for key column %d of \"%s.%s\"",
+							 i + 1, IDEM_SCHEMA_NAME, table->relname);
+					eq = get_opcode(opno);
+				}
 		}
 		ScanKeyEntryInitialize(&skeys[i], 0, i + 1, BTEqualStrategyNumber,
 							   InvalidOid, rows->pkey->rd_indcollation[i],
@@ -747,8 +794,10 @@ IdemKeyedHash(const IdemKeyedTable *table, const Datum *key)
 		else if (table->keytypes[i] == INT8OID)
 			k = hash_bytes_uint32((uint32) DatumGetInt64(key[i])) ^
 				hash_bytes_uint32((uint32) (DatumGetInt64(key[i]) >> 32));
-		else
+		else if (table->keytypes[i] == OIDOID || table->keytypes[i] == INT4OID)
 			k = hash_bytes_uint32(DatumGetUInt32(key[i]));
+		else
+			k = 0;				/* another type: a hint without it */
 		h = hash_combine(h, k);
 	}
 	return h;
@@ -807,39 +856,64 @@ IdemKeyedSlotHasKey(IdemKeyedRows *rows, const Datum *key, bool detoast)
 	for (i = 0; i < table->nkeys; i++)
 	{
 		Datum		d = rows->slot->tts_values[i];
+		Oid			keytype = table->keytypes[i];
 
 		if (rows->slot->tts_isnull[i])
 			return false;
-		if (table->keytypes[i] == TEXTOID)
+		if (keytype == TEXTOID)
 		{
-			text	   *want = DatumGetTextPP(key[i]);
-			text	   *have = (text *) DatumGetPointer(d);
-			bool		same;
-
-			if (VARATT_IS_EXTENDED(have) && !VARATT_IS_SHORT(have))
-			{
-				/* compressed or out of line */
-				if (!detoast)
-					return false;
-				have = DatumGetTextPP(d);
-			}
-			same = VARSIZE_ANY_EXHDR(have) == VARSIZE_ANY_EXHDR(want) &&
-				memcmp(VARDATA_ANY(have), VARDATA_ANY(want),
-					   VARSIZE_ANY_EXHDR(want)) == 0;
-			if (have != (text *) DatumGetPointer(d))
-				pfree(have);
-			if (!same)
+			if (!IdemKeyedSameBytes(d, key[i], detoast))
 				return false;
 		}
-		else if (table->keytypes[i] == INT8OID)
+		else if (keytype == INT8OID)
 		{
 			if (DatumGetInt64(d) != DatumGetInt64(key[i]))
 				return false;
 		}
-		else if (DatumGetUInt32(d) != DatumGetUInt32(key[i]))
-			return false;
+		else if (keytype == OIDOID || keytype == INT4OID)
+		{
+			if (DatumGetUInt32(d) != DatumGetUInt32(key[i]))
+				return false;
+		}
+		else
+		{
+			/* another type (a Citus tenant's): the same bytes */
+			Form_pg_attribute att = TupleDescAttr(RelationGetDescr(rows->heap), i);
+
+			if (att->attlen == -1 ?
+				!IdemKeyedSameBytes(d, key[i], detoast) :
+				!datumIsEqual(d, key[i], att->attbyval, att->attlen))
+				return false;
+		}
 	}
 	return true;
+}
+
+/*
+ * IdemKeyedSameBytes: has varlena column value d (of a row in a slot) the
+ * bytes of key?  One compressed or stored out of line is detoasted if
+ * "detoast", else taken as another key.
+ */
+static inline bool
+IdemKeyedSameBytes(Datum d, Datum key, bool detoast)
+{
+	text	   *want = DatumGetTextPP(key);
+	text	   *have = (text *) DatumGetPointer(d);
+	bool		same;
+
+	if (VARATT_IS_EXTENDED(have) && !VARATT_IS_SHORT(have))
+	{
+		/* compressed or out of line */
+		if (!detoast)
+			return false;
+		have = DatumGetTextPP(d);
+	}
+	same = VARSIZE_ANY_EXHDR(have) == VARSIZE_ANY_EXHDR(want) &&
+		memcmp(VARDATA_ANY(have), VARDATA_ANY(want),
+			   VARSIZE_ANY_EXHDR(want)) == 0;
+	if (have != (text *) DatumGetPointer(d))
+		pfree(have);
+	return same;
 }
 
 /* remembers where the newest version of the row of this key is */

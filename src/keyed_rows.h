@@ -28,7 +28,9 @@
  * The contract:
  *	- the table: idempotency.<relname>, owned by the extension, its primary
  *	  key a valid btree on exactly its first nkeys columns, of keytypes
- *	  (OIDOID, TEXTOID, INT4OID or INT8OID), and no deferrable unique or
+ *	  (OIDOID, TEXTOID, INT4OID or INT8OID; any other type is compared
+ *	  with its btree opclass's equality, and its bytes), and no
+ *	  deferrable unique or
  *	  exclusion constraint; natts columns in all, at most
  *	  IDEM_KEYED_MAX_ATTS, of the types atttypes, none dropped (the values
  *	  are formed as those types: a column whose type a DBA changed would
@@ -36,7 +38,9 @@
  *	  only (a column a DBA added is refused until it is dropped).  IdemKeyedOpen checks all this and fails with
  *	  55000 otherwise (a DBA's change).  At most 8 such tables per backend.
  *	  The IdemKeyedTable is static: relid caches the table's OID, forgotten
- *	  on any relcache invalidation of it.
+ *	  on any relcache invalidation of it.  IdemKeyedOpenRelid opens a table
+ *	  of that shape by OID instead of by name (a Citus shard of it,
+ *	  citus.c: relid then caches the shard opened last).
  *	- the lock: every writer of a row takes the same keyed lock on the
  *	  row's identity first, and keeps it until its transaction ends
  *	  (IdemKeyedLockAcquire counts a transaction's keyed locks and refuses
@@ -150,6 +154,8 @@ extern void IdemKeyedRowsInit(void);
 extern void IdemKeyedLockAcquire(const LOCKTAG *tag);
 extern bool IdemKeyedLockConditional(const LOCKTAG *tag);
 extern void IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table);
+extern void IdemKeyedOpenRelid(IdemKeyedRows *rows, IdemKeyedTable *table,
+							   Oid relid);
 extern void IdemKeyedClose(IdemKeyedRows *rows);
 extern bool IdemKeyedFetch(IdemKeyedRows *rows, const Datum *key,
 						   IdemKeyedRow *row);

@@ -34,6 +34,18 @@
  * rows run as that owner (privilege.c), are prepared once per backend, and
  * name every table and operator with its schema.
  *
+ * A position of a call that names its tenant (idem_assign(..., tenant) and
+ * the others, since 0.5.0) is in idempotency.tenant_positions when
+ * idempotency.citus_distribute() made that table: distributed by Citus by
+ * its fifth column "tenant", co-located with the tenant's tables, so that
+ * Citus' own shard operations carry it with the tenant's rows.  The call
+ * is routed to the local shard of its tenant (citus.c: the shard's
+ * metadata lock, the placement check), whose table it opens by OID with
+ * the same direct reads and writes; a position's identity then has the
+ * tenant too.  Without that table the tenant is not used.  The calls
+ * without a tenant always use the node's own idempotency.positions, at
+ * the same cost as before.
+ *
  * A lower generation than the stored one (a consumer still working on a
  * partition that was assigned to another since: a zombie) is refused with
  * SQLSTATE ID001 and changes nothing, and so is an advance without a
@@ -48,17 +60,22 @@
  *-------------------------------------------------------------------------
  */
 #include "idempotency.h"
+#include "citus.h"
 #include "compat.h"
 #include "keyed_rows.h"
 #include "keyhash.h"
 #include "privilege.h"
 #include "stats.h"
+#include "storage.h"
 #include "streams.h"
 #include "transfer.h"
 
 #include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
+#include "commands/defrem.h"
 #include "executor/spi.h"
 #include "fmgr.h"
 #include "funcapi.h"
@@ -151,6 +168,45 @@ static IdemKeyedTable sequences_table = {
 	InvalidOid
 };
 
+/*
+ * idempotency.tenant_positions, made by idempotency.citus_distribute() and
+ * distributed by Citus by its column "tenant", the fifth, of the type of
+ * the tenant tables' distribution column (set at the routing: keytypes[4]
+ * is the input type of its default btree opclass, atttypes[4] the type):
+ * the positions of the tenant calls, idem_assign(..., tenant) and the
+ * others, each written in the local shard of its tenant (citus.c), so that
+ * Citus' shard operations carry them with the tenant's rows.  Opened by
+ * the shard's OID (IdemKeyedOpenRelid).
+ */
+static IdemKeyedTable tenant_positions_table = {
+	"tenant_positions", 8, 5, {OIDOID, TEXTOID, TEXTOID, INT4OID, InvalidOid},
+	{REGROLEOID, TEXTOID, TEXTOID, INT4OID, InvalidOid, INT8OID, INT8OID,
+	TIMESTAMPTZOID},
+	InvalidOid
+};
+
+/* idempotency.tenant_sequences, likewise: "tenant" fourth, after the key */
+static IdemKeyedTable tenant_sequences_table = {
+	"tenant_sequences", 7, 4, {OIDOID, TEXTOID, TEXTOID, InvalidOid},
+	{REGROLEOID, TEXTOID, TEXTOID, InvalidOid, INT8OID, INT8OID, TIMESTAMPTZOID},
+	InvalidOid
+};
+
+/*
+ * Where a call's positions or sequence are: the node's own
+ * idempotency.positions (sequences), or the local shard of
+ * idempotency.tenant_positions (tenant_sequences) that holds the call's
+ * tenant (off = 1: its columns after the key are one further).
+ */
+typedef struct IdemStreamAt
+{
+	IdemKeyedTable *table;
+	Oid			shard;			/* the shard's table, or InvalidOid */
+	Oid			tenant_type;
+	Datum		tenant;			/* a value of tenant_type */
+	int			off;
+} IdemStreamAt;
+
 /* columns of idempotency.positions and idempotency.sequences, from 0 */
 #define POSITION_NEXT_OFFSET	4
 #define POSITION_GENERATION		5
@@ -173,18 +229,29 @@ static void IdemStreamLock(uint32 kind, Oid role, text *a, text *b, int32 part);
 static int	IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull);
 static void IdemStreamBegin(IdemSavedUser *save);
 static void IdemStreamEnd(const IdemSavedUser *save);
-static void IdemGetPosition(IdemKeyedRows *rows, Oid role, text *consumer,
-							text *stream, int32 part, IdemPosition *pos);
-static void IdemPutPosition(IdemKeyedRows *rows, Oid role, text *consumer,
-							text *stream, int32 part, IdemPosition *old,
-							bool has_next, int64 next_offset,
-							bool has_generation, int64 generation,
+static inline void IdemStreamOwn(IdemStreamAt *at, IdemCitusTable which);
+static inline void IdemStreamRoute(FunctionCallInfo fcinfo, int argno,
+								   IdemCitusTable which, IdemStreamAt *at);
+static void IdemStreamOpen(IdemKeyedRows *rows, const IdemStreamAt *at);
+static void IdemListShardPositions(const IdemStreamAt *at, Datum *args,
+								   bool touch);
+static uint64 IdemTenantStreamsMaintain(Oid nsp, const char *relname,
+										const char *cutoff);
+static void IdemGetPosition(IdemKeyedRows *rows, const IdemStreamAt *at,
+							Oid role, text *consumer, text *stream, int32 part,
+							IdemPosition *pos);
+static void IdemPutPosition(IdemKeyedRows *rows, const IdemStreamAt *at,
+							Oid role, text *consumer, text *stream, int32 part,
+							IdemPosition *old, bool has_next,
+							int64 next_offset, bool has_generation,
+							int64 generation, TimestampTz now);
+static bool IdemGetSequence(IdemKeyedRows *rows, const IdemStreamAt *at,
+							Oid role, text *consumer, text *producer,
+							IdemKeyedRow *row);
+static void IdemPutSequence(IdemKeyedRows *rows, const IdemStreamAt *at,
+							Oid role, text *consumer, text *producer,
+							IdemKeyedRow *row, int64 epoch, int64 seq,
 							TimestampTz now);
-static bool IdemGetSequence(IdemKeyedRows *rows, Oid role, text *consumer,
-							text *producer, IdemKeyedRow *row);
-static void IdemPutSequence(IdemKeyedRows *rows, Oid role, text *consumer,
-							text *producer, IdemKeyedRow *row, int64 epoch,
-							int64 seq, TimestampTz now);
 static void IdemCheckGeneration(const IdemPosition *pos, int64 generation,
 								text *stream, int32 part);
 static void IdemRefuseUnfenced(const IdemPosition *pos, text *stream,
@@ -263,77 +330,155 @@ IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
 							def->argtypes, values, isnull, false);
 }
 
+/*
+ * IdemStreamRoute sets *at to where the positions (which:
+ * IDEM_CITUS_TENANT_POSITIONS) or the producer sequence
+ * (IDEM_CITUS_TENANT_SEQUENCES) of the call are.  The forms without a
+ * tenant (argno past the call's arguments) use the node's own
+ * idempotency.positions or sequences, with no lookup.  A call that names a
+ * tenant uses the local shard of idempotency.tenant_positions or
+ * tenant_sequences that holds it, if citus_distribute() made that table
+ * (citus.c: the shard lock, and 40001 or 0A000 if the shard is not on this
+ * node; a NULL tenant is refused there), and the node's own table
+ * otherwise (the tenant is then not used, as idem_consume_message()'s is
+ * not while the message ledger is not distributed).
+ */
+static inline void
+IdemStreamRoute(FunctionCallInfo fcinfo, int argno, IdemCitusTable which,
+				IdemStreamAt *at)
+{
+	IdemKeyedTable *table;
+	int			col;
+	text	   *tenant;
+
+	IdemStreamOwn(at, which);
+	if (PG_NARGS() <= argno)
+		return;
+	tenant = PG_ARGISNULL(argno) ? NULL : PG_GETARG_TEXT_PP(argno);
+	at->shard = IdemCitusRouteTable(which, tenant, "tenant",
+									&at->tenant_type, &at->tenant);
+	if (!OidIsValid(at->shard))
+		return;
+	table = which == IDEM_CITUS_TENANT_POSITIONS ?
+		&tenant_positions_table : &tenant_sequences_table;
+	col = table->nkeys - 1;		/* the tenant: the key's last column */
+	if (table->atttypes[col] != at->tenant_type)
+	{
+		Oid			opclass = GetDefaultOpClass(at->tenant_type, BTREE_AM_OID);
+
+		if (!OidIsValid(opclass))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the tenant column of \"%s.%s\" has no btree operator class",
+							IDEM_SCHEMA_NAME, IdemCitusTableNames[which])));
+		table->atttypes[col] = at->tenant_type;
+		table->keytypes[col] = get_opclass_input_type(opclass);
+		table->checked = false;
+	}
+	at->table = table;
+	at->off = 1;
+}
+
+/* sets *at to the node's own idempotency.positions or sequences */
+static inline void
+IdemStreamOwn(IdemStreamAt *at, IdemCitusTable which)
+{
+	at->table = which == IDEM_CITUS_TENANT_POSITIONS ?
+		&positions_table : &sequences_table;
+	at->shard = InvalidOid;
+	at->tenant_type = InvalidOid;
+	at->tenant = (Datum) 0;
+	at->off = 0;
+}
+
+/* opens the table of the call's positions or sequence (IdemStreamRoute) */
+static void
+IdemStreamOpen(IdemKeyedRows *rows, const IdemStreamAt *at)
+{
+	if (OidIsValid(at->shard))
+		IdemKeyedOpenRelid(rows, at->table, at->shard);
+	else
+		IdemKeyedOpen(rows, at->table);
+}
+
 /* reads one position (locked by the caller) FOR UPDATE */
 static void
-IdemGetPosition(IdemKeyedRows *rows, Oid role, text *consumer, text *stream,
-				int32 part, IdemPosition *pos)
+IdemGetPosition(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
+				text *consumer, text *stream, int32 part, IdemPosition *pos)
 {
-	Datum		key[4];
+	Datum		key[5];
 
 	key[0] = ObjectIdGetDatum(role);
 	key[1] = PointerGetDatum(consumer);
 	key[2] = PointerGetDatum(stream);
 	key[3] = Int32GetDatum(part);
+	key[4] = at->tenant;
 	memset(pos, 0, sizeof(*pos));
 	if (!IdemKeyedFetch(rows, key, &pos->row))
 		return;
-	pos->has_next = !pos->row.nulls[POSITION_NEXT_OFFSET];
+	pos->has_next = !pos->row.nulls[POSITION_NEXT_OFFSET + at->off];
 	if (pos->has_next)
-		pos->next_offset = DatumGetInt64(pos->row.values[POSITION_NEXT_OFFSET]);
-	pos->has_generation = !pos->row.nulls[POSITION_GENERATION];
+		pos->next_offset = DatumGetInt64(pos->row.values[POSITION_NEXT_OFFSET + at->off]);
+	pos->has_generation = !pos->row.nulls[POSITION_GENERATION + at->off];
 	if (pos->has_generation)
-		pos->generation = DatumGetInt64(pos->row.values[POSITION_GENERATION]);
+		pos->generation = DatumGetInt64(pos->row.values[POSITION_GENERATION + at->off]);
 }
 
 /* writes one position (read by IdemGetPosition): insert or update */
 static void
-IdemPutPosition(IdemKeyedRows *rows, Oid role, text *consumer, text *stream,
-				int32 part, IdemPosition *old, bool has_next,
-				int64 next_offset, bool has_generation, int64 generation,
-				TimestampTz now)
+IdemPutPosition(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
+				text *consumer, text *stream, int32 part, IdemPosition *old,
+				bool has_next, int64 next_offset, bool has_generation,
+				int64 generation, TimestampTz now)
 {
-	Datum		values[7];
-	bool		isnull[7] = {false};
+	Datum		values[8];
+	bool		isnull[8] = {false};
+	int			off = at->off;
 
 	values[0] = ObjectIdGetDatum(role);
 	values[1] = PointerGetDatum(consumer);
 	values[2] = PointerGetDatum(stream);
 	values[3] = Int32GetDatum(part);
-	values[POSITION_NEXT_OFFSET] = Int64GetDatum(next_offset);
-	isnull[POSITION_NEXT_OFFSET] = !has_next;
-	values[POSITION_GENERATION] = Int64GetDatum(generation);
-	isnull[POSITION_GENERATION] = !has_generation;
-	values[POSITION_UPDATED_AT] = TimestampTzGetDatum(now);
+	values[4] = at->tenant;		/* (next_offset, when not routed) */
+	values[POSITION_NEXT_OFFSET + off] = Int64GetDatum(next_offset);
+	isnull[POSITION_NEXT_OFFSET + off] = !has_next;
+	values[POSITION_GENERATION + off] = Int64GetDatum(generation);
+	isnull[POSITION_GENERATION + off] = !has_generation;
+	values[POSITION_UPDATED_AT + off] = TimestampTzGetDatum(now);
 	IdemKeyedWrite(rows, &old->row, values, isnull);
 }
 
 /* reads one producer's sequence (locked by the caller) FOR UPDATE */
 static bool
-IdemGetSequence(IdemKeyedRows *rows, Oid role, text *consumer, text *producer,
-				IdemKeyedRow *row)
+IdemGetSequence(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
+				text *consumer, text *producer, IdemKeyedRow *row)
 {
-	Datum		key[3];
+	Datum		key[4];
 
 	key[0] = ObjectIdGetDatum(role);
 	key[1] = PointerGetDatum(consumer);
 	key[2] = PointerGetDatum(producer);
+	key[3] = at->tenant;
 	return IdemKeyedFetch(rows, key, row);
 }
 
 /* writes one producer's sequence (read by IdemGetSequence) */
 static void
-IdemPutSequence(IdemKeyedRows *rows, Oid role, text *consumer, text *producer,
-				IdemKeyedRow *row, int64 epoch, int64 seq, TimestampTz now)
+IdemPutSequence(IdemKeyedRows *rows, const IdemStreamAt *at, Oid role,
+				text *consumer, text *producer, IdemKeyedRow *row, int64 epoch,
+				int64 seq, TimestampTz now)
 {
-	Datum		values[6];
-	bool		isnull[6] = {false};
+	Datum		values[7];
+	bool		isnull[7] = {false};
+	int			off = at->off;
 
 	values[0] = ObjectIdGetDatum(role);
 	values[1] = PointerGetDatum(consumer);
 	values[2] = PointerGetDatum(producer);
-	values[SEQUENCE_EPOCH] = Int64GetDatum(epoch);
-	values[SEQUENCE_SEQ] = Int64GetDatum(seq);
-	values[SEQUENCE_UPDATED_AT] = TimestampTzGetDatum(now);
+	values[3] = at->tenant;		/* (epoch, when not routed) */
+	values[SEQUENCE_EPOCH + off] = Int64GetDatum(epoch);
+	values[SEQUENCE_SEQ + off] = Int64GetDatum(seq);
+	values[SEQUENCE_UPDATED_AT + off] = TimestampTzGetDatum(now);
 	IdemKeyedWrite(rows, row, values, isnull);
 }
 
@@ -494,6 +639,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	LOCKTAG    *tags;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemKeyedRows rows;
+	IdemStreamAt at;
 	int			i;
 
 	IdemCheckLibraryVersion();
@@ -503,6 +649,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	generation = IdemNonNegativeArg(fcinfo, 3, "generation");
 	IdemCheckWritable("idem_assign()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	IdemStreamRoute(fcinfo, 4, IDEM_CITUS_TENANT_POSITIONS, &at);
 
 	/*
 	 * The partitions' locks, in the order of their tags: two assignments of
@@ -517,14 +664,14 @@ idem_assign(PG_FUNCTION_ARGS)
 	qsort(tags, nparts, sizeof(LOCKTAG), IdemCompareLockTags);
 	for (i = 0; i < nparts; i++)
 		IdemKeyedLockAcquire(&tags[i]);
-	IdemKeyedOpen(&rows, &positions_table);
+	IdemStreamOpen(&rows, &at);
 	for (i = 0; i < nparts; i++)
 	{
-		IdemGetPosition(&rows, role, consumer, stream, parts[i], &pos[i]);
+		IdemGetPosition(&rows, &at, role, consumer, stream, parts[i], &pos[i]);
 		IdemCheckGeneration(&pos[i], generation, stream, parts[i]);
 	}
 	for (i = 0; i < nparts; i++)
-		IdemPutPosition(&rows, role, consumer, stream, parts[i], &pos[i],
+		IdemPutPosition(&rows, &at, role, consumer, stream, parts[i], &pos[i],
 						pos[i].has_next, pos[i].next_offset, true, generation,
 						now);
 	IdemKeyedClose(&rows);
@@ -571,6 +718,7 @@ idem_advance(PG_FUNCTION_ARGS)
 	bool		has_generation;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemKeyedRows rows;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
@@ -592,10 +740,11 @@ idem_advance(PG_FUNCTION_ARGS)
 		generation = IdemNonNegativeArg(fcinfo, 5, "generation");
 	IdemCheckWritable("idem_advance()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+	IdemStreamRoute(fcinfo, 6, IDEM_CITUS_TENANT_POSITIONS, &at);
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
-	IdemKeyedOpen(&rows, &positions_table);
-	IdemGetPosition(&rows, role, consumer, stream, part, &pos);
+	IdemStreamOpen(&rows, &at);
+	IdemGetPosition(&rows, &at, role, consumer, stream, part, &pos);
 	if (fenced)
 		IdemCheckGeneration(&pos, generation, stream, part);
 	else if (pos.has_generation)
@@ -604,7 +753,7 @@ idem_advance(PG_FUNCTION_ARGS)
 	has_generation = fenced || pos.has_generation;
 	if (fenced && pos.has_generation)
 		generation = Max(generation, pos.generation);
-	IdemPutPosition(&rows, role, consumer, stream, part, &pos, true,
+	IdemPutPosition(&rows, &at, role, consumer, stream, part, &pos, true,
 					fresh ? last + 1 : pos.next_offset,
 					has_generation, generation, now);
 	IdemKeyedClose(&rows);
@@ -623,7 +772,7 @@ idem_advance(PG_FUNCTION_ARGS)
 }
 
 /*
- * idem_positions(consumer text, stream text)
+ * idem_positions(consumer text, stream text[, tenant text])
  *		RETURNS TABLE (part int, next_offset bigint, generation bigint,
  *					   updated_at timestamptz)
  *
@@ -631,7 +780,9 @@ idem_advance(PG_FUNCTION_ARGS)
  * as this transaction changed them).  Reading them counts as using them:
  * outside a read-only transaction, rows not used for a tenth of
  * idempotency.position_ttl get the current time as updated_at, so that
- * maintenance keeps positions a consumer reads but has not moved.
+ * maintenance keeps positions a consumer reads but has not moved.  With a
+ * tenant, those of the tenant's shard of idempotency.tenant_positions when
+ * citus_distribute() made it (IdemStreamRoute).
  */
 Datum
 idem_positions(PG_FUNCTION_ARGS)
@@ -642,25 +793,33 @@ idem_positions(PG_FUNCTION_ARGS)
 	text	   *stream;
 	TimestampTz now = GetCurrentTimestamp();
 	IdemSavedUser save;
-	Datum		args[5];
+	Datum		args[6];
+	bool		touch;
+	IdemStreamAt at;
 	uint64		i;
 
 	IdemCheckLibraryVersion();
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
 	stream = IdemCheckKeyArg(fcinfo, 1, "stream");
 	InitMaterializedSRF(fcinfo, 0);
+	IdemStreamRoute(fcinfo, 2, IDEM_CITUS_TENANT_POSITIONS, &at);
 
 	args[0] = ObjectIdGetDatum(role);
 	args[1] = PointerGetDatum(consumer);
 	args[2] = PointerGetDatum(stream);
+	touch = !RecoveryInProgress() && !XactReadOnly;
+	args[3] = TimestampTzGetDatum(now);
+	args[4] = TimestampTzGetDatum(now - (int64) idem_position_ttl * (USECS_PER_SEC / 10));
+	args[5] = at.tenant;
 	IdemStreamBegin(&save);
-	if (!RecoveryInProgress() && !XactReadOnly)
+	if (!OidIsValid(at.shard))
 	{
-		args[3] = TimestampTzGetDatum(now);
-		args[4] = TimestampTzGetDatum(now - (int64) idem_position_ttl * (USECS_PER_SEC / 10));
-		(void) IdemStreamExec(STMT_TOUCH_POSITIONS, args, NULL);
+		if (touch)
+			(void) IdemStreamExec(STMT_TOUCH_POSITIONS, args, NULL);
+		(void) IdemStreamExec(STMT_LIST_POSITIONS, args, NULL);
 	}
-	(void) IdemStreamExec(STMT_LIST_POSITIONS, args, NULL);
+	else
+		IdemListShardPositions(&at, args, touch);
 	for (i = 0; i < SPI_processed; i++)
 	{
 		Datum		values[4];
@@ -678,10 +837,59 @@ idem_positions(PG_FUNCTION_ARGS)
 }
 
 /*
+ * IdemListShardPositions runs idem_positions()'s statements on the local
+ * shard of idempotency.tenant_positions of the call (its table, which the
+ * routing found and whose shard lock it holds), with the tenant as a sixth
+ * parameter, under a fresh snapshot; the list is left in SPI_tuptable.
+ * Planned for this call only: the table differs from shard to shard.
+ */
+static void
+IdemListShardPositions(const IdemStreamAt *at, Datum *args, bool touch)
+{
+	Oid			types[6] = {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID,
+	TIMESTAMPTZOID, at->tenant_type};
+	char	   *table;
+	StringInfoData sql;
+	int			pass;
+
+	table = quote_qualified_identifier(IDEM_SCHEMA_NAME, get_rel_name(at->shard));
+	initStringInfo(&sql);
+	for (pass = touch ? 0 : 1; pass < 2; pass++)
+	{
+		SPIPlanPtr	plan;
+		int			rc;
+
+		resetStringInfo(&sql);
+		if (pass == 0)
+			appendStringInfo(&sql,
+							 "UPDATE %s SET updated_at = $4" POSITION_WHERE
+							 " AND tenant OPERATOR(pg_catalog.=) $6"
+							 " AND updated_at OPERATOR(pg_catalog.<) $5", table);
+		else
+			appendStringInfo(&sql,
+							 "SELECT part, next_offset, generation, updated_at FROM %s"
+							 POSITION_WHERE " AND tenant OPERATOR(pg_catalog.=) $6"
+							 " ORDER BY part",
+							 table);
+		plan = SPI_prepare(sql.data, 6, types);
+		if (plan == NULL)
+			elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql.data,
+				 SPI_result_code_string(SPI_result));
+		rc = SPI_execute_snapshot(plan, args, NULL, GetLatestSnapshot(),
+								  InvalidSnapshot, false, false, 0);
+		if (rc < 0)
+			elog(ERROR, "SPI_execute_snapshot failed: %s", SPI_result_code_string(rc));
+	}
+	pfree(sql.data);
+}
+
+/*
  * idem_sequence(consumer text, producer text, epoch bigint, seq bigint,
- *				 strict boolean DEFAULT false) RETURNS text
+ *				 strict boolean DEFAULT false[, tenant text]) RETURNS text
  *
- * new, duplicate, gap or fenced: see the SPEC's "Ordered streams".
+ * new, duplicate, gap or fenced: see the SPEC's "Ordered streams".  With a
+ * tenant, in the tenant's shard of idempotency.tenant_sequences when
+ * citus_distribute() made it (IdemStreamRoute).
  */
 Datum
 idem_sequence(PG_FUNCTION_ARGS)
@@ -697,6 +905,7 @@ idem_sequence(PG_FUNCTION_ARGS)
 	IdemKeyedRow row;
 	const char *answer;
 	bool		write = true;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
@@ -709,15 +918,16 @@ idem_sequence(PG_FUNCTION_ARGS)
 				 errmsg("strict must not be null")));
 	strict = PG_GETARG_BOOL(4);
 	IdemCheckWritable("idem_sequence()");
+	IdemStreamRoute(fcinfo, 5, IDEM_CITUS_TENANT_SEQUENCES, &at);
 
 	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
-	IdemKeyedOpen(&rows, &sequences_table);
-	if (!IdemGetSequence(&rows, role, consumer, producer, &row))
+	IdemStreamOpen(&rows, &at);
+	if (!IdemGetSequence(&rows, &at, role, consumer, producer, &row))
 		answer = "new";
 	else
 	{
-		int64		stored_epoch = DatumGetInt64(row.values[SEQUENCE_EPOCH]);
-		int64		stored_seq = DatumGetInt64(row.values[SEQUENCE_SEQ]);
+		int64		stored_epoch = DatumGetInt64(row.values[SEQUENCE_EPOCH + at.off]);
+		int64		stored_seq = DatumGetInt64(row.values[SEQUENCE_SEQ + at.off]);
 
 		if (epoch < stored_epoch)
 		{
@@ -749,7 +959,7 @@ idem_sequence(PG_FUNCTION_ARGS)
 		}
 	}
 	if (write)
-		IdemPutSequence(&rows, role, consumer, producer, &row, epoch, seq, now);
+		IdemPutSequence(&rows, &at, role, consumer, producer, &row, epoch, seq, now);
 	IdemKeyedClose(&rows);
 	PG_RETURN_TEXT_P(cstring_to_text(answer));
 }
@@ -807,8 +1017,100 @@ IdemStreamsMaintain(TimestampTz before)
 		removed += IdemExecAsOwner(sql.data, 0);
 	}
 	pfree(sql.data);
+	for (i = 0; i < IDEM_CITUS_NUM_TABLES; i++)
+		removed += IdemTenantStreamsMaintain(nsp, IdemCitusTableNames[i], cutoff);
 	pfree(cutoff);
 	IdemStatsAdd(IDEM_STAT_STREAMS_REMOVED, removed);
+	return removed;
+}
+
+/*
+ * IdemTenantStreamsMaintain is IdemStreamsMaintain's work on the shards
+ * of idempotency.tenant_positions or tenant_sequences (relname) that this
+ * node holds, if citus_distribute() made it: the same DELETE (unused since the cutoff, or
+ * of a role that is gone, FOR UPDATE SKIP LOCKED), run on each local
+ * shard's table, whose row locks are the ones the calls take.  Each node's
+ * maintenance deletes the rows of its own shards (the coordinator's, none
+ * unless it holds shards): Citus would refuse the statement on the
+ * distributed table (a ctid is a shard's own).  A shard whose table is
+ * gone meanwhile (moved away, dropped by Citus' cleanup) is skipped.  On
+ * the coordinator, the table (made by citus_distribute(), not a member of
+ * the extension) gets its AUTO dependency on the extension, as the ledgers
+ * do (storage.c), so that DROP EXTENSION drops it; a worker leaves its
+ * shell table to Citus, and its privileges to the coordinator.
+ */
+static uint64
+IdemTenantStreamsMaintain(Oid nsp, const char *relname, const char *cutoff)
+{
+	Oid			rel = get_relname_relid(relname, nsp);
+	bool		coordinator;
+	IdemSavedUser save;
+	Datum		arg;
+	Oid			argtype = REGCLASSOID;
+	int64	   *shards;
+	uint64		nshards;
+	uint64		removed = 0;
+	uint64		i;
+	StringInfoData sql;
+
+	if (!OidIsValid(rel) ||
+		!OidIsValid(get_relname_relid("pg_dist_placement", PG_CATALOG_NAMESPACE)) ||
+		!OidIsValid(get_relname_relid("pg_dist_local_group", PG_CATALOG_NAMESPACE)))
+		return 0;
+	if (IdemCitusDistributed(rel, &coordinator) && coordinator)
+	{
+		IdemEnsureRelationDependency(rel);
+		IdemRestrictTableAcl(rel);
+	}
+	arg = ObjectIdGetDatum(rel);
+	IdemStreamBegin(&save);
+	if (SPI_execute_with_args("SELECT s.shardid FROM pg_catalog.pg_dist_shard AS s"
+							  " JOIN pg_catalog.pg_dist_placement AS p"
+							  " ON p.shardid OPERATOR(pg_catalog.=) s.shardid"
+							  " WHERE s.logicalrelid OPERATOR(pg_catalog.=) $1"
+							  " AND p.groupid OPERATOR(pg_catalog.=)"
+							  " (SELECT g.groupid FROM pg_catalog.pg_dist_local_group AS g)"
+							  " ORDER BY 1",
+							  1, &argtype, &arg, NULL, false, 0) != SPI_OK_SELECT)
+		elog(ERROR, "could not list the local shards of \"%s.%s\"",
+			 IDEM_SCHEMA_NAME, relname);
+	nshards = SPI_processed;
+	shards = palloc(Max(nshards, 1) * sizeof(int64));
+	for (i = 0; i < nshards; i++)
+	{
+		bool		isnull;
+
+		shards[i] = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[i],
+												SPI_tuptable->tupdesc, 1, &isnull));
+	}
+	initStringInfo(&sql);
+	for (i = 0; i < nshards; i++)
+	{
+		char		name[NAMEDATALEN];
+		const char *table;
+
+		snprintf(name, sizeof(name), "%s_" INT64_FORMAT, relname, shards[i]);
+		if (!OidIsValid(get_relname_relid(name, nsp)))
+			continue;
+		table = quote_qualified_identifier(IDEM_SCHEMA_NAME, name);
+		resetStringInfo(&sql);
+		appendStringInfo(&sql,
+						 "DELETE FROM %s"
+						 " WHERE ctid OPERATOR(pg_catalog.=) ANY (ARRAY("
+						 "SELECT ctid FROM %s"
+						 " WHERE updated_at OPERATOR(pg_catalog.<) %s::pg_catalog.timestamptz"
+						 " OR " IDEM_KEYED_ROLE_GONE
+						 " FOR UPDATE SKIP LOCKED))",
+						 table, table, cutoff);
+		if (SPI_execute(sql.data, false, 0) != SPI_OK_DELETE)
+			elog(ERROR, "could not delete the unused rows of shard " INT64_FORMAT,
+				 shards[i]);
+		removed += SPI_processed;
+	}
+	/* in SPI's memory, which IdemStreamEnd frees */
+	pfree(sql.data);
+	pfree(shards);
+	IdemStreamEnd(&save);
 	return removed;
 }
 
@@ -946,8 +1248,10 @@ idem_import_position(PG_FUNCTION_ARGS)
 	IdemPosition pos;
 	IdemKeyedRows rows;
 	IdemImportOutcome outcome;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
+	IdemStreamOwn(&at, IDEM_CITUS_TENANT_POSITIONS);
 	IdemDeformRecord(fcinfo, Natts_position_record, Natts_position_record,
 					 position_record_types, "position_record", rec, nulls);
 	role = IdemImportRole(rec[0], nulls[0]);
@@ -965,8 +1269,8 @@ idem_import_position(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idempotency.import_position()");
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
-	IdemKeyedOpen(&rows, &positions_table);
-	IdemGetPosition(&rows, role, consumer, stream, part, &pos);
+	IdemStreamOpen(&rows, &at);
+	IdemGetPosition(&rows, &at, role, consumer, stream, part, &pos);
 	if (!pos.row.found)
 		outcome = IDEM_IMPORT_INSERTED;
 	else if (generation > (pos.has_generation ? pos.generation : -1) ||
@@ -976,7 +1280,7 @@ idem_import_position(PG_FUNCTION_ARGS)
 	else
 		outcome = IDEM_IMPORT_KEPT;
 	if (outcome != IDEM_IMPORT_KEPT)
-		IdemPutPosition(&rows, role, consumer, stream, part, &pos,
+		IdemPutPosition(&rows, &at, role, consumer, stream, part, &pos,
 						!nulls[4], next_offset, !nulls[5], generation,
 						DatumGetTimestampTz(rec[6]));
 	IdemKeyedClose(&rows);
@@ -1002,8 +1306,10 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 	IdemKeyedRows rows;
 	IdemKeyedRow row;
 	IdemImportOutcome outcome;
+	IdemStreamAt at;
 
 	IdemCheckLibraryVersion();
+	IdemStreamOwn(&at, IDEM_CITUS_TENANT_SEQUENCES);
 	IdemDeformRecord(fcinfo, Natts_sequence_record, Natts_sequence_record,
 					 sequence_record_types, "sequence_record", rec, nulls);
 	role = IdemImportRole(rec[0], nulls[0]);
@@ -1015,8 +1321,8 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 	IdemCheckWritable("idempotency.import_sequence()");
 
 	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
-	IdemKeyedOpen(&rows, &sequences_table);
-	if (!IdemGetSequence(&rows, role, consumer, producer, &row))
+	IdemStreamOpen(&rows, &at);
+	if (!IdemGetSequence(&rows, &at, role, consumer, producer, &row))
 		outcome = IDEM_IMPORT_INSERTED;
 	else
 	{
@@ -1028,7 +1334,7 @@ idem_import_sequence(PG_FUNCTION_ARGS)
 			IDEM_IMPORT_REPLACED : IDEM_IMPORT_KEPT;
 	}
 	if (outcome != IDEM_IMPORT_KEPT)
-		IdemPutSequence(&rows, role, consumer, producer, &row, epoch, seq,
+		IdemPutSequence(&rows, &at, role, consumer, producer, &row, epoch, seq,
 						DatumGetTimestampTz(rec[5]));
 	IdemKeyedClose(&rows);
 	PG_RETURN_TEXT_P(IdemImportOutcomeText(outcome));

@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(112);
+SELECT plan(120);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -142,12 +142,14 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
               AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
               AND d.deptype = 'e'
               AND p.pronamespace = 'pg_catalog'::regnamespace),
-          ARRAY['idem_advance', 'idem_assign', 'idem_checkpoint', 'idem_claim', 'idem_complete',
+          ARRAY['idem_advance', 'idem_advance', 'idem_assign', 'idem_assign', 'idem_checkpoint',
+                'idem_claim', 'idem_complete',
                 'idem_consume_message', 'idem_consume_message', 'idem_consume_messages',
                 'idem_consume_messages', 'idem_lookup', 'idem_maintain',
                 'idem_outbox_ack', 'idem_outbox_dead_letter', 'idem_outbox_dead_letters',
-                'idem_outbox_next', 'idem_outbox_relays', 'idem_positions', 'idem_publish',
-                'idem_recover', 'idem_release', 'idem_sequence'],
+                'idem_outbox_next', 'idem_outbox_relays', 'idem_positions', 'idem_positions',
+                'idem_publish',
+                'idem_recover', 'idem_release', 'idem_sequence', 'idem_sequence'],
           'the API functions in pg_catalog are members of the extension');
 
 -- privileges
@@ -163,6 +165,23 @@ SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_me
           'an ordinary role can execute idem_consume_messages()');
 SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_consume_messages(text, text[], interval, text)', 'EXECUTE'),
           'an ordinary role can execute idem_consume_messages() with a tenant');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_assign(text, text, integer[], bigint, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_assign() with a tenant');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_advance(text, text, integer, bigint, bigint, bigint, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_advance() with a tenant');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_positions(text, text, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_positions() with a tenant');
+SELECT is(pg_get_function_arguments('pg_catalog.idem_advance(text, text, integer, bigint, bigint, bigint, text)'::regprocedure),
+          'consumer text, stream text, part integer, first_offset bigint, last_offset bigint, generation bigint, tenant text',
+          'idem_advance() with a tenant: argument names, no defaults');
+SELECT is((SELECT count(*)::int FROM pg_proc WHERE proname IN ('idem_assign', 'idem_advance', 'idem_positions', 'idem_sequence')), 8,
+          'idem_assign, idem_advance, idem_positions and idem_sequence have one overload each with a tenant, and no other');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_sequence(text, text, bigint, bigint, boolean, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_sequence() with a tenant');
+SELECT throws_ok($$SELECT * FROM idem_advance('c', 's', 0, 0, 9, tenant => 't')$$, '42883', NULL,
+                 'an advance that names the tenant without generation finds no function');
+SELECT ok(to_regclass('idempotency.tenant_positions') IS NULL,
+          'no idempotency.tenant_positions until citus_distribute() makes it');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.citus_distribute(regclass)', 'EXECUTE'),
           'an ordinary role cannot execute idempotency.citus_distribute()');
 

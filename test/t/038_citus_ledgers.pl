@@ -86,6 +86,25 @@ SELECT idempotency.citus_distribute('payments');
 like($stderr, qr/ERROR:  55000: the ledgers of this node have rows/,
 	'ledgers with rows are not distributed: 55000');
 
+# Stream positions of the node's own with rows: the tenant calls would no
+# longer read them once distributed (55000).
+$node->psql('postgres', q{
+\set VERBOSITY verbose
+BEGIN;
+SELECT * FROM idem_advance('early', 's', 0, 0, 9);
+SELECT idempotency.citus_distribute('payments');
+}, stdout => \$stdout, stderr => \$stderr, on_error_stop => 1);
+like($stderr, qr/ERROR:  55000: the stream positions of this node have rows/,
+	'stream positions with rows are not distributed: 55000');
+$node->psql('postgres', q{
+\set VERBOSITY verbose
+BEGIN;
+SELECT idem_sequence('early', 'p', 1, 1);
+SELECT idempotency.citus_distribute('payments');
+}, stdout => \$stdout, stderr => \$stderr, on_error_stop => 1);
+like($stderr, qr/ERROR:  55000: the stream positions of this node have rows/,
+	'producer sequences with rows are not distributed: 55000');
+
 # A table not distributed by hash: 22023.
 $node->safe_psql('postgres', 'CREATE TABLE local_table (tenant text)');
 $node->psql('postgres', q{
@@ -152,6 +171,88 @@ SELECT idem_consume_message('events', 'm3');
 }, stdout => \$stdout, stderr => \$stderr);
 like($stderr, qr/ERROR:  22004: tenant must not be null when ledger "idempotency.messages" is distributed by Citus/,
 	'a message id without its tenant: 22004');
+
+# Stream positions (issue 37): idempotency.tenant_positions is distributed
+# by tenant, co-located with payments, its primary key (with the tenant)
+# its replica identity; a call that names its tenant reads and writes the
+# tenant's shard, with the tenant in the position's identity; a NULL
+# tenant is refused (22004); the calls without a tenant use the node's own
+# idempotency.positions.
+is($node->safe_psql('postgres', q{
+SELECT (colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'payments'::regclass))
+       || ' ' || column_to_column_name(logicalrelid, partkey)
+  FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tenant_positions'::regclass;
+SELECT pg_get_indexdef(indexrelid) FROM pg_index
+ WHERE indrelid = 'idempotency.tenant_positions'::regclass AND indisprimary;
+SELECT (colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'payments'::regclass))
+       || ' ' || column_to_column_name(logicalrelid, partkey)
+  FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tenant_sequences'::regclass;
+SELECT pg_get_indexdef(indexrelid) FROM pg_index
+ WHERE indrelid = 'idempotency.tenant_sequences'::regclass AND indisprimary;
+}), "true tenant\nCREATE UNIQUE INDEX tenant_positions_pkey ON idempotency.tenant_positions USING btree (role, consumer, stream, part, tenant)\n"
+  . "true tenant\nCREATE UNIQUE INDEX tenant_sequences_pkey ON idempotency.tenant_sequences USING btree (role, consumer, producer, tenant)",
+	'the tenant positions and sequences: distributed by tenant, co-located with payments, the tenant in the primary key');
+is($node->safe_psql('postgres', q{
+SELECT count(*) FROM idem_assign('c', 's', ARRAY[0, 1], 1, 'acme');
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, 1, 'acme');
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 5, 14, 1, 'acme');
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, NULL, 'globex');
+SELECT string_agg(part || ':' || coalesce(next_offset::text, '-') || ':' || generation, ',' ORDER BY part)
+  FROM idem_positions('c', 's', 'acme');
+SELECT string_agg(tenant || ':' || part || ':' || coalesce(next_offset::text, '-'), ',' ORDER BY tenant, part)
+  FROM idempotency.tenant_positions;
+SELECT count(*) FROM idempotency.positions;
+}), "2\n0-9\n10-14\n0-9\n0:15:1,1:-:1\nacme:0:15,acme:1:-,globex:0:10\n0",
+	'tenant positions are read and written in the tenant\'s shard, one per tenant');
+is($node->safe_psql('postgres', q{
+SELECT idem_sequence('c', 'p', 1, 1, false, 'acme');
+SELECT idem_sequence('c', 'p', 1, 1, false, 'acme');
+SELECT idem_sequence('c', 'p', 1, 1, false, 'globex');
+SELECT idem_sequence('c', 'p', 1, 3, false, 'acme');
+SELECT string_agg(tenant || ':' || epoch || ':' || seq, ',' ORDER BY tenant) FROM idempotency.tenant_sequences;
+SELECT count(*) FROM idempotency.sequences;
+}), "new\nduplicate\nnew\ngap\nacme:1:3,globex:1:1\n0",
+	'tenant producer sequences are checked and written in the tenant\'s shard, one per tenant');
+$node->psql('postgres', q{
+\set VERBOSITY verbose
+SELECT idem_sequence('c', 'p', 1, 4, false, NULL);
+}, stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/ERROR:  22004: tenant must not be null when table "idempotency.tenant_sequences" is distributed by Citus/,
+	'a tenant producer sequence without its tenant: 22004');
+$node->psql('postgres', q{
+\set VERBOSITY verbose
+SELECT * FROM idem_advance('c', 's', 0, 15, 19, 1, NULL);
+}, stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/ERROR:  22004: tenant must not be null when table "idempotency.tenant_positions" is distributed by Citus/,
+	'a tenant position without its tenant: 22004');
+is($node->safe_psql('postgres', q{
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9);
+SELECT count(*) FROM idempotency.positions;
+}), "0-9\n1", 'the calls without a tenant use the node\'s own positions');
+# maintenance deletes the unused rows of the shards this node holds
+is($node->safe_psql('postgres', q{
+UPDATE idempotency.tenant_positions SET updated_at = now() - interval '400 days'
+ WHERE tenant = 'globex';
+UPDATE idempotency.tenant_sequences SET updated_at = now() - interval '400 days'
+ WHERE tenant = 'globex';
+SELECT count(*) >= 0 FROM idem_maintain();
+SELECT string_agg(DISTINCT tenant, ',') || ' ' || count(*) FROM idempotency.tenant_positions;
+SELECT string_agg(DISTINCT tenant, ',') || ' ' || count(*) FROM idempotency.tenant_sequences;
+}), "t\nacme 2\nacme 1", 'maintenance deletes the tenant positions and sequences unused for position_ttl, in the local shards');
+is($node->safe_psql('postgres', q{
+SELECT string_agg(deptype::text, ',') FROM pg_depend
+ WHERE classid = 'pg_class'::regclass
+   AND objid IN ('idempotency.tenant_positions'::regclass, 'idempotency.tenant_sequences'::regclass)
+   AND refclassid = 'pg_extension'::regclass
+   AND refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')}), 'a,a',
+	'maintenance on the coordinator makes the tenant positions and sequences depend on the extension (AUTO)');
+# granted to nobody: a grant is taken back by maintenance on the coordinator
+is($node->safe_psql('postgres', q{
+GRANT SELECT ON idempotency.tenant_positions, idempotency.tenant_sequences TO app;
+SELECT count(*) >= 0 FROM idem_maintain();
+SELECT has_table_privilege('app', 'idempotency.tenant_positions', 'SELECT'),
+       has_table_privilege('app', 'idempotency.tenant_sequences', 'SELECT');
+}), "t\nf|f", 'maintenance takes back a grant on the tenant positions and sequences');
 
 # Every call's routing is its own: an export in the same transaction after
 # routed calls reads the node's own (empty) table, not the last shard.
@@ -262,6 +363,19 @@ SELECT status FROM idem_claim('k', scope => 'acme', lease => '1 hour');
 }, stdout => \$stdout, stderr => \$stderr);
 like($stderr, qr/ERROR:  22P02: invalid input syntax for type bigint: "acme"/,
 	'a scope that is not a tenant of that type: 22P02');
+is($node->safe_psql('bigints', q{
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, NULL, '42');
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 5, 19, NULL, '42');
+SELECT next_offset FROM idem_positions('c', 's', '42');
+SELECT format_type(atttypid, atttypmod) || ' ' || (SELECT string_agg(tenant::text, ',') FROM idempotency.tenant_positions)
+  FROM pg_attribute WHERE attrelid = 'idempotency.tenant_positions'::regclass AND attname = 'tenant';
+}), "0-9\n10-19\n20\nbigint 42", 'a bigint tenant position: the tenant converted to it');
+$node->psql('bigints', q{
+\set VERBOSITY verbose
+SELECT * FROM idem_advance('c', 's', 0, 0, 9, NULL, 'acme');
+}, stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/ERROR:  22P02: invalid input syntax for type bigint: "acme"/,
+	'a tenant position whose tenant is not of that type: 22P02');
 
 # Without Citus: citus_distribute() refuses (55000), and calls are not
 # routed.
