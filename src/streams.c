@@ -70,6 +70,7 @@
 #include "streams.h"
 #include "transfer.h"
 
+#include "access/stratnum.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
@@ -235,6 +236,7 @@ static inline void IdemStreamRoute(FunctionCallInfo fcinfo, int argno,
 static void IdemStreamOpen(IdemKeyedRows *rows, const IdemStreamAt *at);
 static void IdemListShardPositions(const IdemStreamAt *at, Datum *args,
 								   bool touch);
+static char *IdemTenantEqualityName(Oid tenant_type);
 static uint64 IdemTenantStreamsMaintain(Oid nsp, const char *relname,
 										const char *cutoff);
 static void IdemGetPosition(IdemKeyedRows *rows, const IdemStreamAt *at,
@@ -837,6 +839,41 @@ idem_positions(PG_FUNCTION_ARGS)
 }
 
 /*
+ * IdemTenantEqualityName is the qualified name of the function of the
+ * equality of the tenant column's default btree operator class (that of
+ * the shard's primary key, by which the calls find their rows: keyed_rows.c),
+ * for the statements of IdemListShardPositions.  Named as a function of
+ * its own schema rather than as OPERATOR(pg_catalog.=): a type whose = is
+ * not pg_catalog's (citext) would otherwise be compared as text through an
+ * implicit cast, and a type with an implicit cast its owner added to text
+ * (an enum) make the operator ambiguous; the function's name in its
+ * schema has no other candidate of its argument types.
+ */
+static char *
+IdemTenantEqualityName(Oid tenant_type)
+{
+	Oid			opclass = GetDefaultOpClass(tenant_type, BTREE_AM_OID);
+	Oid			intype;
+	Oid			opno;
+	Oid			fn;
+
+	if (!OidIsValid(opclass))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the tenant column of \"%s.%s\" has no btree operator class",
+						IDEM_SCHEMA_NAME,
+						IdemCitusTableNames[IDEM_CITUS_TENANT_POSITIONS])));
+	intype = get_opclass_input_type(opclass);
+	opno = get_opfamily_member(get_opclass_family(opclass), intype, intype,
+							   BTEqualStrategyNumber);
+	if (!OidIsValid(opno))
+		elog(ERROR, "no equality operator for type %u", tenant_type);
+	fn = get_opcode(opno);
+	return quote_qualified_identifier(get_namespace_name(get_func_namespace(fn)),
+									  get_func_name(fn));
+}
+
+/*
  * IdemListShardPositions runs idem_positions()'s statements on the local
  * shard of idempotency.tenant_positions of the call (its table, which the
  * routing found and whose shard lock it holds), with the tenant as a sixth
@@ -849,10 +886,12 @@ IdemListShardPositions(const IdemStreamAt *at, Datum *args, bool touch)
 	Oid			types[6] = {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, at->tenant_type};
 	char	   *table;
+	char	   *eq;
 	StringInfoData sql;
 	int			pass;
 
 	table = quote_qualified_identifier(IDEM_SCHEMA_NAME, get_rel_name(at->shard));
+	eq = IdemTenantEqualityName(at->tenant_type);
 	initStringInfo(&sql);
 	for (pass = touch ? 0 : 1; pass < 2; pass++)
 	{
@@ -863,14 +902,14 @@ IdemListShardPositions(const IdemStreamAt *at, Datum *args, bool touch)
 		if (pass == 0)
 			appendStringInfo(&sql,
 							 "UPDATE %s SET updated_at = $4" POSITION_WHERE
-							 " AND tenant OPERATOR(pg_catalog.=) $6"
-							 " AND updated_at OPERATOR(pg_catalog.<) $5", table);
+							 " AND %s(tenant, $6)"
+							 " AND updated_at OPERATOR(pg_catalog.<) $5", table, eq);
 		else
 			appendStringInfo(&sql,
 							 "SELECT part, next_offset, generation, updated_at FROM %s"
-							 POSITION_WHERE " AND tenant OPERATOR(pg_catalog.=) $6"
+							 POSITION_WHERE " AND %s(tenant, $6)"
 							 " ORDER BY part",
-							 table);
+							 table, eq);
 		plan = SPI_prepare(sql.data, 6, types);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql.data,

@@ -377,6 +377,60 @@ SELECT * FROM idem_advance('c', 's', 0, 0, 9, NULL, 'acme');
 like($stderr, qr/ERROR:  22P02: invalid input syntax for type bigint: "acme"/,
 	'a tenant position whose tenant is not of that type: 22P02');
 
+# A tenant column whose equality is not pg_catalog's: idem_positions()
+# lists the positions that idem_advance() wrote, under the equality of the
+# column's btree operator class, as the calls find them.  citext: 'Acme'
+# and 'ACME' are one tenant (one shard, one row), and its = is citext's
+# own (before the review, idem_positions(..., 'acme') compared the text
+# through pg_catalog's = and listed nothing).
+SKIP:
+{
+	skip 'citext is not installed', 2
+	  unless -f $node->config_data('--sharedir') . '/extension/citext.control';
+	$node->safe_psql('postgres', 'CREATE DATABASE citexts');
+	$node->safe_psql('citexts', 'CREATE EXTENSION citus; CREATE EXTENSION citext');
+	$node->safe_psql('citexts', qq{
+SELECT citus_set_coordinator_host('$host', $port);
+SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
+CREATE EXTENSION idempotency;
+CREATE TABLE payments (tenant citext NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
+SELECT create_distributed_table('payments', 'tenant');
+SELECT idempotency.citus_distribute('payments');
+});
+	is($node->safe_psql('citexts', q{
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, NULL, 'Acme');
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 5, 19, NULL, 'ACME');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'acme');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'ACME');
+SELECT count(*) FROM idempotency.tenant_positions;
+}), "0-9\n10-19\n0:20\n0:20\n1", 'a citext tenant: its positions listed under citext\'s equality');
+
+	# An enum tenant whose owner adds an implicit cast to text: the list
+	# still names the enum's own equality (before the review, pg_catalog's
+	# = of the enum was ambiguous with text's: 42725 for every role).
+	$node->safe_psql('postgres', 'CREATE DATABASE enums');
+	$node->safe_psql('enums', q{
+CREATE EXTENSION citus;
+CREATE TYPE region AS ENUM ('eu', 'us');
+CREATE FUNCTION region_text(region) RETURNS text LANGUAGE sql IMMUTABLE
+  AS 'SELECT $1::name::text';
+CREATE CAST (region AS text) WITH FUNCTION region_text(region) AS IMPLICIT;
+});
+	$node->safe_psql('enums', qq{
+SELECT citus_set_coordinator_host('$host', $port);
+SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
+CREATE EXTENSION idempotency;
+CREATE TABLE payments (tenant region NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
+SELECT create_distributed_table('payments', 'tenant');
+SELECT idempotency.citus_distribute('payments');
+});
+	is($node->safe_psql('enums', q{
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, NULL, 'eu');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'eu');
+SELECT count(*) FROM idem_positions('c', 's', 'us');
+}), "0-9\n0:10\n0", 'an enum tenant with an implicit cast to text: its positions listed');
+}
+
 # Without Citus: citus_distribute() refuses (55000), and calls are not
 # routed.
 $node->psql('plain', q{
