@@ -232,7 +232,8 @@ static void IdemStreamBegin(IdemSavedUser *save);
 static void IdemStreamEnd(const IdemSavedUser *save);
 static inline void IdemStreamOwn(IdemStreamAt *at, IdemCitusTable which);
 static inline void IdemStreamRoute(FunctionCallInfo fcinfo, int argno,
-								   IdemCitusTable which, IdemStreamAt *at);
+								   IdemCitusTable which, bool write,
+								   IdemStreamAt *at);
 static void IdemStreamOpen(IdemKeyedRows *rows, const IdemStreamAt *at);
 static void IdemListShardPositions(const IdemStreamAt *at, Datum *args,
 								   bool touch);
@@ -344,10 +345,17 @@ IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
  * node; a NULL tenant is refused there), and the node's own table
  * otherwise (the tenant is then not used, as idem_consume_message()'s is
  * not while the message ledger is not distributed).
+ *
+ * A call that writes (write) and finds no tenant table locks the node's
+ * own table ROW EXCLUSIVE, as its write would, and looks again:
+ * citus_distribute() holds that table in SHARE mode from its check that
+ * the table is empty to its commit, so a call that waited for it sees the
+ * tenant table it made, instead of writing a row into the node's own
+ * table that no tenant call would read again (its batch processed twice).
  */
 static inline void
 IdemStreamRoute(FunctionCallInfo fcinfo, int argno, IdemCitusTable which,
-				IdemStreamAt *at)
+				bool write, IdemStreamAt *at)
 {
 	IdemKeyedTable *table;
 	int			col;
@@ -359,6 +367,20 @@ IdemStreamRoute(FunctionCallInfo fcinfo, int argno, IdemCitusTable which,
 	tenant = PG_ARGISNULL(argno) ? NULL : PG_GETARG_TEXT_PP(argno);
 	at->shard = IdemCitusRouteTable(which, tenant, "tenant",
 									&at->tenant_type, &at->tenant);
+	if (!OidIsValid(at->shard) && write)
+	{
+		Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+		Oid			own = OidIsValid(nsp) ?
+			get_relname_relid(at->table->relname, nsp) : InvalidOid;
+
+		if (OidIsValid(own))
+		{
+			/* accepts the invalidations of a distribution that committed */
+			LockRelationOid(own, RowExclusiveLock);
+			at->shard = IdemCitusRouteTable(which, tenant, "tenant",
+											&at->tenant_type, &at->tenant);
+		}
+	}
 	if (!OidIsValid(at->shard))
 		return;
 	table = which == IDEM_CITUS_TENANT_POSITIONS ?
@@ -651,7 +673,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	generation = IdemNonNegativeArg(fcinfo, 3, "generation");
 	IdemCheckWritable("idem_assign()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	IdemStreamRoute(fcinfo, 4, IDEM_CITUS_TENANT_POSITIONS, &at);
+	IdemStreamRoute(fcinfo, 4, IDEM_CITUS_TENANT_POSITIONS, true, &at);
 
 	/*
 	 * The partitions' locks, in the order of their tags: two assignments of
@@ -742,7 +764,7 @@ idem_advance(PG_FUNCTION_ARGS)
 		generation = IdemNonNegativeArg(fcinfo, 5, "generation");
 	IdemCheckWritable("idem_advance()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	IdemStreamRoute(fcinfo, 6, IDEM_CITUS_TENANT_POSITIONS, &at);
+	IdemStreamRoute(fcinfo, 6, IDEM_CITUS_TENANT_POSITIONS, true, &at);
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
 	IdemStreamOpen(&rows, &at);
@@ -804,7 +826,7 @@ idem_positions(PG_FUNCTION_ARGS)
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
 	stream = IdemCheckKeyArg(fcinfo, 1, "stream");
 	InitMaterializedSRF(fcinfo, 0);
-	IdemStreamRoute(fcinfo, 2, IDEM_CITUS_TENANT_POSITIONS, &at);
+	IdemStreamRoute(fcinfo, 2, IDEM_CITUS_TENANT_POSITIONS, false, &at);
 
 	args[0] = ObjectIdGetDatum(role);
 	args[1] = PointerGetDatum(consumer);
@@ -957,7 +979,7 @@ idem_sequence(PG_FUNCTION_ARGS)
 				 errmsg("strict must not be null")));
 	strict = PG_GETARG_BOOL(4);
 	IdemCheckWritable("idem_sequence()");
-	IdemStreamRoute(fcinfo, 5, IDEM_CITUS_TENANT_SEQUENCES, &at);
+	IdemStreamRoute(fcinfo, 5, IDEM_CITUS_TENANT_SEQUENCES, true, &at);
 
 	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
 	IdemStreamOpen(&rows, &at);
