@@ -565,6 +565,11 @@ BEGIN
         RAISE EXCEPTION 'the stream positions are distributed already'
             USING ERRCODE = '55000';
     END IF;
+    -- held to the commit: a call writing a position or a sequence now
+    -- (with a tenant or without) is waited for, and its row refused below;
+    -- a tenant call that comes meanwhile waits, and then finds the tenant
+    -- tables (src/streams.c, IdemStreamRoute)
+    LOCK TABLE idempotency.positions, idempotency.sequences IN SHARE MODE;
     IF EXISTS (SELECT FROM idempotency.positions) OR EXISTS (SELECT FROM idempotency.sequences) THEN
         RAISE EXCEPTION 'the stream positions of this node have rows'
             USING ERRCODE = '55000',

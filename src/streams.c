@@ -70,6 +70,7 @@
 #include "streams.h"
 #include "transfer.h"
 
+#include "access/stratnum.h"
 #include "access/xact.h"
 #include "catalog/namespace.h"
 #include "catalog/pg_am.h"
@@ -231,10 +232,12 @@ static void IdemStreamBegin(IdemSavedUser *save);
 static void IdemStreamEnd(const IdemSavedUser *save);
 static inline void IdemStreamOwn(IdemStreamAt *at, IdemCitusTable which);
 static inline void IdemStreamRoute(FunctionCallInfo fcinfo, int argno,
-								   IdemCitusTable which, IdemStreamAt *at);
+								   IdemCitusTable which, bool write,
+								   IdemStreamAt *at);
 static void IdemStreamOpen(IdemKeyedRows *rows, const IdemStreamAt *at);
 static void IdemListShardPositions(const IdemStreamAt *at, Datum *args,
 								   bool touch);
+static char *IdemTenantEqualityName(Oid tenant_type);
 static uint64 IdemTenantStreamsMaintain(Oid nsp, const char *relname,
 										const char *cutoff);
 static void IdemGetPosition(IdemKeyedRows *rows, const IdemStreamAt *at,
@@ -342,10 +345,17 @@ IdemStreamExec(IdemStreamStmt which, Datum *values, const bool *isnull)
  * node; a NULL tenant is refused there), and the node's own table
  * otherwise (the tenant is then not used, as idem_consume_message()'s is
  * not while the message ledger is not distributed).
+ *
+ * A call that writes (write) and finds no tenant table locks the node's
+ * own table ROW EXCLUSIVE, as its write would, and looks again:
+ * citus_distribute() holds that table in SHARE mode from its check that
+ * the table is empty to its commit, so a call that waited for it sees the
+ * tenant table it made, instead of writing a row into the node's own
+ * table that no tenant call would read again (its batch processed twice).
  */
 static inline void
 IdemStreamRoute(FunctionCallInfo fcinfo, int argno, IdemCitusTable which,
-				IdemStreamAt *at)
+				bool write, IdemStreamAt *at)
 {
 	IdemKeyedTable *table;
 	int			col;
@@ -357,6 +367,20 @@ IdemStreamRoute(FunctionCallInfo fcinfo, int argno, IdemCitusTable which,
 	tenant = PG_ARGISNULL(argno) ? NULL : PG_GETARG_TEXT_PP(argno);
 	at->shard = IdemCitusRouteTable(which, tenant, "tenant",
 									&at->tenant_type, &at->tenant);
+	if (!OidIsValid(at->shard) && write)
+	{
+		Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+		Oid			own = OidIsValid(nsp) ?
+			get_relname_relid(at->table->relname, nsp) : InvalidOid;
+
+		if (OidIsValid(own))
+		{
+			/* accepts the invalidations of a distribution that committed */
+			LockRelationOid(own, RowExclusiveLock);
+			at->shard = IdemCitusRouteTable(which, tenant, "tenant",
+											&at->tenant_type, &at->tenant);
+		}
+	}
 	if (!OidIsValid(at->shard))
 		return;
 	table = which == IDEM_CITUS_TENANT_POSITIONS ?
@@ -649,7 +673,7 @@ idem_assign(PG_FUNCTION_ARGS)
 	generation = IdemNonNegativeArg(fcinfo, 3, "generation");
 	IdemCheckWritable("idem_assign()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	IdemStreamRoute(fcinfo, 4, IDEM_CITUS_TENANT_POSITIONS, &at);
+	IdemStreamRoute(fcinfo, 4, IDEM_CITUS_TENANT_POSITIONS, true, &at);
 
 	/*
 	 * The partitions' locks, in the order of their tags: two assignments of
@@ -740,7 +764,7 @@ idem_advance(PG_FUNCTION_ARGS)
 		generation = IdemNonNegativeArg(fcinfo, 5, "generation");
 	IdemCheckWritable("idem_advance()");
 	InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
-	IdemStreamRoute(fcinfo, 6, IDEM_CITUS_TENANT_POSITIONS, &at);
+	IdemStreamRoute(fcinfo, 6, IDEM_CITUS_TENANT_POSITIONS, true, &at);
 
 	IdemStreamLock(IDEM_LOCK_POSITION, role, consumer, stream, part);
 	IdemStreamOpen(&rows, &at);
@@ -802,7 +826,7 @@ idem_positions(PG_FUNCTION_ARGS)
 	consumer = IdemCheckKeyArg(fcinfo, 0, "consumer");
 	stream = IdemCheckKeyArg(fcinfo, 1, "stream");
 	InitMaterializedSRF(fcinfo, 0);
-	IdemStreamRoute(fcinfo, 2, IDEM_CITUS_TENANT_POSITIONS, &at);
+	IdemStreamRoute(fcinfo, 2, IDEM_CITUS_TENANT_POSITIONS, false, &at);
 
 	args[0] = ObjectIdGetDatum(role);
 	args[1] = PointerGetDatum(consumer);
@@ -837,6 +861,41 @@ idem_positions(PG_FUNCTION_ARGS)
 }
 
 /*
+ * IdemTenantEqualityName is the qualified name of the function of the
+ * equality of the tenant column's default btree operator class (that of
+ * the shard's primary key, by which the calls find their rows: keyed_rows.c),
+ * for the statements of IdemListShardPositions.  Named as a function of
+ * its own schema rather than as OPERATOR(pg_catalog.=): a type whose = is
+ * not pg_catalog's (citext) would otherwise be compared as text through an
+ * implicit cast, and a type with an implicit cast its owner added to text
+ * (an enum) make the operator ambiguous; the function's name in its
+ * schema has no other candidate of its argument types.
+ */
+static char *
+IdemTenantEqualityName(Oid tenant_type)
+{
+	Oid			opclass = GetDefaultOpClass(tenant_type, BTREE_AM_OID);
+	Oid			intype;
+	Oid			opno;
+	Oid			fn;
+
+	if (!OidIsValid(opclass))
+		ereport(ERROR,
+				(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+				 errmsg("the tenant column of \"%s.%s\" has no btree operator class",
+						IDEM_SCHEMA_NAME,
+						IdemCitusTableNames[IDEM_CITUS_TENANT_POSITIONS])));
+	intype = get_opclass_input_type(opclass);
+	opno = get_opfamily_member(get_opclass_family(opclass), intype, intype,
+							   BTEqualStrategyNumber);
+	if (!OidIsValid(opno))
+		elog(ERROR, "no equality operator for type %u", tenant_type);
+	fn = get_opcode(opno);
+	return quote_qualified_identifier(get_namespace_name(get_func_namespace(fn)),
+									  get_func_name(fn));
+}
+
+/*
  * IdemListShardPositions runs idem_positions()'s statements on the local
  * shard of idempotency.tenant_positions of the call (its table, which the
  * routing found and whose shard lock it holds), with the tenant as a sixth
@@ -849,10 +908,12 @@ IdemListShardPositions(const IdemStreamAt *at, Datum *args, bool touch)
 	Oid			types[6] = {OIDOID, TEXTOID, TEXTOID, TIMESTAMPTZOID,
 	TIMESTAMPTZOID, at->tenant_type};
 	char	   *table;
+	char	   *eq;
 	StringInfoData sql;
 	int			pass;
 
 	table = quote_qualified_identifier(IDEM_SCHEMA_NAME, get_rel_name(at->shard));
+	eq = IdemTenantEqualityName(at->tenant_type);
 	initStringInfo(&sql);
 	for (pass = touch ? 0 : 1; pass < 2; pass++)
 	{
@@ -863,14 +924,14 @@ IdemListShardPositions(const IdemStreamAt *at, Datum *args, bool touch)
 		if (pass == 0)
 			appendStringInfo(&sql,
 							 "UPDATE %s SET updated_at = $4" POSITION_WHERE
-							 " AND tenant OPERATOR(pg_catalog.=) $6"
-							 " AND updated_at OPERATOR(pg_catalog.<) $5", table);
+							 " AND %s(tenant, $6)"
+							 " AND updated_at OPERATOR(pg_catalog.<) $5", table, eq);
 		else
 			appendStringInfo(&sql,
 							 "SELECT part, next_offset, generation, updated_at FROM %s"
-							 POSITION_WHERE " AND tenant OPERATOR(pg_catalog.=) $6"
+							 POSITION_WHERE " AND %s(tenant, $6)"
 							 " ORDER BY part",
-							 table);
+							 table, eq);
 		plan = SPI_prepare(sql.data, 6, types);
 		if (plan == NULL)
 			elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql.data,
@@ -918,7 +979,7 @@ idem_sequence(PG_FUNCTION_ARGS)
 				 errmsg("strict must not be null")));
 	strict = PG_GETARG_BOOL(4);
 	IdemCheckWritable("idem_sequence()");
-	IdemStreamRoute(fcinfo, 5, IDEM_CITUS_TENANT_SEQUENCES, &at);
+	IdemStreamRoute(fcinfo, 5, IDEM_CITUS_TENANT_SEQUENCES, true, &at);
 
 	IdemStreamLock(IDEM_LOCK_SEQUENCE, role, consumer, producer, 0);
 	IdemStreamOpen(&rows, &at);

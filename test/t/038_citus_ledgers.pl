@@ -377,6 +377,111 @@ SELECT * FROM idem_advance('c', 's', 0, 0, 9, NULL, 'acme');
 like($stderr, qr/ERROR:  22P02: invalid input syntax for type bigint: "acme"/,
 	'a tenant position whose tenant is not of that type: 22P02');
 
+# A tenant column whose equality is not pg_catalog's: idem_positions()
+# lists the positions that idem_advance() wrote, under the equality of the
+# column's btree operator class, as the calls find them.  citext: 'Acme'
+# and 'ACME' are one tenant (one shard, one row), and its = is citext's
+# own (before the review, idem_positions(..., 'acme') compared the text
+# through pg_catalog's = and listed nothing).
+SKIP:
+{
+	skip 'citext is not installed', 2
+	  unless -f $node->config_data('--sharedir') . '/extension/citext.control';
+	$node->safe_psql('postgres', 'CREATE DATABASE citexts');
+	$node->safe_psql('citexts', 'CREATE EXTENSION citus; CREATE EXTENSION citext');
+	$node->safe_psql('citexts', qq{
+SELECT citus_set_coordinator_host('$host', $port);
+SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
+CREATE EXTENSION idempotency;
+CREATE TABLE payments (tenant citext NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
+SELECT create_distributed_table('payments', 'tenant');
+SELECT idempotency.citus_distribute('payments');
+});
+	is($node->safe_psql('citexts', q{
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, NULL, 'Acme');
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 5, 19, NULL, 'ACME');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'acme');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'ACME');
+SELECT count(*) FROM idempotency.tenant_positions;
+}), "0-9\n10-19\n0:20\n0:20\n1", 'a citext tenant: its positions listed under citext\'s equality');
+
+	# An enum tenant whose owner adds an implicit cast to text: the list
+	# still names the enum's own equality (before the review, pg_catalog's
+	# = of the enum was ambiguous with text's: 42725 for every role).
+	$node->safe_psql('postgres', 'CREATE DATABASE enums');
+	$node->safe_psql('enums', q{
+CREATE EXTENSION citus;
+CREATE TYPE region AS ENUM ('eu', 'us');
+CREATE FUNCTION region_text(region) RETURNS text LANGUAGE sql IMMUTABLE
+  AS 'SELECT $1::name::text';
+CREATE CAST (region AS text) WITH FUNCTION region_text(region) AS IMPLICIT;
+});
+	$node->safe_psql('enums', qq{
+SELECT citus_set_coordinator_host('$host', $port);
+SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
+CREATE EXTENSION idempotency;
+CREATE TABLE payments (tenant region NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
+SELECT create_distributed_table('payments', 'tenant');
+SELECT idempotency.citus_distribute('payments');
+});
+	is($node->safe_psql('enums', q{
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 9, NULL, 'eu');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'eu');
+SELECT count(*) FROM idem_positions('c', 's', 'us');
+}), "0-9\n0:10\n0", 'an enum tenant with an implicit cast to text: its positions listed');
+}
+
+# Tenant calls concurrent with citus_distribute() (review): a position
+# written by a transaction still open when citus_distribute() checks that
+# the node's positions are empty is waited for and refused (55000), and a
+# tenant call that comes while citus_distribute()'s transaction is open
+# waits for it and writes the tenant's shard.  Before the review, the first
+# was distributed past (its row left in idempotency.positions, which no
+# tenant call reads: the batch processed again), and the second wrote into
+# idempotency.positions too.
+citus_db('races', 'text');
+$node->safe_psql('races', 'SELECT idem_maintain()');
+my $open = $node->background_psql('races', on_error_stop => 0);
+my $dist = $node->background_psql('races', on_error_stop => 0);
+my $open_pid = $open->query_safe('SELECT pg_backend_pid()');
+my $dist_pid = $dist->query_safe('SELECT pg_backend_pid()');
+$dist->query_safe('\set VERBOSITY verbose');
+# waits until the session is blocked on a lock, or done
+my $blocked_or_done = sub {
+	my ($pid) = @_;
+	return poll_until("backend $pid blocked or idle", sub {
+		$node->safe_psql('races', qq{
+SELECT wait_event_type = 'Lock' OR state LIKE 'idle%' FROM pg_stat_activity WHERE pid = $pid}) eq 't';
+	});
+};
+is($open->query_safe(q{BEGIN;
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 99, NULL, 'acme')}),
+	'0-99', 'an open transaction advanced a tenant position before the distribution');
+$dist->query_until(qr/go\n/, "\\echo go\nSELECT idempotency.citus_distribute('payments');\n");
+ok($blocked_or_done->($dist_pid), 'citus_distribute() started');
+is($node->safe_psql('races', qq{SELECT wait_event_type FROM pg_stat_activity WHERE pid = $dist_pid}),
+	'Lock', 'citus_distribute() waits for the open transaction that wrote a position');
+$open->query_safe('COMMIT');
+$dist->query('SELECT 1');
+like($dist->{stderr}, qr/ERROR:  55000: the stream positions of this node have rows/,
+	'and then refuses: the row it wrote is in the node\'s own positions');
+$dist->{stderr} = '';
+
+$node->safe_psql('races', 'DELETE FROM idempotency.positions');
+$dist->query_safe(q{BEGIN; SELECT idempotency.citus_distribute('payments')});
+$open->query_until(qr/go\n/, "\\echo go\nSELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 99, NULL, 'acme');\n");
+ok($blocked_or_done->($open_pid), 'a tenant call started during the distribution');
+is($node->safe_psql('races', qq{SELECT wait_event_type FROM pg_stat_activity WHERE pid = $open_pid}),
+	'Lock', 'a tenant call waits for citus_distribute()\'s transaction');
+$dist->query_safe('COMMIT');
+like($open->query('SELECT 1'), qr/^0-99\n1$/, 'and then processes its batch');
+is($node->safe_psql('races', q{
+SELECT (SELECT count(*) FROM idempotency.positions) || ' ' || (SELECT count(*) FROM idempotency.tenant_positions);
+SELECT count(*) FROM idem_advance('c', 's', 0, 0, 99, NULL, 'acme');
+}), "0 1\n0", 'its position is in the tenant\'s shard: the batch is not processed again');
+$open->quit;
+$dist->quit;
+
 # Without Citus: citus_distribute() refuses (55000), and calls are not
 # routed.
 $node->psql('plain', q{
