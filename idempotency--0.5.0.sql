@@ -1103,6 +1103,8 @@ LANGUAGE plpgsql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $citus_distribute$
 DECLARE
+    attempt integer;
+    messages text;
     dist_column text;
     tenant_type text;
     ledger text;
@@ -1144,8 +1146,19 @@ BEGIN
      WHERE a.attrelid OPERATOR(pg_catalog.=) colocate_with
        AND a.attname OPERATOR(pg_catalog.=) dist_column;
 
-    -- the ledgers' tables and partitions, made here if missing
-    PERFORM pg_catalog.idem_maintain();
+    -- the ledgers' tables and partitions, made here if missing; a run of
+    -- the background worker's maintenance in progress (idem_maintain()
+    -- then does nothing) is waited for, up to a minute
+    -- (its "already running" notice said once)
+    messages := pg_catalog.current_setting('client_min_messages');
+    FOR attempt IN 1..600 LOOP
+        PERFORM pg_catalog.idem_maintain();
+        EXIT WHEN pg_catalog.to_regclass('idempotency.keys') IS NOT NULL
+              AND pg_catalog.to_regclass('idempotency.messages') IS NOT NULL;
+        PERFORM pg_catalog.set_config('client_min_messages', 'warning', true);
+        PERFORM pg_catalog.pg_sleep(0.1);
+    END LOOP;
+    PERFORM pg_catalog.set_config('client_min_messages', messages, true);
     IF pg_catalog.to_regclass('idempotency.keys') IS NULL
        OR pg_catalog.to_regclass('idempotency.messages') IS NULL THEN
         RAISE EXCEPTION 'the ledgers of this database could not be made'

@@ -482,6 +482,35 @@ SELECT count(*) FROM idem_advance('c', 's', 0, 0, 99, NULL, 'acme');
 $open->quit;
 $dist->quit;
 
+# A maintenance run in progress when citus_distribute() makes the ledgers
+# (the background worker's first run in a fresh database, here a
+# transaction that ran idem_maintain() and is still open: it holds the
+# maintenance lock and its ledgers are not committed yet): citus_distribute()
+# waits for it, instead of failing with "the ledgers of this database could
+# not be made" (55000) as it did before the review.
+citus_db('first_run', 'text');
+my $first = $node->background_psql('first_run', on_error_stop => 0);
+$first->query_safe('BEGIN; SELECT idem_maintain()');
+my $distributer = $node->background_psql('first_run', on_error_stop => 0);
+my $distributer_pid = $distributer->query_safe('SELECT pg_backend_pid()');
+$distributer->query_until(qr/go\n/, "\\echo go\nSELECT idempotency.citus_distribute('payments');\n");
+# between its tries, or failed already
+poll_until('citus_distribute() waits for the maintenance run in progress, or has ended', sub {
+	$node->safe_psql('first_run', qq{
+SELECT wait_event IS NOT DISTINCT FROM 'PgSleep' OR state LIKE 'idle%'
+  FROM pg_stat_activity WHERE pid = $distributer_pid}) eq 't';
+});
+$first->query_safe('COMMIT');
+$distributer->query('SELECT 1');
+unlike($distributer->{stderr}, qr/ERROR/, 'citus_distribute() did not fail while a maintenance run held the lock');
+is(() = $distributer->{stderr} =~ /already running/g, 1, 'and said once that maintenance was running');
+is($node->safe_psql('first_run', q{
+SELECT string_agg(logicalrelid::text, ' ' ORDER BY logicalrelid::text) FROM pg_dist_partition
+ WHERE logicalrelid::text IN ('idempotency.keys', 'idempotency.messages')}),
+	'idempotency.keys idempotency.messages', 'and distributed the ledgers once it ended');
+$first->quit;
+$distributer->quit;
+
 # Without Citus: citus_distribute() refuses (55000), and calls are not
 # routed.
 $node->psql('plain', q{
