@@ -276,7 +276,7 @@ IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now,
 		if (distributed && remember)
 			continue;
 		if (p->upper <= now && !(remember && memory_in_use) &&
-			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS,
+			IdemDropPartition(p->relid, IDEM_DROP_LOCK_TIMEOUT_MS, distributed,
 							  remember ? IdemMemoryRemember : NULL,
 							  &ledger))
 			dropped++;

@@ -1598,7 +1598,7 @@ IdemMemoryForget(TimestampTz now, int lock_timeout_ms)
 
 			CHECK_FOR_INTERRUPTS();
 			if (p->upper <= since &&
-				IdemDropPartition(p->relid, lock_timeout_ms, NULL, NULL))
+				IdemDropPartition(p->relid, lock_timeout_ms, false, NULL, NULL))
 			{
 				dropped++;
 				stale = true;

@@ -1663,6 +1663,20 @@ IdemDropPrepareMayFail(int sqlerrcode)
  * looking for its remembered key in the ended partition (memory.c), which
  * the partition's filter, kept until the drop commits, does not rule out.
  *
+ * Of a ledger distributed by Citus ("distributed", on the coordinator),
+ * the DROP also drops the partition's shards on every worker, where the
+ * tenants' calls do lock the shard's parent (citus.c) and the coordinator's
+ * lock_timeout does not reach: without it, a tenant's transaction left
+ * open on a worker held the drop, and every other call on that shard
+ * queued behind it, for as long as it stayed open.  So the DROP runs in a
+ * DO block that sets lock_timeout with SET LOCAL, which Citus sends to the
+ * workers of the transaction (citus.propagate_set_commands = 'local'; a DO
+ * block is a statement Citus propagates SET LOCAL from), and sets it back
+ * to the workers' default after the DROP, so that the rest of the run's
+ * work on the workers is not cut short by it.  A drop that times out on a
+ * worker rolls back the whole subtransaction, the workers' savepoints
+ * included.
+ *
  * CASCADE: an expired partition goes with whatever another role made
  * depend on it.  Any role can make a view or a column default that names a
  * partition by OID (a regclass constant needs no privilege on the table);
@@ -1671,8 +1685,8 @@ IdemDropPrepareMayFail(int sqlerrcode)
  * nothing of anyone else's belongs on them.
  */
 bool
-IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
-				  void *arg)
+IdemDropPartition(Oid relid, int lock_timeout_ms, bool distributed,
+				  IdemDropPrepare prepare, void *arg)
 {
 	MemoryContext oldcontext = CurrentMemoryContext;
 	ResourceOwner oldowner = CurrentResourceOwner;
@@ -1698,9 +1712,22 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, IdemDropPrepare prepare,
 	MemoryContextSwitchTo(oldcontext);
 	PG_TRY();
 	{
-		char	   *sql = psprintf("DROP TABLE %s.%s CASCADE",
-								   quote_identifier(nspname),
-								   quote_identifier(relname));
+		char	   *sql;
+
+		if (distributed)
+			sql = psprintf("DO $idem_drop$ BEGIN"
+						   " SET LOCAL citus.propagate_set_commands = 'local';"
+						   " SET LOCAL lock_timeout = %d;"
+						   " DROP TABLE %s.%s CASCADE;"
+						   " SET LOCAL lock_timeout TO DEFAULT;"
+						   " END $idem_drop$",
+						   lock_timeout_ms,
+						   quote_identifier(nspname),
+						   quote_identifier(relname));
+		else
+			sql = psprintf("DROP TABLE %s.%s CASCADE",
+						   quote_identifier(nspname),
+						   quote_identifier(relname));
 
 		if (prepare != NULL)
 		{

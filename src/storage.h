@@ -74,7 +74,8 @@ extern void IdemNewPartitionBounds(const IdemLayout *layout, int lane_number,
 								   TimestampTz *lower, TimestampTz *upper);
 typedef void (*IdemDropPrepare) (Oid relid, int lock_timeout_ms, void *arg);
 extern bool IdemDropPartition(Oid relid, int lock_timeout_ms,
-							  IdemDropPrepare prepare, void *arg);
+							  bool distributed, IdemDropPrepare prepare,
+							  void *arg);
 extern int	IdemReadPartitions(Oid parent, int16 also_lane,
 							   IdemPartition **out);
 extern void IdemAppendTimestamp(StringInfo buf, TimestampTz t);

@@ -668,6 +668,25 @@ ok( poll_until(
 			$node->safe_psql('mem', qq{SELECT clock_timestamp() > '$ends'::timestamptz + interval '3.1 seconds'}) eq 't';
 		}),
 	'3 s have passed since the partitions of acme\'s rows ended');
+# A transaction a tenant's call left open on the second node holds its
+# locks on acme's shards until it ends: the coordinator's maintenance does
+# not wait for it (its lock_timeout reaches the workers' DROP), leaves the
+# partitions for its next run, and drops them once the transaction has
+# ended.  Before the review, the drop waited for it as long as it stayed
+# open (here, until the statement_timeout that bounds the test).
+my $holder = $node2->background_psql('mem', on_error_stop => 0);
+$holder->query_safe("$fast BEGIN; SELECT status FROM idem_claim('held-open', scope => 'acme', ttl => '8 seconds')");
+$node->psql('mem', qq{
+$fast
+SET idempotency.key_memory = '3s';
+SET statement_timeout = '60s';
+SELECT count(*) FROM idem_maintain();
+SELECT count(*) > 0 FROM idempotency.partitions WHERE upper_bound <= '$ends';
+}, stdout => \$stdout, stderr => \$stderr);
+is($stderr, '', 'a transaction left open on a worker does not hold the coordinator\'s maintenance');
+like($stdout, qr/\nt$/, 'which leaves the partitions its drop could not lock for the next run');
+$holder->query_safe('ROLLBACK');
+$holder->quit;
 is($node->safe_psql('mem', qq{
 $fast
 SET idempotency.key_memory = '3s';
