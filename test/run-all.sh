@@ -197,9 +197,11 @@ run_in_root() {
 	[ "$v" = 18 ] && from_env=(IDEM_UPGRADE_FROM=17)
 
 	root_mount "$dir" || return 1
-	# the bench scripts' smoke run (091_bench_smoke.pl) is the host's
+	# the bench scripts' smoke run (091_bench_smoke.pl) and the instruction
+	# counts (090_instructions.pl) are the host's
 	root_run "$dir" env SUITES="$SUITES_OF_ROOT" IDEM_RESULTS="$inner_results" \
-		IDEM_BENCH_SMOKE=0 IDEM_SERVER_SPECIFIC_ONLY="${SERVER_SPECIFIC_ONLY:-0}" \
+		IDEM_BENCH_SMOKE=0 IDEM_INSTRUCTIONS=0 \
+		IDEM_SERVER_SPECIFIC_ONLY="${SERVER_SPECIFIC_ONLY:-0}" \
 		"${vendor_env[@]}" "${from_env[@]}" \
 		PG_CONFIG="/usr/lib/postgresql/$v/bin/pg_config" \
 		bash /tmp/idempotency-src/test/run-suites.sh

@@ -213,6 +213,24 @@ SELECT string_agg(tenant || ':' || epoch || ':' || seq, ',' ORDER BY tenant) FRO
 SELECT count(*) FROM idempotency.sequences;
 }), "new\nduplicate\nnew\ngap\nacme:1:3,globex:1:1\n0",
 	'tenant producer sequences are checked and written in the tenant\'s shard, one per tenant');
+# another role with the same consumer, stream, producer and tenant has rows
+# of its own in the same shard: it neither sees nor moves the first role's
+is($node->safe_psql('postgres', q{
+GRANT USAGE ON SCHEMA public TO app;
+SET ROLE app;
+SELECT string_agg(part || ':' || coalesce(next_offset::text, '-'), ',' ORDER BY part)
+  FROM idem_positions('c', 's', 'acme');
+SELECT first_offset || '-' || last_offset FROM idem_advance('c', 's', 0, 0, 4, NULL, 'acme');
+SELECT idem_sequence('c', 'p', 1, 1, false, 'acme');
+RESET ROLE;
+SELECT string_agg(role::text || ':' || next_offset, ',' ORDER BY role::text)
+  FROM idempotency.tenant_positions WHERE tenant = 'acme' AND part = 0;
+SELECT string_agg(role::text || ':' || seq, ',' ORDER BY role::text)
+  FROM idempotency.tenant_sequences WHERE tenant = 'acme';
+}), "\n0-4\nnew\napp:5,postgres:15\napp:1,postgres:3",
+	'another role\'s tenant positions and sequences of the same names are its own');
+$node->safe_psql('postgres', q{DELETE FROM idempotency.tenant_positions WHERE role = 'app'::regrole;
+DELETE FROM idempotency.tenant_sequences WHERE role = 'app'::regrole});
 $node->psql('postgres', q{
 \set VERBOSITY verbose
 SELECT idem_sequence('c', 'p', 1, 4, false, NULL);
