@@ -726,3 +726,45 @@ IdemCitusDistributed(Oid relid, bool *coordinator)
 		*coordinator = (IdemCitusReadLocalGroup(local_group_rel) == 0);
 	return true;
 }
+
+/*
+ * IdemCitusExecDdl runs one DDL statement on a distributed ledger (its
+ * partitions, made or dropped by the coordinator's maintenance) as the
+ * storage owner, waiting at most lock_timeout_ms for its locks on every
+ * node.  Citus sends the statement to the workers, where the tenants'
+ * calls hold locks on the ledger shards to the end of their transactions;
+ * the coordinator's lock_timeout is its own setting, which Citus does not
+ * send, so a transaction left open on a worker held the DDL, and every
+ * call queued behind it, for as long as it stayed open.  Citus sends the
+ * SET LOCAL commands of a statement it propagates from
+ * (citus.propagate_set_commands = 'local'), and a DO block is one: the
+ * block sets lock_timeout there, runs the statement, and sets it back to
+ * the workers' default, so that the rest of the transaction's work on the
+ * workers is not cut short by it.  On the coordinator, the SET LOCALs end
+ * with IdemExecAsOwner's settings.  A lock not had in time fails the
+ * statement with 55P03 on whichever node waited; the caller's
+ * subtransaction rolls it back on every node.
+ */
+void
+IdemCitusExecDdl(const char *sql, int lock_timeout_ms)
+{
+	StringInfoData block;
+
+	int			len = strlen(sql);
+
+	Assert(strstr(sql, "$idem_ddl$") == NULL);
+	/* its own ";" (one or more statements) is the block's */
+	while (len > 0 && (sql[len - 1] == ';' || sql[len - 1] == ' '))
+		len--;
+	initStringInfo(&block);
+	appendStringInfo(&block,
+					 "DO $idem_ddl$ BEGIN"
+					 " SET LOCAL citus.propagate_set_commands = 'local';"
+					 " SET LOCAL lock_timeout = %d;"
+					 " %.*s;"
+					 " SET LOCAL lock_timeout TO DEFAULT;"
+					 " END $idem_ddl$",
+					 lock_timeout_ms, len, sql);
+	IdemExecAsOwner(block.data, lock_timeout_ms);
+	pfree(block.data);
+}

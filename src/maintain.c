@@ -57,10 +57,12 @@
 #include "worker.h"
 
 #include "access/htup_details.h"
+#include "access/xact.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/inval.h"
+#include "utils/resowner.h"
 #include "utils/timestamp.h"
 
 PG_FUNCTION_INFO_V1(idem_maintain);
@@ -68,7 +70,8 @@ PG_FUNCTION_INFO_V1(idem_maintain);
 /* How long a drop may wait for its locks before it is left for next time */
 #define IDEM_DROP_LOCK_TIMEOUT_MS	100
 
-static int	IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now);
+static int	IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now,
+									bool distributed);
 static int	IdemDropExpiredPartitions(IdemLedger ledger, TimestampTz now,
 									  bool distributed);
 
@@ -120,7 +123,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 			(void) IdemUpgradeLedgerIndex(ledger);
 			IdemEnsureExtensionDependency(ledger);
 			IdemRestrictLedgerPrivileges(ledger);
-			*created += IdemMakePartitionsAhead(ledger, now);
+			*created += IdemMakePartitionsAhead(ledger, now, distributed);
 			*dropped += IdemDropExpiredPartitions(ledger, now, distributed);
 		}
 		*dropped += IdemMemoryForget(now, IDEM_DROP_LOCK_TIMEOUT_MS);
@@ -181,11 +184,59 @@ idem_maintain(PG_FUNCTION_ARGS)
 }
 
 /*
+ * IdemCreateDistributedPartition makes one partition of a ledger
+ * distributed by Citus, in a subtransaction: its DDL waits at most
+ * IDEM_CITUS_DDL_LOCK_TIMEOUT_MS for its locks on every node (citus.c,
+ * IdemCitusExecDdl), and one not had in time (a tenant's transaction
+ * left open on a worker) leaves it, and the rest of the run's partitions
+ * of the ledger, for the next run.  Returns false then.
+ */
+static bool
+IdemCreateDistributedPartition(IdemLedger ledger, const IdemLayout *layout,
+							   int lane_number, TimestampTz t)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	bool		made = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		(void) IdemCreatePartition(ledger, layout, lane_number, false, t);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		made = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		ereport(LOG,
+				(errmsg("could not make a partition of distributed ledger \"%s.%s\" now, will retry",
+						IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+				 errdetail_internal("%s", edata->message)));
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return made;
+}
+
+/*
  * IdemMakePartitionsAhead makes the missing partitions of every lane of the
  * current layout up to the horizon.  Returns how many it made.
  */
 static int
-IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now)
+IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now, bool distributed)
 {
 	IdemLayout	layout;
 	TimestampTz horizon;
@@ -217,7 +268,15 @@ IdemMakePartitionsAhead(IdemLedger ledger, TimestampTz now)
 			CHECK_FOR_INTERRUPTS();
 			if (!IdemLanePartitionAt(ledger, lane, t, &p))
 			{
-				(void) IdemCreatePartition(ledger, &layout, lane_number, false, t);
+				if (distributed)
+				{
+					if (!IdemCreateDistributedPartition(ledger, &layout,
+														lane_number, t))
+						return created;
+				}
+				else
+					(void) IdemCreatePartition(ledger, &layout, lane_number,
+											   false, t);
 				created++;
 				AcceptInvalidationMessages();
 				if (!IdemLanePartitionAt(ledger, lane, t, &p))

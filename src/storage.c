@@ -1558,7 +1558,7 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	 */
 	if (distributed)
 	{
-		IdemExecAsOwner(sql.data, 0);
+		IdemCitusExecDdl(sql.data, IDEM_CITUS_DDL_LOCK_TIMEOUT_MS);
 		resetStringInfo(&sql);
 	}
 	appendStringInfo(&sql,
@@ -1569,7 +1569,10 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 	appendStringInfo(&sql, ") TO (%d, ", lane);
 	IdemAppendTimestamp(&sql, upper);
 	appendStringInfoString(&sql, ")");
-	IdemExecAsOwner(sql.data, 0);
+	if (distributed)
+		IdemCitusExecDdl(sql.data, IDEM_CITUS_DDL_LOCK_TIMEOUT_MS);
+	else
+		IdemExecAsOwner(sql.data, 0);
 	relid = get_relname_relid(name.data, get_namespace_oid(IDEM_SCHEMA_NAME, false));
 	if (distributed)
 	{
@@ -1583,7 +1586,7 @@ IdemCreateLanePartition(IdemLedger ledger, const IdemLayout *layout,
 		else
 			appendStringInfo(&sql, "ALTER TABLE idempotency.%s REPLICA IDENTITY FULL",
 							 quote_identifier(name.data));
-		IdemExecAsOwner(sql.data, 0);
+		IdemCitusExecDdl(sql.data, IDEM_CITUS_DDL_LOCK_TIMEOUT_MS);
 	}
 	else if (IdemReplicaIdentityOf(IdemLedgerParent(ledger, false)) == REPLICA_IDENTITY_FULL)
 	{
@@ -1665,17 +1668,9 @@ IdemDropPrepareMayFail(int sqlerrcode)
  *
  * Of a ledger distributed by Citus ("distributed", on the coordinator),
  * the DROP also drops the partition's shards on every worker, where the
- * tenants' calls do lock the shard's parent (citus.c) and the coordinator's
- * lock_timeout does not reach: without it, a tenant's transaction left
- * open on a worker held the drop, and every other call on that shard
- * queued behind it, for as long as it stayed open.  So the DROP runs in a
- * DO block that sets lock_timeout with SET LOCAL, which Citus sends to the
- * workers of the transaction (citus.propagate_set_commands = 'local'; a DO
- * block is a statement Citus propagates SET LOCAL from), and sets it back
- * to the workers' default after the DROP, so that the rest of the run's
- * work on the workers is not cut short by it.  A drop that times out on a
- * worker rolls back the whole subtransaction, the workers' savepoints
- * included.
+ * tenants' calls lock the shard: it waits at most lock_timeout_ms there
+ * too (IdemCitusExecDdl), and a lock not had in time on a worker rolls
+ * back the whole subtransaction, the workers' savepoints included.
  *
  * CASCADE: an expired partition goes with whatever another role made
  * depend on it.  Any role can make a view or a column default that names a
@@ -1714,20 +1709,9 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, bool distributed,
 	{
 		char	   *sql;
 
-		if (distributed)
-			sql = psprintf("DO $idem_drop$ BEGIN"
-						   " SET LOCAL citus.propagate_set_commands = 'local';"
-						   " SET LOCAL lock_timeout = %d;"
-						   " DROP TABLE %s.%s CASCADE;"
-						   " SET LOCAL lock_timeout TO DEFAULT;"
-						   " END $idem_drop$",
-						   lock_timeout_ms,
-						   quote_identifier(nspname),
-						   quote_identifier(relname));
-		else
-			sql = psprintf("DROP TABLE %s.%s CASCADE",
-						   quote_identifier(nspname),
-						   quote_identifier(relname));
+		sql = psprintf("DROP TABLE %s.%s CASCADE",
+					   quote_identifier(nspname),
+					   quote_identifier(relname));
 
 		if (prepare != NULL)
 		{
@@ -1735,7 +1719,10 @@ IdemDropPartition(Oid relid, int lock_timeout_ms, bool distributed,
 			prepare(relid, lock_timeout_ms, arg);
 			preparing = false;
 		}
-		IdemExecAsOwner(sql, lock_timeout_ms);
+		if (distributed)
+			IdemCitusExecDdl(sql, lock_timeout_ms);
+		else
+			IdemExecAsOwner(sql, lock_timeout_ms);
 		ReleaseCurrentSubTransaction();
 		MemoryContextSwitchTo(oldcontext);
 		CurrentResourceOwner = oldowner;

@@ -686,25 +686,6 @@ ok( poll_until(
 			$node->safe_psql('mem', qq{SELECT clock_timestamp() > '$ends'::timestamptz + interval '3.1 seconds'}) eq 't';
 		}),
 	'3 s have passed since the partitions of acme\'s rows ended');
-# A transaction a tenant's call left open on the second node holds its
-# locks on acme's shards until it ends: the coordinator's maintenance does
-# not wait for it (its lock_timeout reaches the workers' DROP), leaves the
-# partitions for its next run, and drops them once the transaction has
-# ended.  Before the review, the drop waited for it as long as it stayed
-# open (here, until the statement_timeout that bounds the test).
-my $holder = $node2->background_psql('mem', on_error_stop => 0);
-$holder->query_safe("$fast BEGIN; SELECT status FROM idem_claim('held-open', scope => 'acme', ttl => '8 seconds')");
-$node->psql('mem', qq{
-$fast
-SET idempotency.key_memory = '3s';
-SET statement_timeout = '60s';
-SELECT count(*) FROM idem_maintain();
-SELECT count(*) > 0 FROM idempotency.partitions WHERE upper_bound <= '$ends';
-}, stdout => \$stdout, stderr => \$stderr);
-is($stderr, '', 'a transaction left open on a worker does not hold the coordinator\'s maintenance');
-like($stdout, qr/\nt$/, 'which leaves the partitions its drop could not lock for the next run');
-$holder->query_safe('ROLLBACK');
-$holder->quit;
 is($node->safe_psql('mem', qq{
 $fast
 SET idempotency.key_memory = '3s';
@@ -715,6 +696,41 @@ SELECT (SELECT count(*) FROM idempotency.keys WHERE tenant = 'acme' AND expires_
 }), "t\n0 0 0", 'once key_memory has passed, maintenance drops the kept partitions');
 is($node2->safe_psql('mem', "$fast SET idempotency.key_memory = '3s'; $answers"),
 	'claimed in_progress true claimed', 'forgotten: the key and the message id run again');
+# A transaction a tenant's call left open on the second node holds its
+# locks on acme's shard (the metadata lock, the shard's parent and the
+# partitions it probed) until it ends: the coordinator's maintenance does
+# not wait for it, since its DDL waits on every node at most its own lock
+# timeout (citus.c, IdemCitusExecDdl), and leaves the partition it could
+# not make there for its next run, which makes it once the transaction
+# has ended.  Before the review, the ATTACH of a new partition (Citus'
+# renaming of its shards' indexes on the worker) waited for the open
+# transaction as long as it stayed open (here, until the statement_timeout
+# that bounds the test), and the calls on the shard queued behind it.
+my $t0 = $node->safe_psql('mem', qq{$fast SELECT count(*) FROM idem_maintain(); SELECT clock_timestamp()});
+$t0 = (split /\n/, $t0)[-1];
+my $holder = $node2->background_psql('mem', on_error_stop => 0);
+$holder->query_safe("$fast BEGIN; SELECT status FROM idem_claim('held-open', scope => 'acme', ttl => '8 seconds')");
+# 1 s partitions: the next run has partitions to make
+ok( poll_until(
+		'a partition is due',
+		sub {
+			$node->safe_psql('mem', qq{SELECT clock_timestamp() > '$t0'::timestamptz + interval '1.5 seconds'}) eq 't';
+		}),
+	'the next maintenance run has partitions to make');
+my $log_off = -s $node->logfile;
+$node->psql('mem', qq{
+$fast
+SET statement_timeout = '60s';
+SELECT count(*) FROM idem_maintain();
+}, stdout => \$stdout, stderr => \$stderr);
+is($stderr, '', 'a transaction left open on a worker does not hold the coordinator\'s maintenance');
+like(slurp_file($node->logfile, $log_off),
+	qr/LOG:  could not make a partition of distributed ledger "idempotency\.\w+" now, will retry/,
+	'which leaves the partition it could not make on the worker in time for its next run');
+$holder->query_safe('ROLLBACK');
+$holder->quit;
+is($node->safe_psql('mem', qq{$fast SELECT partitions_created > 0 FROM idem_maintain()}), 't',
+	'the next run makes it, once the transaction has ended');
 $node2->stop;
 
 $node->stop;
