@@ -188,7 +188,7 @@ $node->safe_psql('closed_fresh', 'CREATE EXTENSION idempotency');
 $node->safe_psql('closed_updated', q{CREATE EXTENSION idempotency VERSION '0.3.1'});
 $node->safe_psql('closed_updated', 'ALTER EXTENSION idempotency UPDATE');
 my $new_acls = q{
-	SELECT string_agg(p.oid::regprocedure::text || ' ' || coalesce(p.proacl::text, 'default'), E'\n' ORDER BY p.proname)
+	SELECT string_agg(p.oid::regprocedure::text || ' ' || coalesce(p.proacl::text, 'default'), E'\n' ORDER BY p.oid::regprocedure::text)
 	  FROM pg_proc p
 	 WHERE p.proname IN ('idem_recover', 'idem_assign', 'idem_advance', 'idem_positions', 'idem_sequence')};
 is($node->safe_psql('closed_updated', $new_acls), $node->safe_psql('closed_fresh', $new_acls),
