@@ -57,12 +57,10 @@
 #include "worker.h"
 
 #include "access/htup_details.h"
-#include "access/xact.h"
 #include "fmgr.h"
 #include "funcapi.h"
 #include "miscadmin.h"
 #include "utils/inval.h"
-#include "utils/resowner.h"
 #include "utils/timestamp.h"
 
 PG_FUNCTION_INFO_V1(idem_maintain);
@@ -191,44 +189,38 @@ idem_maintain(PG_FUNCTION_ARGS)
  * left open on a worker) leaves it, and the rest of the run's partitions
  * of the ledger, for the next run.  Returns false then.
  */
+typedef struct IdemPartitionToMake
+{
+	IdemLedger	ledger;
+	const IdemLayout *layout;
+	int			lane_number;
+	TimestampTz t;
+} IdemPartitionToMake;
+
+static void
+IdemMakePartitionWork(void *arg)
+{
+	IdemPartitionToMake *p = (IdemPartitionToMake *) arg;
+
+	(void) IdemCreatePartition(p->ledger, p->layout, p->lane_number, false,
+							   p->t);
+}
+
 static bool
 IdemCreateDistributedPartition(IdemLedger ledger, const IdemLayout *layout,
 							   int lane_number, TimestampTz t)
 {
-	MemoryContext oldcontext = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
-	bool		made = false;
+	IdemPartitionToMake p = {ledger, layout, lane_number, t};
+	char	   *why;
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcontext);
-	PG_TRY();
-	{
-		(void) IdemCreatePartition(ledger, layout, lane_number, false, t);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-		made = true;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcontext);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			ReThrowError(edata);
-		ereport(LOG,
-				(errmsg("could not make a partition of distributed ledger \"%s.%s\" now, will retry",
-						IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
-				 errdetail_internal("%s", edata->message)));
-		FreeErrorData(edata);
-	}
-	PG_END_TRY();
-	return made;
+	if (IdemUnlessLockTimeout(IdemMakePartitionWork, &p, &why))
+		return true;
+	ereport(LOG,
+			(errmsg("could not make a partition of distributed ledger \"%s.%s\" now, will retry",
+					IDEM_SCHEMA_NAME, IdemLedgerName(ledger)),
+			 errdetail_internal("%s", why)));
+	pfree(why);
+	return false;
 }
 
 /*

@@ -1171,6 +1171,56 @@ IdemUpgradeLedgerColumns(IdemLedger ledger)
 }
 
 /*
+ * IdemUnlessLockTimeout runs work(arg) in a subtransaction.  If it fails
+ * because a lock could not be had within the lock timeout it set (55P03),
+ * the subtransaction is rolled back, *why gets the error's message (in the
+ * caller's memory context) and it returns false: the caller leaves the
+ * work for the next run.  Any other error propagates.
+ */
+bool
+IdemUnlessLockTimeout(void (*work) (void *arg), void *arg, char **why)
+{
+	MemoryContext oldcontext = CurrentMemoryContext;
+	ResourceOwner oldowner = CurrentResourceOwner;
+	bool		done = false;
+
+	BeginInternalSubTransaction(NULL);
+	MemoryContextSwitchTo(oldcontext);
+	PG_TRY();
+	{
+		work(arg);
+		ReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		done = true;
+	}
+	PG_CATCH();
+	{
+		ErrorData  *edata;
+
+		MemoryContextSwitchTo(oldcontext);
+		edata = CopyErrorData();
+		FlushErrorState();
+		RollbackAndReleaseCurrentSubTransaction();
+		MemoryContextSwitchTo(oldcontext);
+		CurrentResourceOwner = oldowner;
+		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
+			ReThrowError(edata);
+		*why = pstrdup(edata->message);
+		FreeErrorData(edata);
+	}
+	PG_END_TRY();
+	return done;
+}
+
+/* IdemUpgradeLedgerIndex's statements, for IdemUnlessLockTimeout */
+static void
+IdemExecUpgradeSql(void *sql)
+{
+	IdemExecAsOwner((const char *) sql, IDEM_UPGRADE_LOCK_TIMEOUT_MS);
+}
+
+/*
  * IdemUpgradeLedgerIndex gives a ledger's table the digest index of 0.4.0,
  * on (role, digest), in place of the one on (digest) alone that earlier
  * versions made, once the installed extension is 0.4.0 or later: CREATE
@@ -1196,8 +1246,6 @@ IdemUpgradeLedgerColumns(IdemLedger ledger)
 bool
 IdemUpgradeLedgerIndex(IdemLedger ledger)
 {
-	MemoryContext oldcontext = CurrentMemoryContext;
-	ResourceOwner oldowner = CurrentResourceOwner;
 	IdemLedgerCache *cache = IdemGetLedgerCache(ledger);
 	Oid			parent = cache->parent;
 	Oid			old_index = InvalidOid;
@@ -1209,7 +1257,8 @@ IdemUpgradeLedgerIndex(IdemLedger ledger)
 	HeapTuple	tup;
 	LOCKTAG		tag;
 	StringInfoData sql;
-	bool		done = false;
+	bool		done;
+	char	   *why;
 
 	if (!OidIsValid(parent) || !IdemInstalledVersionAtLeast("0.4.0"))
 		return false;
@@ -1258,35 +1307,14 @@ IdemUpgradeLedgerIndex(IdemLedger ledger)
 							   "; CREATE INDEX keys_recover_idx ON idempotency.keys (role, recover_at)"
 							   " WHERE recover_at IS NOT NULL");
 
-	BeginInternalSubTransaction(NULL);
-	MemoryContextSwitchTo(oldcontext);
-	PG_TRY();
+	done = IdemUnlessLockTimeout(IdemExecUpgradeSql, sql.data, &why);
+	if (!done)
 	{
-		IdemExecAsOwner(sql.data, IDEM_UPGRADE_LOCK_TIMEOUT_MS);
-		ReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-		done = true;
-	}
-	PG_CATCH();
-	{
-		ErrorData  *edata;
-
-		MemoryContextSwitchTo(oldcontext);
-		edata = CopyErrorData();
-		FlushErrorState();
-		RollbackAndReleaseCurrentSubTransaction();
-		MemoryContextSwitchTo(oldcontext);
-		CurrentResourceOwner = oldowner;
-
-		if (edata->sqlerrcode != ERRCODE_LOCK_NOT_AVAILABLE)
-			ReThrowError(edata);
 		ereport(LOG,
 				(errmsg("could not rebuild the digest index of table \"%s.%s\" now, will retry: %s",
-						IDEM_SCHEMA_NAME, IdemLedgerName(ledger), edata->message)));
-		FreeErrorData(edata);
+						IDEM_SCHEMA_NAME, IdemLedgerName(ledger), why)));
+		pfree(why);
 	}
-	PG_END_TRY();
 	pfree(sql.data);
 
 	if (done)

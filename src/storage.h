@@ -72,6 +72,8 @@ extern void IdemPartitionBounds(const IdemLayout *layout, int lane_number,
 extern void IdemNewPartitionBounds(const IdemLayout *layout, int lane_number,
 								   bool far, TimestampTz at,
 								   TimestampTz *lower, TimestampTz *upper);
+extern bool IdemUnlessLockTimeout(void (*work) (void *arg), void *arg,
+								  char **why);
 typedef void (*IdemDropPrepare) (Oid relid, int lock_timeout_ms, void *arg);
 extern bool IdemDropPartition(Oid relid, int lock_timeout_ms,
 							  bool distributed, IdemDropPrepare prepare,
