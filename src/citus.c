@@ -43,13 +43,16 @@
  * Steps 1 and 2 call Citus' SQL functions through fmgr (looked up by name
  * and signature once per backend: the library is never linked against
  * Citus), step 3 reads Citus' catalog pg_dist_placement by its shardid
- * index, step 4 keeps each shard's table per backend (storage.c keeps its
- * partitions per shard).  All of it runs once per transaction and tenant:
- * the lock, held to the end of the transaction, keeps the placement where
- * step 3 found it, so a second call of the transaction on the same tenant
- * (idem_complete() after idem_claim()) reuses the answer.  What is looked
- * up once is forgotten when Citus' catalogs or the shard's table are
- * invalidated (DROP EXTENSION citus, a shard dropped).
+ * index and keeps a "here" per shard and backend until Citus invalidates
+ * it (IdemCitusShardIsLocal says why that is safe), step 4 keeps each
+ * shard's table per backend (storage.c keeps its partitions per shard).
+ * All of it runs once per transaction and tenant: the lock, held to the
+ * end of the transaction, keeps the placement where step 3 found it, so a
+ * second call of the transaction on the same tenant (idem_complete()
+ * after idem_claim()) reuses the answer.  What is looked up once is
+ * forgotten when Citus' catalogs, the distributed table or the shard's
+ * table are invalidated (a placement changed, DROP EXTENSION citus, a
+ * shard dropped).
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -98,6 +101,8 @@ typedef struct IdemCitusApi
 	FmgrInfo	shard_fn;		/* get_shard_id_for_distribution_column() */
 	FmgrInfo	lock_fn;		/* lock_shard_metadata() */
 	Oid			placement_rel;	/* pg_catalog.pg_dist_placement */
+	Oid			shard_rel;		/* pg_catalog.pg_dist_shard */
+	Oid			partition_rel;	/* pg_catalog.pg_dist_partition */
 	Oid			placement_idx;	/* its index on shardid */
 	AttrNumber	placement_shardid;
 	AttrNumber	placement_groupid;
@@ -107,11 +112,19 @@ typedef struct IdemCitusApi
 
 static IdemCitusApi citus_api;
 
-/* step 4's answer per shard: its local table, until that is invalidated */
+/*
+ * What this backend knows of a shard, until it is invalidated: step 3's
+ * answer when it was "here" (never "elsewhere": a refused call is not
+ * worth keeping, and a shard that moves here must not be refused) and
+ * step 4's local table.  See IdemCitusShardIsLocal for why a "here" kept
+ * across transactions is safe.
+ */
 typedef struct IdemShardTable
 {
 	int64		shard;			/* hash key */
 	Oid			relid;			/* InvalidOid once invalidated */
+	Oid			dist_rel;		/* the distributed table it is a shard of */
+	bool		here;			/* step 3 found it here; false once invalidated */
 } IdemShardTable;
 
 static HTAB *shard_tables = NULL;
@@ -168,9 +181,10 @@ static Oid	IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger,
 								const char *relname, const char *kind,
 								text *tenant);
 static int64 IdemCitusShard(Oid rel, int ledger, const char *relname,
-							text *tenant);
+							text *tenant, Oid *dist_rel);
 static void IdemCitusLockShard(int64 shard);
-static bool IdemCitusShardIsLocal(int64 shard);
+static IdemShardTable *IdemCitusShardEntry(int64 shard);
+static bool IdemCitusShardIsLocal(int64 shard, Oid dist_rel);
 static int32 IdemCitusReadLocalGroup(Oid local_group_rel);
 static Oid	IdemCitusShardTable(const char *relname, int64 shard);
 static Datum IdemCitusTenantValue(Oid type, text *tenant);
@@ -334,6 +348,7 @@ IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger, const char *relname,
 {
 	IdemSavedUser save;
 	int64		shard;
+	Oid			dist_rel;
 	Oid			relid;
 
 	/*
@@ -362,16 +377,19 @@ IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger, const char *relname,
 	 * ledgers' owner (lock_shard_metadata() wants the table's owner).
 	 */
 	IdemBecomeStorageOwner(&save);
-	shard = IdemCitusShard(rel, ledger, relname, tenant);
+	shard = IdemCitusShard(rel, ledger, relname, tenant, &dist_rel);
 	IdemCitusLockShard(shard);
 	IdemRestoreUser(&save);
 
 	/*
-	 * 3: after the lock, with a new snapshot: a move that committed is seen.
-	 * On a worker the tenant moved (its retry is delegated to the new
-	 * node); on the coordinator, the call was not delegated.
+	 * 3: after the lock, a move that committed is seen: its invalidations
+	 * are read now (a lock that is not a relation's does not read them),
+	 * and the placement with a new snapshot.  On a worker the tenant moved
+	 * (its retry is delegated to the new node); on the coordinator, the
+	 * call was not delegated.
 	 */
-	if (!IdemCitusShardIsLocal(shard))
+	AcceptInvalidationMessages();
+	if (!IdemCitusShardIsLocal(shard, dist_rel))
 	{
 		if (citus_api.local_group == 0)
 			ereport(ERROR,
@@ -423,14 +441,23 @@ IdemCitusTenantValue(Oid type, text *tenant)
 }
 
 /*
- * Citus' placement catalog or a shard's table invalidated: look them up
- * again.  No catalog access here.
+ * Citus' catalogs, a distributed table or a shard's table invalidated:
+ * look them up again.  A change of a shard's placements invalidates the
+ * distributed table the shard is of (IdemCitusShardIsLocal says how), the
+ * shard's "here" goes; Citus' catalogs themselves (TRUNCATE, Citus
+ * updated or dropped) or all relations: every shard's.  No catalog access
+ * here.
  */
 static void
 IdemCitusRelcacheCallback(Datum arg, Oid relid)
 {
-	if (relid == InvalidOid || relid == citus_api.placement_rel ||
-		relid == citus_api.local_group_rel)
+	bool		catalog;
+
+	catalog = (relid == InvalidOid || relid == citus_api.placement_rel ||
+			   relid == citus_api.local_group_rel ||
+			   relid == citus_api.shard_rel ||
+			   relid == citus_api.partition_rel);
+	if (catalog)
 		citus_api.valid = false;
 	if (shard_tables != NULL)
 	{
@@ -439,8 +466,15 @@ IdemCitusRelcacheCallback(Datum arg, Oid relid)
 
 		hash_seq_init(&status, shard_tables);
 		while ((entry = hash_seq_search(&status)) != NULL)
-			if (relid == InvalidOid || relid == entry->relid)
+		{
+			if (catalog || relid == entry->relid)
+			{
 				entry->relid = InvalidOid;
+				entry->here = false;
+			}
+			else if (relid == entry->dist_rel)
+				entry->here = false;
+		}
 	}
 }
 
@@ -468,6 +502,10 @@ IdemCitusLookupApi(void)
 												PG_CATALOG_NAMESPACE);
 	citus_api.local_group_rel = get_relname_relid("pg_dist_local_group",
 												  PG_CATALOG_NAMESPACE);
+	citus_api.shard_rel = get_relname_relid("pg_dist_shard",
+											PG_CATALOG_NAMESPACE);
+	citus_api.partition_rel = get_relname_relid("pg_dist_partition",
+												PG_CATALOG_NAMESPACE);
 	citus_api.placement_shardid = get_attnum(citus_api.placement_rel, "shardid");
 	citus_api.placement_groupid = get_attnum(citus_api.placement_rel, "groupid");
 	if (!OidIsValid(citus_api.placement_idx) ||
@@ -523,10 +561,11 @@ IdemCitusFunction(const char *name, int nargs, const Oid *argtypes, Oid rettype)
 
 /*
  * 1: the shard of table "rel" holding the tenant; for a ledger (rel
- * InvalidOid), of the ledger's own table
+ * InvalidOid), of the ledger's own table.  Sets *dist_rel to the table.
  */
 static int64
-IdemCitusShard(Oid rel, int ledger, const char *relname, text *tenant)
+IdemCitusShard(Oid rel, int ledger, const char *relname, text *tenant,
+			   Oid *dist_rel)
 {
 	LOCAL_FCINFO(fcinfo, 2);
 	Oid			ledger_rel = rel;
@@ -548,6 +587,7 @@ IdemCitusShard(Oid rel, int ledger, const char *relname, text *tenant)
 	result = FunctionCallInvoke(fcinfo);
 	if (fcinfo->isnull || DatumGetInt64(result) == 0)
 		elog(ERROR, "could not find the ledger shard of a tenant");
+	*dist_rel = ledger_rel;
 	return DatumGetInt64(result);
 }
 
@@ -566,13 +606,71 @@ IdemCitusLockShard(int64 shard)
 }
 
 /*
- * 3: whether a placement of the shard is in this node's group, read under
- * the latest snapshot (Citus' catalogs are tables, not system catalogs:
- * the catalog snapshot would not show a move that committed meanwhile).
+ * The entry of "shard" in this backend's shard cache, made (knowing
+ * nothing) if there is none.
+ */
+static IdemShardTable *
+IdemCitusShardEntry(int64 shard)
+{
+	IdemShardTable *entry;
+	bool		found;
+
+	if (shard_tables == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(int64);
+		ctl.entrysize = sizeof(IdemShardTable);
+		ctl.hcxt = CacheMemoryContext;
+		shard_tables = hash_create("idempotency ledger shard tables", 64,
+								   &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	entry = hash_search(shard_tables, &shard, HASH_ENTER, &found);
+	if (!found)
+	{
+		entry->relid = InvalidOid;
+		entry->dist_rel = InvalidOid;
+		entry->here = false;
+	}
+	return entry;
+}
+
+/*
+ * 3: whether a placement of the shard, one of distributed table
+ * "dist_rel", is in this node's group.  Called with the shard's metadata
+ * lock held and the invalidations read after it was had.
+ *
+ * Read under the latest snapshot (Citus' catalogs are tables, not system
+ * catalogs: the catalog snapshot would not show a move that committed
+ * meanwhile), and then kept per backend, until invalidated, when it was
+ * "here": a call of a later transaction on the same shard reads no
+ * catalog.  That is safe because every change of a shard's placements,
+ * the final step of a move or a split, is made in a transaction that
+ * holds the shard's metadata lock (EXCLUSIVE, which this call's SHARE
+ * waits for), and invalidates the relcache entry of the distributed table
+ * the shard is of, on every node that has the metadata: Citus' functions
+ * that write pg_dist_placement (the workers' metadata is written by
+ * them) and its trigger on the catalog for SQL writes
+ * (CitusInvalidateRelcacheByShardId), and Citus' own metadata cache, which
+ * get_shard_id_for_distribution_column() reads, is kept by the same
+ * invalidation.  (Changes of rows of pg_dist_placement invalidate nothing
+ * of the catalog itself: it is not a system catalog.)  A transaction sends
+ * its invalidations before it releases its locks, so once this call has
+ * the lock, the invalidation of a move that committed is queued, and the
+ * AcceptInvalidationMessages() after the lock (IdemCitusRouteShard) has
+ * run IdemCitusRelcacheCallback, which forgot the shard's "here": the
+ * catalog is read again, and a shard the tenant left refused (40001).  A
+ * move cannot commit while the lock is held, so "here" stays true to the
+ * end of the transaction.  The other ways a placement can go (the
+ * shard's table dropped, Citus' catalogs truncated, Citus updated or
+ * dropped, an invalidation queue overflow) invalidate the shard's table,
+ * Citus' catalogs or everything, which forget it too.  Only "here" is
+ * kept: a shard that moves to this node is found by the next call.
  */
 static bool
-IdemCitusShardIsLocal(int64 shard)
+IdemCitusShardIsLocal(int64 shard, Oid dist_rel)
 {
+	IdemShardTable *entry;
 	Relation	rel;
 	ScanKeyData key;
 	SysScanDesc scan;
@@ -582,6 +680,10 @@ IdemCitusShardIsLocal(int64 shard)
 	int			ngroups = 0;
 	bool		here = false;
 	int			i;
+
+	entry = IdemCitusShardEntry(shard);
+	if (entry->here && entry->dist_rel == dist_rel)
+		return true;
 
 	if (citus_api.local_group < 0)
 		citus_api.local_group = IdemCitusReadLocalGroup(citus_api.local_group_rel);
@@ -613,6 +715,14 @@ IdemCitusShardIsLocal(int64 shard)
 		citus_api.local_group = IdemCitusReadLocalGroup(citus_api.local_group_rel);
 		for (i = 0; i < ngroups && !here; i++)
 			here = (groups[i] == citus_api.local_group);
+	}
+
+	/* invalidations read while the catalog was opened leave it true */
+	if (here)
+	{
+		entry = IdemCitusShardEntry(shard);
+		entry->dist_rel = dist_rel;
+		entry->here = true;
 	}
 	return here;
 }
@@ -648,22 +758,11 @@ static Oid
 IdemCitusShardTable(const char *relname, int64 shard)
 {
 	IdemShardTable *entry;
-	bool		found;
 	char		shardname[NAMEDATALEN];
 	Oid			relid;
 
-	if (shard_tables == NULL)
-	{
-		HASHCTL		ctl;
-
-		ctl.keysize = sizeof(int64);
-		ctl.entrysize = sizeof(IdemShardTable);
-		ctl.hcxt = CacheMemoryContext;
-		shard_tables = hash_create("idempotency ledger shard tables", 64,
-								   &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
-	}
-	entry = hash_search(shard_tables, &shard, HASH_FIND, &found);
-	if (found && OidIsValid(entry->relid))
+	entry = IdemCitusShardEntry(shard);
+	if (OidIsValid(entry->relid))
 		return entry->relid;
 
 	snprintf(shardname, sizeof(shardname), "%s_" INT64_FORMAT, relname, shard);
@@ -673,7 +772,8 @@ IdemCitusShardTable(const char *relname, int64 shard)
 				(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
 				 errmsg("the ledger shard " INT64_FORMAT " has no table on this node", shard),
 				 errhint("Retry: the tenant has moved, and the retry goes to its new node.")));
-	entry = hash_search(shard_tables, &shard, HASH_ENTER, &found);
+	/* the lookup may have read invalidations: the entry is where it was */
+	entry = IdemCitusShardEntry(shard);
 	entry->relid = relid;
 	return relid;
 }

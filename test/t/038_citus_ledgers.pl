@@ -731,6 +731,101 @@ $holder->query_safe('ROLLBACK');
 $holder->quit;
 is($node->safe_psql('mem', qq{$fast SELECT partitions_created > 0 FROM idem_maintain()}), 't',
 	'the next run makes it, once the transaction has ended');
+
+# A backend keeps what it found of a shard's placement (citus.c,
+# IdemCitusShardIsLocal) only until the shard moves: a backend of the second
+# node whose calls on acme were routed there, with a transaction open
+# before the move and the move done meanwhile, is refused with 40001 by
+# its next call on acme, of the key ledger or of the tenant positions (it
+# would otherwise write the shard acme left, kept until Citus' deferred
+# drop); a backend of the first node refused (0A000: acme was on the
+# second node) is routed by its next call once acme is back.
+my $stay = $node2->background_psql('mem', on_error_stop => 0);
+my $back = $node->background_psql('mem', on_error_stop => 0);
+$_->query_safe('\set VERBOSITY verbose') for ($stay, $back);
+is($stay->query_safe(q{
+SELECT count(*) FROM idem_lookup('moved', scope => 'acme');
+SELECT count(*) FROM idem_positions('c', 's', 'acme');
+}), "0\n0", 'a backend of the second node routes calls on acme to its shards there');
+$back->query(q{SELECT count(*) FROM idem_lookup('moved', scope => 'acme')});
+like($back->{stderr}, qr/ERROR:  0A000: the tenant's ledger shard is not on this node/,
+	'a backend of the first node is refused while acme is on the second: 0A000');
+$back->{stderr} = '';
+$stay->query_safe('BEGIN; SELECT 1');
+$node->safe_psql('mem', qq{
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idempotency.keys', 'acme'),
+                                  '$host2', $port2, '$host', $port,
+                                  shard_transfer_mode => 'block_writes');
+});
+$stay->query(q{SELECT count(*) FROM idem_lookup('moved', scope => 'acme')});
+like($stay->{stderr}, qr/ERROR:  40001: the tenant's ledger shard is not on this node/,
+	'after acme\'s shards moved back, the same backend\'s call in a transaction open before the move: 40001');
+$stay->{stderr} = '';
+$stay->query('ROLLBACK');
+$stay->query(q{SELECT count(*) FROM idem_positions('c', 's', 'acme')});
+like($stay->{stderr}, qr/ERROR:  40001: the tenant's ledger shard is not on this node/,
+	'and its next call on acme\'s tenant positions: 40001');
+$stay->{stderr} = '';
+is($back->query_safe(q{SELECT count(*) FROM idem_lookup('moved', scope => 'acme')}), '0',
+	'the backend of the first node refused before is routed to acme\'s shard now there');
+
+# The same, with the call made while the move holds the shards' metadata
+# lock (block_writes: taken before the copy; the copy is held here by a
+# lock on acme's payments shard on the second node): the call waits for
+# the move, and once it has the lock it reads the move's invalidations
+# before the backend's "here" (IdemCitusRouteShard), so the shard acme
+# left is refused (40001), not written.
+$node->safe_psql('mem', qq{
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idempotency.keys', 'acme'),
+                                  '$host', $port, '$host2', $port2,
+                                  shard_transfer_mode => 'block_writes');
+});
+is($stay->query_safe(q{SELECT count(*) FROM idem_lookup('moved', scope => 'acme')}), '0',
+	'acme\'s shards on the second node again: the backend routes there');
+my $payments_shard = 'payments_'
+  . $node->safe_psql('mem', q{SELECT get_shard_id_for_distribution_column('payments', 'acme')});
+my $copy_holder = $node2->background_psql('mem', on_error_stop => 0);
+$copy_holder->query_safe("SET citus.enable_manual_changes_to_shards = on; BEGIN; LOCK TABLE $payments_shard IN ACCESS EXCLUSIVE MODE");
+my $mover = $node->background_psql('mem', on_error_stop => 0);
+$mover->query_until(qr/go\n/, qq{
+SET citus.check_available_space_before_move = off;
+\\echo go
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idempotency.keys', 'acme'),
+                                  '$host2', $port2, '$host', $port,
+                                  shard_transfer_mode => 'block_writes');
+});
+ok( poll_until(
+		'the move waits for its copy of acme\'s payments shard',
+		sub {
+			$node2->safe_psql('mem', qq{
+SELECT count(*) > 0 FROM pg_locks WHERE NOT granted AND relation = '$payments_shard'::regclass}) eq 't';
+		}),
+	'the move holds the metadata locks and waits to copy acme\'s payments shard');
+my $stay_pid = $stay->query_safe('SELECT pg_backend_pid()');
+$stay->query_until(qr/go\n/, q{
+\\echo go
+SELECT count(*) FROM idem_lookup('moved', scope => 'acme');
+});
+ok( poll_until(
+		'the call waits for the shard\'s metadata lock',
+		sub {
+			$node2->safe_psql('mem', qq{
+SELECT wait_event FROM pg_stat_activity WHERE pid = $stay_pid}) eq 'advisory';
+		}),
+	'a call on acme during the move waits for the shards\' metadata lock');
+$copy_holder->query_safe('COMMIT');
+$mover->query_safe('SELECT 1');
+is($node->safe_psql('mem', q{
+SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+ WHERE p.shardid = get_shard_id_for_distribution_column('idempotency.keys', 'acme')}),
+	$port, 'the move ended: acme\'s shards on the first node');
+$stay->query('SELECT 1');
+like($stay->{stderr}, qr/ERROR:  40001: the tenant's ledger shard is not on this node/,
+	'the call that waited for the move is refused: 40001');
+$stay->quit;
+$back->quit;
+$copy_holder->quit;
+$mover->quit;
 $node2->stop;
 
 $node->stop;
