@@ -183,7 +183,7 @@ static Oid	IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger,
 static int64 IdemCitusShard(Oid rel, int ledger, const char *relname,
 							text *tenant, Oid *dist_rel);
 static void IdemCitusLockShard(int64 shard);
-static IdemShardTable *IdemCitusShardEntry(int64 shard);
+static IdemShardTable *IdemCitusShardEntry(int64 shard, bool create);
 static bool IdemCitusShardIsLocal(int64 shard, Oid dist_rel);
 static int32 IdemCitusReadLocalGroup(Oid local_group_rel);
 static Oid	IdemCitusShardTable(const char *relname, int64 shard);
@@ -606,11 +606,11 @@ IdemCitusLockShard(int64 shard)
 }
 
 /*
- * The entry of "shard" in this backend's shard cache, made (knowing
- * nothing) if there is none.
+ * The entry of "shard" in this backend's shard cache; if there is none,
+ * made (knowing nothing) when "create", else NULL.
  */
 static IdemShardTable *
-IdemCitusShardEntry(int64 shard)
+IdemCitusShardEntry(int64 shard, bool create)
 {
 	IdemShardTable *entry;
 	bool		found;
@@ -625,8 +625,9 @@ IdemCitusShardEntry(int64 shard)
 		shard_tables = hash_create("idempotency ledger shard tables", 64,
 								   &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
 	}
-	entry = hash_search(shard_tables, &shard, HASH_ENTER, &found);
-	if (!found)
+	entry = hash_search(shard_tables, &shard, create ? HASH_ENTER : HASH_FIND,
+						&found);
+	if (create && !found)
 	{
 		entry->relid = InvalidOid;
 		entry->dist_rel = InvalidOid;
@@ -681,8 +682,8 @@ IdemCitusShardIsLocal(int64 shard, Oid dist_rel)
 	bool		here = false;
 	int			i;
 
-	entry = IdemCitusShardEntry(shard);
-	if (entry->here && entry->dist_rel == dist_rel)
+	entry = IdemCitusShardEntry(shard, false);
+	if (entry != NULL && entry->here && entry->dist_rel == dist_rel)
 		return true;
 
 	if (citus_api.local_group < 0)
@@ -720,7 +721,7 @@ IdemCitusShardIsLocal(int64 shard, Oid dist_rel)
 	/* invalidations read while the catalog was opened leave it true */
 	if (here)
 	{
-		entry = IdemCitusShardEntry(shard);
+		entry = IdemCitusShardEntry(shard, true);
 		entry->dist_rel = dist_rel;
 		entry->here = true;
 	}
@@ -761,7 +762,7 @@ IdemCitusShardTable(const char *relname, int64 shard)
 	char		shardname[NAMEDATALEN];
 	Oid			relid;
 
-	entry = IdemCitusShardEntry(shard);
+	entry = IdemCitusShardEntry(shard, true);
 	if (OidIsValid(entry->relid))
 		return entry->relid;
 
@@ -773,7 +774,7 @@ IdemCitusShardTable(const char *relname, int64 shard)
 				 errmsg("the ledger shard " INT64_FORMAT " has no table on this node", shard),
 				 errhint("Retry: the tenant has moved, and the retry goes to its new node.")));
 	/* the lookup may have read invalidations: the entry is where it was */
-	entry = IdemCitusShardEntry(shard);
+	entry = IdemCitusShardEntry(shard, true);
 	entry->relid = relid;
 	return relid;
 }
