@@ -1,13 +1,16 @@
--- tenant-spy.sql: which form of idem_consume_message(s) a client's call
--- resolves to, and what it passed, on a server whose message ledger is not
--- distributed (where the four-argument form ignores its tenant, so the
--- answers cannot tell).  Schema tenant_spy holds one function of each of
--- the four signatures, same argument types as the extension's, none with a
--- default: put it before pg_catalog in search_path
--- ("tenant_spy, pg_catalog, ...") and a client's unqualified call resolves
--- to the spy of the form it names.  Each spy logs the call in
--- tenant_spy.calls (nargs 3 or 4, the arguments as received) and then runs
--- the extension's own function of the same form, so the answers are the
+-- tenant-spy.sql: which form of idem_consume_message(s) and of the ordered
+-- stream calls (idem_assign, idem_advance, idem_positions, idem_sequence) a
+-- client's call resolves to, and what it passed, on a server whose ledger,
+-- stream positions and producer sequences are not distributed (where the
+-- forms with a tenant ignore it, so the answers cannot tell).  Schema
+-- tenant_spy holds one function of each of the signatures, same argument
+-- types as the extension's, none with a default: put it before pg_catalog
+-- in search_path ("tenant_spy, pg_catalog, ...") and a client's unqualified
+-- call resolves to the spy of the form it names.  Each spy logs the call in
+-- tenant_spy.calls (nargs: how many arguments the form has; the arguments
+-- as received: a stream call's stream, or producer, in "stream" and its
+-- other arguments but the tenant, as text, in "args") and then runs the
+-- extension's own function of the same form, so the answers are the
 -- extension's.  Loaded, as a superuser, by clients/python/tests/test_tenant.py
 -- and clients/node/test/tenant.test.js.
 
@@ -23,6 +26,8 @@ CREATE TABLE tenant_spy.calls (
     message_ids text[],
     ttl         interval,
     tenant      text,
+    stream      text,
+    args        text[],
     caller      name NOT NULL DEFAULT current_user
 );
 GRANT SELECT, INSERT ON tenant_spy.calls TO PUBLIC;
@@ -62,4 +67,82 @@ RETURNS SETOF text LANGUAGE sql VOLATILE AS $$
     INSERT INTO tenant_spy.calls (fn, nargs, consumer, message_ids, ttl, tenant)
     VALUES ('idem_consume_messages', 4, $1, $2, $3, $4);
     SELECT pg_catalog.idem_consume_messages($1, $2, $3, $4);
+$$;
+
+-- The ordered stream calls: 0.4.0's forms as the clients call them (every
+-- argument given) and 0.5.0's tenant overloads.
+
+CREATE FUNCTION tenant_spy.idem_assign(consumer text, stream text,
+                                       parts integer[], generation bigint)
+RETURNS TABLE (part integer, next_offset bigint) LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args)
+    VALUES ('idem_assign', 4, $1, $2, ARRAY[$3::text, $4::text]);
+    SELECT * FROM pg_catalog.idem_assign($1, $2, $3, $4);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_assign(consumer text, stream text,
+                                       parts integer[], generation bigint,
+                                       tenant text)
+RETURNS TABLE (part integer, next_offset bigint) LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
+    VALUES ('idem_assign', 5, $1, $2, ARRAY[$3::text, $4::text], $5);
+    SELECT * FROM pg_catalog.idem_assign($1, $2, $3, $4, $5);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_advance(consumer text, stream text,
+                                        part integer, first bigint,
+                                        last bigint, generation bigint)
+RETURNS TABLE (first_offset bigint, last_offset bigint)
+LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args)
+    VALUES ('idem_advance', 6, $1, $2,
+            ARRAY[$3::text, $4::text, $5::text, $6::text]);
+    SELECT * FROM pg_catalog.idem_advance($1, $2, $3, $4, $5, $6);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_advance(consumer text, stream text,
+                                        part integer, first bigint,
+                                        last bigint, generation bigint,
+                                        tenant text)
+RETURNS TABLE (first_offset bigint, last_offset bigint)
+LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
+    VALUES ('idem_advance', 7, $1, $2,
+            ARRAY[$3::text, $4::text, $5::text, $6::text], $7);
+    SELECT * FROM pg_catalog.idem_advance($1, $2, $3, $4, $5, $6, $7);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_positions(consumer text, stream text)
+RETURNS TABLE (part integer, next_offset bigint, generation bigint,
+               updated_at timestamptz) LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args)
+    VALUES ('idem_positions', 2, $1, $2, ARRAY[]::text[]);
+    SELECT * FROM pg_catalog.idem_positions($1, $2);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_positions(consumer text, stream text,
+                                          tenant text)
+RETURNS TABLE (part integer, next_offset bigint, generation bigint,
+               updated_at timestamptz) LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
+    VALUES ('idem_positions', 3, $1, $2, ARRAY[]::text[], $3);
+    SELECT * FROM pg_catalog.idem_positions($1, $2, $3);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_sequence(consumer text, producer text,
+                                         epoch bigint, seq bigint,
+                                         strict boolean)
+RETURNS text LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args)
+    VALUES ('idem_sequence', 5, $1, $2, ARRAY[$3::text, $4::text, $5::text]);
+    SELECT pg_catalog.idem_sequence($1, $2, $3, $4, $5);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_sequence(consumer text, producer text,
+                                         epoch bigint, seq bigint,
+                                         strict boolean, tenant text)
+RETURNS text LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
+    VALUES ('idem_sequence', 6, $1, $2, ARRAY[$3::text, $4::text, $5::text], $6);
+    SELECT pg_catalog.idem_sequence($1, $2, $3, $4, $5, $6);
 $$;

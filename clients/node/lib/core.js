@@ -467,7 +467,9 @@ async function inCallerOrOwn(opts, body) {
 // fn(tx, fresh, { range, part }) with the records not applied yet (not
 // called when there are none), commit.  A stale generation (the partition
 // was assigned elsewhere since) is StaleGenerationError before fn runs, and
-// nothing is written.
+// nothing is written.  opts.tenant, for stream positions distributed by
+// Citus: the tenant whose rows the consumer's transactions write, passed by
+// assign, process and positions (none: the calls without it, as before).
 class StreamConsumer {
   constructor(opts) {
     if (!opts || typeof opts.consumer !== 'string') throw new TypeError('streamConsumer needs { consumer }');
@@ -477,13 +479,16 @@ class StreamConsumer {
     this.consumer = opts.consumer;
     this.stream = opts.stream;
     this.offsetOf = opts.offset || recordOffset;
+    sql.tenantOf(opts);   // a bad tenant fails here, before any call
+    // the tenant every call passes (null: the calls without one)
+    this.tenant = opts.tenant === undefined ? null : opts.tenant;
     // the generation process() passes: the last assign()'s (null: unfenced)
     this.generation = opts.generation === undefined ? null : opts.generation;
   }
 
   async assign(parts, generation) {
     const seeks = await inCallerOrOwn(this.options,
-      (tx) => sql.assign(tx, this.consumer, this.stream, parts, generation));
+      (tx) => sql.assign(tx, this.consumer, this.stream, parts, generation, { tenant: this.tenant }));
     this.generation = generation;
     return seeks;
   }
@@ -499,8 +504,9 @@ class StreamConsumer {
       if (o > last) last = o;
     }
     const generation = this.generation;
+    const tenant = this.tenant;
     return inCallerOrOwn(this.options, async (tx) => {
-      const range = await sql.advance(tx, this.consumer, this.stream, part, first, last, { generation });
+      const range = await sql.advance(tx, this.consumer, this.stream, part, first, last, { generation, tenant });
       if (range === null) return { fresh: [], range, result: undefined };
       const lo = BigInt(range.first);
       const hi = BigInt(range.last);
@@ -511,7 +517,8 @@ class StreamConsumer {
   }
 
   positions() {
-    return sql.positions(this.options.client || this.options.pool, this.consumer, this.stream);
+    return sql.positions(this.options.client || this.options.pool, this.consumer, this.stream,
+      { tenant: this.tenant });
   }
 }
 

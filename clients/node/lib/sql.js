@@ -148,10 +148,12 @@ async function recover(db, opts = {}) {
   }));
 }
 
-// A consumed message's tenant (opts.tenant), for a message ledger
-// distributed by Citus: a string, or an integer sent as its decimal text (the
-// server converts it to the type of the ledger's tenant column); null when
-// none was given, and then the three-argument call is made, as before 0.5.0.
+// The tenant whose rows the transaction writes (opts.tenant), for a message
+// ledger, stream positions and producer sequences distributed by Citus
+// (extension 0.5.0): a string, or an integer sent as its decimal text (the
+// server converts it to the type of the distributed tables' tenant column);
+// null when none was given, and then the call without it is made, as before
+// 0.5.0 (the consume calls' three-argument form, 0.4.0's stream calls).
 function tenantOf(opts) {
   const t = opts ? opts.tenant : undefined;
   if (t === undefined || t === null) return null;
@@ -206,13 +208,25 @@ function int4(v, name) {
   return v;
 }
 
+// The stream calls take opts.tenant (tenantOf) for stream positions and
+// producer sequences distributed by Citus: given, the call's tenant overload
+// (extension 0.5.0, every argument given) reads and writes the tenant's
+// shard; a server whose positions are not distributed does not use it (the
+// node's own, as without it).  Not given, the very statement of 0.4.0.
+
 // idem_assign: [{ part, nextOffset }] in partition order (nextOffset null for
 // a partition never seen).  ID001: StaleGenerationError, nothing changed.
-async function assign(db, consumer, stream, parts, generation) {
+async function assign(db, consumer, stream, parts, generation, opts = {}) {
   if (!Array.isArray(parts)) throw new TypeError('parts must be an array of partition numbers');
-  const { rows } = await q(db,
-    'SELECT part, next_offset::text AS next_offset FROM idem_assign($1, $2, $3::integer[], $4::bigint)',
-    [consumer, stream, parts.map((p) => int4(p, 'a partition')), int8(generation, 'generation')]);
+  const params = [consumer, stream, parts.map((p) => int4(p, 'a partition')), int8(generation, 'generation')];
+  const tenant = tenantOf(opts);
+  const { rows } = tenant === null
+    ? await q(db,
+      'SELECT part, next_offset::text AS next_offset FROM idem_assign($1, $2, $3::integer[], $4::bigint)',
+      params)
+    : await q(db,
+      'SELECT part, next_offset::text AS next_offset FROM idem_assign($1, $2, $3::integer[], $4::bigint, $5::text)',
+      [...params, tenant]);
   return rows.map((r) => ({ part: r.part, nextOffset: r.next_offset }));
 }
 
@@ -220,18 +234,31 @@ async function assign(db, consumer, stream, parts, generation) {
 // yet, { first, last }, or null; moves the position in the caller's
 // transaction.
 async function advance(db, consumer, stream, part, firstOffset, lastOffset, opts = {}) {
-  const { rows } = await q(db,
-    'SELECT first_offset::text AS first, last_offset::text AS last' +
-    '  FROM idem_advance($1, $2, $3::integer, $4::bigint, $5::bigint, $6::bigint)',
-    [consumer, stream, int4(part, 'part'), int8(firstOffset, 'firstOffset'),
-      int8(lastOffset, 'lastOffset'), int8(opts.generation, 'generation', true)]);
+  const params = [consumer, stream, int4(part, 'part'), int8(firstOffset, 'firstOffset'),
+    int8(lastOffset, 'lastOffset'), int8(opts.generation, 'generation', true)];
+  const tenant = tenantOf(opts);
+  const { rows } = tenant === null
+    ? await q(db,
+      'SELECT first_offset::text AS first, last_offset::text AS last' +
+      '  FROM idem_advance($1, $2, $3::integer, $4::bigint, $5::bigint, $6::bigint)',
+      params)
+    // the overload has no default: the generation goes, null or not
+    : await q(db,
+      'SELECT first_offset::text AS first, last_offset::text AS last' +
+      '  FROM idem_advance($1, $2, $3::integer, $4::bigint, $5::bigint, $6::bigint, $7::text)',
+      [...params, tenant]);
   return rows.length === 0 ? null : { first: rows[0].first, last: rows[0].last };
 }
 
-async function positions(db, consumer, stream) {
-  const { rows } = await q(db,
-    'SELECT part, next_offset::text AS next_offset, generation::text AS generation, updated_at' +
-    '  FROM idem_positions($1, $2) ORDER BY part', [consumer, stream]);
+async function positions(db, consumer, stream, opts = {}) {
+  const tenant = tenantOf(opts);
+  const { rows } = tenant === null
+    ? await q(db,
+      'SELECT part, next_offset::text AS next_offset, generation::text AS generation, updated_at' +
+      '  FROM idem_positions($1, $2) ORDER BY part', [consumer, stream])
+    : await q(db,
+      'SELECT part, next_offset::text AS next_offset, generation::text AS generation, updated_at' +
+      '  FROM idem_positions($1, $2, $3::text) ORDER BY part', [consumer, stream, tenant]);
   return rows.map((r) => ({
     part: r.part, nextOffset: r.next_offset, generation: r.generation, updatedAt: r.updated_at,
   }));
@@ -240,9 +267,12 @@ async function positions(db, consumer, stream) {
 // idem_sequence: 'new' | 'duplicate' | 'gap' | 'fenced'; with { strict } a gap
 // is SequenceGapError (ID002) instead.
 async function sequence(db, consumer, producer, epoch, seq, opts = {}) {
-  const { rows } = await q(db,
-    'SELECT idem_sequence($1, $2, $3::bigint, $4::bigint, $5::boolean) AS answer',
-    [consumer, producer, int8(epoch, 'epoch'), int8(seq, 'seq'), Boolean(opts.strict)]);
+  const params = [consumer, producer, int8(epoch, 'epoch'), int8(seq, 'seq'), Boolean(opts.strict)];
+  const tenant = tenantOf(opts);
+  const { rows } = tenant === null
+    ? await q(db, 'SELECT idem_sequence($1, $2, $3::bigint, $4::bigint, $5::boolean) AS answer', params)
+    : await q(db, 'SELECT idem_sequence($1, $2, $3::bigint, $4::bigint, $5::boolean, $6::text) AS answer',
+      [...params, tenant]);
   return rows[0].answer;
 }
 

@@ -1,14 +1,18 @@
 'use strict';
 
-// A consumed message's tenant (for a message ledger distributed by Citus,
-// extension 0.5.0): every entry point that consumes message ids takes the
-// option tenant, and passes it through idem_consume_message(s)' four-argument
-// form only when it is given; without it, the three-argument call of 0.4.0 is
-// made, as before.  The server here does not distribute its ledger, so the
-// four-argument form ignores the tenant and the answers cannot tell the forms
-// apart: ../../conformance/tenant-spy.sql puts a logging stand-in of each
-// form before pg_catalog in search_path, and the tests read which form each
-// call resolved to and what it received.  The same calls also run against the
+// A tenant (for a message ledger, stream positions and producer sequences
+// distributed by Citus, extension 0.5.0): every entry point that consumes
+// message ids takes the option tenant, and passes it through
+// idem_consume_message(s)' four-argument form only when it is given; without
+// it, the three-argument call of 0.4.0 is made, as before.  Likewise the
+// ordered-stream calls (assign, advance, positions, sequence, the
+// StreamConsumer): with a tenant, the tenant overloads of idem_assign,
+// idem_advance, idem_positions and idem_sequence; without, the very
+// statements of 0.4.0.  The server here does not distribute anything, so the
+// forms with a tenant ignore it and the answers cannot tell the forms apart:
+// ../../conformance/tenant-spy.sql puts a logging stand-in of each form
+// before pg_catalog in search_path, and the tests read which form each call
+// resolved to and what it received.  The same calls also run against the
 // extension's own functions (no spy).
 
 const { describe, it, before, after } = require('node:test');
@@ -214,5 +218,193 @@ describe('a consumed message\'s tenant', () => {
         assert.deepEqual(await calls(`${fw}-none`, [m2]), [['idem_consume_message', 3, [m2], null]]);
       });
     }
+  });
+});
+
+describe('the stream calls\' tenant', () => {
+  let admin;
+  let pool;     // calls resolve to the spies
+  let plain;    // calls resolve to the extension's functions
+
+  // [fn, nargs, stream or producer, other arguments as text, tenant] of each
+  // call the spies saw for consumer, in order
+  const calls = async (consumer) => (await admin.query(
+    `SELECT fn, nargs, stream, args, tenant FROM tenant_spy.calls
+      WHERE consumer = $1 ORDER BY n`, [consumer])).rows.map((r) => [r.fn, r.nargs, r.stream, r.args, r.tenant]);
+  const parts = (ps) => ps.map((p) => [p.part, p.nextOffset, p.generation]);
+  // a Queryable that records what would be sent
+  const recorder = () => {
+    const sent = [];
+    return {
+      sent,
+      query: async (text, values) => {
+        sent.push([text, values]);
+        return { rows: [{ answer: 'new' }] };
+      },
+    };
+  };
+
+  before(async () => {
+    admin = adminPool();
+    await admin.query(SPY_SQL);
+    pool = spyPool();
+    plain = appPool(2);
+  });
+  after(async () => {
+    await pool.end();
+    await plain.end();
+    await admin.end();
+  });
+
+  it('without a tenant (or a null one), the statements of 0.4.0; with one, the tenant last', async () => {
+    const ASSIGN = 'SELECT part, next_offset::text AS next_offset FROM idem_assign($1, $2, $3::integer[], $4::bigint';
+    const ADVANCE = 'SELECT first_offset::text AS first, last_offset::text AS last' +
+      '  FROM idem_advance($1, $2, $3::integer, $4::bigint, $5::bigint, $6::bigint';
+    const POSITIONS = 'SELECT part, next_offset::text AS next_offset, generation::text AS generation, updated_at' +
+      '  FROM idem_positions($1, $2';
+    const SEQUENCE = 'SELECT idem_sequence($1, $2, $3::bigint, $4::bigint, $5::boolean';
+    for (const opts of [undefined, {}, { tenant: null }, { tenant: undefined }]) {
+      const db = recorder();
+      await idem.assign(db, 'c', 's', [1, 0], 7, opts);
+      await idem.advance(db, 'c', 's', 0, 10, 19, opts);
+      await idem.advance(db, 'c', 's', 0, 10, 19, { ...opts, generation: 7n });
+      await idem.positions(db, 'c', 's', opts);
+      await idem.sequence(db, 'c', 'p', 1, '2', opts);
+      assert.deepEqual(db.sent, [
+        [`${ASSIGN})`, ['c', 's', [1, 0], '7']],
+        [`${ADVANCE})`, ['c', 's', 0, '10', '19', null]],
+        [`${ADVANCE})`, ['c', 's', 0, '10', '19', '7']],
+        [`${POSITIONS}) ORDER BY part`, ['c', 's']],
+        [`${SEQUENCE}) AS answer`, ['c', 'p', '1', '2', false]],
+      ]);
+    }
+    const db = recorder();
+    await idem.assign(db, 'c', 's', [0], 7, { tenant: 't' });
+    await idem.advance(db, 'c', 's', 0, 10, 19, { tenant: 42 });
+    await idem.positions(db, 'c', 's', { tenant: 9007199254740993n });
+    await idem.sequence(db, 'c', 'p', 1, 2, { strict: true, tenant: 't' });
+    assert.deepEqual(db.sent, [
+      [`${ASSIGN}, $5::text)`, ['c', 's', [0], '7', 't']],
+      [`${ADVANCE}, $7::text)`, ['c', 's', 0, '10', '19', null, '42']],
+      [`${POSITIONS}, $3::text) ORDER BY part`, ['c', 's', '9007199254740993']],
+      [`${SEQUENCE}, $6::text) AS answer`, ['c', 'p', '1', '2', true, 't']],
+    ]);
+  });
+
+  it('assign, advance, positions, sequence: the tenant forms with a tenant, 0.4.0\'s without', async () => {
+    const consumer = uid('c');
+    const stream = uid('s');
+    await idem.transaction(pool, async (tx) => {
+      assert.deepEqual(await idem.assign(tx, consumer, stream, [1, 0], 3, { tenant: 'acct-1' }),
+        [{ part: 0, nextOffset: null }, { part: 1, nextOffset: null }]);
+      assert.deepEqual(await idem.advance(tx, consumer, stream, 0, 10, 19, { generation: 3, tenant: 'acct-1' }),
+        { first: '10', last: '19' });
+      // unfenced, on a partition never assigned: the generation goes, null
+      assert.deepEqual(await idem.advance(tx, consumer, stream, 2, 0, 4, { tenant: 42 }), { first: '0', last: '4' });
+      // without it: the node's own positions, the same ones here
+      assert.deepEqual(await idem.advance(tx, consumer, stream, 0, 15, 24, { generation: 3 }), { first: '20', last: '24' });
+      const want = [[0, '25', '3'], [1, null, '3'], [2, '5', null]];
+      assert.deepEqual(parts(await idem.positions(tx, consumer, stream, { tenant: 'acct-1' })), want);
+      assert.deepEqual(parts(await idem.positions(tx, consumer, stream, { tenant: null })), want);
+      assert.equal(await idem.sequence(tx, consumer, 'p1', 1, 1, { tenant: 'acct-1' }), 'new');
+      assert.equal(await idem.sequence(tx, consumer, 'p1', 1, 1), 'duplicate');
+      assert.equal(await idem.sequence(tx, consumer, 'p1', 1, 3, { tenant: 9007199254740993n }), 'gap');
+      assert.equal(await idem.sequence(tx, consumer, 'p1', 1, 4, { strict: true, tenant: 'acct-1' }), 'new');
+    });
+    assert.deepEqual(await calls(consumer), [
+      ['idem_assign', 5, stream, ['{1,0}', '3'], 'acct-1'],
+      ['idem_advance', 7, stream, ['0', '10', '19', '3'], 'acct-1'],
+      ['idem_advance', 7, stream, ['2', '0', '4', null], '42'],
+      ['idem_advance', 6, stream, ['0', '15', '24', '3'], null],
+      ['idem_positions', 3, stream, [], 'acct-1'],
+      ['idem_positions', 2, stream, [], null],
+      ['idem_sequence', 6, 'p1', ['1', '1', 'false'], 'acct-1'],
+      ['idem_sequence', 5, 'p1', ['1', '1', 'false'], null],
+      ['idem_sequence', 6, 'p1', ['1', '3', 'false'], '9007199254740993'],
+      ['idem_sequence', 6, 'p1', ['1', '4', 'true'], 'acct-1'],
+    ]);
+  });
+
+  it('a StreamConsumer passes its tenant to every call', async () => {
+    const consumer = uid('c');
+    const stream = uid('s');
+    const seen = [];
+    const fn = async (tx, fresh) => { seen.push(fresh); };
+    const sc = idem.streamConsumer({ pool, consumer, stream, tenant: 'acct-9' });
+    assert.equal(sc.tenant, 'acct-9');
+    assert.deepEqual(await sc.assign([0], 1), [{ part: 0, nextOffset: null }]);
+    assert.deepEqual((await sc.process(0, [5, 6, 7], fn)).fresh, [5, 6, 7]);
+    assert.deepEqual((await sc.process(0, [6, 7, 8], fn)).fresh, [8]);
+    assert.deepEqual(parts(await sc.positions()), [[0, '9', '1']]);
+    // { client }: in the caller's transaction, the same tenant
+    const client = await pool.connect();
+    try {
+      await client.query('BEGIN');
+      const inTx = new idem.StreamConsumer({ client, consumer, stream, generation: 1, tenant: 12 });
+      assert.deepEqual((await inTx.process(0, [9], fn)).fresh, [9]);
+      await client.query('COMMIT');
+    } finally {
+      client.release();
+    }
+    const none = idem.streamConsumer({ pool, consumer, stream, generation: 1 });
+    assert.equal(none.tenant, null);
+    assert.deepEqual((await none.process(0, [10], fn)).fresh, [10]);
+    assert.deepEqual(parts(await none.positions()), [[0, '11', '1']]);
+    assert.deepEqual(seen, [[5, 6, 7], [8], [9], [10]]);
+    assert.deepEqual(await calls(consumer), [
+      ['idem_assign', 5, stream, ['{0}', '1'], 'acct-9'],
+      ['idem_advance', 7, stream, ['0', '5', '7', '1'], 'acct-9'],
+      ['idem_advance', 7, stream, ['0', '6', '8', '1'], 'acct-9'],
+      ['idem_positions', 3, stream, [], 'acct-9'],
+      ['idem_advance', 7, stream, ['0', '9', '9', '1'], '12'],
+      ['idem_advance', 6, stream, ['0', '10', '10', '1'], null],
+      ['idem_positions', 2, stream, [], null],
+    ]);
+  });
+
+  it('a tenant that is not text or an integer sends nothing', async () => {
+    const consumer = uid('c');
+    const stream = uid('s');
+    for (const bad of [true, 1.5, {}, ['acct'], Number.MAX_SAFE_INTEGER + 2, () => 'acct']) {
+      await assert.rejects(idem.assign(pool, consumer, stream, [0], 1, { tenant: bad }), TypeError);
+      await assert.rejects(idem.advance(pool, consumer, stream, 0, 1, 2, { tenant: bad }), TypeError);
+      await assert.rejects(idem.positions(pool, consumer, stream, { tenant: bad }), TypeError);
+      await assert.rejects(idem.sequence(pool, consumer, 'p', 1, 1, { tenant: bad }), TypeError);
+      assert.throws(() => idem.streamConsumer({ pool, consumer, stream, tenant: bad }), TypeError);
+      const db = recorder();
+      await assert.rejects(idem.advance(db, consumer, stream, 0, 1, 2, { generation: 1, tenant: bad }), TypeError);
+      assert.deepEqual(db.sent, []);
+    }
+    assert.deepEqual(await calls(consumer), []);
+  });
+
+  it('the extension\'s own tenant forms (no spy): a position advanced with a tenant is read back with it', async () => {
+    const consumer = uid('c');
+    const stream = uid('s');
+    await idem.transaction(plain, async (tx) => {
+      assert.deepEqual(await idem.assign(tx, consumer, stream, [0, 1], 2, { tenant: 'acct-1' }),
+        [{ part: 0, nextOffset: null }, { part: 1, nextOffset: null }]);
+      assert.deepEqual(await idem.advance(tx, consumer, stream, 0, 0, 9, { generation: 2, tenant: 'acct-1' }),
+        { first: '0', last: '9' });
+    });
+    // without Citus the tenant is not used: the node's own positions
+    assert.deepEqual(parts(await idem.positions(plain, consumer, stream, { tenant: 'acct-1' })),
+      [[0, '10', '2'], [1, null, '2']]);
+    assert.deepEqual(parts(await idem.positions(plain, consumer, stream)), [[0, '10', '2'], [1, null, '2']]);
+    // fenced as without a tenant
+    await assert.rejects(idem.advance(plain, consumer, stream, 0, 10, 11, { generation: 1, tenant: 'acct-1' }),
+      idem.StaleGenerationError);
+    await assert.rejects(idem.advance(plain, consumer, stream, 0, 10, 11, { tenant: 'acct-1' }),
+      idem.StaleGenerationError);
+    assert.equal(await idem.sequence(plain, consumer, 'p', 1, 1, { tenant: 'acct-1' }), 'new');
+    assert.equal(await idem.sequence(plain, consumer, 'p', 1, 1, { tenant: 'acct-1' }), 'duplicate');
+    assert.equal(await idem.sequence(plain, consumer, 'p', 1, 1), 'duplicate');
+    await assert.rejects(idem.sequence(plain, consumer, 'p', 1, 5, { strict: true, tenant: 'acct-1' }),
+      idem.SequenceGapError);
+    const sc = idem.streamConsumer({ pool: plain, consumer, stream, tenant: 'acct-1' });
+    assert.deepEqual(await sc.assign([0], 3), [{ part: 0, nextOffset: '10' }]);
+    assert.deepEqual((await sc.process(0, [8, 9, 10, 11, 12], async () => undefined)).fresh, [10, 11, 12]);
+    assert.deepEqual(parts(await sc.positions()), [[0, '13', '3'], [1, null, '2']]);
+    assert.deepEqual(await calls(consumer), []);
   });
 });

@@ -106,13 +106,15 @@ export function release(db: Queryable, key: string, options?: HolderOptions): Pr
 export function lookup(db: Queryable, key: string, options?: { scope?: string }): Promise<LookupResult | null>;
 export function recover(db: Queryable, options: { lease: Duration; scope?: string | null; maxKeys?: number }): Promise<RecoveredClaim[]>;
 /**
- * A consumed message's tenant, for a message ledger distributed by Citus
- * (extension 0.5.0, `idempotency.citus_distribute()`): the tenant whose rows
- * the transaction writes, in whose shard the id is recorded. A string, or an
- * integer sent as its decimal text. Given, the four-argument
- * `idem_consume_message(s)` is called; not given (or null), the
- * three-argument one, as before. A server whose ledger is not distributed
- * does not use it. A key's tenant is its `scope`.
+ * The tenant whose rows the transaction writes, for a message ledger, stream
+ * positions and producer sequences distributed by Citus (extension 0.5.0,
+ * `idempotency.citus_distribute()`): the consumed id, the position or the
+ * sequence is in the tenant's shard. A string, or an integer sent as its
+ * decimal text. Given, the overload with the tenant is called (the
+ * four-argument `idem_consume_message(s)`, the tenant forms of `idem_assign`,
+ * `idem_advance`, `idem_positions` and `idem_sequence`); not given (or null),
+ * the call without it, as before (what a 0.4.0 server has). A server whose
+ * tables are not distributed does not use it. A key's tenant is its `scope`.
  */
 export type Tenant = string | number | bigint;
 /** What a receiver's tenant function answers: a tenant, or none (the three-argument call). */
@@ -159,16 +161,22 @@ export interface Position {
 /** 'new' or 'gap': process the message; 'duplicate' or 'fenced' (an older epoch): skip it. */
 export type SequenceAnswer = 'new' | 'duplicate' | 'gap' | 'fenced';
 
+/** The stream calls' tenant, for stream positions and producer sequences distributed by Citus (see Tenant). */
+export interface StreamTenantOptions {
+  tenant?: Tenant | null;
+}
 /** idem_assign: where to seek each partition, in partition order.  StaleGenerationError (ID001): nothing changed. */
 export function assign(db: Queryable, consumer: string, stream: string, parts: ReadonlyArray<number>,
-  generation: Int8): Promise<Seek[]>;
+  generation: Int8, options?: StreamTenantOptions): Promise<Seek[]>;
 /** idem_advance in the caller's transaction: the part of the batch not applied yet, or null. */
 export function advance(db: Queryable, consumer: string, stream: string, part: number,
-  firstOffset: Int8, lastOffset: Int8, options?: { generation?: Int8 | null }): Promise<OffsetRange | null>;
-export function positions(db: Queryable, consumer: string, stream: string): Promise<Position[]>;
+  firstOffset: Int8, lastOffset: Int8,
+  options?: StreamTenantOptions & { generation?: Int8 | null }): Promise<OffsetRange | null>;
+export function positions(db: Queryable, consumer: string, stream: string,
+  options?: StreamTenantOptions): Promise<Position[]>;
 /** idem_sequence; with strict, a gap is SequenceGapError (ID002) and nothing is recorded. */
 export function sequence(db: Queryable, consumer: string, producer: string, epoch: Int8, seq: Int8,
-  options?: { strict?: boolean }): Promise<SequenceAnswer>;
+  options?: StreamTenantOptions & { strict?: boolean }): Promise<SequenceAnswer>;
 
 // ------------------------------------------------------------ helpers
 
@@ -311,6 +319,8 @@ export type StreamConsumerOptions<R> = TransactionOptions & {
   offset?: (record: R) => Int8;
   /** The generation before any assign() (default null: unfenced). */
   generation?: Int8 | null;
+  /** The tenant every call passes (assign, process, positions), for stream positions distributed by Citus. */
+  tenant?: Tenant | null;
 } & ({ pool: Pool; client?: undefined } | { client: ClientBase; pool?: undefined });
 
 export interface ProcessResult<R, T> {
@@ -328,6 +338,8 @@ export class StreamConsumer<R = unknown> {
   readonly stream: string;
   /** The generation process() passes: the last assign()'s. */
   generation: Int8 | null;
+  /** The tenant every call passes (null: the calls without one). */
+  tenant: Tenant | null;
   /** On assignment: stores the generation, returns where to seek each partition. */
   assign(parts: ReadonlyArray<number>, generation: Int8): Promise<Seek[]>;
   /** One transaction: advance, fn with the records not applied yet (if any), commit. */

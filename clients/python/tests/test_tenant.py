@@ -1,14 +1,18 @@
 """
-A consumed message's tenant (for a message ledger distributed by Citus,
-extension 0.5.0): every entry point that consumes message ids takes
-tenant=, and passes it through idem_consume_message(s)' four-argument
-form only when it is given; without it, the three-argument call of 0.4.0
-is made, as before.  The server here does not distribute its ledger, so
-the four-argument form ignores the tenant and the answers cannot tell the
-forms apart: ../../conformance/tenant-spy.sql puts a logging stand-in of
-each form before pg_catalog in search_path, and the tests read which
-form each call resolved to and what it received.  The same calls also run
-against the extension's own functions (no spy).
+A tenant (for a message ledger, stream positions and producer sequences
+distributed by Citus, extension 0.5.0): every entry point that consumes
+message ids takes tenant=, and passes it through idem_consume_message(s)'
+four-argument form only when it is given; without it, the three-argument
+call of 0.4.0 is made, as before.  Likewise the ordered-stream calls
+(assign, advance, positions, sequence, StreamConsumer): with a tenant,
+the tenant overloads of idem_assign, idem_advance, idem_positions and
+idem_sequence; without, the very statements of 0.4.0.  The server here
+does not distribute anything, so the forms with a tenant ignore it and
+the answers cannot tell the forms apart: ../../conformance/tenant-spy.sql
+puts a logging stand-in of each form before pg_catalog in search_path,
+and the tests read which form each call resolved to and what it
+received.  The same calls also run against the extension's own functions
+(no spy).
 """
 
 import asyncio
@@ -293,3 +297,255 @@ def test_framework_receivers(spied_receivers, fw):
                 list(h.items()) + [("Content-Type", "application/json")])
     assert a.status == 200 and a.json() == {"id": m2, "status": "applied"}, a
     assert calls(fw, [m2]) == [("idem_consume_message", 3, [m2], None)]
+
+
+# ---------------------------------------------------------------- streams
+
+def stream_calls(consumer):
+    """(function, nargs, stream or producer, other arguments as text,
+    tenant) of each call the spies saw for CONSUMER, in order."""
+    with su_connect() as c:
+        return [tuple(r) for r in c.execute(
+            "SELECT fn, nargs, stream, args, tenant FROM tenant_spy.calls"
+            " WHERE consumer = %s ORDER BY n", (consumer,))]
+
+
+def parts_of(ps):
+    return [(p.part, p.next_offset, p.generation) for p in ps]
+
+
+ASSIGN = ("SELECT part, next_offset FROM idem_assign(%s::text, %s::text, "
+          "ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)::integer), "
+          "%s::bigint")
+ADVANCE = ("SELECT first_offset, last_offset FROM idem_advance(%s::text, "
+           "%s::text, %s::integer, %s::bigint, %s::bigint, %s::bigint")
+POSITIONS = ("SELECT part, next_offset, generation, updated_at "
+             "FROM idem_positions(%s::text, %s::text")
+SEQUENCE = ("SELECT idem_sequence(%s::text, %s::text, %s::bigint, "
+            "%s::bigint, %s::boolean")
+
+
+def test_stream_statements_without_a_tenant_are_04s():
+    """No tenant (or None): the very SQL and parameters the client sent
+    before (a 0.4.0 server has no tenant overloads); with one, the same
+    and the tenant as text, last."""
+    for kw in ({}, {"tenant": None}):
+        assert P.assign("c", "s", [1, 0], 7, **kw)[:2] == (
+            ASSIGN + ")", ("c", "s", "[1, 0]", 7))
+        assert P.advance("c", "s", 0, 10, 19, **kw)[:2] == (
+            ADVANCE + ")", ("c", "s", 0, 10, 19, None))
+        assert P.advance("c", "s", 0, 10, 19, 7, **kw)[:2] == (
+            ADVANCE + ")", ("c", "s", 0, 10, 19, 7))
+        assert P.positions("c", "s", **kw)[:2] == (
+            POSITIONS + ") ORDER BY part", ("c", "s"))
+        assert P.sequence("c", "p", 1, 2, **kw)[:2] == (
+            SEQUENCE + ")", ("c", "p", 1, 2, False))
+    assert P.assign("c", "s", [0], 7, "t")[:2] == (
+        ASSIGN + ", %s::text)", ("c", "s", "[0]", 7, "t"))
+    assert P.advance("c", "s", 0, 10, 19, None, 42)[:2] == (
+        ADVANCE + ", %s::text)", ("c", "s", 0, 10, 19, None, "42"))
+    assert P.positions("c", "s", "t")[:2] == (
+        POSITIONS + ", %s::text) ORDER BY part", ("c", "s", "t"))
+    assert P.sequence("c", "p", 1, 2, True, "t")[:2] == (
+        SEQUENCE + ", %s::text)", ("c", "p", 1, 2, True, "t"))
+
+
+def test_the_tenant_reaches_the_stream_calls_tenant_forms(spyconn):
+    consumer, stream = uid("c"), uid("s")
+    with pi.runner_for(spyconn).transaction():
+        assert pi.assign(spyconn, consumer, stream, [1, 0], 3,
+                         tenant="acct-1") == {0: None, 1: None}
+        assert pi.advance(spyconn, consumer, stream, 0, 10, 19, 3,
+                          tenant="acct-1") == pi.OffsetRange(10, 19)
+        # unfenced, on a partition never assigned: generation goes, NULL
+        assert pi.advance(spyconn, consumer, stream, 2, 0, 4,
+                          tenant=42) == pi.OffsetRange(0, 4)
+        # without it: the node's own positions, the same ones here
+        assert pi.advance(spyconn, consumer, stream, 0, 15, 24,
+                          3) == pi.OffsetRange(20, 24)
+        assert parts_of(pi.positions(spyconn, consumer, stream,
+                                     tenant="acct-1")) == \
+            [(0, 25, 3), (1, None, 3), (2, 5, None)]
+        assert parts_of(pi.positions(spyconn, consumer, stream,
+                                     tenant=None)) == \
+            [(0, 25, 3), (1, None, 3), (2, 5, None)]
+        assert pi.sequence(spyconn, consumer, "p1", 1, 1,
+                           tenant="acct-1") == "new"
+        assert pi.sequence(spyconn, consumer, "p1", 1, 1) == "duplicate"
+        assert pi.sequence(spyconn, consumer, "p1", 1, 3,
+                           tenant=7) == "gap"
+    assert stream_calls(consumer) == [
+        ("idem_assign", 5, stream, ["{1,0}", "3"], "acct-1"),
+        ("idem_advance", 7, stream, ["0", "10", "19", "3"], "acct-1"),
+        ("idem_advance", 7, stream, ["2", "0", "4", None], "42"),
+        ("idem_advance", 6, stream, ["0", "15", "24", "3"], None),
+        ("idem_positions", 3, stream, [], "acct-1"),
+        ("idem_positions", 2, stream, [], None),
+        ("idem_sequence", 6, "p1", ["1", "1", "false"], "acct-1"),
+        ("idem_sequence", 5, "p1", ["1", "1", "false"], None),
+        ("idem_sequence", 6, "p1", ["1", "3", "false"], "7"),
+    ]
+    # strict goes to the tenant form too (its gap is refused, and the
+    # refusal rolls its log row back: the answer says which form ran)
+    with pytest.raises(pi.SequenceGap):
+        pi.sequence(spyconn, consumer, "p1", 1, 9, strict=True,
+                    tenant="acct-1")
+    spyconn.rollback()
+    assert pi.sequence(spyconn, consumer, "p1", 1, 4, strict=True,
+                       tenant="acct-1") == "new"
+    spyconn.commit()
+    assert stream_calls(consumer)[-1] == \
+        ("idem_sequence", 6, "p1", ["1", "4", "true"], "acct-1")
+
+
+def test_stream_consumer_passes_its_tenant_to_every_call(spyconn):
+    consumer, stream = uid("c"), uid("s")
+    seen = []
+
+    def handle(conn, records):
+        seen.append(records)
+    sc = pi.StreamConsumer(spyconn, consumer, stream, tenant="acct-9")
+    assert sc.tenant == "acct-9"
+    assert sc.assign([0], 1) == {0: None}
+    assert sc.process(0, [5, 6, 7], handle) == [5, 6, 7]
+    assert sc.process(0, [6, 7, 8], handle) == [8]
+    assert parts_of(sc.positions()) == [(0, 9, 1)]
+    spyconn.commit()
+    plain = pi.StreamConsumer(spyconn, consumer, stream, generation=1)
+    assert plain.process(0, [9], handle) == [9]
+    assert parts_of(plain.positions()) == [(0, 10, 1)]
+    spyconn.commit()
+    assert seen == [[5, 6, 7], [8], [9]]
+    assert stream_calls(consumer) == [
+        ("idem_assign", 5, stream, ["{0}", "1"], "acct-9"),
+        ("idem_advance", 7, stream, ["0", "5", "7", "1"], "acct-9"),
+        ("idem_advance", 7, stream, ["0", "6", "8", "1"], "acct-9"),
+        ("idem_positions", 3, stream, [], "acct-9"),
+        ("idem_advance", 6, stream, ["0", "9", "9", "1"], None),
+        ("idem_positions", 2, stream, [], None),
+    ]
+
+
+BAD_TENANTS = (True, 1.5, b"acct", ["acct"], {"t": 1})
+
+
+def test_a_stream_tenant_that_is_not_text_or_an_integer_sends_nothing(
+        spyconn):
+    consumer, stream = uid("c"), uid("s")
+    for bad in BAD_TENANTS:
+        with pytest.raises(TypeError):
+            pi.assign(spyconn, consumer, stream, [0], 1, tenant=bad)
+        with pytest.raises(TypeError):
+            pi.advance(spyconn, consumer, stream, 0, 1, 2, tenant=bad)
+        with pytest.raises(TypeError):
+            pi.positions(spyconn, consumer, stream, tenant=bad)
+        with pytest.raises(TypeError):
+            pi.sequence(spyconn, consumer, "p", 1, 1, tenant=bad)
+        with pytest.raises(TypeError):
+            pi.StreamConsumer(spyconn, consumer, stream, tenant=bad)
+        with pytest.raises(TypeError):
+            aio.StreamConsumer(spyconn, consumer, stream, tenant=bad)
+    # whatever a call sent would be committed here, and seen
+    spyconn.commit()
+    assert stream_calls(consumer) == []
+
+
+def test_asyncio_stream_calls():
+    consumer, stream = uid("c"), uid("s")
+
+    async def main():
+        async with await psycopg.AsyncConnection.connect(
+                "user=%s" % APP_USER, options=SPY) as conn:
+            async with conn.transaction():
+                assert await aio.assign(conn, consumer, stream, [0], 2,
+                                        tenant="acct-3") == {0: None}
+                assert await aio.advance(conn, consumer, stream, 0, 0, 9, 2,
+                                         tenant="acct-3") == \
+                    pi.OffsetRange(0, 9)
+                assert parts_of(await aio.positions(
+                    conn, consumer, stream, tenant="acct-3")) == [(0, 10, 2)]
+                assert await aio.sequence(conn, consumer, "p", 1, 1,
+                                          tenant=11) == "new"
+                assert await aio.sequence(conn, consumer, "p", 1, 1) == \
+                    "duplicate"
+                for bad in BAD_TENANTS:
+                    with pytest.raises(TypeError):
+                        await aio.assign(conn, consumer, stream, [0], 2,
+                                         tenant=bad)
+                    with pytest.raises(TypeError):
+                        await aio.advance(conn, consumer, stream, 0, 0, 9,
+                                          2, tenant=bad)
+                    with pytest.raises(TypeError):
+                        await aio.positions(conn, consumer, stream,
+                                            tenant=bad)
+                    with pytest.raises(TypeError):
+                        await aio.sequence(conn, consumer, "p", 1, 2,
+                                           tenant=bad)
+            sc = aio.StreamConsumer(conn, consumer, stream, tenant="acct-3")
+            assert await sc.assign([0], 3) == {0: 10}
+            got = []
+
+            async def handle(c, records):
+                got.append(records)
+            assert await sc.process(0, [10, 11], handle) == [10, 11]
+            assert parts_of(await sc.positions()) == [(0, 12, 3)]
+            await conn.commit()
+            assert got == [[10, 11]]
+    asyncio.run(main())
+    assert stream_calls(consumer) == [
+        ("idem_assign", 5, stream, ["{0}", "2"], "acct-3"),
+        ("idem_advance", 7, stream, ["0", "0", "9", "2"], "acct-3"),
+        ("idem_positions", 3, stream, [], "acct-3"),
+        ("idem_sequence", 6, "p", ["1", "1", "false"], "11"),
+        ("idem_sequence", 5, "p", ["1", "1", "false"], None),
+        ("idem_assign", 5, stream, ["{0}", "3"], "acct-3"),
+        ("idem_advance", 7, stream, ["0", "10", "11", "3"], "acct-3"),
+        ("idem_positions", 3, stream, [], "acct-3"),
+    ]
+
+
+def test_the_extensions_own_stream_tenant_forms():
+    """No spy: the tenant overloads of the extension, which on this server
+    (no Citus) keep the node's own positions and sequences: a position
+    advanced with a tenant is read back with it (and without it, and
+    another tenant's call moves it), fenced as without one."""
+    consumer, stream = uid("c"), uid("s")
+    with psycopg.connect("user=%s" % APP_USER) as c:
+        assert pi.assign(c, consumer, stream, [0, 1], 2,
+                         tenant="acct-1") == {0: None, 1: None}
+        assert pi.advance(c, consumer, stream, 0, 0, 9, 2,
+                          tenant="acct-1") == pi.OffsetRange(0, 9)
+        c.commit()
+        assert parts_of(pi.positions(c, consumer, stream,
+                                     tenant="acct-1")) == \
+            [(0, 10, 2), (1, None, 2)]
+        assert parts_of(pi.positions(c, consumer, stream)) == \
+            [(0, 10, 2), (1, None, 2)]
+        assert pi.advance(c, consumer, stream, 0, 5, 14, 2,
+                          tenant=99) == pi.OffsetRange(10, 14)
+        c.rollback()
+        with pytest.raises(pi.StaleGeneration):
+            pi.advance(c, consumer, stream, 0, 10, 11, 1, tenant="acct-1")
+        c.rollback()
+        with pytest.raises(pi.StaleGeneration):
+            pi.advance(c, consumer, stream, 0, 10, 11, tenant="acct-1")
+        c.rollback()
+        assert parts_of(pi.positions(c, consumer, stream,
+                                     tenant="acct-1")) == \
+            [(0, 10, 2), (1, None, 2)]
+        c.rollback()
+        assert pi.sequence(c, consumer, "p", 1, 1, tenant="acct-1") == "new"
+        c.commit()
+        assert pi.sequence(c, consumer, "p", 1, 1, tenant="acct-1") == \
+            "duplicate"
+        assert pi.sequence(c, consumer, "p", 1, 1) == "duplicate"
+        with pytest.raises(pi.SequenceGap):
+            pi.sequence(c, consumer, "p", 1, 5, strict=True, tenant="acct-1")
+        c.rollback()
+        sc = pi.StreamConsumer(c, consumer, stream, tenant="acct-1")
+        assert sc.assign([0], 3) == {0: 10}
+        assert sc.process(0, [8, 9, 10, 11, 12], lambda conn, r: None) == \
+            [10, 11, 12]
+        assert parts_of(sc.positions()) == [(0, 13, 3), (1, None, 2)]
+        c.commit()
+    assert stream_calls(consumer) == []

@@ -9,7 +9,7 @@ import {
   run, twoPhase, recoverLapsed, consume, consumeMessage, consumeMessages, claim, complete, lookup, transaction,
   StaleTokenError, ResponseTooLargeError, Outcome,
   assign, advance, positions, sequence, streamConsumer, StreamConsumer, StaleGenerationError, SequenceGapError,
-  Seek, OffsetRange, Position, SequenceAnswer, idempotent, KeyMismatchError, ConfigurationError,
+  Seek, OffsetRange, Position, SequenceAnswer, Tenant, StreamTenantOptions, idempotent, KeyMismatchError, ConfigurationError,
 } from 'pg-idempotency';
 import { idempotency, webhookReceiver } from 'pg-idempotency/express';
 import { fastifyIdempotency, webhookReceiver as fastifyWebhookReceiver } from 'pg-idempotency/fastify';
@@ -92,6 +92,11 @@ async function streams(generation: number, records: LogRecord[]): Promise<void> 
     pool, consumer: 'c', stream: 's', offset: (n) => n, generation: 3n, retries: 1,
   });
   await typed.process(0, [1, 2, 3]);
+  // stream positions distributed by Citus: the consumer's tenant
+  const tenanted = streamConsumer<LogRecord>({ pool, consumer: 'billing', stream: 'orders', tenant: 'acct-1' });
+  const t: Tenant | null = tenanted.tenant;
+  console.log(t, (await tenanted.positions()).length);
+  new StreamConsumer<number>({ pool, consumer: 'c', stream: 's', tenant: 42n, offset: (n) => n });
 
   const client = await pool.connect();
   await client.query('BEGIN');
@@ -99,6 +104,15 @@ async function streams(generation: number, records: LogRecord[]): Promise<void> 
   const r: OffsetRange | null = await advance(client, 'c', 's', 0, 10, 19n, { generation: 7 });
   if (r) console.log(BigInt(r.last) - BigInt(r.first));
   await positions(client, 'c', 's');
+  await assign(client, 'c', 's', [0], 8, { tenant: 'acct-1' });
+  await advance(client, 'c', 's', 0, 20, 29, { generation: null, tenant: 7 });
+  const tp: Position[] = await positions(client, 'c', 's', { tenant: 9007199254740993n });
+  console.log(tp.length);
+  await sequence(client, 'c', 'producer-1', 1, 43, { strict: false, tenant: 'acct-1' });
+  const opts: StreamTenantOptions = { tenant: null };
+  await positions(client, 'c', 's', opts);
+  // @ts-expect-error a tenant is a string or an integer
+  await positions(client, 'c', 's', { tenant: true });
   try {
     const a: SequenceAnswer = await sequence(client, 'c', 'producer-1', 1, '42', { strict: true });
     if (a === 'new' || a === 'gap') console.log('process');

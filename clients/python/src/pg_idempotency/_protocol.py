@@ -201,14 +201,17 @@ def recover(lease: Interval, scope: Optional[str] = None,
     return sql, (lease_v, scope, int(max_keys)), read
 
 
-#: a consumed message's tenant: text, or an integer sent as its decimal text
-#: (the server converts it to the type of the ledger's tenant column)
+#: the tenant whose rows the transaction writes, for the ledgers, stream
+#: positions and producer sequences distributed by Citus (extension 0.5.0):
+#: text, or an integer sent as its decimal text (the server converts it to
+#: the type of the distributed tables' tenant column)
 Tenant = Union[str, int]
 
 
 def tenant_param(tenant: Optional[Tenant]) -> Optional[str]:
-    """TENANT as the text parameter of the four-argument consume calls;
-    None when there is none (the three-argument call is made)."""
+    """TENANT as the text parameter of the overloads that take one (the
+    consume calls' four-argument form, the stream calls' tenant forms);
+    None when there is none (the call without it is made, as before)."""
     if tenant is None:
         return None
     if isinstance(tenant, bool) or not isinstance(tenant, (str, int)):
@@ -313,48 +316,76 @@ def _int(value: Any, what: str, optional: bool = False) -> Optional[int]:
 
 
 def assign(consumer: str, stream: str, parts: Sequence[int],
-           generation: int) -> Statement:
+           generation: int, tenant: Optional[Tenant] = None) -> Statement:
+    params: Tuple[Any, ...] = (consumer, stream, _ints(parts, "partitions"),
+                               _int(generation, "generation"))
+    t = tenant_param(tenant)
     sql = ("SELECT part, next_offset FROM idem_assign(%s::text, %s::text, "
            "ARRAY(SELECT jsonb_array_elements_text(%s::jsonb)::integer), "
-           "%s::bigint)")
-    params = (consumer, stream, _ints(parts, "partitions"),
-              _int(generation, "generation"))
-    return sql, params, lambda rows: {r[0]: r[1] for r in rows}
+           "%s::bigint")
+    if t is not None:
+        # the tenant overload (0.5.0): the tenant's shard of stream
+        # positions distributed by Citus; not used by a server whose
+        # positions are not (without a tenant: 0.4.0's call, as before)
+        sql += ", %s::text"
+        params += (t,)
+    return sql + ")", params, lambda rows: {r[0]: r[1] for r in rows}
 
 
 def advance(consumer: str, stream: str, part: int, first_offset: int,
-            last_offset: int, generation: Optional[int] = None) -> Statement:
+            last_offset: int, generation: Optional[int] = None,
+            tenant: Optional[Tenant] = None) -> Statement:
+    params: Tuple[Any, ...] = (consumer, stream, _int(part, "part"),
+                               _int(first_offset, "first_offset"),
+                               _int(last_offset, "last_offset"),
+                               _int(generation, "generation", optional=True))
+    t = tenant_param(tenant)
     sql = ("SELECT first_offset, last_offset FROM idem_advance(%s::text, "
-           "%s::text, %s::integer, %s::bigint, %s::bigint, %s::bigint)")
-    params = (consumer, stream, _int(part, "part"),
-              _int(first_offset, "first_offset"),
-              _int(last_offset, "last_offset"),
-              _int(generation, "generation", optional=True))
+           "%s::text, %s::integer, %s::bigint, %s::bigint, %s::bigint")
+    if t is not None:
+        # the overload has no default: generation goes, NULL or not
+        sql += ", %s::text"
+        params += (t,)
 
     def read(rows: List[Row]) -> Optional[OffsetRange]:
         if not rows:
             return None
         return OffsetRange(first=rows[0][0], last=rows[0][1])
-    return sql, params, read
+    return sql + ")", params, read
 
 
-def positions(consumer: str, stream: str) -> Statement:
-    sql = ("SELECT part, next_offset, generation, updated_at "
-           "FROM idem_positions(%s::text, %s::text) ORDER BY part")
+def positions(consumer: str, stream: str,
+              tenant: Optional[Tenant] = None) -> Statement:
+    t = tenant_param(tenant)
+    if t is None:
+        sql = ("SELECT part, next_offset, generation, updated_at "
+               "FROM idem_positions(%s::text, %s::text) ORDER BY part")
+        params: Tuple[Any, ...] = (consumer, stream)
+    else:
+        sql = ("SELECT part, next_offset, generation, updated_at "
+               "FROM idem_positions(%s::text, %s::text, %s::text) "
+               "ORDER BY part")
+        params = (consumer, stream, t)
 
     def read(rows: List[Row]) -> List[Position]:
         return [Position(part=r[0], next_offset=r[1], generation=r[2],
                          updated_at=r[3]) for r in rows]
-    return sql, (consumer, stream), read
+    return sql, params, read
 
 
 def sequence(consumer: str, producer: str, epoch: int, seq: int,
-             strict: bool = False) -> Statement:
-    return ("SELECT idem_sequence(%s::text, %s::text, %s::bigint, %s::bigint, "
-            "%s::boolean)",
-            (consumer, producer, _int(epoch, "epoch"), _int(seq, "seq"),
-             bool(strict)),
-            lambda rows: str(rows[0][0]))
+             strict: bool = False,
+             tenant: Optional[Tenant] = None) -> Statement:
+    params: Tuple[Any, ...] = (consumer, producer, _int(epoch, "epoch"),
+                               _int(seq, "seq"), bool(strict))
+    t = tenant_param(tenant)
+    sql = ("SELECT idem_sequence(%s::text, %s::text, %s::bigint, %s::bigint, "
+           "%s::boolean")
+    if t is not None:
+        # the tenant's shard of producer sequences distributed by Citus
+        sql += ", %s::text"
+        params += (t,)
+    return sql + ")", params, lambda rows: str(rows[0][0])
 
 
 def set_wait(wait_timeout_ms: Optional[int], lock_timeout_ms: Optional[int]

@@ -109,28 +109,34 @@ async def consume_messages(conn: Any, consumer: str,
 
 
 async def assign(conn: Any, consumer: str, stream: str, parts: Iterable[int],
-                 generation: int) -> Dict[int, Optional[int]]:
+                 generation: int, *,
+                 tenant: Optional[Tenant] = None) -> Dict[int, Optional[int]]:
     """As core.assign()."""
-    return await run(conn, P.assign(consumer, stream, list(parts), generation))  # type: ignore[no-any-return]
+    return await run(conn, P.assign(consumer, stream, list(parts),  # type: ignore[no-any-return]
+                                    generation, tenant))
 
 
 async def advance(conn: Any, consumer: str, stream: str, part: int,
                   first_offset: int, last_offset: int,
-                  generation: Optional[int] = None) -> Optional[OffsetRange]:
+                  generation: Optional[int] = None, *,
+                  tenant: Optional[Tenant] = None) -> Optional[OffsetRange]:
     """As core.advance()."""
     return await run(conn, P.advance(consumer, stream, part, first_offset,  # type: ignore[no-any-return]
-                                     last_offset, generation))
+                                     last_offset, generation, tenant))
 
 
-async def positions(conn: Any, consumer: str, stream: str) -> List[Position]:
+async def positions(conn: Any, consumer: str, stream: str, *,
+                    tenant: Optional[Tenant] = None) -> List[Position]:
     """As core.positions()."""
-    return await run(conn, P.positions(consumer, stream))  # type: ignore[no-any-return]
+    return await run(conn, P.positions(consumer, stream, tenant))  # type: ignore[no-any-return]
 
 
 async def sequence(conn: Any, consumer: str, producer: str, epoch: int,
-                   seq: int, *, strict: bool = False) -> SequenceAnswer:
+                   seq: int, *, strict: bool = False,
+                   tenant: Optional[Tenant] = None) -> SequenceAnswer:
     """As core.sequence()."""
-    return await run(conn, P.sequence(consumer, producer, epoch, seq, strict))  # type: ignore[no-any-return]
+    return await run(conn, P.sequence(consumer, producer, epoch, seq,  # type: ignore[no-any-return]
+                                      strict, tenant))
 
 
 async def run_in_transaction(conn: Any, fn: Callable[[], Awaitable[T]], *,
@@ -324,13 +330,16 @@ class StreamConsumer:
     def __init__(self, conn: Any, consumer: str, stream: str, *,
                  offset: Callable[[Any], int] = record_offset,
                  generation: Optional[int] = None,
+                 tenant: Optional[Tenant] = None,
                  attempts: int = 3) -> None:
+        P.tenant_param(tenant)      # a bad tenant fails here, not later
         self.runner = async_runner_for(conn)
         self.conn = conn
         self.consumer = consumer
         self.stream = stream
         self.offset = offset
         self.generation = generation
+        self.tenant = tenant
         self.attempts = attempts
 
     async def assign(self, parts: Iterable[int], generation: int
@@ -340,7 +349,7 @@ class StreamConsumer:
 
         async def once() -> Dict[int, Optional[int]]:
             return await assign(self.runner, self.consumer, self.stream,
-                                parts, generation)
+                                parts, generation, tenant=self.tenant)
         seeks = await run_in_transaction(self.runner, once,
                                          attempts=self.attempts)
         self.generation = generation
@@ -358,7 +367,8 @@ class StreamConsumer:
 
         async def once() -> List[Any]:
             todo = await advance(self.runner, self.consumer, self.stream,
-                                 part, first, last, self.generation)
+                                 part, first, last, self.generation,
+                                 tenant=self.tenant)
             if todo is None:
                 return []
             fresh = [r for r, o in zip(batch, offsets)
@@ -371,4 +381,5 @@ class StreamConsumer:
 
     async def positions(self) -> List[Position]:
         """The stored positions of this consumer on its stream."""
-        return await positions(self.runner, self.consumer, self.stream)
+        return await positions(self.runner, self.consumer, self.stream,
+                               tenant=self.tenant)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import (Any, Callable, Dict, Hashable, Iterable, List, Mapping,
                     Optional, TypeVar)
 
-from ._protocol import Position, Tenant
+from ._protocol import Position, Tenant, tenant_param
 from ._sql import Interval, runner_for
 from .core import (advance, assign, consume_messages, positions,
                    run_in_transaction)
@@ -111,12 +111,21 @@ class StreamConsumer:
     caller opened, both run there and commit with it; otherwise a
     deadlock or serialization failure runs the batch again, ATTEMPTS
     times in all, as consume_batch does.
+
+    TENANT, for stream positions distributed by Citus (extension 0.5.0):
+    the tenant whose rows the consumer's transactions write; assign(),
+    process() and positions() all pass it, and the positions are kept in
+    its shard.  Without it the calls are made as before (the node's own
+    positions); a server whose positions are not distributed does not use
+    it.
     """
 
     def __init__(self, conn: Any, consumer: str, stream: str, *,
                  offset: Callable[[Any], int] = record_offset,
                  generation: Optional[int] = None,
+                 tenant: Optional[Tenant] = None,
                  attempts: int = 3) -> None:
+        tenant_param(tenant)        # a bad tenant fails here, not later
         self.runner = runner_for(conn)
         self.conn = conn
         self.consumer = consumer
@@ -125,6 +134,8 @@ class StreamConsumer:
         #: the generation process() passes: the last assign()'s (None:
         #: unfenced, only for a consumer without a coordinator)
         self.generation = generation
+        #: the tenant every call passes (None: the calls without one)
+        self.tenant = tenant
         self.attempts = attempts
 
     def assign(self, parts: Iterable[int], generation: int
@@ -139,7 +150,7 @@ class StreamConsumer:
         seeks = run_in_transaction(
             self.runner,
             lambda: assign(self.runner, self.consumer, self.stream, parts,
-                           generation),
+                           generation, tenant=self.tenant),
             attempts=self.attempts)
         self.generation = generation
         return seeks
@@ -159,7 +170,7 @@ class StreamConsumer:
 
         def once() -> List[R]:
             todo = advance(self.runner, self.consumer, self.stream, part,
-                           first, last, self.generation)
+                           first, last, self.generation, tenant=self.tenant)
             if todo is None:
                 return []
             fresh = [r for r, o in zip(batch, offsets)
@@ -171,4 +182,5 @@ class StreamConsumer:
 
     def positions(self) -> List[Position]:
         """The stored positions of this consumer on its stream."""
-        return positions(self.runner, self.consumer, self.stream)
+        return positions(self.runner, self.consumer, self.stream,
+                         tenant=self.tenant)

@@ -135,9 +135,18 @@ def consume_messages(conn: Any, consumer: str, message_ids: Sequence[str],
 
 
 # ------------------------------------------------------------ ordered streams
+#
+# TENANT (keyword, each call; extension 0.5.0): the tenant whose rows the
+# transaction writes, for stream positions and producer sequences
+# distributed by Citus (idempotency.citus_distribute()), which the call
+# then reads and writes in that tenant's shard.  Given, the call's tenant
+# overload is made; a server whose positions are not distributed does not
+# use it (the node's own positions and sequences, as without it).  Not
+# given, the call without it, as before (what a 0.4.0 server has).
 
 def assign(conn: Any, consumer: str, stream: str, parts: Iterable[int],
-           generation: int) -> Dict[int, Optional[int]]:
+           generation: int, *,
+           tenant: Optional[Tenant] = None) -> Dict[int, Optional[int]]:
     """
     idem_assign: record that CONSUMER now owns PARTS of STREAM with
     GENERATION, and return where to seek each partition: {part: next
@@ -145,12 +154,14 @@ def assign(conn: Any, consumer: str, stream: str, parts: Iterable[int],
     where the application's policy says).  Raises StaleGeneration (ID001,
     nothing changed) if a partition has a higher generation stored.
     """
-    return run(conn, P.assign(consumer, stream, list(parts), generation))  # type: ignore[no-any-return]
+    return run(conn, P.assign(consumer, stream, list(parts), generation,  # type: ignore[no-any-return]
+                              tenant))
 
 
 def advance(conn: Any, consumer: str, stream: str, part: int,
             first_offset: int, last_offset: int,
-            generation: Optional[int] = None) -> Optional[OffsetRange]:
+            generation: Optional[int] = None, *,
+            tenant: Optional[Tenant] = None) -> Optional[OffsetRange]:
     """
     idem_advance, in the connection's current transaction: move PART's
     position past the batch FIRST_OFFSET..LAST_OFFSET and return the part
@@ -161,22 +172,25 @@ def advance(conn: Any, consumer: str, stream: str, part: int,
     stored) raises StaleGeneration (ID001) and changes nothing.
     """
     return run(conn, P.advance(consumer, stream, part, first_offset,  # type: ignore[no-any-return]
-                               last_offset, generation))
+                               last_offset, generation, tenant))
 
 
-def positions(conn: Any, consumer: str, stream: str) -> List[Position]:
+def positions(conn: Any, consumer: str, stream: str, *,
+              tenant: Optional[Tenant] = None) -> List[Position]:
     """idem_positions: the role's positions of CONSUMER on STREAM."""
-    return run(conn, P.positions(consumer, stream))  # type: ignore[no-any-return]
+    return run(conn, P.positions(consumer, stream, tenant))  # type: ignore[no-any-return]
 
 
 def sequence(conn: Any, consumer: str, producer: str, epoch: int, seq: int,
-             *, strict: bool = False) -> SequenceAnswer:
+             *, strict: bool = False,
+             tenant: Optional[Tenant] = None) -> SequenceAnswer:
     """
     idem_sequence: "new" or "gap" (process the message), "duplicate" or
     "fenced" (skip it), in the connection's current transaction.  With
     STRICT a gap raises SequenceGap (ID002) and records nothing.
     """
-    return run(conn, P.sequence(consumer, producer, epoch, seq, strict))  # type: ignore[no-any-return]
+    return run(conn, P.sequence(consumer, producer, epoch, seq, strict,  # type: ignore[no-any-return]
+                                tenant))
 
 
 # ------------------------------------------------------------ transactions

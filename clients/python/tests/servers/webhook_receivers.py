@@ -64,7 +64,11 @@ def asgi(fastapi=False):
         tenant=lambda event, scope: scope["path_params"]["tenant"])
     if fastapi:
         from fastapi import FastAPI
-        app = FastAPI(lifespan=lifespan)
+        # set on the router, not FastAPI(lifespan=): FastAPI before 0.93
+        # (Debian 12's 0.92) takes no lifespan argument and drops it
+        # unread, so the pool was never opened (every delivery 503)
+        app = FastAPI()
+        app.router.lifespan_context = lifespan
         app.add_route("/hooks", endpoint, methods=["POST"])
         app.add_route("/hooks/t/{tenant}", tenant_endpoint, methods=["POST"])
         app.add_route("/idempotency", ready)
