@@ -84,7 +84,6 @@ static uint64 event_id_counter = 0;
 
 static void IdemLockEventKey(Oid role, text *topic, text *key);
 static void IdemCheckEventHeaders(Datum headers);
-static void IdemNewEventId(pg_uuid_t *id, TimestampTz now);
 static void IdemEmitLogicalMessage(Oid role, text *topic, Datum *values,
 								   bool *nulls);
 
@@ -181,7 +180,7 @@ IdemCheckEventHeaders(Datum headers)
 }
 
 /* a new event id, UUID version 7 (see the file header) */
-static void
+void
 IdemNewEventId(pg_uuid_t *id, TimestampTz now)
 {
 	uint64		ms;
@@ -407,6 +406,8 @@ IdemOutboxWriteEvent(Oid role, text *topic, text *key, Datum headers,
  * idem_publish(topic text, payload jsonb DEFAULT NULL, key text DEFAULT NULL,
  *				headers jsonb DEFAULT NULL, payload_raw bytea DEFAULT NULL)
  *		RETURNS uuid
+ * idem_publish(topic text, payload jsonb, key text, headers jsonb,
+ *				payload_raw bytea, tenant text) RETURNS uuid
  *
  * Writes one event into the outbox in the caller's transaction, and
  * returns its event id.
@@ -431,6 +432,26 @@ idem_publish(PG_FUNCTION_ARGS)
 						 PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4),
 						 PG_ARGISNULL(4));
 	IdemCheckWritable("idem_publish()");
+
+	/*
+	 * The overload with a tenant (the sixth argument): into the tenant's
+	 * outbox if citus_distribute() made it (outbox_tenant.c), else the
+	 * tenant is not used.
+	 */
+	if (PG_NARGS() > 5 &&
+		IdemTenantPublish(GetUserId(), topic, key,
+						  PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
+						  PG_ARGISNULL(3),
+						  PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1),
+						  PG_ARGISNULL(1),
+						  PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4),
+						  PG_ARGISNULL(4),
+						  PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5),
+						  &event_id))
+	{
+		IdemStatsAdd(IDEM_STAT_OUTBOX_PUBLISHED, 1);
+		PG_RETURN_UUID_P(event_id);
+	}
 
 	event_id = IdemOutboxWriteEvent(GetUserId(), topic, key,
 									PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
