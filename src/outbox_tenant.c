@@ -190,14 +190,25 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 }
 
 /*
- * IdemTenantRelayDistributed: did citus_distribute() make the tenant
- * outbox's relay functions on this node (the coordinator)?
+ * IdemTenantRelayDistributed: is there a tenant outbox, relayed here?
+ * false without idempotency.tenant_events (the relay with a tenant is the
+ * one without it); true on the coordinator, where citus_distribute() made
+ * the relays' tables; 0A000 on a worker, which has the distributed tables
+ * but not the relays' (a relay there would read the worker's own outbox).
  */
 bool
 IdemTenantRelayDistributed(void)
 {
-	return OidIsValid(IdemTenantRelation("tenant_relays")) &&
-		OidIsValid(IdemTenantRelation("tenant_events"));
+	if (!OidIsValid(IdemTenantRelation("tenant_events")))
+		return false;
+	if (!OidIsValid(IdemTenantRelation("tenant_relays")))
+		ereport(ERROR,
+				(errcode(ERRCODE_FEATURE_NOT_SUPPORTED),
+				 errmsg("the outbox of the tenants is relayed on the Citus coordinator"),
+				 errdetail("This node has table \"%s.%s\" but not the relays' positions.",
+						   IDEM_SCHEMA_NAME, "tenant_events"),
+				 errhint("Connect the relay to the coordinator.")));
+	return true;
 }
 
 /*

@@ -945,6 +945,12 @@ SELECT idem_publish('moved', '{"n": "nowhere"}', NULL, NULL, NULL, 'acme')},
 like($stderr, qr/ERROR:  0A000: /, 'a publish for acme on the coordinator is refused (0A000)');
 is($seq_of->($pub->($su, 'moved', qq{{"n": "m5"}}, 'acme', $node2)), 'acme:5',
 	'on the new node, acme\'s numbers go on');
+$node2->psql('obx', q{
+\set VERBOSITY verbose
+SELECT * FROM idem_outbox_next('r', 'moved', 10, NULL, NULL)},
+	stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/ERROR:  0A000: the outbox of the tenants is relayed on the Citus coordinator/,
+	'a relay with a tenant on a worker is refused (0A000)');
 is($next->($su, 'r', 'moved', 100), '1:acme:1:m1 1:beta:1:n1 1:acme:2:m2',
 	'the batch handed out before the move, again');
 is($ack->($su, 'r', 'moved', 1), 't', 'acknowledged');
