@@ -1665,6 +1665,21 @@ $body$$fn$, tenant_type);
     BEGIN
         created := 0;
         dropped := 0;
+        -- the relays of roles that no longer exist (a role made later with
+        -- the same OID would start from their positions), as for the
+        -- node's own relays; a row a transaction holds goes next time
+        DELETE FROM idempotency.tenant_relay_positions AS p
+         WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+               SELECT q.ctid FROM idempotency.tenant_relay_positions AS q
+                WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                                   WHERE r.oid OPERATOR(pg_catalog.=) q.role::pg_catalog.oid)
+                  FOR UPDATE SKIP LOCKED));
+        DELETE FROM idempotency.tenant_relays AS x
+         WHERE x.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+               SELECT q.ctid FROM idempotency.tenant_relays AS q
+                WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                                   WHERE r.oid OPERATOR(pg_catalog.=) q.role::pg_catalog.oid)
+                  FOR UPDATE SKIP LOCKED));
         lo := pg_catalog.to_timestamp(pg_catalog.floor(pg_catalog.date_part('epoch', now_at)
                                                        OPERATOR(pg_catalog./) p_interval)
                                       OPERATOR(pg_catalog.*) p_interval);
@@ -1680,6 +1695,17 @@ $body$$fn$, tenant_type);
                     EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %s', p_lock_timeout);
                     EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I PARTITION OF idempotency.tenant_events FOR VALUES FROM (%L) TO (%L)',
                                               name, lo, hi);
+                    -- what default privileges gave it: taken back
+                    FOR g IN
+                        SELECT a.grantee
+                          FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
+                         WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.format('idempotency.%I', name)::pg_catalog.regclass
+                           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+                    LOOP
+                        EXECUTE pg_catalog.format('REVOKE ALL ON idempotency.%I FROM %s', name,
+                                                  CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                                       ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END);
+                    END LOOP;
                     SET LOCAL lock_timeout TO DEFAULT;
                     INSERT INTO idempotency.tenant_event_partitions VALUES (name, lo, hi);
                     created := created OPERATOR(pg_catalog.+) 1;
@@ -1765,6 +1791,17 @@ $body$$fn$, tenant_type);
                                   (SELECT pg_catalog.pg_get_userbyid(n.nspowner)
                                      FROM pg_catalog.pg_namespace AS n
                                     WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'));
+        -- and what default privileges gave anyone else
+        FOR part IN
+            SELECT a.grantee
+              FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
+             WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.format('idempotency.%I', ledger)::pg_catalog.regclass
+               AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON idempotency.%I FROM %s', ledger,
+                                      CASE WHEN part.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                           ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(part.grantee)) END);
+        END LOOP;
     END LOOP;
     FOREACH ledger IN ARRAY ARRAY['tenant_outbox_next(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.text)',
                                   'tenant_outbox_ack(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.text)',
@@ -1776,6 +1813,17 @@ $body$$fn$, tenant_type);
                                   (SELECT pg_catalog.pg_get_userbyid(n.nspowner)
                                      FROM pg_catalog.pg_namespace AS n
                                     WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'));
+        -- and what default privileges gave anyone else
+        FOR part IN
+            SELECT a.grantee
+              FROM pg_catalog.pg_proc AS p, pg_catalog.aclexplode(p.proacl) AS a
+             WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.format('idempotency.%s', ledger)::pg_catalog.regprocedure
+               AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION idempotency.%s FROM %s', ledger,
+                                      CASE WHEN part.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                           ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(part.grantee)) END);
+        END LOOP;
     END LOOP;
     PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', messages, true);
     COMMENT ON TABLE idempotency.tenant_outbox_heads IS

@@ -769,6 +769,9 @@ SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
 CREATE EXTENSION idempotency;
 CREATE TABLE payments (tenant text NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
 SELECT create_distributed_table('payments', 'tenant');
+-- what default privileges would give ob_b on the tenant outbox
+ALTER DEFAULT PRIVILEGES IN SCHEMA idempotency GRANT SELECT ON TABLES TO ob_b;
+ALTER DEFAULT PRIVILEGES IN SCHEMA idempotency GRANT EXECUTE ON FUNCTIONS TO ob_b;
 SELECT idempotency.citus_distribute('payments');
 SELECT citus_add_node('$host2', $port2);
 $ob_fast
@@ -795,9 +798,13 @@ SELECT string_agg(c.relname || ':' || coalesce(array_to_string(c.relacl, ','), '
  WHERE c.relnamespace = 'idempotency'::regnamespace
    AND c.relname IN ('tenant_outbox_heads', 'tenant_events', 'tenant_relays', 'tenant_relay_positions')}),
 	'tenant_events:postgres=arwdDxt/postgres tenant_outbox_heads:postgres=arwdDxt/postgres tenant_relay_positions:postgres=arwdDxt/postgres tenant_relays:postgres=arwdDxt/postgres',
-	'the tenant outbox\'s tables are granted to nobody');
+	'the tenant outbox\'s tables are granted to nobody, whatever default privileges say');
+is($node->safe_psql('obx', q{
+SELECT count(*) FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+ WHERE h.inhparent = 'idempotency.tenant_events'::regclass
+   AND c.relacl::text ~ 'ob_b'}), '0', 'and so are its partitions');
 $node->psql('obx', q{SELECT * FROM idempotency.tenant_outbox_next('ob_a', 'r', 'orders', 10, NULL, NULL)},
-	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_b' ]);
 like($stderr, qr/permission denied/, 'a role cannot call the relay\'s SQL function itself');
 
 my $pub = sub {
@@ -884,6 +891,18 @@ $pub->('ob_b', 'orders', qq{{"n": "x1"}}, 'acme');
 is($next->('ob_b', 'r', 'orders', 100), '1:acme:1:x1', 'its own events, numbered on their own');
 is($ack->('ob_b', 'r', 'orders', 1), 't', 'acknowledged');
 is($next->('ob_a', 'r', 'orders', 100, 5), '', 'the first role\'s relay does not see them');
+
+# the relays of a role that no longer exists go at the next maintenance
+$node->safe_psql('obx', 'CREATE ROLE ob_c LOGIN');
+$pub->('ob_c', 'orders', qq{{"n": "c1"}}, 'acme');
+is($next->('ob_c', 'gone', 'orders', 10), '1:acme:1:c1', 'a relay of a role about to be dropped');
+$node->safe_psql('obx', 'DROP ROLE ob_c');
+is($node->safe_psql('obx', qq{
+$ob_fast
+SELECT count(*) FROM idem_maintain();
+SELECT (SELECT count(*) FROM idempotency.tenant_relays WHERE relay = 'gone') || ' '
+    || (SELECT count(*) FROM idempotency.tenant_relay_positions WHERE relay = 'gone')}) =~ s/^(?:.*\n)*//r,
+	'0 0', 'maintenance deletes the relays of a dropped role');
 
 # a rollback gives its number back: no event, no gap
 $node->safe_psql('obx', q{
