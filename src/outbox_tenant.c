@@ -327,10 +327,26 @@ IdemTenantOutboxMaintain(int *created, int *dropped)
 	Datum		values[5];
 	bool		isnull;
 	int			rc;
+	int			i;
+	static const char *const tables[] = {"tenant_outbox_heads", "tenant_events",
+	"tenant_relays", "tenant_relay_positions", "tenant_event_partitions"};
 
 	if (!OidIsValid(events) || !OidIsValid(IdemTenantRelation("tenant_relays")) ||
 		!IdemCitusDistributed(events, &coordinator) || !coordinator)
 		return;
+
+	/*
+	 * Granted to nobody, as the tenant positions (streams.c): a grant made
+	 * since (a GRANT, a restore) is taken back on the tables; the
+	 * partitions' are taken back as maintenance makes them.
+	 */
+	for (i = 0; i < lengthof(tables); i++)
+	{
+		Oid			rel = IdemTenantRelation(tables[i]);
+
+		if (OidIsValid(rel))
+			IdemRestrictTableAcl(rel);
+	}
 	values[0] = Int32GetDatum(idem_partition_interval);
 	values[1] = Int32GetDatum(idem_premake);
 	values[2] = Int32GetDatum(idem_outbox_retention);

@@ -803,6 +803,14 @@ is($node->safe_psql('obx', q{
 SELECT count(*) FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
  WHERE h.inhparent = 'idempotency.tenant_events'::regclass
    AND c.relacl::text ~ 'ob_b'}), '0', 'and so are its partitions');
+is($node->safe_psql('obx', qq{
+GRANT SELECT ON idempotency.tenant_events, idempotency.tenant_relay_positions TO ob_b;
+$ob_fast
+SELECT count(*) FROM idem_maintain();
+SELECT count(*) FROM pg_class c
+ WHERE c.oid IN ('idempotency.tenant_events'::regclass, 'idempotency.tenant_relay_positions'::regclass)
+   AND c.relacl::text ~ 'ob_b'}) =~ s/^(?:.*\n)*//r, '0',
+	'a grant on them is taken back by maintenance on the coordinator');
 $node->psql('obx', q{SELECT * FROM idempotency.tenant_outbox_next('ob_a', 'r', 'orders', 10, NULL, NULL)},
 	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_b' ]);
 like($stderr, qr/permission denied/, 'a role cannot call the relay\'s SQL function itself');
