@@ -124,14 +124,13 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 						"tenant_outbox_heads"),
 				 errhint("Both are made by idempotency.citus_distribute().")));
 
-	now = GetCurrentTimestamp();
-	*id = palloc(sizeof(pg_uuid_t));
-	IdemNewEventId(*id, now);
-
 	IdemOwnerSPIBegin(&save);
 	level = IdemPinOwnerSettings();
 
-	/* the next number of (role, topic, tenant), its row locked to the end */
+	/*
+	 * The next number of (role, topic, tenant), its row locked to the end
+	 * (waiting here for another publisher's commit or rollback)
+	 */
 	initStringInfo(&sql);
 	appendStringInfo(&sql,
 					 "INSERT INTO %s AS h (role, topic, tenant, last_seq, updated_at)"
@@ -148,13 +147,24 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	values[0] = ObjectIdGetDatum(role);
 	values[1] = PointerGetDatum(topic);
 	values[2] = tenant_value;
-	values[3] = TimestampTzGetDatum(now);
+	values[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 	memset(nulls, ' ', sizeof(nulls));
 	rc = SPI_execute_with_args(sql.data, 4, argtypes, values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
 		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
 	seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 									  SPI_tuptable->tupdesc, 1, &isnull));
+
+	/*
+	 * The time of publication, and the partition the event goes to, once
+	 * the number is had: a publisher that waited for another's commit
+	 * does not write into a partition that ended meanwhile (maintenance
+	 * may drop it once it has ended and its events are acknowledged).
+	 */
+	now = GetCurrentTimestamp();
+	*id = SPI_palloc(sizeof(pg_uuid_t));	/* outlives SPI_finish */
+	IdemNewEventId(*id, now);
+	values[3] = TimestampTzGetDatum(now);
 
 	/* the event */
 	resetStringInfo(&sql);
