@@ -238,6 +238,12 @@ extern pg_uuid_t *IdemOutboxWriteEvent(Oid role, text *topic, text *key,
 									   const pg_uuid_t *event_id,
 									   TimestampTz published_at, int64 *ev);
 extern void IdemNewEventId(pg_uuid_t *id, TimestampTz now);
+extern void IdemOutboxTenantMessage(Oid role, text *topic, const pg_uuid_t *id,
+									TimestampTz published_at, text *key,
+									Datum headers, bool headers_null,
+									Datum payload, bool payload_null,
+									Datum payload_raw, bool raw_null,
+									text *tenant, int64 seq);
 
 /* ----------------------------------------------------------------
  * The outbox of a tenant, distributed by Citus (outbox_tenant.c)

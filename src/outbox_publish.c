@@ -85,7 +85,7 @@ static uint64 event_id_counter = 0;
 static void IdemLockEventKey(Oid role, text *topic, text *key);
 static void IdemCheckEventHeaders(Datum headers);
 static void IdemEmitLogicalMessage(Oid role, text *topic, Datum *values,
-								   bool *nulls);
+								   bool *nulls, const char *tenant, int64 seq);
 
 /*
  * IdemLockEventKey takes the lock of one key of one topic of "role" until
@@ -229,7 +229,8 @@ IdemNewEventId(pg_uuid_t *id, TimestampTz now)
  * base64) and the time it was published.
  */
 static void
-IdemEmitLogicalMessage(Oid role, text *topic, Datum *values, bool *nulls)
+IdemEmitLogicalMessage(Oid role, text *topic, Datum *values, bool *nulls,
+					   const char *tenant, int64 seq)
 {
 	StringInfoData buf;
 	char	   *role_name = GetUserNameFromId(role, false);
@@ -278,6 +279,13 @@ IdemEmitLogicalMessage(Oid role, text *topic, Datum *values, bool *nulls)
 	}
 	appendStringInfoString(&buf, ", \"published_at\": ");
 	escape_json(&buf, timestamptz_to_str(DatumGetTimestampTz(values[Anum_outbox_published_at - 1])));
+	if (tenant != NULL)
+	{
+		/* an event of the tenant outbox (outbox_tenant.c) */
+		appendStringInfoString(&buf, ", \"tenant\": ");
+		escape_json(&buf, tenant);
+		appendStringInfo(&buf, ", \"seq\": " INT64_FORMAT, seq);
+	}
 	appendStringInfoChar(&buf, '}');
 
 	(void) IdemLogLogicalMessage(IDEM_OUTBOX_MESSAGE_PREFIX, buf.data, buf.len,
@@ -398,8 +406,44 @@ IdemOutboxWriteEvent(Oid role, text *topic, text *key, Datum headers,
 	table_close(op.heap, NoLock);
 
 	if (idem_outbox_logical && event_id == NULL)
-		IdemEmitLogicalMessage(role, topic, values, nulls);
+		IdemEmitLogicalMessage(role, topic, values, nulls, NULL, 0);
 	return id;
+}
+
+/*
+ * IdemOutboxTenantMessage writes an event of the tenant outbox
+ * (outbox_tenant.c) as a logical decoding message, when
+ * idempotency.outbox_logical is on: the object of the node's own events,
+ * with the tenant (as text) and the event's number added.
+ */
+void
+IdemOutboxTenantMessage(Oid role, text *topic, const pg_uuid_t *id,
+						TimestampTz published_at, text *key, Datum headers,
+						bool headers_null, Datum payload, bool payload_null,
+						Datum payload_raw, bool raw_null, text *tenant,
+						int64 seq)
+{
+	Datum		values[Natts_outbox];
+	bool		nulls[Natts_outbox];
+
+	if (!idem_outbox_logical)
+		return;
+	memset(values, 0, sizeof(values));
+	memset(nulls, true, sizeof(nulls));
+	values[Anum_outbox_event_id - 1] = UUIDPGetDatum(id);
+	nulls[Anum_outbox_event_id - 1] = false;
+	values[Anum_outbox_published_at - 1] = TimestampTzGetDatum(published_at);
+	nulls[Anum_outbox_published_at - 1] = false;
+	values[Anum_outbox_key - 1] = PointerGetDatum(key);
+	nulls[Anum_outbox_key - 1] = (key == NULL);
+	values[Anum_outbox_headers - 1] = headers;
+	nulls[Anum_outbox_headers - 1] = headers_null;
+	values[Anum_outbox_payload - 1] = payload;
+	nulls[Anum_outbox_payload - 1] = payload_null;
+	values[Anum_outbox_payload_raw - 1] = payload_raw;
+	nulls[Anum_outbox_payload_raw - 1] = raw_null;
+	IdemEmitLogicalMessage(role, topic, values, nulls, text_to_cstring(tenant),
+						   seq);
 }
 
 /*

@@ -196,6 +196,11 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 
 	AtEOXact_GUC(true, level);
 	IdemOwnerSPIEnd(&save);
+
+	/* with idempotency.outbox_logical: in this node's WAL too */
+	IdemOutboxTenantMessage(role, topic, *id, now, key, headers, headers_null,
+							payload, payload_null, payload_raw, raw_null,
+							tenant, seq);
 	return true;
 }
 

@@ -900,6 +900,25 @@ is($next->('ob_b', 'r', 'orders', 100), '1:acme:1:x1', 'its own events, numbered
 is($ack->('ob_b', 'r', 'orders', 1), 't', 'acknowledged');
 is($next->('ob_a', 'r', 'orders', 100, 5), '', 'the first role\'s relay does not see them');
 
+# with idempotency.outbox_logical, the event is also a logical decoding
+# message of the node that writes it, with its tenant and number
+$node->safe_psql('obx', q{SELECT pg_create_logical_replication_slot('ob_slot', 'test_decoding')});
+$node->safe_psql('obx', q{
+SET idempotency.outbox_logical = on;
+BEGIN;
+SELECT idem_publish('logical', '{"n": "g1"}', 'k', NULL, NULL, 'beta');
+COMMIT;
+BEGIN;
+SELECT idem_publish('logical', '{"n": "rolled-back"}', 'k', NULL, NULL, 'beta');
+ROLLBACK;
+});
+like($node->safe_psql('obx', q{
+SELECT string_agg(data, ' ') FROM pg_logical_slot_get_changes('ob_slot', NULL, NULL, 'include-xids', '0')
+ WHERE data LIKE 'message:%'}),
+	qr/^message: transactional: 1 prefix: idempotency\.outbox, sz: \d+ content:\{"event_id": "[0-9a-f-]+", "role": "[^"]+", "topic": "logical", "key": "k", "headers": null, "payload": \{"n": "g1"\}, "payload_raw": null, "published_at": "[^"]+", "tenant": "beta", "seq": 1\}$/,
+	'with outbox_logical, a committed tenant event is a logical decoding message with its tenant and number, a rolled back one is not');
+$node->safe_psql('obx', q{SELECT pg_drop_replication_slot('ob_slot')});
+
 # the relays of a role that no longer exists go at the next maintenance
 $node->safe_psql('obx', 'CREATE ROLE ob_c LOGIN');
 $pub->('ob_c', 'orders', qq{{"n": "c1"}}, 'acme');
