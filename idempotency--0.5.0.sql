@@ -1641,6 +1641,63 @@ BEGIN
 END
 $body$$fn$, tenant_type);
 
+    EXECUTE pg_catalog.format($fn$
+CREATE FUNCTION idempotency.tenant_outbox_dead_letter(p_role pg_catalog.regrole, p_relay pg_catalog.text,
+                                                      p_topic pg_catalog.text, p_event_id pg_catalog.uuid,
+                                                      p_reason pg_catalog.text, p_attempts pg_catalog.int4,
+                                                      p_tenant pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $body$
+#variable_conflict use_column
+DECLARE
+    r idempotency.tenant_relays;
+    e record;
+    pos record;
+BEGIN
+    IF p_tenant IS NOT NULL THEN
+        p_tenant := p_tenant::%1$s::pg_catalog.text;
+    END IF;
+    SELECT x.* INTO r FROM idempotency.tenant_relays AS x
+     WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
+       AND x.topic OPERATOR(pg_catalog.=) p_topic
+       FOR UPDATE;
+    IF FOUND AND r.handed_out AND r.tenant_filter IS NOT DISTINCT FROM p_tenant THEN
+        SELECT ev.tenant::pg_catalog.text AS tenant, ev.seq, ev.event_id, ev.key, ev.headers,
+               ev.payload, ev.payload_raw, ev.published_at
+          INTO e
+          FROM idempotency.tenant_events AS ev
+         WHERE ev.role OPERATOR(pg_catalog.=) p_role AND ev.topic OPERATOR(pg_catalog.=) p_topic
+           AND ev.event_id OPERATOR(pg_catalog.=) p_event_id;
+        IF FOUND THEN
+            SELECT p.acked_seq, p.batch_end INTO pos
+              FROM idempotency.tenant_relay_positions AS p
+             WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+               AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) e.tenant
+               AND p.batch_end IS NOT NULL;
+            IF FOUND AND e.seq OPERATOR(pg_catalog.>) COALESCE(pos.acked_seq, 0)
+               AND e.seq OPERATOR(pg_catalog.<=) pos.batch_end THEN
+                -- with the node's own relays' dead letters (this node's
+                -- idempotency.outbox_dead_letters): idem_outbox_dead_letters()
+                -- lists them, and maintenance deletes them as those
+                INSERT INTO idempotency.outbox_dead_letters AS d (role, relay, topic, event_id, key,
+                       headers, payload, payload_raw, published_at, reason, attempts, failed_at)
+                VALUES (p_role, p_relay, p_topic, e.event_id, e.key, e.headers, e.payload,
+                        e.payload_raw, e.published_at, p_reason, p_attempts, pg_catalog.clock_timestamp())
+                ON CONFLICT (role, relay, topic, event_id) DO UPDATE
+                   SET reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,
+                       failed_at = EXCLUDED.failed_at;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'event %% is not in the current batch of relay "%%" of topic "%%"', p_event_id, p_relay, p_topic
+        USING ERRCODE = '55000',
+              HINT = 'Record a dead letter after idem_outbox_next() returned the event, before acknowledging its batch.';
+END
+$body$$fn$, tenant_type);
+
     -- maintenance (coordinator): partitions made ahead, and dropped once
     -- every relay of their events' topics acknowledged them and the
     -- retention passed, or past the max age whatever the relays (the loss
@@ -1805,6 +1862,7 @@ $body$$fn$, tenant_type);
     END LOOP;
     FOREACH ledger IN ARRAY ARRAY['tenant_outbox_next(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.text)',
                                   'tenant_outbox_ack(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.text)',
+                                  'tenant_outbox_dead_letter(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.uuid, pg_catalog.text, pg_catalog.int4, pg_catalog.text)',
                                   'tenant_outbox_fence(idempotency.tenant_relays, pg_catalog.int8)',
                                   'tenant_outbox_report_loss(idempotency.tenant_relays)',
                                   'tenant_outbox_maintain(pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4)'] LOOP
@@ -2106,8 +2164,8 @@ $tenant_positions_privileges$;
 
 -- 0.5.0: the outbox carried by Citus' shard operations (issue 37;
 -- src/outbox_tenant.c, doc/scale-out.md, "The outbox of a tenant").
--- idem_publish(), idem_outbox_next() and idem_outbox_ack() take the tenant
--- in overloads of their own, with every argument and no default, as the
+-- idem_publish(), idem_outbox_next(), idem_outbox_ack() and
+-- idem_outbox_dead_letter() take the tenant in overloads of their own, with every argument and no default, as the
 -- stream calls do.  With idempotency.tenant_events made by
 -- idempotency.citus_distribute(), the event is written in the tenant's
 -- local shard with the next number of its (role, topic, tenant), and the
@@ -2153,6 +2211,19 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION pg_catalog.idem_outbox_ack(text, text, bigint, bigint, text) IS
 'acknowledges the relay''s current batch: true if it moved the relay past it (tenant: of the outbox distributed by Citus, NULL for every tenant)';
 
+CREATE FUNCTION pg_catalog.idem_outbox_dead_letter(relay text,
+                                                   topic text,
+                                                   event_id uuid,
+                                                   reason text,
+                                                   attempts integer,
+                                                   tenant text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_dead_letter'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_dead_letter(text, text, uuid, text, integer, text) IS
+'records that the relay gave up on an event of its current batch, with a copy of the event (tenant: of the outbox distributed by Citus, as the batch was taken)';
+
 -- Each overload gets exactly the privileges of its sibling without the
 -- tenant (what default privileges gave it is taken back first).
 DO $tenant_outbox_privileges$
@@ -2169,7 +2240,9 @@ BEGIN
                 ('pg_catalog.idem_outbox_next(text,text,integer,bigint,text)'::pg_catalog.regprocedure,
                  'pg_catalog.idem_outbox_next(text,text,integer,bigint)'::pg_catalog.regprocedure),
                 ('pg_catalog.idem_outbox_ack(text,text,bigint,bigint,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_outbox_ack(text,text,bigint,bigint)'::pg_catalog.regprocedure))
+                 'pg_catalog.idem_outbox_ack(text,text,bigint,bigint)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_outbox_dead_letter(text,text,uuid,text,integer,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_outbox_dead_letter(text,text,uuid,text,integer)'::pg_catalog.regprocedure))
                AS f (newobj, oldobj)
           JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
           JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj

@@ -159,6 +159,7 @@ INSERT INTO null_cases VALUES
   ('idem_outbox_dead_letter', 'event_id',     $$SELECT idem_outbox_dead_letter('r', 't', NULL)$$),
   ('idem_outbox_dead_letter', 'reason',       $$SELECT idem_outbox_dead_letter('r', 't', '00000000-0000-7000-8000-000000000000', NULL)$$),
   ('idem_outbox_dead_letter', 'attempts',     $$SELECT idem_outbox_dead_letter('r', 't', '00000000-0000-7000-8000-000000000000', 'x', NULL)$$),
+  ('idem_outbox_dead_letter', 'tenant',       $$SELECT idem_outbox_dead_letter('r', 't', '00000000-0000-7000-8000-000000000000', 'x', 1, NULL)$$),
   ('idem_outbox_dead_letters', 'relay',       $$SELECT count(*) FROM idem_outbox_dead_letters(NULL)$$),
   ('idem_outbox_dead_letters', 'topic',       $$SELECT count(*) FROM idem_outbox_dead_letters('r', NULL)$$);
 SELECT fn, arg, try(stmt) FROM null_cases;

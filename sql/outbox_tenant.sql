@@ -1,12 +1,13 @@
 --
 -- The outbox with a tenant (0.5.0, issue 37): idem_publish(),
--- idem_outbox_next() and idem_outbox_ack() take the tenant in overloads of
--- their own, with every argument.  Without idempotency.tenant_events and
--- the relays' tables (made by idempotency.citus_distribute() on a Citus
--- coordinator), the tenant is not used: the event goes to the node's own
--- outbox, and the relay reads it, the tenant and seq columns NULL.
--- test/t/038 and examples/citus/distributed-ledger prove the distributed
--- outbox on Citus.
+-- idem_outbox_next(), idem_outbox_ack() and idem_outbox_dead_letter() take
+-- the tenant in overloads of their own, with every argument.  Without
+-- idempotency.tenant_events and the relays' tables (made by
+-- idempotency.citus_distribute() on a Citus coordinator), the tenant is
+-- not used: the event goes to the node's own outbox, the relay reads it
+-- (the tenant and seq columns NULL), and a dead letter is recorded as
+-- without a tenant.  test/t/038 and examples/citus/distributed-ledger
+-- prove the distributed outbox on Citus.
 --
 SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS idempotency;
@@ -36,6 +37,11 @@ SELECT pg_temp.try($$SELECT idem_publish('tenant-topic', '{"n": 3}', NULL, '{"h"
 SELECT batch, payload, key, headers, payload_raw, tenant, seq
   FROM idem_outbox_next('tenant-relay', 'tenant-topic', 10, NULL, 'acme');
 SELECT batch, payload FROM idem_outbox_next('tenant-relay', 'tenant-topic');
+-- a dead letter with a tenant is the one without it
+SELECT idem_outbox_dead_letter('tenant-relay', 'tenant-topic',
+       (SELECT event_id FROM idem_outbox_next('tenant-relay', 'tenant-topic', 10, NULL, 'acme')
+         WHERE payload->>'n' = '2'), 'gone', 2, 'acme');
+SELECT payload, reason, attempts FROM idem_outbox_dead_letters('tenant-relay', 'tenant-topic');
 SELECT idem_outbox_ack('tenant-relay', 'tenant-topic', 1, NULL, 'acme');
 SELECT idem_outbox_ack('tenant-relay', 'tenant-topic', 1, NULL, NULL);
 SELECT count(*) FROM idem_outbox_next('tenant-relay', 'tenant-topic', 10, NULL, NULL);
@@ -50,5 +56,6 @@ SELECT topic, payload FROM idempotency.outbox WHERE topic = 'tenant-topic' ORDER
 
 -- the relay's row goes with the role (maintenance would delete it)
 DELETE FROM idempotency.outbox_relays WHERE role = 'regress_idem_outbox_tenant'::regrole;
+DELETE FROM idempotency.outbox_dead_letters WHERE role = 'regress_idem_outbox_tenant'::regrole;
 DROP OWNED BY regress_idem_outbox_tenant;
 DROP ROLE regress_idem_outbox_tenant;

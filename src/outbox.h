@@ -260,6 +260,10 @@ extern void IdemTenantRelayNext(FunctionCallInfo fcinfo, Oid role,
 extern bool IdemTenantRelayAck(Oid role, text *relay, text *topic,
 							   int64 batch, bool fenced, int64 generation,
 							   text *tenant);
+extern void IdemTenantRelayDeadLetter(Oid role, text *relay, text *topic,
+									  pg_uuid_t *event_id, text *reason,
+									  bool has_attempts, int32 attempts,
+									  text *tenant);
 extern void IdemTenantOutboxMaintain(int *created, int *dropped);
 
 #endif							/* IDEMPOTENCY_OUTBOX_H */

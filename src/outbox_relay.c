@@ -963,6 +963,15 @@ idem_outbox_dead_letter(PG_FUNCTION_ARGS)
 	}
 	IdemCheckWritable("idem_outbox_dead_letter()");
 
+	/* with a tenant: the tenant outbox on the coordinator (outbox_tenant.c) */
+	if (PG_NARGS() > 5 && IdemTenantRelayDistributed())
+	{
+		IdemTenantRelayDeadLetter(role, relay, topic, event_id, reason,
+								  !PG_ARGISNULL(4), attempts,
+								  PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5));
+		PG_RETURN_VOID();
+	}
+
 	IdemRelayLock(role, relay, topic, false, NULL);
 	IdemRelayLoad(role, relay, topic, &st);
 	if (st.handed_out && OidIsValid(IdemOutboxParent(false)))

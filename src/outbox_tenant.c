@@ -3,10 +3,11 @@
  * outbox_tenant.c
  *	  The outbox of a tenant, distributed by Citus: idem_publish(...,
  *	  tenant) on the node holding the tenant's shard, and
- *	  idem_outbox_next() / idem_outbox_ack() with a tenant argument on the
- *	  coordinator, so that Citus' own shard operations (rebalance, logical
- *	  move, split, tenant isolation) carry a tenant's unrelayed events with
- *	  its rows (issue 37; doc/scale-out.md, "The outbox of a tenant").
+ *	  idem_outbox_next(), idem_outbox_ack() and idem_outbox_dead_letter()
+ *	  with a tenant argument on the coordinator, so that Citus' own shard
+ *	  operations (rebalance, logical move, split, tenant isolation) carry
+ *	  a tenant's unrelayed events with its rows (issue 37; doc/scale-out.md,
+ *	  "The outbox of a tenant").
  *
  * idempotency.citus_distribute() makes, distributed by the tenant and
  * co-located with the application's tables:
@@ -30,7 +31,9 @@
  * (idempotency.tenant_relays: batch, generation; tenant_relay_positions:
  * per relay and tenant, the acknowledged number, the current batch's end
  * and a loss not yet reported) with the SQL functions that read and
- * write them (idempotency.tenant_outbox_next, _ack, _maintain).  The
+ * write them (idempotency.tenant_outbox_next, _ack, _dead_letter,
+ * _maintain); a dead letter goes with the node's own relays' dead letters
+ * (idempotency.outbox_dead_letters of the coordinator).  The
  * numbers travel with the events and heads, so a move changes nothing
  * for a relay.
  *
@@ -320,6 +323,46 @@ IdemTenantRelayAck(Oid role, text *relay, text *topic, int64 batch,
 	AtEOXact_GUC(true, level);
 	IdemOwnerSPIEnd(&save);
 	return !isnull && moved;
+}
+
+/*
+ * IdemTenantRelayDeadLetter records that the relay gave up on an event of
+ * its current batch of the tenant outbox, with a copy of the event, among
+ * this node's dead letters (idempotency.tenant_outbox_dead_letter(), run
+ * by the storage owner for "role"): idem_outbox_dead_letters() lists it.
+ */
+void
+IdemTenantRelayDeadLetter(Oid role, text *relay, text *topic,
+						  pg_uuid_t *event_id, text *reason, bool has_attempts,
+						  int32 attempts, text *tenant)
+{
+	IdemSavedUser save;
+	int			level;
+	Oid			argtypes[7] = {REGROLEOID, TEXTOID, TEXTOID, UUIDOID, TEXTOID,
+	INT4OID, TEXTOID};
+	Datum		values[7];
+	char		nulls[7] = {' ', ' ', ' ', ' ', ' ', ' ', ' '};
+	int			rc;
+
+	values[0] = ObjectIdGetDatum(role);
+	values[1] = PointerGetDatum(relay);
+	values[2] = PointerGetDatum(topic);
+	values[3] = UUIDPGetDatum(event_id);
+	values[4] = PointerGetDatum(reason);
+	nulls[4] = reason == NULL ? 'n' : ' ';
+	values[5] = Int32GetDatum(attempts);
+	nulls[5] = has_attempts ? ' ' : 'n';
+	values[6] = PointerGetDatum(tenant);
+	nulls[6] = tenant == NULL ? 'n' : ' ';
+
+	IdemOwnerSPIBegin(&save);
+	level = IdemPinOwnerSettings();
+	rc = SPI_execute_with_args("SELECT idempotency.tenant_outbox_dead_letter($1, $2, $3, $4, $5, $6, $7)",
+							   7, argtypes, values, nulls, false, 0);
+	if (rc != SPI_OK_SELECT)
+		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
+	AtEOXact_GUC(true, level);
+	IdemOwnerSPIEnd(&save);
 }
 
 /*

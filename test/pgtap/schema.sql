@@ -147,7 +147,7 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
                 'idem_consume_message', 'idem_consume_message', 'idem_consume_messages',
                 'idem_consume_messages', 'idem_lookup', 'idem_maintain',
                 'idem_outbox_ack', 'idem_outbox_ack', 'idem_outbox_dead_letter',
-                'idem_outbox_dead_letters', 'idem_outbox_next', 'idem_outbox_next',
+                'idem_outbox_dead_letter', 'idem_outbox_dead_letters', 'idem_outbox_next', 'idem_outbox_next',
                 'idem_outbox_relays', 'idem_positions', 'idem_positions',
                 'idem_publish', 'idem_publish',
                 'idem_recover', 'idem_release', 'idem_sequence', 'idem_sequence'],
@@ -185,8 +185,9 @@ SELECT ok(to_regclass('idempotency.tenant_positions') IS NULL,
           'no idempotency.tenant_positions until citus_distribute() makes it');
 SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_publish(text, jsonb, text, jsonb, bytea, text)', 'EXECUTE')
           AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_next(text, text, integer, bigint, text)', 'EXECUTE')
-          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_ack(text, text, bigint, bigint, text)', 'EXECUTE'),
-          'an ordinary role can execute idem_publish(), idem_outbox_next() and idem_outbox_ack() with a tenant');
+          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_ack(text, text, bigint, bigint, text)', 'EXECUTE')
+          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_dead_letter(text, text, uuid, text, integer, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_publish(), idem_outbox_next(), idem_outbox_ack() and idem_outbox_dead_letter() with a tenant');
 SELECT is(pg_get_function_arguments('pg_catalog.idem_publish(text, jsonb, text, jsonb, bytea, text)'::regprocedure),
           'topic text, payload jsonb, key text, headers jsonb, payload_raw bytea, tenant text',
           'idem_publish() with a tenant: argument names, no defaults');

@@ -875,6 +875,21 @@ is($next->('ob_a', 'solo', 'orders', 100, undef, 'beta'), '1:beta:1:b1 1:beta:2:
 
 # generation fence, as the relay without a tenant
 is($next->('ob_a', 'r', 'orders', 1, 5), '3:acme:4:a4', 'a generation fences the relay');
+# a dead letter of an event of the current batch, listed with the node's own
+$node->safe_psql('obx', q{
+SELECT idem_outbox_dead_letter('r', 'orders', (SELECT event_id FROM idem_outbox_next('r', 'orders', 1, 5, NULL)),
+                               'gone', 3, NULL)}, extra_params => [ '-U', 'ob_a' ]);
+is($node->safe_psql('obx', q{
+SELECT relay || ' ' || topic || ' ' || (payload->>'n') || ' ' || reason || ' ' || attempts
+  FROM idem_outbox_dead_letters('r', 'orders')}, extra_params => [ '-U', 'ob_a' ]),
+	'r orders a4 gone 3', 'a dead letter of the tenant outbox, listed by idem_outbox_dead_letters()');
+my $b1 = $node->safe_psql('obx', q{SELECT event_id FROM idempotency.tenant_events WHERE payload->>'n' = 'b1'});
+$node->psql('obx', qq{
+\\set VERBOSITY verbose
+SELECT idem_outbox_dead_letter('r', 'orders', '$b1', 'gone', 3, NULL)},
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+like($stderr, qr/ERROR:  55000: event $b1 is not in the current batch of relay "r" of topic "orders"/,
+	'an event not in the current batch (acknowledged before): 55000');
 $node->psql('obx', q{
 \set VERBOSITY verbose
 SELECT * FROM idem_outbox_next('r', 'orders', 1, 4, NULL)},
