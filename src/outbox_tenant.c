@@ -43,8 +43,12 @@
  * tables with two statements run by the storage owner (SPI, names of the
  * shards qualified, settings pinned).  The relay functions run the SQL
  * functions as the storage owner with the calling role's OID: a role
- * reads and moves only its own relays and events.  Without the tenant
- * tables, the tenant is not used and the calls are the ones without it.
+ * reads and moves only its own relays and events.  A relay call on a
+ * worker, which has the distributed tables but not the relays', is
+ * refused (0A000).  With idempotency.outbox_logical, a publish also writes
+ * the event as a logical decoding message (outbox_publish.c), with its
+ * tenant and number.  Without the tenant tables, the tenant is not used
+ * and the calls are the ones without it.
  *
  * Copyright (c) 2026, the idempotency authors
  *
@@ -57,7 +61,6 @@
 #include "citus.h"
 #include "outbox.h"
 #include "privilege.h"
-#include "stats.h"
 
 #include "catalog/namespace.h"
 #include "catalog/pg_type.h"
