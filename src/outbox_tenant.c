@@ -41,7 +41,8 @@
  * metadata lock, 40001 on a worker the tenant left, 0A000 on a
  * coordinator that does not hold it) and writes the local shards of both
  * tables with two statements run by the storage owner (SPI, names of the
- * shards qualified, settings pinned).  The relay functions run the SQL
+ * shards qualified, prepared once per shard and backend, settings
+ * pinned).  The relay functions run the SQL
  * functions as the storage owner with the calling role's OID: a role
  * reads and moves only its own relays and events.  A relay call on a
  * worker, which has the distributed tables but not the relays', is
@@ -70,6 +71,7 @@
 #include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
+#include "utils/hsearch.h"
 #include "utils/lsyscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
@@ -77,7 +79,24 @@
 /* the columns of idem_outbox_next(..., tenant)'s result */
 #define Natts_tenant_next	9
 
+/*
+ * A publish's statement on one local shard, prepared once per backend
+ * (SPI_keepplan): the shard's table by OID, with the name the statement
+ * names it by (a new table that got the OID of a dropped one is prepared
+ * again).  The plan cache replans it when the table changes.
+ */
+typedef struct IdemShardPlan
+{
+	Oid			relid;			/* hash key */
+	char		relname[NAMEDATALEN];
+	SPIPlanPtr	plan;
+} IdemShardPlan;
+
+static HTAB *shard_plans = NULL;
+
 static Oid	IdemTenantRelation(const char *relname);
+static SPIPlanPtr IdemShardPlanFor(Oid relid, const char *format, int nargs,
+								   Oid *argtypes);
 
 /* the OID of idempotency.<relname>, or InvalidOid */
 static Oid
@@ -86,6 +105,54 @@ IdemTenantRelation(const char *relname)
 	Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
 
 	return OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+}
+
+/*
+ * IdemShardPlanFor returns the kept plan of "format" (one %s: the shard's
+ * qualified name) on shard table relid, preparing it on first use, in the
+ * caller's SPI connection.
+ */
+static SPIPlanPtr
+IdemShardPlanFor(Oid relid, const char *format, int nargs, Oid *argtypes)
+{
+	IdemShardPlan *entry;
+	bool		found;
+	char	   *relname = get_rel_name(relid);
+	StringInfoData sql;
+	SPIPlanPtr	plan;
+
+	if (shard_plans == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(Oid);
+		ctl.entrysize = sizeof(IdemShardPlan);
+		ctl.hcxt = TopMemoryContext;
+		shard_plans = hash_create("idempotency tenant outbox plans", 32, &ctl,
+								  HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	if (relname == NULL)
+		elog(ERROR, "cache lookup failed for relation %u", relid);
+	entry = hash_search(shard_plans, &relid, HASH_ENTER, &found);
+	if (found && entry->plan != NULL && strcmp(entry->relname, relname) == 0)
+		return entry->plan;
+	if (found && entry->plan != NULL)
+		SPI_freeplan(entry->plan);
+	entry->plan = NULL;
+	strlcpy(entry->relname, relname, NAMEDATALEN);
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql, format,
+					 quote_qualified_identifier(IDEM_SCHEMA_NAME, relname));
+	plan = SPI_prepare(sql.data, nargs, argtypes);
+	if (plan == NULL)
+		elog(ERROR, "SPI_prepare failed for \"%s\": %s", sql.data,
+			 SPI_result_code_string(SPI_result));
+	if (SPI_keepplan(plan) != 0)
+		elog(ERROR, "SPI_keepplan failed");
+	pfree(sql.data);
+	entry->plan = plan;
+	return plan;
 }
 
 /*
@@ -107,7 +174,6 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	Datum		events_value;
 	IdemSavedUser save;
 	int			level;
-	StringInfoData sql;
 	Oid			argtypes[10];
 	Datum		values[10];
 	char		nulls[10];
@@ -137,27 +203,32 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	 * The next number of (role, topic, tenant), its row locked to the end
 	 * (waiting here for another publisher's commit or rollback)
 	 */
-	initStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "INSERT INTO %s AS h (role, topic, tenant, last_seq, updated_at)"
-					 " VALUES ($1, $2, $3, 1, $4)"
-					 " ON CONFLICT (role, topic, tenant) DO UPDATE"
-					 " SET last_seq = h.last_seq OPERATOR(pg_catalog.+) 1,"
-					 " updated_at = EXCLUDED.updated_at"
-					 " RETURNING h.last_seq",
-					 quote_qualified_identifier(IDEM_SCHEMA_NAME, get_rel_name(heads)));
 	argtypes[0] = REGROLEOID;
 	argtypes[1] = TEXTOID;
 	argtypes[2] = tenant_type;
 	argtypes[3] = TIMESTAMPTZOID;
+	argtypes[4] = INT8OID;
+	argtypes[5] = UUIDOID;
+	argtypes[6] = TEXTOID;
+	argtypes[7] = JSONBOID;
+	argtypes[8] = BYTEAOID;
+	argtypes[9] = JSONBOID;
 	values[0] = ObjectIdGetDatum(role);
 	values[1] = PointerGetDatum(topic);
 	values[2] = tenant_value;
 	values[3] = TimestampTzGetDatum(GetCurrentTimestamp());
 	memset(nulls, ' ', sizeof(nulls));
-	rc = SPI_execute_with_args(sql.data, 4, argtypes, values, nulls, false, 0);
+	rc = SPI_execute_plan(IdemShardPlanFor(heads,
+										   "INSERT INTO %s AS h (role, topic, tenant, last_seq, updated_at)"
+										   " VALUES ($1, $2, $3, 1, $4)"
+										   " ON CONFLICT (role, topic, tenant) DO UPDATE"
+										   " SET last_seq = h.last_seq OPERATOR(pg_catalog.+) 1,"
+										   " updated_at = EXCLUDED.updated_at"
+										   " RETURNING h.last_seq",
+										   4, argtypes),
+						  values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
-		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 	seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
 									  SPI_tuptable->tupdesc, 1, &isnull));
 
@@ -173,18 +244,6 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	values[3] = TimestampTzGetDatum(now);
 
 	/* the event */
-	resetStringInfo(&sql);
-	appendStringInfo(&sql,
-					 "INSERT INTO %s (role, topic, tenant, seq, event_id, key,"
-					 " payload, payload_raw, headers, published_at)"
-					 " VALUES ($1, $2, $3, $5, $6, $7, $8, $9, $10, $4)",
-					 quote_qualified_identifier(IDEM_SCHEMA_NAME, get_rel_name(events)));
-	argtypes[4] = INT8OID;
-	argtypes[5] = UUIDOID;
-	argtypes[6] = TEXTOID;
-	argtypes[7] = JSONBOID;
-	argtypes[8] = BYTEAOID;
-	argtypes[9] = JSONBOID;
 	values[4] = Int64GetDatum(seq);
 	values[5] = UUIDPGetDatum(*id);
 	values[6] = PointerGetDatum(key);
@@ -195,10 +254,14 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	nulls[8] = raw_null ? 'n' : ' ';
 	values[9] = headers;
 	nulls[9] = headers_null ? 'n' : ' ';
-	rc = SPI_execute_with_args(sql.data, 10, argtypes, values, nulls, false, 0);
+	rc = SPI_execute_plan(IdemShardPlanFor(events,
+										   "INSERT INTO %s (role, topic, tenant, seq, event_id, key,"
+										   " payload, payload_raw, headers, published_at)"
+										   " VALUES ($1, $2, $3, $5, $6, $7, $8, $9, $10, $4)",
+										   10, argtypes),
+						  values, nulls, false, 0);
 	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
-	pfree(sql.data);
+		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 
 	AtEOXact_GUC(true, level);
 	IdemOwnerSPIEnd(&save);
