@@ -41,8 +41,7 @@
  * metadata lock, 40001 on a worker the tenant left, 0A000 on a
  * coordinator that does not hold it) and writes the local shards of both
  * tables with two statements run by the storage owner (SPI, names of the
- * shards qualified, prepared once per shard and backend, settings
- * pinned).  The relay functions run the SQL
+ * shards qualified, prepared once per shard and backend).  The relay functions run the SQL
  * functions as the storage owner with the calling role's OID: a role
  * reads and moves only its own relays and events.  A relay call on a
  * worker, which has the distributed tables but not the relays', is
@@ -173,7 +172,6 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	Oid			events_type;
 	Datum		events_value;
 	IdemSavedUser save;
-	int			level;
 	Oid			argtypes[10];
 	Datum		values[10];
 	char		nulls[10];
@@ -196,8 +194,13 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 						"tenant_outbox_heads"),
 				 errhint("Both are made by idempotency.citus_distribute().")));
 
+	/*
+	 * As the storage owner; no setting is pinned (as for streams.c's kept
+	 * statements): the two statements name every table and operator with
+	 * its schema and take every value as a typed parameter, so no setting
+	 * changes what they do.
+	 */
 	IdemOwnerSPIBegin(&save);
-	level = IdemPinOwnerSettings();
 
 	/*
 	 * The next number of (role, topic, tenant), its row locked to the end
@@ -263,7 +266,6 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	if (rc != SPI_OK_INSERT)
 		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
 
-	AtEOXact_GUC(true, level);
 	IdemOwnerSPIEnd(&save);
 
 	/* with idempotency.outbox_logical: in this node's WAL too */
