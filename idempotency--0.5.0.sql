@@ -1309,11 +1309,600 @@ BEGIN
         'the producer sequences of the calls that name their tenant, distributed by Citus with the tenant''s rows (idempotency.citus_distribute())';
     EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
       USING 'idempotency.tenant_sequences', colocate_with::pg_catalog.text;
+
+    -- The outbox of the calls that name their tenant
+    -- (idem_publish(..., tenant); src/outbox_tenant.c, doc/scale-out.md,
+    -- "The outbox of a tenant"), distributed likewise so that Citus' shard
+    -- operations carry a tenant's unrelayed events: the head of each
+    -- (role, topic, tenant), whose row a publisher updates and keeps locked
+    -- to its commit (so a tenant's events of a topic are numbered densely,
+    -- in commit order), and the events, partitioned by the time they were
+    -- published (maintenance on the coordinator makes and drops the
+    -- partitions; the primary key of each is its replica identity).  The
+    -- node's own idempotency.outbox is not looked at: it stays each node's
+    -- own, read by the relays without a tenant.
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idempotency.tenant_outbox_heads (
+             role       pg_catalog.regrole     NOT NULL,
+             topic      pg_catalog.text        NOT NULL,
+             tenant     %s NOT NULL,
+             last_seq   pg_catalog.int8        NOT NULL,
+             updated_at pg_catalog.timestamptz NOT NULL,
+             PRIMARY KEY (role, topic, tenant))', tenant_type);
+    EXECUTE pg_catalog.format(
+        'CREATE TABLE idempotency.tenant_events (
+             role         pg_catalog.regrole     NOT NULL,
+             topic        pg_catalog.text        NOT NULL,
+             tenant       %s NOT NULL,
+             seq          pg_catalog.int8        NOT NULL,
+             event_id     pg_catalog.uuid        NOT NULL,
+             key          pg_catalog.text,
+             payload      pg_catalog.jsonb,
+             payload_raw  pg_catalog.bytea,
+             headers      pg_catalog.jsonb,
+             published_at pg_catalog.timestamptz NOT NULL,
+             PRIMARY KEY (role, topic, tenant, seq, published_at))
+         PARTITION BY RANGE (published_at)', tenant_type);
+    -- the relays' positions: on the coordinator only (the relay connects
+    -- to it), per relay and per tenant; the sequence numbers travel with
+    -- the events, so a move changes nothing here.  Neither they nor the
+    -- functions below are sent to the workers (Citus would propagate the
+    -- functions).
+    messages := pg_catalog.current_setting('citus.enable_ddl_propagation');
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', 'off', true);
+    CREATE TABLE idempotency.tenant_relays (
+        role          pg_catalog.regrole     NOT NULL,
+        relay         pg_catalog.text        NOT NULL,
+        topic         pg_catalog.text        NOT NULL,
+        batch         pg_catalog.int8        NOT NULL,
+        handed_out    pg_catalog.bool        NOT NULL,
+        tenant_filter pg_catalog.text,
+        every_tenant  pg_catalog.bool        NOT NULL,
+        generation    pg_catalog.int8,
+        acked_at      pg_catalog.timestamptz,
+        updated_at    pg_catalog.timestamptz NOT NULL,
+        PRIMARY KEY (role, relay, topic));
+    CREATE TABLE idempotency.tenant_relay_positions (
+        role        pg_catalog.regrole     NOT NULL,
+        relay       pg_catalog.text        NOT NULL,
+        topic       pg_catalog.text        NOT NULL,
+        tenant      pg_catalog.text        NOT NULL,
+        acked_seq   pg_catalog.int8,
+        batch_end   pg_catalog.int8,
+        lost_first  pg_catalog.int8,
+        lost_last   pg_catalog.int8,
+        lost_events pg_catalog.int8,
+        lost_from   pg_catalog.timestamptz,
+        lost_to     pg_catalog.timestamptz,
+        PRIMARY KEY (role, relay, topic, tenant));
+    CREATE TABLE idempotency.tenant_event_partitions (
+        partition   pg_catalog.name        PRIMARY KEY,
+        lower_bound pg_catalog.timestamptz NOT NULL,
+        upper_bound pg_catalog.timestamptz NOT NULL);
+
+    -- What the relays and maintenance run on the coordinator, as the owner
+    -- of schema idempotency (src/outbox_tenant.c calls them with the
+    -- calling role's OID; granted to nobody): made here, with the tenant's
+    -- type, like the tables they read.
+    EXECUTE pg_catalog.format($fn$
+CREATE FUNCTION idempotency.tenant_outbox_next(p_role pg_catalog.regrole, p_relay pg_catalog.text,
+                                               p_topic pg_catalog.text, p_max pg_catalog.int4,
+                                               p_generation pg_catalog.int8, p_tenant pg_catalog.text)
+RETURNS TABLE (batch pg_catalog.int8, event_id pg_catalog.uuid, key pg_catalog.text,
+               payload pg_catalog.jsonb, payload_raw pg_catalog.bytea, headers pg_catalog.jsonb,
+               published_at pg_catalog.timestamptz, tenant pg_catalog.text, seq pg_catalog.int8)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $body$
+#variable_conflict use_column
+DECLARE
+    r idempotency.tenant_relays;
+    filt %1$s;
+    names pg_catalog.text[];
+    acked pg_catalog.int8[];
+    ends pg_catalog.int8[];
+    g record;
+    prev pg_catalog.int8;
+    gap boolean := false;
+BEGIN
+    IF p_tenant IS NOT NULL THEN
+        filt := p_tenant::%1$s;
+        p_tenant := filt::pg_catalog.text;
+    END IF;
+    -- a relay's row, and the tenants it reads: maintenance keeps their
+    -- events for it (every tenant's for a relay called without one)
+    INSERT INTO idempotency.tenant_relays AS x (role, relay, topic, batch, handed_out, every_tenant, updated_at)
+    VALUES (p_role, p_relay, p_topic, 1, false, p_tenant IS NULL, pg_catalog.now())
+    ON CONFLICT (role, relay, topic) DO UPDATE SET every_tenant = true
+     WHERE p_tenant IS NULL AND NOT x.every_tenant;
+    IF p_tenant IS NOT NULL THEN
+        INSERT INTO idempotency.tenant_relay_positions AS p (role, relay, topic, tenant)
+        VALUES (p_role, p_relay, p_topic, p_tenant)
+        ON CONFLICT (role, relay, topic, tenant) DO NOTHING;
+    END IF;
+    SELECT x.* INTO r FROM idempotency.tenant_relays AS x
+     WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
+       AND x.topic OPERATOR(pg_catalog.=) p_topic
+       FOR UPDATE;
+    PERFORM idempotency.tenant_outbox_fence(r, p_generation);
+    IF r.handed_out AND r.tenant_filter IS DISTINCT FROM p_tenant THEN
+        RAISE EXCEPTION 'relay "%%" of topic "%%" has a batch of %% handed out', p_relay, p_topic,
+                        COALESCE('tenant ' OPERATOR(pg_catalog.||) r.tenant_filter, 'every tenant')
+            USING ERRCODE = '55000',
+                  HINT = 'Acknowledge it with the same tenant argument first.';
+    END IF;
+    IF NOT r.handed_out THEN
+        PERFORM idempotency.tenant_outbox_report_loss(r);
+        -- the events above each tenant's acknowledged number: for each
+        -- tenant a prefix, round robin (the n-th event of every tenant
+        -- before the n+1-th of any)
+        SELECT pg_catalog.array_agg(p.tenant), pg_catalog.array_agg(p.acked_seq)
+          INTO names, acked
+          FROM idempotency.tenant_relay_positions AS p
+         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic;
+        FOR g IN EXECUTE pg_catalog.format(
+            'WITH b AS (SELECT e.tenant::pg_catalog.text AS t, e.seq AS s
+                          FROM idempotency.tenant_events AS e
+                         WHERE e.role OPERATOR(pg_catalog.=) $1 AND e.topic OPERATOR(pg_catalog.=) $2 %%s
+                           AND e.seq OPERATOR(pg_catalog.>) COALESCE(($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)], 0)
+                         ORDER BY e.seq OPERATOR(pg_catalog.-) COALESCE(($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)], 0),
+                                  e.tenant::pg_catalog.text
+                         LIMIT $6)
+             SELECT b.t, pg_catalog.min(b.s) AS lo, pg_catalog.max(b.s) AS hi FROM b GROUP BY b.t',
+            CASE WHEN p_tenant IS NULL THEN '' ELSE 'AND e.tenant OPERATOR(pg_catalog.=) $5' END)
+          USING p_role, p_topic, COALESCE(names, '{}'), COALESCE(acked, '{}'), filt, p_max
+        LOOP
+            INSERT INTO idempotency.tenant_relay_positions AS p (role, relay, topic, tenant, acked_seq, batch_end)
+            VALUES (p_role, p_relay, p_topic, g.t, g.lo OPERATOR(pg_catalog.-) 1, g.hi)
+            ON CONFLICT (role, relay, topic, tenant) DO UPDATE
+               SET batch_end = EXCLUDED.batch_end,
+                   acked_seq = COALESCE(p.acked_seq, EXCLUDED.acked_seq)
+            RETURNING p.acked_seq INTO prev;
+            -- a gap above the acknowledged number that no loss accounts
+            -- for: recorded, and reported by the next call (a tenant the
+            -- relay starts reading starts at its first event kept)
+            IF prev OPERATOR(pg_catalog.<) (g.lo OPERATOR(pg_catalog.-) 1) THEN
+                UPDATE idempotency.tenant_relay_positions AS p
+                   SET lost_first = prev OPERATOR(pg_catalog.+) 1,
+                       lost_last = g.lo OPERATOR(pg_catalog.-) 1,
+                       lost_events = g.lo OPERATOR(pg_catalog.-) 1 OPERATOR(pg_catalog.-) prev,
+                       batch_end = NULL
+                 WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+                   AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) g.t;
+                gap := true;
+            END IF;
+        END LOOP;
+        IF gap THEN
+            UPDATE idempotency.tenant_relay_positions AS p SET batch_end = NULL
+             WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+               AND p.topic OPERATOR(pg_catalog.=) p_topic;
+            RETURN;
+        END IF;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        UPDATE idempotency.tenant_relays AS x
+           SET handed_out = true, tenant_filter = p_tenant, updated_at = pg_catalog.now()
+         WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
+           AND x.topic OPERATOR(pg_catalog.=) p_topic;
+    END IF;
+
+    -- the batch: each tenant's events above its acknowledged number up to
+    -- the batch's end for it
+    SELECT pg_catalog.array_agg(p.tenant), pg_catalog.array_agg(p.acked_seq),
+           pg_catalog.array_agg(p.batch_end)
+      INTO names, acked, ends
+      FROM idempotency.tenant_relay_positions AS p
+     WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+       AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
+    RETURN QUERY EXECUTE
+        'SELECT $5, e.event_id, e.key, e.payload, e.payload_raw, e.headers, e.published_at,
+                e.tenant::pg_catalog.text, e.seq
+           FROM idempotency.tenant_events AS e
+          WHERE e.role OPERATOR(pg_catalog.=) $1 AND e.topic OPERATOR(pg_catalog.=) $2
+            AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])
+            AND e.seq OPERATOR(pg_catalog.>) ($6)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)]
+            AND e.seq OPERATOR(pg_catalog.<=) ($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)]
+          ORDER BY e.seq OPERATOR(pg_catalog.-) ($6)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)],
+                   e.tenant::pg_catalog.text'
+      USING p_role, p_topic, COALESCE(names, '{}'), COALESCE(ends, '{}'), r.batch, COALESCE(acked, '{}');
+    IF NOT FOUND AND r.handed_out THEN
+        -- every event of the batch went past the max age: the loss is
+        -- reported as this batch (outbox_relay.c does the same)
+        PERFORM idempotency.tenant_outbox_report_loss(r);
+    END IF;
+END
+$body$$fn$, tenant_type);
+
+    CREATE FUNCTION idempotency.tenant_outbox_fence(r idempotency.tenant_relays, p_generation pg_catalog.int8)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $body$
+    BEGIN
+        IF p_generation IS NULL THEN
+            IF r.generation IS NOT NULL THEN
+                RAISE EXCEPTION 'relay "%" of topic "%" is fenced, and no generation was given', r.relay, r.topic
+                    USING ERRCODE = 'ID001',
+                          DETAIL = pg_catalog.format('The relay has generation %s.', r.generation),
+                          HINT = 'Pass the generation of the relay process.  Nothing was changed.';
+            END IF;
+            RETURN;
+        END IF;
+        IF p_generation OPERATOR(pg_catalog.<) 0 THEN
+            RAISE EXCEPTION 'generation must not be negative' USING ERRCODE = '22023';
+        END IF;
+        IF r.generation IS NOT NULL AND p_generation OPERATOR(pg_catalog.<) r.generation THEN
+            RAISE EXCEPTION 'generation % of relay "%" of topic "%" is stale', p_generation, r.relay, r.topic
+                USING ERRCODE = 'ID001',
+                      DETAIL = pg_catalog.format('The relay has been taken over with generation %s since.', r.generation),
+                      HINT = 'Stop relaying: another relay process owns it now.  Nothing was changed.';
+        END IF;
+        IF r.generation IS DISTINCT FROM p_generation THEN
+            UPDATE idempotency.tenant_relays AS x SET generation = p_generation
+             WHERE x.role OPERATOR(pg_catalog.=) r.role AND x.relay OPERATOR(pg_catalog.=) r.relay
+               AND x.topic OPERATOR(pg_catalog.=) r.topic;
+        END IF;
+    END
+    $body$;
+
+    CREATE FUNCTION idempotency.tenant_outbox_report_loss(r idempotency.tenant_relays)
+    RETURNS void
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $body$
+    DECLARE
+        lost record;
+    BEGIN
+        SELECT pg_catalog.sum(p.lost_events) AS events,
+               pg_catalog.min(p.lost_from) AS lost_from, pg_catalog.max(p.lost_to) AS lost_to,
+               pg_catalog.string_agg(pg_catalog.format('tenant %s: %s to %s', p.tenant, p.lost_first, p.lost_last),
+                                     ', ' ORDER BY p.tenant) AS ranges
+          INTO lost
+          FROM idempotency.tenant_relay_positions AS p
+         WHERE p.role OPERATOR(pg_catalog.=) r.role AND p.relay OPERATOR(pg_catalog.=) r.relay
+           AND p.topic OPERATOR(pg_catalog.=) r.topic AND p.lost_last IS NOT NULL;
+        IF lost.ranges IS NULL THEN
+            RETURN;
+        END IF;
+        RAISE EXCEPTION 'relay "%" of topic "%" lost % events that expired before it acknowledged them',
+                        r.relay, r.topic, lost.events
+            USING ERRCODE = 'ID003',
+                  DETAIL = pg_catalog.format('Events published from %s to %s (sequence numbers %s) were dropped after "idempotency.outbox_max_age"; the loss is batch %s.',
+                                             COALESCE(lost.lost_from::pg_catalog.text, 'unknown'),
+                                             COALESCE(lost.lost_to::pg_catalog.text, 'unknown'), lost.ranges, r.batch),
+                  HINT = pg_catalog.format('Acknowledge the loss with idem_outbox_ack(relay, topic, %s, generation, tenant) to go on.', r.batch);
+    END
+    $body$;
+
+    EXECUTE pg_catalog.format($fn$
+CREATE FUNCTION idempotency.tenant_outbox_ack(p_role pg_catalog.regrole, p_relay pg_catalog.text,
+                                              p_topic pg_catalog.text, p_batch pg_catalog.int8,
+                                              p_generation pg_catalog.int8, p_tenant pg_catalog.text)
+RETURNS pg_catalog.bool
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $body$
+DECLARE
+    r idempotency.tenant_relays;
+    lost boolean;
+BEGIN
+    IF p_tenant IS NOT NULL THEN
+        p_tenant := p_tenant::%1$s::pg_catalog.text;
+    END IF;
+    SELECT x.* INTO r FROM idempotency.tenant_relays AS x
+     WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
+       AND x.topic OPERATOR(pg_catalog.=) p_topic
+       FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'relay "%%" of topic "%%" has taken no batch', p_relay, p_topic
+            USING ERRCODE = '55000', HINT = 'Call idem_outbox_next() first.';
+    END IF;
+    PERFORM idempotency.tenant_outbox_fence(r, p_generation);
+    IF p_batch OPERATOR(pg_catalog.<) r.batch THEN
+        RETURN false;
+    END IF;
+    lost := EXISTS (SELECT FROM idempotency.tenant_relay_positions AS p
+                     WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+                       AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.lost_last IS NOT NULL);
+    IF p_batch OPERATOR(pg_catalog.>) r.batch OR (NOT r.handed_out AND NOT lost) THEN
+        RAISE EXCEPTION 'batch %% of relay "%%" of topic "%%" has not been handed out', p_batch, p_relay, p_topic
+            USING ERRCODE = '55000',
+                  DETAIL = CASE WHEN r.handed_out OR lost
+                                THEN pg_catalog.format('The relay''s current batch is %%s.', r.batch)
+                                ELSE pg_catalog.format('The relay''s next batch, %%s, has not been taken by idem_outbox_next() yet.', r.batch) END;
+    END IF;
+    IF r.handed_out THEN
+        IF r.tenant_filter IS DISTINCT FROM p_tenant THEN
+            RAISE EXCEPTION 'batch %% of relay "%%" of topic "%%" is of %%', p_batch, p_relay, p_topic,
+                            COALESCE('tenant ' OPERATOR(pg_catalog.||) r.tenant_filter, 'every tenant')
+                USING ERRCODE = '55000',
+                      HINT = 'Acknowledge it with the tenant argument it was taken with.';
+        END IF;
+        UPDATE idempotency.tenant_relay_positions AS p
+           SET acked_seq = p.batch_end, batch_end = NULL
+         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
+    ELSE
+        -- the loss reported as this batch
+        UPDATE idempotency.tenant_relay_positions AS p
+           SET acked_seq = GREATEST(COALESCE(p.acked_seq, 0), p.lost_last), lost_first = NULL, lost_last = NULL,
+               lost_events = NULL, lost_from = NULL, lost_to = NULL
+         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.lost_last IS NOT NULL;
+    END IF;
+    UPDATE idempotency.tenant_relays AS x
+       SET batch = x.batch OPERATOR(pg_catalog.+) 1, handed_out = false, tenant_filter = NULL,
+           acked_at = pg_catalog.now(), updated_at = pg_catalog.now()
+     WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
+       AND x.topic OPERATOR(pg_catalog.=) p_topic;
+    RETURN true;
+END
+$body$$fn$, tenant_type);
+
+    EXECUTE pg_catalog.format($fn$
+CREATE FUNCTION idempotency.tenant_outbox_dead_letter(p_role pg_catalog.regrole, p_relay pg_catalog.text,
+                                                      p_topic pg_catalog.text, p_event_id pg_catalog.uuid,
+                                                      p_reason pg_catalog.text, p_attempts pg_catalog.int4,
+                                                      p_tenant pg_catalog.text)
+RETURNS void
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $body$
+#variable_conflict use_column
+DECLARE
+    r idempotency.tenant_relays;
+    e record;
+    pos record;
+BEGIN
+    IF p_tenant IS NOT NULL THEN
+        p_tenant := p_tenant::%1$s::pg_catalog.text;
+    END IF;
+    SELECT x.* INTO r FROM idempotency.tenant_relays AS x
+     WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
+       AND x.topic OPERATOR(pg_catalog.=) p_topic
+       FOR UPDATE;
+    IF FOUND AND r.handed_out AND r.tenant_filter IS NOT DISTINCT FROM p_tenant THEN
+        SELECT ev.tenant::pg_catalog.text AS tenant, ev.seq, ev.event_id, ev.key, ev.headers,
+               ev.payload, ev.payload_raw, ev.published_at
+          INTO e
+          FROM idempotency.tenant_events AS ev
+         WHERE ev.role OPERATOR(pg_catalog.=) p_role AND ev.topic OPERATOR(pg_catalog.=) p_topic
+           AND ev.event_id OPERATOR(pg_catalog.=) p_event_id;
+        IF FOUND THEN
+            SELECT p.acked_seq, p.batch_end INTO pos
+              FROM idempotency.tenant_relay_positions AS p
+             WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+               AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) e.tenant
+               AND p.batch_end IS NOT NULL;
+            IF FOUND AND e.seq OPERATOR(pg_catalog.>) COALESCE(pos.acked_seq, 0)
+               AND e.seq OPERATOR(pg_catalog.<=) pos.batch_end THEN
+                -- with the node's own relays' dead letters (this node's
+                -- idempotency.outbox_dead_letters): idem_outbox_dead_letters()
+                -- lists them, and maintenance deletes them as those
+                INSERT INTO idempotency.outbox_dead_letters AS d (role, relay, topic, event_id, key,
+                       headers, payload, payload_raw, published_at, reason, attempts, failed_at)
+                VALUES (p_role, p_relay, p_topic, e.event_id, e.key, e.headers, e.payload,
+                        e.payload_raw, e.published_at, p_reason, p_attempts, pg_catalog.clock_timestamp())
+                ON CONFLICT (role, relay, topic, event_id) DO UPDATE
+                   SET reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,
+                       failed_at = EXCLUDED.failed_at;
+                RETURN;
+            END IF;
+        END IF;
+    END IF;
+    RAISE EXCEPTION 'event %% is not in the current batch of relay "%%" of topic "%%"', p_event_id, p_relay, p_topic
+        USING ERRCODE = '55000',
+              HINT = 'Record a dead letter after idem_outbox_next() returned the event, before acknowledging its batch.';
+END
+$body$$fn$, tenant_type);
+
+    -- maintenance (coordinator): partitions made ahead, and dropped once
+    -- every relay of their events' topics acknowledged them and the
+    -- retention passed, or past the max age whatever the relays (the loss
+    -- recorded with each relay that had not acknowledged them)
+    CREATE FUNCTION idempotency.tenant_outbox_maintain(p_interval pg_catalog.int4, p_premake pg_catalog.int4,
+                                                       p_retention pg_catalog.int4, p_max_age pg_catalog.int4,
+                                                       p_lock_timeout pg_catalog.int4,
+                                                       OUT created pg_catalog.int4, OUT dropped pg_catalog.int4)
+    LANGUAGE plpgsql VOLATILE
+    SET search_path = pg_catalog, pg_temp
+    AS $body$
+    DECLARE
+        now_at pg_catalog.timestamptz := pg_catalog.clock_timestamp();
+        lo pg_catalog.timestamptz;
+        hi pg_catalog.timestamptz;
+        name pg_catalog.name;
+        part record;
+        g record;
+        rl record;
+        past boolean;
+        i pg_catalog.int4;
+    BEGIN
+        created := 0;
+        dropped := 0;
+        -- the relays of roles that no longer exist (a role made later with
+        -- the same OID would start from their positions), as for the
+        -- node's own relays; a row a transaction holds goes next time
+        DELETE FROM idempotency.tenant_relay_positions AS p
+         WHERE p.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+               SELECT q.ctid FROM idempotency.tenant_relay_positions AS q
+                WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                                   WHERE r.oid OPERATOR(pg_catalog.=) q.role::pg_catalog.oid)
+                  FOR UPDATE SKIP LOCKED));
+        DELETE FROM idempotency.tenant_relays AS x
+         WHERE x.ctid OPERATOR(pg_catalog.=) ANY (ARRAY(
+               SELECT q.ctid FROM idempotency.tenant_relays AS q
+                WHERE NOT EXISTS (SELECT FROM pg_catalog.pg_roles AS r
+                                   WHERE r.oid OPERATOR(pg_catalog.=) q.role::pg_catalog.oid)
+                  FOR UPDATE SKIP LOCKED));
+        lo := pg_catalog.to_timestamp(pg_catalog.floor(pg_catalog.date_part('epoch', now_at)
+                                                       OPERATOR(pg_catalog./) p_interval)
+                                      OPERATOR(pg_catalog.*) p_interval);
+        FOR i IN 0..p_premake LOOP
+            hi := lo OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => p_interval);
+            IF NOT EXISTS (SELECT FROM idempotency.tenant_event_partitions AS t
+                            WHERE t.lower_bound OPERATOR(pg_catalog.<) hi
+                              AND t.upper_bound OPERATOR(pg_catalog.>) lo) THEN
+                name := 'tenant_events_' OPERATOR(pg_catalog.||)
+                        pg_catalog.to_char(pg_catalog.timezone('UTC', lo), 'YYYYMMDD"_"HH24MISS');
+                BEGIN
+                    SET LOCAL citus.propagate_set_commands = 'local';
+                    EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %s', p_lock_timeout);
+                    EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I PARTITION OF idempotency.tenant_events FOR VALUES FROM (%L) TO (%L)',
+                                              name, lo, hi);
+                    -- what default privileges gave it: taken back
+                    FOR g IN
+                        SELECT a.grantee
+                          FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
+                         WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.format('idempotency.%I', name)::pg_catalog.regclass
+                           AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+                    LOOP
+                        EXECUTE pg_catalog.format('REVOKE ALL ON idempotency.%I FROM %s', name,
+                                                  CASE WHEN g.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                                       ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(g.grantee)) END);
+                    END LOOP;
+                    SET LOCAL lock_timeout TO DEFAULT;
+                    INSERT INTO idempotency.tenant_event_partitions VALUES (name, lo, hi);
+                    created := created OPERATOR(pg_catalog.+) 1;
+                EXCEPTION WHEN lock_not_available THEN
+                    RAISE LOG 'could not make partition "idempotency.%" of the tenant outbox now, will retry: %', name, SQLERRM;
+                END;
+            END IF;
+            lo := hi;
+        END LOOP;
+
+        FOR part IN
+            SELECT t.partition, t.lower_bound, t.upper_bound
+              FROM idempotency.tenant_event_partitions AS t
+             WHERE t.upper_bound OPERATOR(pg_catalog.+)
+                   pg_catalog.make_interval(secs => LEAST(p_retention, p_max_age)) OPERATOR(pg_catalog.<=) now_at
+             ORDER BY t.lower_bound
+        LOOP
+            past := part.upper_bound OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => p_max_age)
+                    OPERATOR(pg_catalog.<=) now_at;
+            BEGIN
+                SET LOCAL citus.propagate_set_commands = 'local';
+                EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %s', p_lock_timeout);
+                -- the lock of every shard of the partition, from here to the
+                -- drop: a publisher that wrote into it has ended, and no other
+                -- comes (no event is committed after it is found acknowledged)
+                EXECUTE pg_catalog.format('ALTER TABLE idempotency.%I REPLICA IDENTITY DEFAULT', part.partition);
+                SET LOCAL lock_timeout TO DEFAULT;
+                FOR g IN EXECUTE pg_catalog.format(
+                    'SELECT e.role, e.topic, e.tenant::pg_catalog.text AS tenant,
+                            pg_catalog.min(e.seq) AS lo, pg_catalog.max(e.seq) AS hi,
+                            pg_catalog.min(e.published_at) AS first_at, pg_catalog.max(e.published_at) AS last_at
+                       FROM idempotency.%I AS e GROUP BY 1, 2, 3', part.partition)
+                LOOP
+                    FOR rl IN
+                        SELECT x.relay, p.acked_seq
+                          FROM idempotency.tenant_relays AS x
+                          LEFT JOIN idempotency.tenant_relay_positions AS p
+                            ON p.role OPERATOR(pg_catalog.=) x.role AND p.relay OPERATOR(pg_catalog.=) x.relay
+                           AND p.topic OPERATOR(pg_catalog.=) x.topic AND p.tenant OPERATOR(pg_catalog.=) g.tenant
+                         WHERE x.role OPERATOR(pg_catalog.=) g.role AND x.topic OPERATOR(pg_catalog.=) g.topic
+                           AND (x.every_tenant OR p.relay IS NOT NULL)
+                           AND COALESCE(p.acked_seq, 0) OPERATOR(pg_catalog.<) g.hi
+                    LOOP
+                        IF NOT past THEN
+                            RAISE EXCEPTION 'kept' USING ERRCODE = 'IDK01';
+                        END IF;
+                        INSERT INTO idempotency.tenant_relay_positions AS p
+                               (role, relay, topic, tenant, acked_seq, lost_first, lost_last, lost_events, lost_from, lost_to)
+                        VALUES (g.role, rl.relay, g.topic, g.tenant, 0, g.lo, g.hi,
+                                g.hi OPERATOR(pg_catalog.-) g.lo OPERATOR(pg_catalog.+) 1, g.first_at, g.last_at)
+                        ON CONFLICT (role, relay, topic, tenant) DO UPDATE
+                           SET acked_seq = COALESCE(p.acked_seq, 0),
+                               lost_first = LEAST(p.lost_first, GREATEST(COALESCE(p.acked_seq, 0) OPERATOR(pg_catalog.+) 1, g.lo)),
+                               lost_last = GREATEST(p.lost_last, g.hi),
+                               lost_events = COALESCE(p.lost_events, 0) OPERATOR(pg_catalog.+)
+                                             (g.hi OPERATOR(pg_catalog.-) GREATEST(COALESCE(p.acked_seq, 0) OPERATOR(pg_catalog.+) 1, g.lo)
+                                              OPERATOR(pg_catalog.+) 1),
+                               lost_from = LEAST(p.lost_from, g.first_at),
+                               lost_to = GREATEST(p.lost_to, g.last_at);
+                    END LOOP;
+                END LOOP;
+                SET LOCAL citus.propagate_set_commands = 'local';
+                EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %s', p_lock_timeout);
+                EXECUTE pg_catalog.format('DROP TABLE idempotency.%I', part.partition);
+                SET LOCAL lock_timeout TO DEFAULT;
+                DELETE FROM idempotency.tenant_event_partitions AS t
+                 WHERE t.partition OPERATOR(pg_catalog.=) part.partition;
+                dropped := dropped OPERATOR(pg_catalog.+) 1;
+            EXCEPTION
+                WHEN lock_not_available THEN
+                    RAISE LOG 'could not drop partition "idempotency.%" of the tenant outbox now, will retry: %', part.partition, SQLERRM;
+                WHEN SQLSTATE 'IDK01' THEN
+                    NULL;		-- not acknowledged yet: kept
+            END;
+        END LOOP;
+    END
+    $body$;
+
+    FOREACH ledger IN ARRAY ARRAY['tenant_outbox_heads', 'tenant_events', 'tenant_relays',
+                                  'tenant_relay_positions', 'tenant_event_partitions'] LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON idempotency.%I FROM PUBLIC', ledger);
+        EXECUTE pg_catalog.format('ALTER TABLE idempotency.%I OWNER TO %I', ledger,
+                                  (SELECT pg_catalog.pg_get_userbyid(n.nspowner)
+                                     FROM pg_catalog.pg_namespace AS n
+                                    WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'));
+        -- and what default privileges gave anyone else
+        FOR part IN
+            SELECT a.grantee
+              FROM pg_catalog.pg_class AS c, pg_catalog.aclexplode(c.relacl) AS a
+             WHERE c.oid OPERATOR(pg_catalog.=) pg_catalog.format('idempotency.%I', ledger)::pg_catalog.regclass
+               AND a.grantee OPERATOR(pg_catalog.<>) c.relowner
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON idempotency.%I FROM %s', ledger,
+                                      CASE WHEN part.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                           ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(part.grantee)) END);
+        END LOOP;
+    END LOOP;
+    FOREACH ledger IN ARRAY ARRAY['tenant_outbox_next(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.int4, pg_catalog.int8, pg_catalog.text)',
+                                  'tenant_outbox_ack(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.int8, pg_catalog.int8, pg_catalog.text)',
+                                  'tenant_outbox_dead_letter(pg_catalog.regrole, pg_catalog.text, pg_catalog.text, pg_catalog.uuid, pg_catalog.text, pg_catalog.int4, pg_catalog.text)',
+                                  'tenant_outbox_fence(idempotency.tenant_relays, pg_catalog.int8)',
+                                  'tenant_outbox_report_loss(idempotency.tenant_relays)',
+                                  'tenant_outbox_maintain(pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4, pg_catalog.int4)'] LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION idempotency.%s FROM PUBLIC', ledger);
+        EXECUTE pg_catalog.format('ALTER FUNCTION idempotency.%s OWNER TO %I', ledger,
+                                  (SELECT pg_catalog.pg_get_userbyid(n.nspowner)
+                                     FROM pg_catalog.pg_namespace AS n
+                                    WHERE n.nspname OPERATOR(pg_catalog.=) 'idempotency'));
+        -- and what default privileges gave anyone else
+        FOR part IN
+            SELECT a.grantee
+              FROM pg_catalog.pg_proc AS p, pg_catalog.aclexplode(p.proacl) AS a
+             WHERE p.oid OPERATOR(pg_catalog.=) pg_catalog.format('idempotency.%s', ledger)::pg_catalog.regprocedure
+               AND a.grantee OPERATOR(pg_catalog.<>) p.proowner
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION idempotency.%s FROM %s', ledger,
+                                      CASE WHEN part.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                           ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(part.grantee)) END);
+        END LOOP;
+    END LOOP;
+    PERFORM pg_catalog.set_config('citus.enable_ddl_propagation', messages, true);
+    COMMENT ON TABLE idempotency.tenant_outbox_heads IS
+        'the last sequence number of each role''s topic per tenant, distributed by Citus with the tenant''s rows (idempotency.citus_distribute())';
+    COMMENT ON TABLE idempotency.tenant_events IS
+        'the outbox of the calls that name their tenant, distributed by Citus with the tenant''s rows (idempotency.citus_distribute())';
+    COMMENT ON TABLE idempotency.tenant_relays IS
+        'the relays of the tenant outbox (coordinator): batch and generation';
+    COMMENT ON TABLE idempotency.tenant_relay_positions IS
+        'the relays of the tenant outbox (coordinator): acknowledged sequence number and losses per tenant';
+    EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+      USING 'idempotency.tenant_outbox_heads', colocate_with::pg_catalog.text;
+    EXECUTE 'SELECT pg_catalog.create_distributed_table($1, ''tenant'', colocate_with => $2)'
+      USING 'idempotency.tenant_events', colocate_with::pg_catalog.text;
+    -- the tenant outbox's first partitions (maintenance makes the next)
+    PERFORM pg_catalog.idem_maintain();
 END
 $citus_distribute$;
 
 COMMENT ON FUNCTION idempotency.citus_distribute(regclass) IS
-'distributes the key and message ledgers and the tenant stream positions and producer sequences by tenant, co-located with a table distributed by its tenant (Citus coordinator, once, before the first call)';
+'distributes the key and message ledgers, the tenant stream positions and producer sequences and the tenant outbox by tenant, co-located with a table distributed by its tenant (Citus coordinator, once, before the first call)';
 
 REVOKE ALL ON FUNCTION idempotency.citus_distribute(regclass) FROM PUBLIC;
 
@@ -1572,6 +2161,120 @@ BEGIN
     END LOOP;
 END
 $tenant_positions_privileges$;
+
+-- 0.5.0: the outbox carried by Citus' shard operations (issue 37;
+-- src/outbox_tenant.c, doc/scale-out.md, "The outbox of a tenant").
+-- idem_publish(), idem_outbox_next(), idem_outbox_ack() and
+-- idem_outbox_dead_letter() take the tenant in overloads of their own, with every argument and no default, as the
+-- stream calls do.  With idempotency.tenant_events made by
+-- idempotency.citus_distribute(), the event is written in the tenant's
+-- local shard with the next number of its (role, topic, tenant), and the
+-- relay on the coordinator reads every tenant's events (tenant NULL) or
+-- one tenant's; otherwise the tenant is not used, and the call is the one
+-- without it.
+CREATE FUNCTION pg_catalog.idem_publish(topic text,
+                                        payload jsonb,
+                                        key text,
+                                        headers jsonb,
+                                        payload_raw bytea,
+                                        tenant text)
+RETURNS uuid
+AS 'MODULE_PATHNAME', 'idem_publish'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_publish(text, jsonb, text, jsonb, bytea, text) IS
+'writes an event into the outbox in the caller''s transaction and returns its event id (tenant: the shard of the outbox distributed by Citus)';
+
+CREATE FUNCTION pg_catalog.idem_outbox_next(relay text,
+                                            topic text,
+                                            max_events integer,
+                                            generation bigint,
+                                            tenant text)
+RETURNS TABLE (batch bigint, event_id uuid, key text, payload jsonb,
+               payload_raw bytea, headers jsonb, published_at timestamptz,
+               tenant text, seq bigint)
+AS 'MODULE_PATHNAME', 'idem_outbox_next'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_next(text, text, integer, bigint, text) IS
+'the relay''s current batch of events of a topic, the same until acknowledged (tenant: of the outbox distributed by Citus, NULL for every tenant)';
+
+CREATE FUNCTION pg_catalog.idem_outbox_ack(relay text,
+                                           topic text,
+                                           batch bigint,
+                                           generation bigint,
+                                           tenant text)
+RETURNS boolean
+AS 'MODULE_PATHNAME', 'idem_outbox_ack'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_ack(text, text, bigint, bigint, text) IS
+'acknowledges the relay''s current batch: true if it moved the relay past it (tenant: of the outbox distributed by Citus, NULL for every tenant)';
+
+CREATE FUNCTION pg_catalog.idem_outbox_dead_letter(relay text,
+                                                   topic text,
+                                                   event_id uuid,
+                                                   reason text,
+                                                   attempts integer,
+                                                   tenant text)
+RETURNS void
+AS 'MODULE_PATHNAME', 'idem_outbox_dead_letter'
+LANGUAGE C VOLATILE PARALLEL UNSAFE;
+
+COMMENT ON FUNCTION pg_catalog.idem_outbox_dead_letter(text, text, uuid, text, integer, text) IS
+'records that the relay gave up on an event of its current batch, with a copy of the event (tenant: of the outbox distributed by Citus, as the batch was taken)';
+
+-- Each overload gets exactly the privileges of its sibling without the
+-- tenant (what default privileges gave it is taken back first).
+DO $tenant_outbox_privileges$
+DECLARE
+    o record;
+    item record;
+BEGIN
+    FOR o IN
+        SELECT n.oid::pg_catalog.regprocedure AS name, n.proacl AS newacl,
+               d.proacl AS oldacl, n.proowner AS owner
+          FROM (VALUES
+                ('pg_catalog.idem_publish(text,jsonb,text,jsonb,bytea,text)'::pg_catalog.regprocedure::pg_catalog.oid,
+                 'pg_catalog.idem_publish(text,jsonb,text,jsonb,bytea)'::pg_catalog.regprocedure::pg_catalog.oid),
+                ('pg_catalog.idem_outbox_next(text,text,integer,bigint,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_outbox_next(text,text,integer,bigint)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_outbox_ack(text,text,bigint,bigint,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_outbox_ack(text,text,bigint,bigint)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_outbox_dead_letter(text,text,uuid,text,integer,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_outbox_dead_letter(text,text,uuid,text,integer)'::pg_catalog.regprocedure))
+               AS f (newobj, oldobj)
+          JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
+          JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj
+    LOOP
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', o.name);
+        FOR item IN
+            SELECT a.grantee
+              FROM pg_catalog.aclexplode(o.newacl) AS a
+             WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+               AND a.grantee OPERATOR(pg_catalog.<>) 0
+        LOOP
+            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', o.name,
+                                      pg_catalog.pg_get_userbyid(item.grantee));
+        END LOOP;
+        IF o.oldacl IS NULL THEN
+            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', o.name);
+        ELSE
+            FOR item IN
+                SELECT a.grantee, a.privilege_type, a.is_grantable
+                  FROM pg_catalog.aclexplode(o.oldacl) AS a
+                 WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
+            LOOP
+                EXECUTE pg_catalog.format('GRANT %s ON FUNCTION %s TO %s%s',
+                                          item.privilege_type, o.name,
+                                          CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
+                                               ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END,
+                                          CASE WHEN item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
+            END LOOP;
+        END IF;
+    END LOOP;
+END
+$tenant_outbox_privileges$;
 
 -- 0.5.0: the members this version adds get exactly the privileges of a
 -- fresh install in a plain database, as 0.4.0's members do (see the block

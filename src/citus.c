@@ -161,6 +161,8 @@ static IdemRouted routed[IDEM_NUM_LEDGERS + IDEM_CITUS_NUM_TABLES];
 const char *const IdemCitusTableNames[IDEM_CITUS_NUM_TABLES] = {
 	[IDEM_CITUS_TENANT_POSITIONS] = "tenant_positions",
 	[IDEM_CITUS_TENANT_SEQUENCES] = "tenant_sequences",
+	[IDEM_CITUS_TENANT_OUTBOX_HEADS] = "tenant_outbox_heads",
+	[IDEM_CITUS_TENANT_EVENTS] = "tenant_events",
 };
 
 /* the input function of the tenant column's type, for a type not text */

@@ -26,6 +26,8 @@ typedef enum IdemCitusTable
 {
 	IDEM_CITUS_TENANT_POSITIONS,	/* idempotency.tenant_positions */
 	IDEM_CITUS_TENANT_SEQUENCES,	/* idempotency.tenant_sequences */
+	IDEM_CITUS_TENANT_OUTBOX_HEADS, /* idempotency.tenant_outbox_heads */
+	IDEM_CITUS_TENANT_EVENTS,	/* idempotency.tenant_events */
 	IDEM_CITUS_NUM_TABLES
 } IdemCitusTable;
 

@@ -132,6 +132,7 @@ IdemMaintainDatabase(int *created, int *dropped)
 			int			segs_dropped;
 
 			IdemOutboxMaintain(now, &segs_created, &segs_dropped);
+			IdemTenantOutboxMaintain(&segs_created, &segs_dropped);
 			*created += segs_created;
 			*dropped += segs_dropped;
 		}

@@ -237,5 +237,33 @@ extern pg_uuid_t *IdemOutboxWriteEvent(Oid role, text *topic, text *key,
 									   Datum payload_raw, bool raw_null,
 									   const pg_uuid_t *event_id,
 									   TimestampTz published_at, int64 *ev);
+extern void IdemNewEventId(pg_uuid_t *id, TimestampTz now);
+extern void IdemOutboxTenantMessage(Oid role, text *topic, const pg_uuid_t *id,
+									TimestampTz published_at, text *key,
+									Datum headers, bool headers_null,
+									Datum payload, bool payload_null,
+									Datum payload_raw, bool raw_null,
+									text *tenant, int64 seq);
+
+/* ----------------------------------------------------------------
+ * The outbox of a tenant, distributed by Citus (outbox_tenant.c)
+ * ----------------------------------------------------------------
+ */
+extern bool IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
+							  bool headers_null, Datum payload,
+							  bool payload_null, Datum payload_raw,
+							  bool raw_null, text *tenant, pg_uuid_t **id);
+extern bool IdemTenantRelayDistributed(void);
+extern void IdemTenantRelayNext(FunctionCallInfo fcinfo, Oid role,
+								text *relay, text *topic, int32 max_events,
+								bool fenced, int64 generation, text *tenant);
+extern bool IdemTenantRelayAck(Oid role, text *relay, text *topic,
+							   int64 batch, bool fenced, int64 generation,
+							   text *tenant);
+extern void IdemTenantRelayDeadLetter(Oid role, text *relay, text *topic,
+									  pg_uuid_t *event_id, text *reason,
+									  bool has_attempts, int32 attempts,
+									  text *tenant);
+extern void IdemTenantOutboxMaintain(int *created, int *dropped);
 
 #endif							/* IDEMPOTENCY_OUTBOX_H */

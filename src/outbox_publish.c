@@ -84,9 +84,8 @@ static uint64 event_id_counter = 0;
 
 static void IdemLockEventKey(Oid role, text *topic, text *key);
 static void IdemCheckEventHeaders(Datum headers);
-static void IdemNewEventId(pg_uuid_t *id, TimestampTz now);
 static void IdemEmitLogicalMessage(Oid role, text *topic, Datum *values,
-								   bool *nulls);
+								   bool *nulls, const char *tenant, int64 seq);
 
 /*
  * IdemLockEventKey takes the lock of one key of one topic of "role" until
@@ -181,7 +180,7 @@ IdemCheckEventHeaders(Datum headers)
 }
 
 /* a new event id, UUID version 7 (see the file header) */
-static void
+void
 IdemNewEventId(pg_uuid_t *id, TimestampTz now)
 {
 	uint64		ms;
@@ -230,7 +229,8 @@ IdemNewEventId(pg_uuid_t *id, TimestampTz now)
  * base64) and the time it was published.
  */
 static void
-IdemEmitLogicalMessage(Oid role, text *topic, Datum *values, bool *nulls)
+IdemEmitLogicalMessage(Oid role, text *topic, Datum *values, bool *nulls,
+					   const char *tenant, int64 seq)
 {
 	StringInfoData buf;
 	char	   *role_name = GetUserNameFromId(role, false);
@@ -279,6 +279,13 @@ IdemEmitLogicalMessage(Oid role, text *topic, Datum *values, bool *nulls)
 	}
 	appendStringInfoString(&buf, ", \"published_at\": ");
 	escape_json(&buf, timestamptz_to_str(DatumGetTimestampTz(values[Anum_outbox_published_at - 1])));
+	if (tenant != NULL)
+	{
+		/* an event of the tenant outbox (outbox_tenant.c) */
+		appendStringInfoString(&buf, ", \"tenant\": ");
+		escape_json(&buf, tenant);
+		appendStringInfo(&buf, ", \"seq\": " INT64_FORMAT, seq);
+	}
 	appendStringInfoChar(&buf, '}');
 
 	(void) IdemLogLogicalMessage(IDEM_OUTBOX_MESSAGE_PREFIX, buf.data, buf.len,
@@ -399,14 +406,52 @@ IdemOutboxWriteEvent(Oid role, text *topic, text *key, Datum headers,
 	table_close(op.heap, NoLock);
 
 	if (idem_outbox_logical && event_id == NULL)
-		IdemEmitLogicalMessage(role, topic, values, nulls);
+		IdemEmitLogicalMessage(role, topic, values, nulls, NULL, 0);
 	return id;
+}
+
+/*
+ * IdemOutboxTenantMessage writes an event of the tenant outbox
+ * (outbox_tenant.c) as a logical decoding message, when
+ * idempotency.outbox_logical is on: the object of the node's own events,
+ * with the tenant (as text) and the event's number added.
+ */
+void
+IdemOutboxTenantMessage(Oid role, text *topic, const pg_uuid_t *id,
+						TimestampTz published_at, text *key, Datum headers,
+						bool headers_null, Datum payload, bool payload_null,
+						Datum payload_raw, bool raw_null, text *tenant,
+						int64 seq)
+{
+	Datum		values[Natts_outbox];
+	bool		nulls[Natts_outbox];
+
+	if (!idem_outbox_logical)
+		return;
+	memset(values, 0, sizeof(values));
+	memset(nulls, true, sizeof(nulls));
+	values[Anum_outbox_event_id - 1] = UUIDPGetDatum(id);
+	nulls[Anum_outbox_event_id - 1] = false;
+	values[Anum_outbox_published_at - 1] = TimestampTzGetDatum(published_at);
+	nulls[Anum_outbox_published_at - 1] = false;
+	values[Anum_outbox_key - 1] = PointerGetDatum(key);
+	nulls[Anum_outbox_key - 1] = (key == NULL);
+	values[Anum_outbox_headers - 1] = headers;
+	nulls[Anum_outbox_headers - 1] = headers_null;
+	values[Anum_outbox_payload - 1] = payload;
+	nulls[Anum_outbox_payload - 1] = payload_null;
+	values[Anum_outbox_payload_raw - 1] = payload_raw;
+	nulls[Anum_outbox_payload_raw - 1] = raw_null;
+	IdemEmitLogicalMessage(role, topic, values, nulls, text_to_cstring(tenant),
+						   seq);
 }
 
 /*
  * idem_publish(topic text, payload jsonb DEFAULT NULL, key text DEFAULT NULL,
  *				headers jsonb DEFAULT NULL, payload_raw bytea DEFAULT NULL)
  *		RETURNS uuid
+ * idem_publish(topic text, payload jsonb, key text, headers jsonb,
+ *				payload_raw bytea, tenant text) RETURNS uuid
  *
  * Writes one event into the outbox in the caller's transaction, and
  * returns its event id.
@@ -431,6 +476,26 @@ idem_publish(PG_FUNCTION_ARGS)
 						 PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4),
 						 PG_ARGISNULL(4));
 	IdemCheckWritable("idem_publish()");
+
+	/*
+	 * The overload with a tenant (the sixth argument): into the tenant's
+	 * outbox if citus_distribute() made it (outbox_tenant.c), else the
+	 * tenant is not used.
+	 */
+	if (PG_NARGS() > 5 &&
+		IdemTenantPublish(GetUserId(), topic, key,
+						  PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),
+						  PG_ARGISNULL(3),
+						  PG_ARGISNULL(1) ? (Datum) 0 : PG_GETARG_DATUM(1),
+						  PG_ARGISNULL(1),
+						  PG_ARGISNULL(4) ? (Datum) 0 : PG_GETARG_DATUM(4),
+						  PG_ARGISNULL(4),
+						  PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5),
+						  &event_id))
+	{
+		IdemStatsAdd(IDEM_STAT_OUTBOX_PUBLISHED, 1);
+		PG_RETURN_UUID_P(event_id);
+	}
 
 	event_id = IdemOutboxWriteEvent(GetUserId(), topic, key,
 									PG_ARGISNULL(3) ? (Datum) 0 : PG_GETARG_DATUM(3),

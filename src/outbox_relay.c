@@ -86,8 +86,12 @@ PG_FUNCTION_INFO_V1(idem_outbox_dead_letter);
 /* An empty window is stored only if the stored one is older than this */
 #define IDEM_RELAY_IDLE_WRITE_US	USECS_PER_SEC
 
-/* Columns of idem_outbox_next()'s result */
+/*
+ * Columns of idem_outbox_next()'s result; the overload with a tenant has
+ * two more (tenant, seq), NULL for the events of the node's own outbox
+ */
 #define Natts_next					7
+#define Natts_next_tenant			9
 
 /* ----------------------------------------------------------------
  * Snapshots
@@ -521,10 +525,12 @@ IdemEventValue(TupleTableSlot *slot, int attnum, bool *isnull)
 static void
 IdemEmitEvent(ReturnSetInfo *rsinfo, int64 batch, TupleTableSlot *slot)
 {
-	Datum		v[Natts_next];
-	bool		n[Natts_next];
+	Datum		v[Natts_next_tenant];
+	bool		n[Natts_next_tenant];
 
 	slot_getallattrs(slot);
+	v[7] = v[8] = (Datum) 0;
+	n[7] = n[8] = true;
 	v[0] = Int64GetDatum(batch);
 	n[0] = false;
 	v[1] = IdemEventValue(slot, Anum_outbox_event_id, &n[1]);
@@ -743,6 +749,15 @@ idem_outbox_next(PG_FUNCTION_ARGS)
 				 errmsg("max_events must be at least 1")));
 	fenced = IdemGenerationArg(fcinfo, 3, &generation);
 	IdemCheckWritable("idem_outbox_next()");
+
+	/* with a tenant: the tenant outbox on the coordinator (outbox_tenant.c) */
+	if (PG_NARGS() > 4 && IdemTenantRelayDistributed())
+	{
+		IdemTenantRelayNext(fcinfo, role, relay, topic, max_events, fenced,
+							generation,
+							PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4));
+		return (Datum) 0;
+	}
 	InitMaterializedSRF(fcinfo, 0);
 
 	IdemRelayLock(role, relay, topic, false, NULL);
@@ -843,6 +858,12 @@ idem_outbox_ack(PG_FUNCTION_ARGS)
 	fenced = IdemGenerationArg(fcinfo, 3, &generation);
 	IdemCheckWritable("idem_outbox_ack()");
 
+	/* with a tenant: the tenant outbox on the coordinator (outbox_tenant.c) */
+	if (PG_NARGS() > 4 && IdemTenantRelayDistributed())
+		PG_RETURN_BOOL(IdemTenantRelayAck(role, relay, topic, batch, fenced,
+										  generation,
+										  PG_ARGISNULL(4) ? NULL : PG_GETARG_TEXT_PP(4)));
+
 	IdemRelayLock(role, relay, topic, false, NULL);
 	IdemRelayLoad(role, relay, topic, &st);
 	if (!st.found)
@@ -941,6 +962,15 @@ idem_outbox_dead_letter(PG_FUNCTION_ARGS)
 					 errmsg("attempts must not be negative")));
 	}
 	IdemCheckWritable("idem_outbox_dead_letter()");
+
+	/* with a tenant: the tenant outbox on the coordinator (outbox_tenant.c) */
+	if (PG_NARGS() > 5 && IdemTenantRelayDistributed())
+	{
+		IdemTenantRelayDeadLetter(role, relay, topic, event_id, reason,
+								  !PG_ARGISNULL(4), attempts,
+								  PG_ARGISNULL(5) ? NULL : PG_GETARG_TEXT_PP(5));
+		PG_RETURN_VOID();
+	}
 
 	IdemRelayLock(role, relay, topic, false, NULL);
 	IdemRelayLoad(role, relay, topic, &st);

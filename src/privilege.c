@@ -228,6 +228,24 @@ IdemExecAsOwner(const char *sql, int lock_timeout_ms)
 }
 
 /*
+ * IdemPinOwnerSettings sets the settings of pinned_settings, as
+ * IdemExecAsOwner does, at a new GUC nest level that it returns: the
+ * caller gives it to AtEOXact_GUC(true, level) when done (transaction or
+ * subtransaction abort restores them on error).  For SQL that the storage
+ * owner runs for a caller and whose rows the caller reads (SPI, as
+ * outbox_tenant.c does).
+ */
+int
+IdemPinOwnerSettings(void)
+{
+	int			level = NewGUCNestLevel();
+
+	IdemPinSettings(pinned_settings, lengthof(pinned_settings),
+					PGC_S_SESSION, GUC_ACTION_SAVE);
+	return level;
+}
+
+/*
  * IdemStorageOwner returns the owner of schema idempotency, who owns the
  * extension's tables.
  */

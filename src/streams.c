@@ -1078,8 +1078,12 @@ IdemStreamsMaintain(TimestampTz before)
 		removed += IdemExecAsOwner(sql.data, 0);
 	}
 	pfree(sql.data);
-	for (i = 0; i < IDEM_CITUS_NUM_TABLES; i++)
-		removed += IdemTenantStreamsMaintain(nsp, IdemCitusTableNames[i], cutoff);
+	removed += IdemTenantStreamsMaintain(nsp,
+										 IdemCitusTableNames[IDEM_CITUS_TENANT_POSITIONS],
+										 cutoff);
+	removed += IdemTenantStreamsMaintain(nsp,
+										 IdemCitusTableNames[IDEM_CITUS_TENANT_SEQUENCES],
+										 cutoff);
 	pfree(cutoff);
 	IdemStatsAdd(IDEM_STAT_STREAMS_REMOVED, removed);
 	return removed;

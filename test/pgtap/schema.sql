@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(120);
+SELECT plan(123);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -146,9 +146,10 @@ SELECT is((SELECT array_agg(p.proname::text ORDER BY p.proname)
                 'idem_claim', 'idem_complete',
                 'idem_consume_message', 'idem_consume_message', 'idem_consume_messages',
                 'idem_consume_messages', 'idem_lookup', 'idem_maintain',
-                'idem_outbox_ack', 'idem_outbox_dead_letter', 'idem_outbox_dead_letters',
-                'idem_outbox_next', 'idem_outbox_relays', 'idem_positions', 'idem_positions',
-                'idem_publish',
+                'idem_outbox_ack', 'idem_outbox_ack', 'idem_outbox_dead_letter',
+                'idem_outbox_dead_letter', 'idem_outbox_dead_letters', 'idem_outbox_next', 'idem_outbox_next',
+                'idem_outbox_relays', 'idem_positions', 'idem_positions',
+                'idem_publish', 'idem_publish',
                 'idem_recover', 'idem_release', 'idem_sequence', 'idem_sequence'],
           'the API functions in pg_catalog are members of the extension');
 
@@ -182,6 +183,16 @@ SELECT throws_ok($$SELECT * FROM idem_advance('c', 's', 0, 0, 9, tenant => 't')$
                  'an advance that names the tenant without generation finds no function');
 SELECT ok(to_regclass('idempotency.tenant_positions') IS NULL,
           'no idempotency.tenant_positions until citus_distribute() makes it');
+SELECT ok(has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_publish(text, jsonb, text, jsonb, bytea, text)', 'EXECUTE')
+          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_next(text, text, integer, bigint, text)', 'EXECUTE')
+          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_ack(text, text, bigint, bigint, text)', 'EXECUTE')
+          AND has_function_privilege('idem_pgtap_plain', 'pg_catalog.idem_outbox_dead_letter(text, text, uuid, text, integer, text)', 'EXECUTE'),
+          'an ordinary role can execute idem_publish(), idem_outbox_next(), idem_outbox_ack() and idem_outbox_dead_letter() with a tenant');
+SELECT is(pg_get_function_arguments('pg_catalog.idem_publish(text, jsonb, text, jsonb, bytea, text)'::regprocedure),
+          'topic text, payload jsonb, key text, headers jsonb, payload_raw bytea, tenant text',
+          'idem_publish() with a tenant: argument names, no defaults');
+SELECT ok(to_regclass('idempotency.tenant_events') IS NULL AND to_regclass('idempotency.tenant_relays') IS NULL,
+          'no tenant outbox until citus_distribute() makes it');
 SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.citus_distribute(regclass)', 'EXECUTE'),
           'an ordinary role cannot execute idempotency.citus_distribute()');
 

@@ -826,6 +826,384 @@ $stay->quit;
 $back->quit;
 $copy_holder->quit;
 $mover->quit;
+
+# The outbox of a tenant (issue 37; src/outbox_tenant.c): with the tenant
+# outbox made by citus_distribute(), idem_publish(..., tenant) numbers a
+# tenant's events of a topic densely in commit order in the tenant's shard,
+# and the relay on the coordinator (idem_outbox_next/ack(..., tenant))
+# reads them per tenant in that order, the same batch until acknowledged,
+# fenced by its generation, each role only its own.  A force_logical move
+# of the tenant's shard carries its unrelayed events: the relay then reads
+# them from the new node, none lost, none twice.  Maintenance drops a
+# partition once its events are acknowledged and the retention passed,
+# keeps one not acknowledged, and past the max age drops it and the relay
+# is told of the loss (ID003).
+my $ob_fast = q{
+SET idempotency.partition_interval = '2s';
+SET idempotency.key_ttl = '1s';
+SET idempotency.message_ttl = '1s';
+SET idempotency.premake = 8;
+};
+for my $n ($node, $node2)
+{
+	$n->safe_psql('postgres', 'CREATE DATABASE obx');
+	$n->safe_psql('obx', 'CREATE EXTENSION citus');
+	$n->safe_psql('obx', qq{
+SET citus.enable_ddl_propagation = off;
+ALTER DATABASE obx SET idempotency.partition_interval = '2s';
+ALTER DATABASE obx SET idempotency.key_ttl = '1s';
+ALTER DATABASE obx SET idempotency.message_ttl = '1s';
+ALTER DATABASE obx SET idempotency.premake = 8;
+});
+}
+$node->safe_psql('obx', qq{
+CREATE ROLE ob_a LOGIN;
+CREATE ROLE ob_b LOGIN;
+SELECT citus_set_coordinator_host('$host', $port);
+SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
+CREATE EXTENSION idempotency;
+CREATE TABLE payments (tenant text NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
+SELECT create_distributed_table('payments', 'tenant');
+-- what default privileges would give ob_b on the tenant outbox
+ALTER DEFAULT PRIVILEGES IN SCHEMA idempotency GRANT SELECT ON TABLES TO ob_b;
+ALTER DEFAULT PRIVILEGES IN SCHEMA idempotency GRANT EXECUTE ON FUNCTIONS TO ob_b;
+SELECT idempotency.citus_distribute('payments');
+SELECT citus_add_node('$host2', $port2);
+$ob_fast
+SELECT count(*) FROM idem_maintain();
+});
+is($node->safe_psql('obx', q{
+SELECT string_agg(logicalrelid::text, ',' ORDER BY logicalrelid::text)
+  FROM pg_dist_partition
+ WHERE logicalrelid IN ('idempotency.tenant_outbox_heads'::regclass, 'idempotency.tenant_events'::regclass)
+   AND colocationid = (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'payments'::regclass)
+   AND column_to_column_name(logicalrelid, partkey) = 'tenant'}),
+	'idempotency.tenant_events,idempotency.tenant_outbox_heads',
+	'the tenant outbox is distributed by tenant, co-located with payments');
+is($node->safe_psql('obx', q{
+SELECT count(*) FROM pg_dist_partition
+ WHERE logicalrelid::text ~ '^idempotency\.tenant_(relays|relay_positions|event_partitions)$'}) . ' '
+   . $node2->safe_psql('obx', q{
+SELECT (to_regclass('idempotency.tenant_relays') IS NULL)::text || ' '
+    || (to_regproc('idempotency.tenant_outbox_next') IS NULL)::text}), '0 true true',
+	'the relays\' positions and functions stay on the coordinator');
+is($node->safe_psql('obx', q{
+SELECT string_agg(c.relname || ':' || coalesce(array_to_string(c.relacl, ','), 'none'), ' ' ORDER BY c.relname)
+  FROM pg_class c
+ WHERE c.relnamespace = 'idempotency'::regnamespace
+   AND c.relname IN ('tenant_outbox_heads', 'tenant_events', 'tenant_relays', 'tenant_relay_positions')}),
+	'tenant_events:postgres=arwdDxt/postgres tenant_outbox_heads:postgres=arwdDxt/postgres tenant_relay_positions:postgres=arwdDxt/postgres tenant_relays:postgres=arwdDxt/postgres',
+	'the tenant outbox\'s tables are granted to nobody, whatever default privileges say');
+is($node->safe_psql('obx', q{
+SELECT count(*) FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
+ WHERE h.inhparent = 'idempotency.tenant_events'::regclass
+   AND c.relacl::text ~ 'ob_b'}), '0', 'and so are its partitions');
+is($node->safe_psql('obx', qq{
+GRANT SELECT ON idempotency.tenant_events, idempotency.tenant_relay_positions TO ob_b;
+$ob_fast
+SELECT count(*) FROM idem_maintain();
+SELECT count(*) FROM pg_class c
+ WHERE c.oid IN ('idempotency.tenant_events'::regclass, 'idempotency.tenant_relay_positions'::regclass)
+   AND c.relacl::text ~ 'ob_b'}) =~ s/^(?:.*\n)*//r, '0',
+	'a grant on them is taken back by maintenance on the coordinator');
+$node->psql('obx', q{SELECT * FROM idempotency.tenant_outbox_next('ob_a', 'r', 'orders', 10, NULL, NULL)},
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_b' ]);
+like($stderr, qr/permission denied/, 'a role cannot call the relay\'s SQL function itself');
+
+my $pub = sub {
+	my ($role, $topic, $payload, $tenant, $db_node) = @_;
+	$db_node //= $node;
+	return $db_node->safe_psql('obx', qq{
+SELECT idem_publish('$topic', '$payload', NULL, NULL, NULL, '$tenant')},
+		extra_params => [ '-U', $role ]);
+};
+# seq of an event id (through Citus, as the superuser)
+my $seq_of = sub {
+	my ($id) = @_;
+	return $node->safe_psql('obx', qq{
+SELECT tenant || ':' || seq FROM idempotency.tenant_events WHERE event_id = '$id'});
+};
+my $next = sub {
+	my ($role, $relay, $topic, $max, $generation, $tenant) = @_;
+	$generation //= 'NULL';
+	$tenant = defined $tenant ? "'$tenant'" : 'NULL';
+	return $node->safe_psql('obx', qq{
+SELECT string_agg(batch || ':' || tenant || ':' || seq || ':' || (payload->>'n'), ' ')
+  FROM idem_outbox_next('$relay', '$topic', $max, $generation, $tenant)},
+		extra_params => [ '-U', $role ]);
+};
+my $ack = sub {
+	my ($role, $relay, $topic, $batch, $generation, $tenant) = @_;
+	$generation //= 'NULL';
+	$tenant = defined $tenant ? "'$tenant'" : 'NULL';
+	return $node->safe_psql('obx', qq{
+SELECT idem_outbox_ack('$relay', '$topic', $batch, $generation, $tenant)},
+		extra_params => [ '-U', $role ]);
+};
+
+$node->safe_psql('obx', "$ob_fast SELECT count(*) FROM idem_maintain()");
+$pub->('ob_a', 'orders', qq{{"n": "a$_"}}, 'acme') for 1 .. 3;
+$pub->('ob_a', 'orders', qq{{"n": "b$_"}}, 'beta') for 1 .. 2;
+is($node->safe_psql('obx', q{
+SELECT string_agg(tenant || ':' || seq || ':' || (payload->>'n'), ' ' ORDER BY tenant, seq)
+  FROM idempotency.tenant_events}), 'acme:1:a1 acme:2:a2 acme:3:a3 beta:1:b1 beta:2:b2',
+	'the events of each tenant are numbered densely, in the shard of the tenant');
+is($node->safe_psql('obx', q{SELECT to_regclass('idempotency.outbox') IS NULL}), 't',
+	'the node\'s own outbox has none of them (it was never made)');
+
+# a batch: a prefix of each tenant, round robin; the same until ack
+is($next->('ob_a', 'r', 'orders', 3), '1:acme:1:a1 1:beta:1:b1 1:acme:2:a2',
+	'the relay gets each tenant\'s events in order, round robin');
+is($next->('ob_a', 'r', 'orders', 100), '1:acme:1:a1 1:beta:1:b1 1:acme:2:a2',
+	'the same batch until it is acknowledged');
+is($ack->('ob_a', 'r', 'orders', 1), 't', 'ack moves the relay past the batch');
+is($ack->('ob_a', 'r', 'orders', 1), 'f', 'a second ack of the batch: false');
+is($next->('ob_a', 'r', 'orders', 100), '2:acme:3:a3 2:beta:2:b2',
+	'the next batch: the rest of each tenant');
+is($ack->('ob_a', 'r', 'orders', 2), 't', 'acknowledged');
+is($next->('ob_a', 'r', 'orders', 100), '', 'nothing more');
+# one tenant's events only
+$pub->('ob_a', 'orders', qq{{"n": "a4"}}, 'acme');
+$pub->('ob_a', 'orders', qq{{"n": "b3"}}, 'beta');
+is($next->('ob_a', 'solo', 'orders', 100, undef, 'beta'), '1:beta:1:b1 1:beta:2:b2 1:beta:3:b3',
+	'a relay of one tenant reads that tenant only');
+
+# generation fence, as the relay without a tenant
+is($next->('ob_a', 'r', 'orders', 1, 5), '3:acme:4:a4', 'a generation fences the relay');
+# a dead letter of an event of the current batch, listed with the node's own
+$node->safe_psql('obx', q{
+SELECT idem_outbox_dead_letter('r', 'orders', (SELECT event_id FROM idem_outbox_next('r', 'orders', 1, 5, NULL)),
+                               'gone', 3, NULL)}, extra_params => [ '-U', 'ob_a' ]);
+is($node->safe_psql('obx', q{
+SELECT relay || ' ' || topic || ' ' || (payload->>'n') || ' ' || reason || ' ' || attempts
+  FROM idem_outbox_dead_letters('r', 'orders')}, extra_params => [ '-U', 'ob_a' ]),
+	'r orders a4 gone 3', 'a dead letter of the tenant outbox, listed by idem_outbox_dead_letters()');
+my $b1 = $node->safe_psql('obx', q{SELECT event_id FROM idempotency.tenant_events WHERE payload->>'n' = 'b1'});
+$node->psql('obx', qq{
+\\set VERBOSITY verbose
+SELECT idem_outbox_dead_letter('r', 'orders', '$b1', 'gone', 3, NULL)},
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+like($stderr, qr/ERROR:  55000: event $b1 is not in the current batch of relay "r" of topic "orders"/,
+	'an event not in the current batch (acknowledged before): 55000');
+$node->psql('obx', q{
+\set VERBOSITY verbose
+SELECT * FROM idem_outbox_next('r', 'orders', 1, 4, NULL)},
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+like($stderr, qr/ERROR:  ID001: generation 4 of relay "r" of topic "orders" is stale/,
+	'a lower generation is refused: ID001');
+$node->psql('obx', q{
+\set VERBOSITY verbose
+SELECT idem_outbox_ack('r', 'orders', 3, NULL, NULL)},
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+like($stderr, qr/ERROR:  ID001: relay "r" of topic "orders" is fenced, and no generation was given/,
+	'no generation once fenced: ID001');
+is($ack->('ob_a', 'r', 'orders', 3, 5), 't', 'the fenced relay acknowledges with its generation');
+is($next->('ob_a', 'r', 'orders', 100, 5), '4:beta:3:b3', 'and goes on');
+is($ack->('ob_a', 'r', 'orders', 4, 5), 't', 'acknowledged');
+
+# roles: another role's relay of the same name and topic sees none of the
+# first role's events; its own events of the same topic and tenant are
+# numbered on their own
+is($next->('ob_b', 'r', 'orders', 100), '', 'another role\'s relay sees no event of the first role');
+$pub->('ob_b', 'orders', qq{{"n": "x1"}}, 'acme');
+is($next->('ob_b', 'r', 'orders', 100), '1:acme:1:x1', 'its own events, numbered on their own');
+is($ack->('ob_b', 'r', 'orders', 1), 't', 'acknowledged');
+is($next->('ob_a', 'r', 'orders', 100, 5), '', 'the first role\'s relay does not see them');
+
+# with idempotency.outbox_logical, the event is also a logical decoding
+# message of the node that writes it, with its tenant and number
+$node->safe_psql('obx', q{SELECT pg_create_logical_replication_slot('ob_slot', 'test_decoding')});
+$node->safe_psql('obx', q{
+SET idempotency.outbox_logical = on;
+BEGIN;
+SELECT idem_publish('logical', '{"n": "g1"}', 'k', NULL, NULL, 'beta');
+COMMIT;
+BEGIN;
+SELECT idem_publish('logical', '{"n": "rolled-back"}', 'k', NULL, NULL, 'beta');
+ROLLBACK;
+});
+like($node->safe_psql('obx', q{
+SELECT string_agg(data, ' ') FROM pg_logical_slot_get_changes('ob_slot', NULL, NULL, 'include-xids', '0')
+ WHERE data LIKE 'message:%'}),
+	qr/^message: transactional: 1 prefix: idempotency\.outbox, sz: \d+ content:\{"event_id": "[0-9a-f-]+", "role": "[^"]+", "topic": "logical", "key": "k", "headers": null, "payload": \{"n": "g1"\}, "payload_raw": null, "published_at": "[^"]+", "tenant": "beta", "seq": 1\}$/,
+	'with outbox_logical, a committed tenant event is a logical decoding message with its tenant and number, a rolled back one is not');
+$node->safe_psql('obx', q{SELECT pg_drop_replication_slot('ob_slot')});
+
+# the relays of a role that no longer exists go at the next maintenance
+$node->safe_psql('obx', 'CREATE ROLE ob_c LOGIN');
+$pub->('ob_c', 'orders', qq{{"n": "c1"}}, 'acme');
+is($next->('ob_c', 'gone', 'orders', 10), '1:acme:1:c1', 'a relay of a role about to be dropped');
+$node->safe_psql('obx', 'DROP ROLE ob_c');
+is($node->safe_psql('obx', qq{
+$ob_fast
+SELECT count(*) FROM idem_maintain();
+SELECT (SELECT count(*) FROM idempotency.tenant_relays WHERE relay = 'gone') || ' '
+    || (SELECT count(*) FROM idempotency.tenant_relay_positions WHERE relay = 'gone')}) =~ s/^(?:.*\n)*//r,
+	'0 0', 'maintenance deletes the relays of a dropped role');
+
+# a rollback gives its number back: no event, no gap
+$node->safe_psql('obx', q{
+BEGIN;
+SELECT idem_publish('orders', '{"n": "rolled-back"}', NULL, NULL, NULL, 'acme');
+ROLLBACK;
+}, extra_params => [ '-U', 'ob_a' ]);
+is($seq_of->($pub->('ob_a', 'orders', qq{{"n": "a5"}}, 'acme')), 'acme:5',
+	'a rolled back publish leaves no event and no gap');
+
+# a second publisher of the same (role, topic, tenant) waits for the first
+# to commit, and takes the next number
+$node->safe_psql('obx', "$ob_fast SELECT count(*) FROM idem_maintain()");
+my $p1 = $node->background_psql('obx', on_error_stop => 0, extra_params => [ '-U', 'ob_a' ]);
+my $p2 = $node->background_psql('obx', on_error_stop => 0, extra_params => [ '-U', 'ob_a' ]);
+my $p2_pid = $p2->query_safe('SELECT pg_backend_pid()');
+my $id1 = $p1->query_safe(q{BEGIN; SELECT idem_publish('orders', '{"n": "a6"}', NULL, NULL, NULL, 'acme')});
+$p2->query_until(qr/go\n/, "\\echo go\nSELECT idem_publish('orders', '{\"n\": \"a7\"}', NULL, NULL, NULL, 'acme');\n");
+ok( poll_until(
+		'the second publisher waits',
+		sub {
+			$node->safe_psql('obx', qq{
+SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $p2_pid}) eq 't';
+		}),
+	'a second publisher of the tenant\'s topic waits for the first');
+$p1->query_safe('COMMIT');
+my $id2 = $p2->query('SELECT 1');
+$id2 = (split /\n/, $id2)[0];
+is($seq_of->($id1) . ' ' . $seq_of->($id2), 'acme:6 acme:7',
+	'and takes the next number once the first committed');
+$p1->quit;
+$p2->quit;
+
+# A force_logical move of acme's shard carries its unrelayed events and
+# their numbers; the relay then reads the rest from the new node, none lost,
+# none twice.  As the bootstrap superuser, whose OID is 10 on every node:
+# Citus copies a shard's regrole columns as OIDs (binary COPY), and an
+# ordinary role has another OID on each node (see the TODO below).
+$node->safe_psql('obx', "$ob_fast SELECT count(*) FROM idem_maintain()");
+my $su = $node->safe_psql('obx', 'SELECT current_user');
+$pub->($su, 'moved', qq{{"n": "m$_"}}, 'acme') for 1 .. 4;
+$pub->($su, 'moved', qq{{"n": "n$_"}}, 'beta') for 1 .. 2;
+is($next->($su, 'r', 'moved', 3), '1:acme:1:m1 1:beta:1:n1 1:acme:2:m2',
+	'a batch handed out before the move');
+$pub->('ob_a', 'orders', qq{{"n": "a$_"}}, 'acme') for 8 .. 9;
+# and a key of the ordinary role, paid before the move (see the TODO below)
+my $pay = q{
+BEGIN;
+SELECT status FROM idem_claim('pay-1', scope => 'acme', ttl => '10 seconds');
+SELECT idem_complete('pay-1', 201, '{"id": 1}', scope => 'acme');
+COMMIT;
+};
+like($node->safe_psql('obx', $pay, extra_params => [ '-U', 'ob_a' ]), qr/^claimed\n?$/,
+	'an ordinary role\'s key of acme, paid before the move');
+$node->safe_psql('obx', qq{
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idempotency.tenant_events', 'acme'),
+                                  '$host', $port, '$host2', $port2,
+                                  shard_transfer_mode => 'force_logical');
+});
+is($node->safe_psql('obx', q{
+SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+ WHERE p.shardid = get_shard_id_for_distribution_column('idempotency.tenant_events', 'acme')}),
+	$port2, 'acme\'s outbox shard moved to the second node');
+$node->psql('obx', q{
+\set VERBOSITY verbose
+SELECT idem_publish('moved', '{"n": "nowhere"}', NULL, NULL, NULL, 'acme')},
+	stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/ERROR:  0A000: /, 'a publish for acme on the coordinator is refused (0A000)');
+is($seq_of->($pub->($su, 'moved', qq{{"n": "m5"}}, 'acme', $node2)), 'acme:5',
+	'on the new node, acme\'s numbers go on');
+$node2->psql('obx', q{
+\set VERBOSITY verbose
+SELECT * FROM idem_outbox_next('r', 'moved', 10, NULL, NULL)},
+	stdout => \$stdout, stderr => \$stderr);
+like($stderr, qr/ERROR:  0A000: the outbox of the tenants is relayed on the Citus coordinator/,
+	'a relay with a tenant on a worker is refused (0A000)');
+is($next->($su, 'r', 'moved', 100), '1:acme:1:m1 1:beta:1:n1 1:acme:2:m2',
+	'the batch handed out before the move, again');
+is($ack->($su, 'r', 'moved', 1), 't', 'acknowledged');
+is($next->($su, 'r', 'moved', 100), '2:acme:3:m3 2:beta:2:n2 2:acme:4:m4 2:acme:5:m5',
+	'the relay reads the rest from the new node: none lost, none twice');
+is($ack->($su, 'r', 'moved', 2), 't', 'acknowledged');
+TODO:
+{
+	local $TODO = 'Citus copies regrole columns as OIDs; an ordinary role has another OID on each node';
+	is($seq_of->($pub->('ob_a', 'orders', qq{{"n": "a10"}}, 'acme', $node2)), 'acme:10',
+		'an ordinary role\'s numbers go on on the new node');
+	is($next->('ob_a', 'r', 'orders', 100, 5), '5:acme:5:a5 5:acme:6:a6 5:acme:7:a7 5:acme:8:a8 5:acme:9:a9 5:acme:10:a10',
+		'and its relay reads them from there');
+	# the same holds for the distributed ledgers: the key's row is on the
+	# new node under the source node's OID of the role, so the key is
+	# claimed (paid) again there
+	like($node2->safe_psql('obx', $pay, extra_params => [ '-U', 'ob_a' ]), qr/^completed\n?$/,
+		'an ordinary role\'s key paid before the move replays on the new node');
+}
+
+# Maintenance: the partition of an acknowledged event is dropped once the
+# retention has passed, that of an event not acknowledged is kept, until
+# the max age, when it is dropped and the relay is told of the loss.
+my $part_of = sub {
+	my ($id) = @_;
+	my $at = $node->safe_psql('obx', qq{
+SELECT published_at FROM idempotency.tenant_events WHERE event_id = '$id'});
+	return $node->safe_psql('obx', qq{
+SELECT p.partition || ' ' || p.upper_bound FROM idempotency.tenant_event_partitions p
+ WHERE '$at' >= p.lower_bound AND '$at' < p.upper_bound});
+};
+# a partition of its own for each of the two events below: one that
+# starts after every event published so far
+my $last_end = (split / /, $part_of->($pub->($su, 'moved', qq{{"n": "n3"}}, 'beta')), 2)[1];
+ok( poll_until(
+		'the partition of the last event so far ended',
+		sub {
+			$node->safe_psql('obx', qq{SELECT clock_timestamp() > '$last_end'}) eq 't';
+		}),
+	'the partition of the last event so far ended');
+$node->safe_psql('obx', "$ob_fast SELECT count(*) FROM idem_maintain()");
+is($next->('ob_a', 'slow', 'ledger', 10), '', 'a relay of topic "ledger" that will not acknowledge');
+my ($done_part, $done_end) = split / /, $part_of->($pub->('ob_a', 'done', qq{{"n": "d1"}}, 'beta')), 2;
+is($next->('ob_a', 'd', 'done', 100), '1:beta:1:d1', 'an event relayed');
+is($ack->('ob_a', 'd', 'done', 1), 't', 'and acknowledged');
+ok( poll_until(
+		'the partition of the acknowledged event ended',
+		sub {
+			$node->safe_psql('obx', qq{SELECT clock_timestamp() > '$done_end'}) eq 't';
+		}),
+	'the partition of the acknowledged event ended');
+my ($kept_part, $kept_end) = split / /, $part_of->($pub->('ob_a', 'ledger', qq{{"n": "l1"}}, 'beta')), 2;
+isnt($kept_part, $done_part, 'an event not acknowledged, in a later partition');
+ok( poll_until(
+		'the partition of the unacknowledged event ended, and 1 s more',
+		sub {
+			$node->safe_psql('obx', qq{SELECT clock_timestamp() > '$kept_end'::timestamptz + interval '1.1 s'}) eq 't';
+		}),
+	'both partitions ended more than the retention ago');
+$node->safe_psql('obx', qq{
+$ob_fast
+SET idempotency.outbox_retention = '1s';
+SELECT count(*) FROM idem_maintain();
+});
+is($node->safe_psql('obx', qq{
+SELECT (SELECT count(*) FROM idempotency.tenant_event_partitions WHERE partition = '$done_part') || ' '
+    || (SELECT count(*) FROM idempotency.tenant_event_partitions WHERE partition = '$kept_part') || ' '
+    || (SELECT count(*) FROM idempotency.tenant_events WHERE topic = 'ledger')}),
+	'0 1 1', 'maintenance drops the acknowledged partition and keeps the unacknowledged one');
+$node->safe_psql('obx', qq{
+$ob_fast
+SET idempotency.outbox_retention = '1s';
+SET idempotency.outbox_max_age = '1s';
+SELECT count(*) FROM idem_maintain();
+});
+is($node->safe_psql('obx', qq{
+SELECT (SELECT count(*) FROM idempotency.tenant_event_partitions WHERE partition = '$kept_part') || ' '
+    || (SELECT count(*) FROM idempotency.tenant_events WHERE topic = 'ledger')}),
+	'0 0', 'past the max age, it is dropped');
+$node->psql('obx', q{
+\set VERBOSITY verbose
+SELECT * FROM idem_outbox_next('slow', 'ledger', 10, NULL, NULL)},
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+like($stderr, qr/ERROR:  ID003: relay "slow" of topic "ledger" lost 1 events that expired before it acknowledged them\n.*tenant beta: 1 to 1.*the loss is batch 1/s,
+	'the relay is told of the loss, per tenant (ID003)');
+is($ack->('ob_a', 'slow', 'ledger', 1), 't', 'the loss is acknowledged');
+$pub->('ob_a', 'ledger', qq{{"n": "l2"}}, 'beta');
+is($next->('ob_a', 'slow', 'ledger', 10), '2:beta:2:l2', 'and the relay goes on');
 $node2->stop;
 
 $node->stop;

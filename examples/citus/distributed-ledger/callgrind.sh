@@ -10,7 +10,9 @@
 # Each database runs 200 and then 400 calls with new keys for the tenants
 # whose shards are on w1 in it, in single-user mode under callgrind; the
 # difference of the two totals divided by 200 is the cost of one request
-# (claim, the payment's INSERT, complete).  Counts do not depend on the
+# (claim, the payment's INSERT, complete, and since the tenant outbox the
+# payment's event: idem_publish(..., tenant), into the worker's own outbox
+# in "ctl", the tenant's shard of the tenant outbox in "postgres").  Counts do not depend on the
 # machine's load.
 set -eu
 PG_CONFIG=${PG_CONFIG:?set PG_CONFIG}

@@ -20,16 +20,20 @@
 #      worker;
 #   4. isolates tenant acme to a shard of its own (block_writes, see
 #      README.md) and moves that shard with force_logical;
+# with a relay of the tenant outbox on the coordinator throughout
+# (relay.py: each payment publishes an event with its tenant);
 # then re-sends every key (each must replay its own payment, its event
 # must be a duplicate), checks each tenant's ledger rows against its
-# payments and events (check.sql), and runs a control that must find keys
-# paid twice and events applied twice: the same move in a database "ctl"
-# of the same servers whose ledgers are not distributed (each worker's own,
-# as before 0.5.0).  Last, the key memory (database "mem", 1 s partitions
-# and ttls, key_memory 1 h): 40 payments of one tenant expire, maintenance
-# keeps their partitions, the tenant's shards move with force_logical, and
-# every key sent again answers "expired" (nothing paid), every event a
-# duplicate; once key_memory (3 s) has passed, maintenance drops them.
+# payments and events (check.sql), that every payment's event reached the
+# relay's sink in its tenant's order (relay_check.py), and runs a control
+# that must find keys paid twice and events applied twice: the same move
+# in a database "ctl" of the same servers whose ledgers are not
+# distributed (each worker's own, as before 0.5.0).  Last, the key memory
+# (database "mem", 1 s partitions and ttls, key_memory 1 h): 40 payments
+# of one tenant expire, maintenance keeps their partitions, the tenant's
+# shards move with force_logical, and every key sent again answers
+# "expired" (nothing paid), every event a duplicate; once key_memory (3 s)
+# has passed, maintenance drops them.
 # Exit status 0 when all checks pass and the control fails as it must.
 set -u
 PG_CONFIG=${PG_CONFIG:?set PG_CONFIG}
@@ -110,6 +114,12 @@ other_of() { # shard -> "host', port" of the worker that does not hold it
 	fi
 }
 
+# the relay of the tenant outbox, on the coordinator, through all four
+# operations: every payment's event into the sink, once at least
+rm -f "$WORK/relay.stop" "$WORK/relay.sink"
+"$PY" "$HERE/relay.py" "$WORK/relay.sink" "$WORK/relay.stop" >"$WORK/relay.out" 2>&1 &
+relay_pid=$!
+
 load rebalance "SELECT citus_add_node($W2);; SELECT citus_rebalance_start();; SELECT citus_rebalance_wait();; SELECT state FROM citus_rebalance_status()"
 
 s=$(sql coord -c "SELECT get_shard_id_for_distribution_column('payments', 't00')")
@@ -129,6 +139,12 @@ load isolate "SELECT isolate_tenant_to_new_shard('payments', 'acme', 'CASCADE', 
 say "every key of every step, once more"
 "$PY" "$HERE/replay_all.py" || fails=$((fails + 1))
 sql coord -v ON_ERROR_STOP=1 -f "$HERE/check.sql" || fails=$((fails + 1))
+
+say "the tenant outbox: every payment's event relayed from the coordinator, in each tenant's order"
+touch "$WORK/relay.stop"
+wait "$relay_pid" || fails=$((fails + 1))
+cat "$WORK/relay.out"
+"$PY" "$HERE/relay_check.py" "$WORK/relay.sink" || fails=$((fails + 1))
 
 say "maintenance on the workers leaves the distributed ledgers' partitions to the coordinator"
 # Citus drops the shards that the moves above left behind in its own time

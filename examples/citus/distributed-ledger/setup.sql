@@ -40,6 +40,12 @@ BEGIN
     status := 'created';
     response_body := jsonb_build_object('payment_id', payment, 'node', current_setting('port'));
     PERFORM idem_complete(create_payment.key, 201, response_body, scope => create_payment.tenant);
+    -- the payment's event, in the tenant's outbox (distributed: numbered
+    -- in the tenant's order, carried by Citus' shard operations, relayed
+    -- on the coordinator by relay.py); published last, as the tenant's
+    -- publishers of the topic wait for each other from here to the commit
+    PERFORM idem_publish('payments', jsonb_build_object('key', create_payment.key, 'payment_id', payment),
+                         create_payment.key, NULL, NULL, create_payment.tenant);
   ELSE
     status := claim.status; response_body := claim.response_body;
   END IF;
