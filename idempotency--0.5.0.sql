@@ -1594,22 +1594,22 @@ $tenant_positions_privileges$;
 -- exists; a name no role has reads as 0, which no role matches.
 CREATE TYPE idempotency.role_ref;
 
-CREATE FUNCTION idempotency.role_ref_in(pg_catalog.cstring)
+CREATE FUNCTION idempotency.role_ref_in(name pg_catalog.cstring)
 RETURNS idempotency.role_ref
 AS 'MODULE_PATHNAME', 'idem_role_ref_in'
 LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION idempotency.role_ref_out(idempotency.role_ref)
+CREATE FUNCTION idempotency.role_ref_out(role idempotency.role_ref)
 RETURNS pg_catalog.cstring
 AS 'MODULE_PATHNAME', 'idem_role_ref_out'
 LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION idempotency.role_ref_recv(pg_catalog.internal)
+CREATE FUNCTION idempotency.role_ref_recv(buf pg_catalog.internal)
 RETURNS idempotency.role_ref
 AS 'MODULE_PATHNAME', 'idem_role_ref_recv'
 LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION idempotency.role_ref_send(idempotency.role_ref)
+CREATE FUNCTION idempotency.role_ref_send(role idempotency.role_ref)
 RETURNS pg_catalog.bytea
 AS 'MODULE_PATHNAME', 'idem_role_ref_send'
 LANGUAGE C STABLE STRICT PARALLEL SAFE;
