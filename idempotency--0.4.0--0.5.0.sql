@@ -614,6 +614,17 @@ BEGIN
                   HINT = 'Distribute before the first call, or once the positions and sequences are unused for idempotency.position_ttl.';
     END LOOP;
 
+    -- role_ref: the role column of every table distributed here is an
+    -- idempotency.role_ref, which Citus' shard moves and splits copy by
+    -- the role's name (a regrole goes as the source node's OID of the
+    -- role, another role's or none on the target; src/role_ref.c): the
+    -- ledgers' changed here, before they are distributed; the tables made
+    -- below are made with it
+    FOREACH ledger IN ARRAY ARRAY['keys', 'messages'] LOOP
+        EXECUTE pg_catalog.format('ALTER TABLE idempotency.%I ALTER COLUMN role TYPE idempotency.role_ref
+                                       USING role::pg_catalog.oid::idempotency.role_ref', ledger);
+    END LOOP;
+
     FOREACH ledger IN ARRAY ARRAY['keys', 'messages'] LOOP
         EXECUTE pg_catalog.format('ALTER TABLE idempotency.%I ADD COLUMN tenant %s NOT NULL',
                                   ledger, tenant_type);
@@ -660,7 +671,7 @@ BEGIN
     -- the distribution column, is the first five.
     EXECUTE pg_catalog.format(
         'CREATE TABLE idempotency.tenant_positions (
-             role        pg_catalog.regrole     NOT NULL,
+             role        idempotency.role_ref  NOT NULL,
              consumer    pg_catalog.text        NOT NULL,
              stream      pg_catalog.text        NOT NULL,
              part        pg_catalog.int4        NOT NULL,
@@ -684,7 +695,7 @@ BEGIN
     -- columns of the key of idempotency.sequences.
     EXECUTE pg_catalog.format(
         'CREATE TABLE idempotency.tenant_sequences (
-             role       pg_catalog.regrole     NOT NULL,
+             role       idempotency.role_ref  NOT NULL,
              consumer   pg_catalog.text        NOT NULL,
              producer   pg_catalog.text        NOT NULL,
              tenant     %s NOT NULL,
@@ -715,7 +726,7 @@ BEGIN
     -- own, read by the relays without a tenant.
     EXECUTE pg_catalog.format(
         'CREATE TABLE idempotency.tenant_outbox_heads (
-             role       pg_catalog.regrole     NOT NULL,
+             role       idempotency.role_ref  NOT NULL,
              topic      pg_catalog.text        NOT NULL,
              tenant     %s NOT NULL,
              last_seq   pg_catalog.int8        NOT NULL,
@@ -723,7 +734,7 @@ BEGIN
              PRIMARY KEY (role, topic, tenant))', tenant_type);
     EXECUTE pg_catalog.format(
         'CREATE TABLE idempotency.tenant_events (
-             role         pg_catalog.regrole     NOT NULL,
+             role         idempotency.role_ref  NOT NULL,
              topic        pg_catalog.text        NOT NULL,
              tenant       %s NOT NULL,
              seq          pg_catalog.int8        NOT NULL,
@@ -1725,6 +1736,67 @@ BEGIN
 END
 $tenant_outbox_privileges$;
 
+-- 0.5.0: roles identified by name across Citus nodes (see src/role_ref.c,
+-- doc/scale-out.md, "Roles across nodes").  The role column of the tables
+-- citus_distribute() distributes is an idempotency.role_ref: stored as
+-- this node's OID of the role, like a regrole, but written and read (text
+-- and binary) as the role's name, so that Citus' shard moves and splits,
+-- which copy rows between nodes where the role has another OID, find it
+-- again by its name.  "-" (binary: empty) is a role that no longer
+-- exists; a name no role has reads as 0, which no role matches.
+CREATE TYPE idempotency.role_ref;
+
+CREATE FUNCTION idempotency.role_ref_in(name pg_catalog.cstring)
+RETURNS idempotency.role_ref
+AS 'MODULE_PATHNAME', 'idem_role_ref_in'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.role_ref_out(role idempotency.role_ref)
+RETURNS pg_catalog.cstring
+AS 'MODULE_PATHNAME', 'idem_role_ref_out'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.role_ref_recv(buf pg_catalog.internal)
+RETURNS idempotency.role_ref
+AS 'MODULE_PATHNAME', 'idem_role_ref_recv'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION idempotency.role_ref_send(role idempotency.role_ref)
+RETURNS pg_catalog.bytea
+AS 'MODULE_PATHNAME', 'idem_role_ref_send'
+LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE TYPE idempotency.role_ref (
+    INPUT = idempotency.role_ref_in,
+    OUTPUT = idempotency.role_ref_out,
+    RECEIVE = idempotency.role_ref_recv,
+    SEND = idempotency.role_ref_send,
+    INTERNALLENGTH = 4,
+    PASSEDBYVALUE,
+    ALIGNMENT = int4,
+    STORAGE = plain
+);
+
+COMMENT ON TYPE idempotency.role_ref IS
+'a role, stored as its OID on this node and copied between nodes by its name (the role column of the tables idempotency.citus_distribute() distributes)';
+COMMENT ON FUNCTION idempotency.role_ref_in(pg_catalog.cstring) IS
+'input of idempotency.role_ref: a role name, or - for a role that no longer exists';
+COMMENT ON FUNCTION idempotency.role_ref_out(idempotency.role_ref) IS
+'output of idempotency.role_ref: the role''s name, or - for a role that no longer exists';
+COMMENT ON FUNCTION idempotency.role_ref_recv(pg_catalog.internal) IS
+'binary input of idempotency.role_ref: a role name, empty for a role that no longer exists';
+COMMENT ON FUNCTION idempotency.role_ref_send(idempotency.role_ref) IS
+'binary output of idempotency.role_ref: the role''s name, empty for a role that no longer exists';
+
+-- The same four bytes as an oid: implicitly an oid or a regrole (so
+-- "role = $1", pg_get_userbyid(role) and the indexes of oid's btree
+-- operator class work on the column unchanged), and an oid or a regrole
+-- becomes one on assignment (an INSERT of a role's OID).
+CREATE CAST (idempotency.role_ref AS pg_catalog.oid) WITHOUT FUNCTION AS IMPLICIT;
+CREATE CAST (idempotency.role_ref AS pg_catalog.regrole) WITHOUT FUNCTION AS IMPLICIT;
+CREATE CAST (pg_catalog.oid AS idempotency.role_ref) WITHOUT FUNCTION AS ASSIGNMENT;
+CREATE CAST (pg_catalog.regrole AS idempotency.role_ref) WITHOUT FUNCTION AS ASSIGNMENT;
+
 -- 0.5.0: the members this version adds get exactly the privileges of a
 -- fresh install in a plain database, as 0.4.0's members do (see the block
 -- "Privileges" of the install script): each privilege that the default
@@ -1752,7 +1824,8 @@ BEGIN
                         'import_relay', 'export_dead_letters', 'import_dead_letter',
                         'export_manifest', 'citus_distribute', 'export_key_memory',
                         'import_key_memory', 'export_message_memory',
-                        'import_message_memory']::pg_catalog.name[]))
+                        'import_message_memory', 'role_ref_in', 'role_ref_out',
+                        'role_ref_recv', 'role_ref_send']::pg_catalog.name[]))
             UNION ALL
             SELECT 'r', c.oid, pg_catalog.format('TABLE %s', c.oid::pg_catalog.regclass),
                    c.relacl, c.relowner, c.relnamespace, true
@@ -1766,7 +1839,7 @@ BEGIN
               FROM pg_catalog.pg_type AS t
              WHERE t.typnamespace OPERATOR(pg_catalog.=) 'idempotency'::pg_catalog.regnamespace
                AND t.typname OPERATOR(pg_catalog.=) ANY (ARRAY['event_record', 'relay_record',
-                   'dead_letter_record', 'memory_record']::pg_catalog.name[])
+                   'dead_letter_record', 'memory_record', 'role_ref']::pg_catalog.name[])
         )
         SELECT m.name, a.privilege_type,
                CASE WHEN a.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
@@ -1793,12 +1866,18 @@ BEGIN
                   AND da.defaclnamespace OPERATOR(pg_catalog.=) ANY (ARRAY[0, m.nsp]::pg_catalog.oid[])
                   AND g.grantee OPERATOR(pg_catalog.=) a.grantee
                   AND g.privilege_type OPERATOR(pg_catalog.=) a.privilege_type)
-           -- what this script gives: EXECUTE on the idem_* functions and
-           -- export_manifest() and USAGE on the types to PUBLIC, the
+           -- what this script gives: EXECUTE on the idem_* functions,
+           -- export_manifest() and role_ref's I/O functions and USAGE on the
+           -- types to PUBLIC, the
            -- monitoring ones to pg_monitor
            AND NOT ((m.kind OPERATOR(pg_catalog.=) 'f'
                      AND (m.nsp OPERATOR(pg_catalog.=) 'pg_catalog'::pg_catalog.regnamespace
-                          OR m.name OPERATOR(pg_catalog.=) 'FUNCTION idempotency.export_manifest()')
+                          OR m.name OPERATOR(pg_catalog.=) 'FUNCTION idempotency.export_manifest()'
+                          OR m.name OPERATOR(pg_catalog.=) ANY (ARRAY[
+                              'FUNCTION idempotency.role_ref_in(cstring)',
+                              'FUNCTION idempotency.role_ref_out(idempotency.role_ref)',
+                              'FUNCTION idempotency.role_ref_recv(internal)',
+                              'FUNCTION idempotency.role_ref_send(idempotency.role_ref)']))
                      AND a.grantee OPERATOR(pg_catalog.=) 0
                      AND a.privilege_type OPERATOR(pg_catalog.=) 'EXECUTE')
                  OR (m.kind OPERATOR(pg_catalog.=) 'T'

@@ -70,6 +70,7 @@
 #include "compat.h"
 #include "keyed_rows.h"
 #include "relation_checks.h"
+#include "role_ref.h"
 
 #include "access/genam.h"
 #include "access/heapam.h"
@@ -457,7 +458,9 @@ IdemKeyedOpened(IdemKeyedRows *rows, IdemKeyedTable *table)
  * TABLE ... ALTER COLUMN ... TYPE numeric) would have a bigint's Datum
  * taken for a pointer to a numeric.  A column added (and not dropped) is
  * refused too: the SQL statements gave it its default, which no write here
- * knows.
+ * knows.  A role column (regrole) may be of type idempotency.role_ref
+ * instead, as citus_distribute() makes the distributed tables' (role_ref.c):
+ * the same four bytes, an oid.
  */
 static bool
 IdemKeyedColumnsMatch(IdemKeyedRows *rows)
@@ -477,7 +480,9 @@ IdemKeyedColumnsMatch(IdemKeyedRows *rows)
 				return false;
 		}
 		else if (att->attisdropped ||
-				 att->atttypid != rows->table->atttypes[i])
+				 (att->atttypid != rows->table->atttypes[i] &&
+				  !(rows->table->atttypes[i] == REGROLEOID &&
+					IdemIsRoleRefType(att->atttypid))))
 			return false;
 	}
 	return true;

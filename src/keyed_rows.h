@@ -115,7 +115,9 @@
  * A keyed table: idempotency.<relname>, whose primary key is its first
  * nkeys columns, of the types keytypes (OIDOID for the role, TEXTOID,
  * INT4OID or INT8OID for the names); natts columns in all, of the types
- * atttypes (REGROLEOID for the role, say: the column's own type).  Defined once,
+ * atttypes (REGROLEOID for the role, say: the column's own type; a role
+ * column of type idempotency.role_ref is taken for a REGROLEOID one, the
+ * same four bytes, role_ref.h).  Defined once,
  * static, by the file that owns the table; relid is this backend's cache
  * of the table's OID (kept true by a relcache callback).
  */

@@ -14,7 +14,9 @@
  * is at IdemCurrentLayout and IdemPartitionBounds).
  *
  * Both ledgers' tables start with the same four columns, (expires_at
- * timestamptz, digest uuid, role regrole, lane int2), and each partition
+ * timestamptz, digest uuid, role regrole (an idempotency.role_ref, the
+ * same four bytes, once citus_distribute() distributed the ledger:
+ * role_ref.c), lane int2), and each partition
  * has a btree on (role, digest): probe.c relies on both.  (A ledger
  * distributed by Citus has, instead, a unique one on (role, digest, lane,
  * expires_at, tenant), its replica identity, which probes use by its first

@@ -177,7 +177,9 @@ static IdemKeyedTable sequences_table = {
  * the positions of the tenant calls, idem_assign(..., tenant) and the
  * others, each written in the local shard of its tenant (citus.c), so that
  * Citus' shard operations carry them with the tenant's rows.  Opened by
- * the shard's OID (IdemKeyedOpenRelid).
+ * the shard's OID (IdemKeyedOpenRelid).  Its role column is an
+ * idempotency.role_ref (role_ref.c: copied between nodes by the role's
+ * name), which the keyed tables take where a regrole is expected.
  */
 static IdemKeyedTable tenant_positions_table = {
 	"tenant_positions", 8, 5, {OIDOID, TEXTOID, TEXTOID, INT4OID, InvalidOid},

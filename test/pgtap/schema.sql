@@ -8,7 +8,7 @@
 CREATE EXTENSION IF NOT EXISTS idempotency;
 
 BEGIN;
-SELECT plan(123);
+SELECT plan(128);
 
 -- Roles of this test: one ordinary role, two for isolation.
 CREATE ROLE idem_pgtap_plain;
@@ -305,6 +305,39 @@ SELECT ok(NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_key
           AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.export_message_memory(text[])', 'EXECUTE')
           AND NOT has_function_privilege('idem_pgtap_plain', 'idempotency.import_message_memory(record)', 'EXECUTE'),
           'an ordinary role cannot export or import the key memory');
+
+-- idempotency.role_ref (0.5.0): the role column of the tables
+-- citus_distribute() distributes; stored as an oid, copied by name
+SELECT has_type('idempotency', 'role_ref', 'type idempotency.role_ref exists');
+SELECT is((SELECT typlen::int || ' ' || typbyval || ' ' || typalign::text || ' ' || typstorage::text
+                  || ' ' || typinput::text || ' ' || typoutput::text || ' ' || typreceive::text
+                  || ' ' || typsend::text
+             FROM pg_type WHERE oid = 'idempotency.role_ref'::regtype),
+          '4 true i p idempotency.role_ref_in idempotency.role_ref_out idempotency.role_ref_recv idempotency.role_ref_send',
+          'idempotency.role_ref is an oid''s four bytes, by value, with I/O of its own');
+SELECT is((SELECT array_agg(castsource::regtype::text || '>' || casttarget::regtype::text || ':'
+                            || castmethod::text || castcontext::text ORDER BY castsource::regtype::text, casttarget::regtype::text)
+             FROM pg_cast WHERE 'idempotency.role_ref'::regtype IN (castsource, casttarget)),
+          ARRAY['idempotency.role_ref>oid:bi', 'idempotency.role_ref>regrole:bi',
+                'oid>idempotency.role_ref:ba', 'regrole>idempotency.role_ref:ba'],
+          'idempotency.role_ref casts to oid and regrole implicitly, from them on assignment, binary coercible');
+SELECT is((SELECT count(*)::int FROM pg_depend d
+            WHERE d.refclassid = 'pg_extension'::regclass
+              AND d.refobjid = (SELECT oid FROM pg_extension WHERE extname = 'idempotency')
+              AND d.deptype = 'e'
+              AND ((d.classid = 'pg_type'::regclass AND d.objid = 'idempotency.role_ref'::regtype)
+                   OR (d.classid = 'pg_cast'::regclass
+                       AND d.objid IN (SELECT oid FROM pg_cast
+                                        WHERE 'idempotency.role_ref'::regtype IN (castsource, casttarget)))
+                   OR (d.classid = 'pg_proc'::regclass
+                       AND d.objid IN ('idempotency.role_ref_in(cstring)'::regprocedure,
+                                       'idempotency.role_ref_out(idempotency.role_ref)'::regprocedure,
+                                       'idempotency.role_ref_recv(internal)'::regprocedure,
+                                       'idempotency.role_ref_send(idempotency.role_ref)'::regprocedure)))),
+          9, 'idempotency.role_ref, its four I/O functions and its four casts are members of the extension (made on every node by CREATE EXTENSION)');
+SELECT ok(has_type_privilege('idem_pgtap_plain', 'idempotency.role_ref', 'USAGE')
+          AND has_function_privilege('idem_pgtap_plain', 'idempotency.role_ref_out(idempotency.role_ref)', 'EXECUTE'),
+          'idempotency.role_ref and its I/O are usable by every role, as regrole''s');
 
 ----------------------------------------------------------------------------
 -- Storage table, made on first use

@@ -11,6 +11,9 @@
 # expired partitions of the distributed ledgers (no piece) until
 # key_memory has passed, so that a tenant's expired keys move with its
 # shards: answered "expired" on the node a force_logical move took them to.
+# The role column of the distributed tables is an idempotency.role_ref:
+# a role's key, message id, position and sequence moved to a node where
+# the role has another OID are its own there, and no other role's.
 #
 # One node with Citus preloaded, holding the shards itself (the
 # coordinator, shouldhaveshards); a second one for the move.  The test
@@ -1075,9 +1078,7 @@ $p2->quit;
 
 # A force_logical move of acme's shard carries its unrelayed events and
 # their numbers; the relay then reads the rest from the new node, none lost,
-# none twice.  As the bootstrap superuser, whose OID is 10 on every node:
-# Citus copies a shard's regrole columns as OIDs (binary COPY), and an
-# ordinary role has another OID on each node (see the TODO below).
+# none twice.
 $node->safe_psql('obx', "$ob_fast SELECT count(*) FROM idem_maintain()");
 my $su = $node->safe_psql('obx', 'SELECT current_user');
 $pub->($su, 'moved', qq{{"n": "m$_"}}, 'acme') for 1 .. 4;
@@ -1085,7 +1086,7 @@ $pub->($su, 'moved', qq{{"n": "n$_"}}, 'beta') for 1 .. 2;
 is($next->($su, 'r', 'moved', 3), '1:acme:1:m1 1:beta:1:n1 1:acme:2:m2',
 	'a batch handed out before the move');
 $pub->('ob_a', 'orders', qq{{"n": "a$_"}}, 'acme') for 8 .. 9;
-# and a key of the ordinary role, paid before the move (see the TODO below)
+# and a key of the ordinary role, paid before the move
 my $pay = q{
 BEGIN;
 SELECT status FROM idem_claim('pay-1', scope => 'acme', ttl => '10 seconds');
@@ -1122,19 +1123,16 @@ is($ack->($su, 'r', 'moved', 1), 't', 'acknowledged');
 is($next->($su, 'r', 'moved', 100), '2:acme:3:m3 2:beta:2:n2 2:acme:4:m4 2:acme:5:m5',
 	'the relay reads the rest from the new node: none lost, none twice');
 is($ack->($su, 'r', 'moved', 2), 't', 'acknowledged');
-TODO:
-{
-	local $TODO = 'Citus copies regrole columns as OIDs; an ordinary role has another OID on each node';
-	is($seq_of->($pub->('ob_a', 'orders', qq{{"n": "a10"}}, 'acme', $node2)), 'acme:10',
-		'an ordinary role\'s numbers go on on the new node');
-	is($next->('ob_a', 'r', 'orders', 100, 5), '5:acme:5:a5 5:acme:6:a6 5:acme:7:a7 5:acme:8:a8 5:acme:9:a9 5:acme:10:a10',
-		'and its relay reads them from there');
-	# the same holds for the distributed ledgers: the key's row is on the
-	# new node under the source node's OID of the role, so the key is
-	# claimed (paid) again there
-	like($node2->safe_psql('obx', $pay, extra_params => [ '-U', 'ob_a' ]), qr/^completed\n?$/,
-		'an ordinary role\'s key paid before the move replays on the new node');
-}
+# An ordinary role, whose OID differs between the nodes: its heads, events
+# and keys moved are its own on the new node (idempotency.role_ref).
+is($seq_of->($pub->('ob_a', 'orders', qq{{"n": "a10"}}, 'acme', $node2)), 'acme:10',
+	'an ordinary role\'s numbers go on on the new node');
+is($next->('ob_a', 'r', 'orders', 100, 5), '5:acme:5:a5 5:acme:6:a6 5:acme:7:a7 5:acme:8:a8 5:acme:9:a9 5:acme:10:a10',
+	'and its relay reads them from there');
+# and its key, paid before the move, replays there (the role column of
+# the distributed tables is an idempotency.role_ref, copied by name)
+like($node2->safe_psql('obx', $pay, extra_params => [ '-U', 'ob_a' ]), qr/^completed\n?$/,
+	'an ordinary role\'s key paid before the move replays on the new node');
 
 # Maintenance: the partition of an acknowledged event is dropped once the
 # retention has passed, that of an event not acknowledged is kept, until
@@ -1204,6 +1202,144 @@ like($stderr, qr/ERROR:  ID003: relay "slow" of topic "ledger" lost 1 events tha
 is($ack->('ob_a', 'slow', 'ledger', 1), 't', 'the loss is acknowledged');
 $pub->('ob_a', 'ledger', qq{{"n": "l2"}}, 'beta');
 is($next->('ob_a', 'slow', 'ledger', 10), '2:beta:2:l2', 'and the relay goes on');
+# Roles across nodes (src/role_ref.c; doc/scale-out.md, "Roles across
+# nodes"): Citus makes a role on every node by its name, and each node
+# gives it an OID of its own; a shard move copies the rows.  The role
+# column of the distributed tables is an idempotency.role_ref, copied by
+# the role's name, so an ordinary role's key, message id, stream position
+# and producer sequence moved with its tenant are its own on the new node
+# (a regrole column went as the source node's OID: the role did not find
+# its key there, and paid it again), and a role of the new node that has
+# the source node's OID of it finds nothing.  Here rr_a has another OID on
+# each node (the first node's OID counter is moved past the second's
+# first), and the second node's rr_victim has the first node's OID of
+# rr_a.  Each node hands out OIDs from one counter, which lo_create()
+# moves on.
+my $next_oid = sub {
+	my ($n) = @_;
+	return $n->safe_psql('postgres', q{SELECT lo_create(0) AS o \gset
+SELECT lo_unlink(:o); SELECT :o});
+};
+my $advance_to = sub {
+	my ($n, $target) = @_;
+	$n->safe_psql('postgres', qq{
+DO \$\$
+BEGIN
+    WHILE lo_create(0) < $target LOOP
+    END LOOP;
+END
+\$\$;
+SELECT lo_unlink(oid) FROM pg_largeobject_metadata;
+});
+};
+for my $n ($node, $node2)
+{
+	$n->safe_psql('postgres', 'CREATE DATABASE roles');
+	$n->safe_psql('roles', 'CREATE EXTENSION citus');
+}
+$node->safe_psql('roles', qq{
+SELECT citus_set_coordinator_host('$host', $port);
+SELECT citus_set_node_property('$host', $port, 'shouldhaveshards', true);
+CREATE EXTENSION idempotency;
+CREATE TABLE payments (tenant text NOT NULL, id bigserial, PRIMARY KEY (tenant, id));
+SELECT create_distributed_table('payments', 'tenant');
+SELECT idempotency.citus_distribute('payments');
+SELECT citus_add_node('$host2', $port2);
+});
+is($node->safe_psql('roles', q{
+SELECT string_agg(a.attrelid::regclass::text || '.' || a.atttypid::regtype::text, ' ' ORDER BY a.attrelid::regclass::text)
+  FROM pg_attribute a
+ WHERE a.attrelid IN ('idempotency.keys'::regclass, 'idempotency.messages'::regclass,
+                      'idempotency.tenant_positions'::regclass, 'idempotency.tenant_sequences'::regclass)
+   AND a.attname = 'role'}),
+	'idempotency.keys.idempotency.role_ref idempotency.messages.idempotency.role_ref idempotency.tenant_positions.idempotency.role_ref idempotency.tenant_sequences.idempotency.role_ref',
+	'the role column of every table citus_distribute() distributes is an idempotency.role_ref');
+$advance_to->($node, $next_oid->($node2) + 100);
+$node->safe_psql('roles', 'CREATE ROLE rr_a LOGIN; CREATE ROLE rr_gone LOGIN');
+my $oid_a = $node->safe_psql('roles', q{SELECT 'rr_a'::regrole::oid});
+my $oid_a2 = $node2->safe_psql('roles', q{SELECT 'rr_a'::regrole::oid});
+ok($oid_a2 ne '' && $oid_a2 < $oid_a, "rr_a has another OID on each node ($oid_a, $oid_a2)");
+$advance_to->($node2, $oid_a - 1);
+$node2->safe_psql('postgres', 'CREATE ROLE rr_victim LOGIN');
+is($node2->safe_psql('postgres', q{SELECT 'rr_victim'::regrole::oid}), $oid_a,
+	'the second node\'s rr_victim has the first node\'s OID of rr_a');
+
+# rr_a's key paid, message id consumed, position and sequence written for
+# tenant acme on the first node; rr_gone's key, and rr_gone dropped
+my $pay = sub {
+	my ($key) = @_;
+	return qq{
+BEGIN;
+SELECT status FROM idem_claim('$key', scope => 'acme', ttl => '1 hour');
+SELECT idem_complete('$key', 201, '{"id": 1}', scope => 'acme');
+COMMIT;
+};
+};
+my $replay = sub {
+	my ($key) = @_;
+	return qq{
+BEGIN;
+SELECT status FROM idem_claim('$key', scope => 'acme', ttl => '1 hour');
+ROLLBACK;
+};
+};
+my $as = sub {
+	my ($n, $role, $sql) = @_;
+	return $n->safe_psql('roles', $sql, extra_params => [ '-U', $role ]);
+};
+like($as->($node, 'rr_a', $pay->('pay-1')), qr/^claimed\n?$/, 'rr_a pays key pay-1 of acme on the first node');
+is($as->($node, 'rr_a', q{
+SELECT idem_consume_message('events', 'm-1', ttl => NULL, tenant => 'acme');
+SELECT * FROM idem_advance('c', 's', 0, 0, 9, NULL, 'acme');
+SELECT idem_sequence('c', 'p', 1, 5, false, 'acme');
+}), "t\n0|9\nnew", 'and consumes message m-1, advances a position and a producer sequence of acme');
+like($as->($node, 'rr_gone', $pay->('gone-1')), qr/^claimed\n?$/, 'rr_gone pays key gone-1 of acme');
+$node->safe_psql('roles', 'DROP ROLE rr_gone');
+
+# a force_logical move of acme's shards to the second node
+$node->safe_psql('roles', qq{
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idempotency.keys', 'acme'),
+                                  '$host', $port, '$host2', $port2,
+                                  shard_transfer_mode => 'force_logical');
+});
+is($node->safe_psql('roles', q{
+SELECT n.nodeport FROM pg_dist_placement p JOIN pg_dist_node n USING (groupid)
+ WHERE p.shardid = get_shard_id_for_distribution_column('idempotency.tenant_sequences', 'acme')}),
+	$port2, 'acme\'s shards moved to the second node (force_logical)');
+is($as->($node2, 'rr_a', $replay->('pay-1')), 'completed',
+	'rr_a\'s key paid before a force_logical move replays on the new node');
+is($as->($node2, 'rr_a', q{
+SELECT idem_consume_message('events', 'm-1', ttl => NULL, tenant => 'acme');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'acme');
+SELECT idem_sequence('c', 'p', 1, 5, false, 'acme');
+}), "f\n0:10\nduplicate",
+	'its message id is a duplicate there, and its position and producer sequence are read back');
+is($as->($node2, 'rr_victim', $replay->('pay-1') . q{
+SELECT idem_consume_message('events', 'm-1', ttl => NULL, tenant => 'acme');
+SELECT count(*) FROM idem_positions('c', 's', 'acme');
+SELECT idem_sequence('c', 'p', 1, 5, false, 'acme');
+}), "claimed\nt\n0\nnew",
+	'a role of the new node with the source node\'s OID of rr_a finds none of its key, message id, position, sequence');
+is($node2->safe_psql('roles', qq{
+SELECT (SELECT count(*) FROM idempotency.keys WHERE tenant = 'acme' AND role::oid = 0) || ' '
+    || (SELECT count(*) FROM idempotency.keys WHERE tenant = 'acme' AND role::oid = $oid_a) || ' '
+    || (SELECT count(*) FROM idempotency.keys WHERE tenant = 'acme' AND role = 'rr_a'::regrole)}),
+	'1 0 1', 'the row of a role dropped before the move arrives as 0, which no role has; none under the source OID');
+
+# and a block_writes move back, of a key rr_a paid on the second node
+like($as->($node2, 'rr_a', $pay->('pay-2')), qr/^claimed\n?$/, 'rr_a pays key pay-2 of acme on the second node');
+$node->safe_psql('roles', qq{
+SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('idempotency.keys', 'acme'),
+                                  '$host2', $port2, '$host', $port,
+                                  shard_transfer_mode => 'block_writes');
+});
+is($as->($node, 'rr_a', $replay->('pay-1') . $replay->('pay-2') . q{
+SELECT idem_consume_message('events', 'm-1', ttl => NULL, tenant => 'acme');
+SELECT part || ':' || next_offset FROM idem_positions('c', 's', 'acme');
+SELECT idem_sequence('c', 'p', 1, 5, false, 'acme');
+}), "completed\ncompleted\nf\n0:10\nduplicate",
+	'after a block_writes move back, rr_a\'s keys replay, its message id is a duplicate, its position and sequence are read back');
+
 $node2->stop;
 
 $node->stop;
