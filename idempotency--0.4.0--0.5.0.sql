@@ -844,17 +844,21 @@ BEGIN
           FROM idempotency.tenant_relay_positions AS p
          WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
            AND p.topic OPERATOR(pg_catalog.=) p_topic;
+        -- the role is sent to the workers by its name and resolved there
+        -- (to_regrole): a role has another OID on each node, and Citus
+        -- sends an oid compared with the role column as its number
+        -- (idempotency.role_ref)
         FOR g IN EXECUTE pg_catalog.format(
             'WITH b AS (SELECT e.tenant::pg_catalog.text AS t, e.seq AS s
                           FROM idempotency.tenant_events AS e
-                         WHERE e.role OPERATOR(pg_catalog.=) $1 AND e.topic OPERATOR(pg_catalog.=) $2 %%s
+                         WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2 %%s
                            AND e.seq OPERATOR(pg_catalog.>) COALESCE(($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)], 0)
                          ORDER BY e.seq OPERATOR(pg_catalog.-) COALESCE(($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)], 0),
                                   e.tenant::pg_catalog.text
                          LIMIT $6)
              SELECT b.t, pg_catalog.min(b.s) AS lo, pg_catalog.max(b.s) AS hi FROM b GROUP BY b.t',
             CASE WHEN p_tenant IS NULL THEN '' ELSE 'AND e.tenant OPERATOR(pg_catalog.=) $5' END)
-          USING p_role, p_topic, COALESCE(names, '{}'), COALESCE(acked, '{}'), filt, p_max
+          USING p_role::pg_catalog.text, p_topic, COALESCE(names, '{}'), COALESCE(acked, '{}'), filt, p_max
         LOOP
             INSERT INTO idempotency.tenant_relay_positions AS p (role, relay, topic, tenant, acked_seq, batch_end)
             VALUES (p_role, p_relay, p_topic, g.t, g.lo OPERATOR(pg_catalog.-) 1, g.hi)
@@ -903,13 +907,13 @@ BEGIN
         'SELECT $5, e.event_id, e.key, e.payload, e.payload_raw, e.headers, e.published_at,
                 e.tenant::pg_catalog.text, e.seq
            FROM idempotency.tenant_events AS e
-          WHERE e.role OPERATOR(pg_catalog.=) $1 AND e.topic OPERATOR(pg_catalog.=) $2
+          WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2
             AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])
             AND e.seq OPERATOR(pg_catalog.>) ($6)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)]
             AND e.seq OPERATOR(pg_catalog.<=) ($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)]
           ORDER BY e.seq OPERATOR(pg_catalog.-) ($6)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)],
                    e.tenant::pg_catalog.text'
-      USING p_role, p_topic, COALESCE(names, '{}'), COALESCE(ends, '{}'), r.batch, COALESCE(acked, '{}');
+      USING p_role::pg_catalog.text, p_topic, COALESCE(names, '{}'), COALESCE(ends, '{}'), r.batch, COALESCE(acked, '{}');
     IF NOT FOUND AND r.handed_out THEN
         -- every event of the batch went past the max age: the loss is
         -- reported as this batch (outbox_relay.c does the same)
@@ -1071,7 +1075,7 @@ BEGIN
                ev.payload, ev.payload_raw, ev.published_at
           INTO e
           FROM idempotency.tenant_events AS ev
-         WHERE ev.role OPERATOR(pg_catalog.=) p_role AND ev.topic OPERATOR(pg_catalog.=) p_topic
+         WHERE ev.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(p_role::pg_catalog.text) AND ev.topic OPERATOR(pg_catalog.=) p_topic
            AND ev.event_id OPERATOR(pg_catalog.=) p_event_id;
         IF FOUND THEN
             SELECT p.acked_seq, p.batch_end INTO pos
