@@ -7,7 +7,7 @@ tenant's stream, consume_offsets(tenant, first, last) (the tenant's stream
 position, and the batch's producer sequence): the next batch of 5
 offsets, or one delivered before again (a redelivery), one batch of a
 tenant in flight at a time, retried on an error.
-Usage: CO=conninfo load.py "SQL[;; SQL...]" TAG [MAXKEYS]; exit 1 on a key
+Usage: CO=conninfo [APP_USER=role] load.py "SQL[;; SQL...]" TAG [MAXKEYS]; exit 1 on a key
 paid twice, differing replies, an event applied twice, a stream offset
 processed twice, a batch's sequence new twice or a gap, or a replay lost
 after the operation (a key not replayed,
@@ -17,6 +17,9 @@ import os, random, sys, threading, time
 import psycopg
 
 CO = os.environ["CO"]
+# the clients connect as the application's role (APP_USER, an ordinary
+# role, whose OID differs between the nodes); the operation as CO's user
+APP = CO + (" user=" + os.environ["APP_USER"] if os.environ.get("APP_USER") else "")
 TENANTS = ["t%02d" % i for i in range(24)] + ["acme"]
 op_sql = sys.argv[1]
 MAXKEYS = int(sys.argv[3]) if len(sys.argv) > 3 else 3000
@@ -32,7 +35,7 @@ errs = {}
 BATCH = 5
 # each tenant's stream: the next offset its consumer sends (from where the
 # position is now: the stream goes on from run to run), one batch in flight
-conn0 = psycopg.connect(CO, autocommit=True)
+conn0 = psycopg.connect(APP, autocommit=True)
 nxt = {}
 for t in TENANTS:
     nxt[t] = conn0.execute("SELECT stream_position(%s)", (t,)).fetchone()[0] or 0
@@ -58,7 +61,7 @@ def call(cur_conn, sql, args):
             except Exception:
                 pass
             time.sleep(0.01)
-            cur_conn[0] = psycopg.connect(CO, autocommit=True)
+            cur_conn[0] = psycopg.connect(APP, autocommit=True)
             cur_conn[1] = cur_conn[0].cursor()
 
 def stream_step(rnd, holder):
@@ -88,7 +91,7 @@ def newkey(i):
 
 def client(seed):
     rnd = random.Random(seed)
-    conn = psycopg.connect(CO, autocommit=True)
+    conn = psycopg.connect(APP, autocommit=True)
     cur = conn.cursor()
     n = 0
     while not stop.is_set():
@@ -121,7 +124,7 @@ def client(seed):
                     except Exception:
                         pass
                     time.sleep(0.01)
-                    conn = psycopg.connect(CO, autocommit=True); cur = conn.cursor()
+                    conn = psycopg.connect(APP, autocommit=True); cur = conn.cursor()
         with lock:
             stats["calls"] += 1
             stats[st] = stats.get(st, 0) + 1
@@ -151,7 +154,7 @@ time.sleep(2)
 stop.set()
 for t in threads: t.join()
 # every key once more, after the operation: must replay
-conn = psycopg.connect(CO, autocommit=True); cur = conn.cursor()
+conn = psycopg.connect(APP, autocommit=True); cur = conn.cursor()
 lost = 0
 applied_again = 0
 for k in list(replies):

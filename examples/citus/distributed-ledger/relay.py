@@ -10,7 +10,7 @@ Usage: CO=conninfo relay.py SINK STOP_FILE"""
 import os, sys, time
 import psycopg
 
-CO = os.environ["CO"]
+CO = os.environ["CO"] + (" user=" + os.environ["APP_USER"] if os.environ.get("APP_USER") else "")
 sink_path, stop_path = sys.argv[1], sys.argv[2]
 errors = {}
 batches = 0

@@ -5,7 +5,7 @@ happened since)."""
 import os
 import sys
 import psycopg
-c = psycopg.connect(os.environ["CO"], autocommit=True)
+c = psycopg.connect(os.environ["CO"] + (" user=" + os.environ["APP_USER"] if os.environ.get("APP_USER") else ""), autocommit=True)
 cur = c.cursor()
 cur.execute("SELECT tenant, key, id FROM payments")
 rows = cur.fetchall()

@@ -91,6 +91,12 @@ done
 trap 'for n in coord w1 w2; do "$BIN/pg_ctl" -D "$WORK/$n" -m fast stop >/dev/null 2>&1; done' EXIT
 
 sql coord -c "SELECT citus_set_coordinator_host('$WORK/coord/sock', ${PORT[coord]})" >/dev/null
+# The application's role (setup.sql): an ordinary role, which Citus makes
+# on each worker as it adds it.  The first worker's OID counter is moved on
+# first, so that the role's OID differs between the two workers (checked
+# below): a row moved between them must be its own by name, not by OID.
+sql w1 -c "SELECT count(lo_unlink(lo_create(0))) FROM generate_series(1, 500)" >/dev/null || exit 1
+sql coord -c "CREATE ROLE idem_app LOGIN" >/dev/null || exit 1
 # one worker first: step 1 adds the second
 sql coord -f "$HERE/setup.sql" -v w1host="$WORK/w1/sock" -v w1port="${PORT[w1]}" -v distribute=on >/dev/null || exit 1
 # the control's database: the same tables and handlers, the ledgers not
@@ -99,6 +105,8 @@ ctl coord -c "SELECT citus_set_coordinator_host('$WORK/coord/sock', ${PORT[coord
 ctl coord -f "$HERE/setup.sql" -v w1host="$WORK/w1/sock" -v w1port="${PORT[w1]}" -v distribute=off >/dev/null || exit 1
 ctl coord -c "SELECT citus_add_node('$WORK/w2/sock', ${PORT[w2]})" >/dev/null || exit 1
 export CO="host=$WORK/coord/sock port=${PORT[coord]} dbname=postgres"
+# the clients, the relay and the replays run as the application's role
+export APP_USER=idem_app
 W1="'$WORK/w1/sock', ${PORT[w1]}"
 W2="'$WORK/w2/sock', ${PORT[w2]}"
 
@@ -135,6 +143,15 @@ load split "SELECT citus_split_shard_by_split_points($s, ARRAY['$(((lo + hi) / 2
 s=$(sql coord -c "SELECT get_shard_id_for_distribution_column('payments', 'acme')")
 IFS='|' read -r from to <<<"$(other_of "$s")"
 load isolate "SELECT isolate_tenant_to_new_shard('payments', 'acme', 'CASCADE', shard_transfer_mode => 'block_writes');; SELECT citus_move_shard_placement(get_shard_id_for_distribution_column('payments', 'acme'), $from, $to, shard_transfer_mode => 'force_logical')"
+
+say "the application's role has another OID on each worker"
+o1=$(sql w1 -c "SELECT oid FROM pg_roles WHERE rolname = 'idem_app'")
+o2=$(sql w2 -c "SELECT oid FROM pg_roles WHERE rolname = 'idem_app'")
+echo "idem_app: OID $o1 on the first worker, $o2 on the second"
+if [ -z "$o1" ] || [ "$o1" = "$o2" ]; then
+	say "the role's OIDs do not differ: the moves would not show that rows stay its own"
+	fails=$((fails + 1))
+fi
 
 say "every key of every step, once more"
 "$PY" "$HERE/replay_all.py" || fails=$((fails + 1))

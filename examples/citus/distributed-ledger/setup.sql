@@ -117,3 +117,10 @@ AS $$ SELECT p.next_offset
        FROM idem_positions('ledger-consumer', 'payments:' || stream_position.tenant, stream_position.tenant) AS p
       WHERE p.part = 0 $$;
 SELECT create_distributed_function('stream_position(text)', 'tenant', colocate_with => 'payments');
+-- The application's role, an ordinary role (run.sh makes it before this
+-- script; Citus makes it on each node it adds, where it gets another
+-- OID): the clients call the handlers and the relay reads the outbox as
+-- this role, so that its keys, message ids, positions, sequences and
+-- events moved by Citus are shown to stay its own (idempotency.role_ref).
+GRANT SELECT, INSERT ON payments, applied, processed, sequenced TO idem_app;
+GRANT USAGE ON SEQUENCE payments_id_seq, applied_n_seq, processed_n_seq, sequenced_n_seq TO idem_app;
