@@ -1,15 +1,18 @@
--- tenant-spy.sql: which form of idem_consume_message(s) and of the ordered
--- stream calls (idem_assign, idem_advance, idem_positions, idem_sequence) a
--- client's call resolves to, and what it passed, on a server whose ledger,
--- stream positions and producer sequences are not distributed (where the
--- forms with a tenant ignore it, so the answers cannot tell).  Schema
+-- tenant-spy.sql: which form of idem_consume_message(s), of the ordered
+-- stream calls (idem_assign, idem_advance, idem_positions, idem_sequence)
+-- and of the outbox calls (idem_publish, idem_outbox_next, idem_outbox_ack,
+-- idem_outbox_dead_letter) a client's call resolves to, and what it passed,
+-- on a server whose ledger, stream positions, producer sequences and outbox
+-- are not distributed (where the forms with a tenant ignore it, so the
+-- answers cannot tell).  Schema
 -- tenant_spy holds one function of each of the signatures, same argument
 -- types as the extension's, none with a default: put it before pg_catalog
 -- in search_path ("tenant_spy, pg_catalog, ...") and a client's unqualified
 -- call resolves to the spy of the form it names.  Each spy logs the call in
 -- tenant_spy.calls (nargs: how many arguments the form has; the arguments
 -- as received: a stream call's stream, or producer, in "stream" and its
--- other arguments but the tenant, as text, in "args") and then runs the
+-- other arguments but the tenant, as text, in "args"; an outbox call's
+-- relay in "consumer", its topic in "stream") and then runs the
 -- extension's own function of the same form, so the answers are the
 -- extension's.  Loaded, as a superuser, by clients/python/tests/test_tenant.py
 -- and clients/node/test/tenant.test.js.
@@ -145,4 +148,86 @@ RETURNS text LANGUAGE sql VOLATILE AS $$
     INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
     VALUES ('idem_sequence', 6, $1, $2, ARRAY[$3::text, $4::text, $5::text], $6);
     SELECT pg_catalog.idem_sequence($1, $2, $3, $4, $5, $6);
+$$;
+
+-- The outbox calls: 0.4.0's forms as the clients call them (every argument
+-- given) and 0.5.0's tenant overloads.  A relay's relay name goes in
+-- "consumer" (publish: none), the topic in "stream".
+
+CREATE FUNCTION tenant_spy.idem_publish(topic text, payload jsonb, key text,
+                                        headers jsonb, payload_raw bytea)
+RETURNS uuid LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, stream, args)
+    VALUES ('idem_publish', 5, $1, ARRAY[$2::text, $3, $4::text, $5::text]);
+    SELECT pg_catalog.idem_publish($1, $2, $3, $4, $5);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_publish(topic text, payload jsonb, key text,
+                                        headers jsonb, payload_raw bytea,
+                                        tenant text)
+RETURNS uuid LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, stream, args, tenant)
+    VALUES ('idem_publish', 6, $1, ARRAY[$2::text, $3, $4::text, $5::text], $6);
+    SELECT pg_catalog.idem_publish($1, $2, $3, $4, $5, $6);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_outbox_next(relay text, topic text,
+                                            max_events integer,
+                                            generation bigint)
+RETURNS TABLE (batch bigint, event_id uuid, key text, payload jsonb,
+               payload_raw bytea, headers jsonb, published_at timestamptz)
+LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args)
+    VALUES ('idem_outbox_next', 4, $1, $2, ARRAY[$3::text, $4::text]);
+    SELECT * FROM pg_catalog.idem_outbox_next($1, $2, $3, $4);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_outbox_next(relay text, topic text,
+                                            max_events integer,
+                                            generation bigint, tenant text)
+RETURNS TABLE (batch bigint, event_id uuid, key text, payload jsonb,
+               payload_raw bytea, headers jsonb, published_at timestamptz,
+               tenant text, seq bigint)
+LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
+    VALUES ('idem_outbox_next', 5, $1, $2, ARRAY[$3::text, $4::text], $5);
+    SELECT * FROM pg_catalog.idem_outbox_next($1, $2, $3, $4, $5);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_outbox_ack(relay text, topic text,
+                                           batch bigint, generation bigint)
+RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args)
+    VALUES ('idem_outbox_ack', 4, $1, $2, ARRAY[$3::text, $4::text]);
+    SELECT pg_catalog.idem_outbox_ack($1, $2, $3, $4);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_outbox_ack(relay text, topic text,
+                                           batch bigint, generation bigint,
+                                           tenant text)
+RETURNS boolean LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
+    VALUES ('idem_outbox_ack', 5, $1, $2, ARRAY[$3::text, $4::text], $5);
+    SELECT pg_catalog.idem_outbox_ack($1, $2, $3, $4, $5);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_outbox_dead_letter(relay text, topic text,
+                                                   event_id uuid, reason text,
+                                                   attempts integer)
+RETURNS void LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args)
+    VALUES ('idem_outbox_dead_letter', 5, $1, $2,
+            ARRAY[$3::text, $4, $5::text]);
+    SELECT pg_catalog.idem_outbox_dead_letter($1, $2, $3, $4, $5);
+$$;
+
+CREATE FUNCTION tenant_spy.idem_outbox_dead_letter(relay text, topic text,
+                                                   event_id uuid, reason text,
+                                                   attempts integer,
+                                                   tenant text)
+RETURNS void LANGUAGE sql VOLATILE AS $$
+    INSERT INTO tenant_spy.calls (fn, nargs, consumer, stream, args, tenant)
+    VALUES ('idem_outbox_dead_letter', 6, $1, $2,
+            ARRAY[$3::text, $4, $5::text], $6);
+    SELECT pg_catalog.idem_outbox_dead_letter($1, $2, $3, $4, $5, $6);
 $$;

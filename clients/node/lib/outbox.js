@@ -5,7 +5,12 @@
 // OutboxRelay, which delivers each batch to a sink (an HTTP endpoint with
 // Standard Webhooks signatures, or a Redis stream) at least once, with
 // retries, backoff and jitter, dead letters and a generation that fences a
-// zombie relay.  The behaviour, the same in the Python library, is
+// zombie relay.  With extension 0.5.0 on Citus, publish(..., { tenant })
+// writes the event into the tenant's shard of the tenant outbox, and
+// new OutboxRelay({ ..., tenants: true }) relays every tenant's events from
+// the coordinator (the extension's tenant overloads, called only when asked
+// for; without Citus' tenant outbox the server does not use the tenant).
+// The behaviour, the same in the Python library, is
 // ../outbox-behaviour.md's.
 
 const sql = require('./sql');
@@ -73,9 +78,12 @@ function int8OrNull(v, name) {
   throw new TypeError(`${name} must be an integer (a safe integer, a bigint or a decimal string)`);
 }
 
-// publish(db, topic, { payload, key, headers, raw }) → the event id (uuid
-// text).  In db's open transaction, it commits or rolls back with it; on a
-// Pool it is a transaction of its own.
+// publish(db, topic, { payload, key, headers, raw, tenant }) → the event id
+// (uuid text).  In db's open transaction, it commits or rolls back with it;
+// on a Pool it is a transaction of its own.  tenant (a string or an integer;
+// extension 0.5.0): the tenant outbox distributed by Citus, relayed by
+// new OutboxRelay({ ..., tenants: true }); not used by a server without it.
+// Without a tenant, 0.4.0's call.
 async function publish(db, topic, opts = {}) {
   if (typeof topic !== 'string') throw new TypeError('publish needs a topic');
   let raw = opts.raw === undefined ? null : opts.raw;
@@ -83,13 +91,41 @@ async function publish(db, topic, opts = {}) {
     if (raw instanceof Uint8Array) raw = Buffer.from(raw);
     else throw new TypeError('raw must be a Buffer');
   }
-  const { rows } = await q(db,
-    'SELECT idem_publish($1, $2::jsonb, $3, $4::jsonb, $5::bytea)::text AS event_id',
-    [topic, opts.payload === undefined ? null : JSON.stringify(opts.payload),
-      opts.key === undefined || opts.key === null ? null : String(opts.key),
-      opts.headers === undefined || opts.headers === null ? null : JSON.stringify(opts.headers),
-      raw]);
+  const tenant = sql.tenantOf(opts);
+  const values = [topic, opts.payload === undefined ? null : JSON.stringify(opts.payload),
+    opts.key === undefined || opts.key === null ? null : String(opts.key),
+    opts.headers === undefined || opts.headers === null ? null : JSON.stringify(opts.headers),
+    raw];
+  const { rows } = tenant === null
+    ? await q(db, 'SELECT idem_publish($1, $2::jsonb, $3, $4::jsonb, $5::bytea)::text AS event_id', values)
+    // the overload with a tenant (0.5.0): the tenant's shard of the tenant
+    // outbox on Citus, the node's own outbox elsewhere
+    : await q(db, 'SELECT idem_publish($1, $2::jsonb, $3, $4::jsonb, $5::bytea, $6::text)::text AS event_id',
+      [...values, tenant]);
   return rows[0].event_id;
+}
+
+// Which relay calls to make, from opts.tenant and opts.tenants: undefined
+// for 0.4.0's (the node's own outbox); null for the tenant overloads with
+// tenant NULL (every tenant's events of the tenant outbox, tenants: true);
+// a tenant's text for one tenant's (tenant).  A TypeError for anything else,
+// before anything is sent.
+function relayTenantOf(opts) {
+  const all = opts ? opts.tenants : undefined;
+  if (all !== undefined && all !== null && typeof all !== 'boolean') {
+    throw new TypeError("tenants is true (every tenant's events) or false; one tenant's events: { tenant }");
+  }
+  const tenant = sql.tenantOf(opts);
+  if (all && tenant !== null) throw new TypeError("give { tenant } (one tenant's events) or { tenants: true } (every tenant's), not both");
+  if (all) return null;
+  return tenant === null ? undefined : tenant;
+}
+
+// text (a call ending in ")") and values as they are, or with the tenant
+// argument last: the tenant overload (extension 0.5.0)
+function tenantForm(text, values, tenant) {
+  if (tenant === undefined) return [text, values];
+  return [`${text.slice(0, -1)}, $${values.length + 1}::text)`, [...values, tenant]];
 }
 
 function eventOf(r) {
@@ -105,35 +141,53 @@ function eventOf(r) {
   };
 }
 
-// outboxNext(db, relay, topic, { maxEvents, generation }) → { batch, events }
-// The relay's current batch (the same one until it is acknowledged); batch
-// null and no events when there is nothing to relay.  batch is a decimal
-// string.
-async function outboxNext(db, relay, topic, opts = {}) {
-  const { rows } = await q(db,
-    'SELECT batch::text AS batch, event_id::text AS event_id, key, payload::text AS payload_text,' +
-    '       payload_raw, headers, published_at' +
-    '  FROM idem_outbox_next($1, $2, $3, $4::bigint)',
-    [relay, topic, opts.maxEvents === undefined ? 100 : opts.maxEvents,
-      int8OrNull(opts.generation, 'generation')]);
-  if (rows.length === 0) return { batch: null, events: [] };
-  return { batch: rows[0].batch, events: rows.map(eventOf) };
+// read from the tenant outbox: the event's tenant as text and its number in
+// its (topic, tenant), 1, 2, 3... (a decimal string); null for an event of
+// the node's own outbox
+function tenantEventOf(r) {
+  return { ...eventOf(r), tenant: r.tenant, seq: r.seq };
 }
 
-// outboxAck(db, relay, topic, batch, { generation }) → true if it moved the
-// relay past the batch, false if the batch was acknowledged before.
+// outboxNext(db, relay, topic, { maxEvents, generation, tenants, tenant })
+// → { batch, events }
+// The relay's current batch (the same one until it is acknowledged); batch
+// null and no events when there is nothing to relay.  batch is a decimal
+// string.  tenants: true: every tenant's events of the tenant outbox
+// (extension 0.5.0, on the Citus coordinator), tenant: one tenant's; each
+// event with its tenant and seq.  Without Citus' tenant outbox, these read
+// the node's own outbox (tenant and seq null).
+async function outboxNext(db, relay, topic, opts = {}) {
+  const tenant = relayTenantOf(opts);
+  const [call, values] = tenantForm('idem_outbox_next($1, $2, $3, $4::bigint)',
+    [relay, topic, opts.maxEvents === undefined ? 100 : opts.maxEvents,
+      int8OrNull(opts.generation, 'generation')], tenant);
+  const { rows } = await q(db,
+    'SELECT batch::text AS batch, event_id::text AS event_id, key, payload::text AS payload_text,' +
+    `       payload_raw, headers, published_at${tenant === undefined ? '' : ', tenant, seq::text AS seq'}` +
+    `  FROM ${call}`, values);
+  if (rows.length === 0) return { batch: null, events: [] };
+  return { batch: rows[0].batch, events: rows.map(tenant === undefined ? eventOf : tenantEventOf) };
+}
+
+// outboxAck(db, relay, topic, batch, { generation, tenants, tenant }) → true
+// if it moved the relay past the batch, false if the batch was acknowledged
+// before.  tenants, tenant: as the batch was taken (outboxNext).
 async function outboxAck(db, relay, topic, batch, opts = {}) {
-  const { rows } = await q(db, 'SELECT idem_outbox_ack($1, $2, $3::bigint, $4::bigint) AS moved',
-    [relay, topic, int8OrNull(batch, 'batch'), int8OrNull(opts.generation, 'generation')]);
+  const [text, values] = tenantForm('SELECT idem_outbox_ack($1, $2, $3::bigint, $4::bigint)',
+    [relay, topic, int8OrNull(batch, 'batch'), int8OrNull(opts.generation, 'generation')],
+    relayTenantOf(opts));
+  const { rows } = await q(db, `${text} AS moved`, values);
   return rows[0].moved;
 }
 
-// outboxDeadLetter(db, relay, topic, eventId, { reason, attempts }): records
-// that the relay gave up on an event of its current batch.
+// outboxDeadLetter(db, relay, topic, eventId, { reason, attempts, tenants,
+// tenant }): records that the relay gave up on an event of its current
+// batch.  tenants, tenant: as the batch was taken (outboxNext).
 async function outboxDeadLetter(db, relay, topic, eventId, opts = {}) {
-  await q(db, 'SELECT idem_outbox_dead_letter($1, $2, $3::uuid, $4, $5::int)',
+  const [text, values] = tenantForm('SELECT idem_outbox_dead_letter($1, $2, $3::uuid, $4, $5::int)',
     [relay, topic, eventId, opts.reason === undefined ? null : opts.reason,
-      opts.attempts === undefined ? null : opts.attempts]);
+      opts.attempts === undefined ? null : opts.attempts], relayTenantOf(opts));
+  await q(db, text, values);
 }
 
 // outboxDeadLetters(db, { relay, topic }) → the calling role's dead letters
@@ -323,7 +377,11 @@ function backoffDelay(n, initialDelay, maxDelay, random = Math.random) {
 // Options: maxEvents (100), generation (null: unfenced), maxAttempts (8),
 // initialDelay (1000 ms), maxDelay (60000 ms), onDeadLetter ('continue' or
 // 'stop'), pollInterval (1000 ms), acknowledgeLoss (false), onEvent(kind,
-// info) for logging and metrics.
+// info) for logging and metrics, tenants (false): true relays every tenant's
+// events of the tenant outbox (publish(..., { tenant }); extension 0.5.0,
+// connected to the Citus coordinator) through the tenant overloads of
+// idem_outbox_next, _ack and _dead_letter with tenant NULL; without Citus'
+// tenant outbox the server relays its own outbox then.
 class OutboxRelay {
   constructor(opts = {}) {
     if (!opts.pool) throw new TypeError('OutboxRelay needs { pool }');
@@ -348,6 +406,8 @@ class OutboxRelay {
       throw new TypeError("onDeadLetter is 'continue' or 'stop'");
     }
     this.acknowledgeLoss = Boolean(opts.acknowledgeLoss);
+    relayTenantOf({ tenants: opts.tenants });   // not a boolean: a TypeError here
+    this.tenants = Boolean(opts.tenants);
     this.onEvent = opts.onEvent || (() => {});
     this.random = opts.random || Math.random;
     this.sleep = opts.sleep || delay;
@@ -384,7 +444,7 @@ class OutboxRelay {
   }
 
   async runOnce() {
-    const opts = { generation: this.generation, maxEvents: this.maxEvents };
+    const opts = { generation: this.generation, maxEvents: this.maxEvents, tenants: this.tenants };
     let next;
     try {
       next = await transaction(this.pool, (tx) => outboxNext(tx, this.relay, this.topic, opts));
@@ -393,7 +453,7 @@ class OutboxRelay {
       if (mapped instanceof OutboxLostError && this.acknowledgeLoss && mapped.batch !== null) {
         this.onEvent('loss', { error: mapped });
         await transaction(this.pool, (tx) => outboxAck(tx, this.relay, this.topic, mapped.batch,
-          { generation: this.generation }));
+          { generation: this.generation, tenants: this.tenants }));
         return { batch: mapped.batch, delivered: 0, deadLettered: 0, events: 0, lost: true };
       }
       throw mapped;
@@ -416,7 +476,7 @@ class OutboxRelay {
       const reason = reasonOf(r.error);
       if (this.onDeadLetter === 'stop') {
         await transaction(this.pool, (tx) => outboxDeadLetter(tx, this.relay, this.topic, event.eventId,
-          { reason, attempts: r.attempts }));
+          { reason, attempts: r.attempts, tenants: this.tenants }));
         this.onEvent('dead-letter', { event, attempts: r.attempts, error: r.error });
         throw new DeadLetterError(`event ${event.eventId} failed ${r.attempts} times (${reason}); the relay stops`,
           event, r.error);
@@ -425,9 +485,10 @@ class OutboxRelay {
     }
     await transaction(this.pool, async (tx) => {
       for (const d of dead) {
-        await outboxDeadLetter(tx, this.relay, this.topic, d.event.eventId, { reason: d.reason, attempts: d.attempts });
+        await outboxDeadLetter(tx, this.relay, this.topic, d.event.eventId,
+          { reason: d.reason, attempts: d.attempts, tenants: this.tenants });
       }
-      await outboxAck(tx, this.relay, this.topic, batch, { generation: this.generation });
+      await outboxAck(tx, this.relay, this.topic, batch, { generation: this.generation, tenants: this.tenants });
     });
     for (const d of dead) this.onEvent('dead-letter', d);
     this.onEvent('acked', { batch, events: events.length });

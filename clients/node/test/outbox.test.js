@@ -513,7 +513,7 @@ describe('end to end against the extension\'s own outbox', () => {
   before(async () => {
     pool = new Pool({ max: 4 });
     const { rows } = await pool.query(
-      "SELECT count(*)::int AS n FROM pg_proc p JOIN pg_extension e ON true JOIN pg_depend d ON d.objid = p.oid AND d.refobjid = e.oid"
+      "SELECT count(DISTINCT p.proname)::int AS n FROM pg_proc p JOIN pg_extension e ON true JOIN pg_depend d ON d.objid = p.oid AND d.refobjid = e.oid"
       + " WHERE e.extname = 'idempotency' AND p.proname IN ('idem_publish', 'idem_outbox_next', 'idem_outbox_ack', 'idem_outbox_dead_letter')");
     present = rows[0].n === 4;
   });

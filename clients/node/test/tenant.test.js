@@ -8,7 +8,10 @@
 // ordered-stream calls (assign, advance, positions, sequence, the
 // StreamConsumer): with a tenant, the tenant overloads of idem_assign,
 // idem_advance, idem_positions and idem_sequence; without, the very
-// statements of 0.4.0.  The server here does not distribute anything, so the
+// statements of 0.4.0.  And the outbox: publish(..., { tenant }) calls
+// idem_publish's tenant overload, and an OutboxRelay with { tenants: true }
+// the tenant overloads of idem_outbox_next, _ack and _dead_letter with
+// tenant NULL; without them, 0.4.0's statements.  The server here does not distribute anything, so the
 // forms with a tenant ignore it and the answers cannot tell the forms apart:
 // ../../conformance/tenant-spy.sql puts a logging stand-in of each form
 // before pg_catalog in search_path, and the tests read which form each call
@@ -20,6 +23,7 @@ const assert = require('node:assert/strict');
 const fs = require('node:fs');
 const path = require('node:path');
 const http = require('node:http');
+const crypto = require('node:crypto');
 const express = require('express');
 const Fastify = require('fastify');
 const { Pool } = require('pg');
@@ -406,5 +410,230 @@ describe('the stream calls\' tenant', () => {
     assert.deepEqual((await sc.process(0, [8, 9, 10, 11, 12], async () => undefined)).fresh, [10, 11, 12]);
     assert.deepEqual(parts(await sc.positions()), [[0, '13', '3'], [1, null, '2']]);
     assert.deepEqual(await calls(consumer), []);
+  });
+});
+
+describe('the tenant outbox', () => {
+  let admin;
+  let pool;     // calls resolve to the spies
+  let plain;    // calls resolve to the extension's functions
+
+  // [fn, nargs, relay, other arguments as text, tenant] of each outbox call
+  // the spies saw for topic, in order
+  const calls = async (topic) => (await admin.query(
+    `SELECT fn, nargs, consumer, args, tenant FROM tenant_spy.calls
+      WHERE stream = $1 AND (fn LIKE 'idem_outbox%' OR fn = 'idem_publish') ORDER BY n`, [topic]))
+    .rows.map((r) => [r.fn, r.nargs, r.consumer, r.args, r.tenant]);
+  // a Queryable that records what it sends, and sends it to the extension
+  const recorder = () => {
+    const sent = [];
+    return {
+      sent,
+      query: async (text, values) => {
+        sent.push([text, values]);
+        return plain.query(text, values);
+      },
+    };
+  };
+
+  before(async () => {
+    admin = adminPool();
+    await admin.query(SPY_SQL);
+    pool = spyPool();
+    plain = appPool(2);
+  });
+  after(async () => {
+    await pool.end();
+    await plain.end();
+    await admin.end();
+  });
+
+  it('without a tenant or tenants, the statements of 0.4.0; with one, the tenant last (null: every tenant)', async () => {
+    const PUBLISH = 'SELECT idem_publish($1, $2::jsonb, $3, $4::jsonb, $5::bytea';
+    const NEXT = 'SELECT batch::text AS batch, event_id::text AS event_id, key, payload::text AS payload_text,' +
+      '       payload_raw, headers, published_at';
+    const ACK = 'SELECT idem_outbox_ack($1, $2, $3::bigint, $4::bigint';
+    const DEAD = 'SELECT idem_outbox_dead_letter($1, $2, $3::uuid, $4, $5::int';
+    const topic = uid('t');
+    const db = recorder();
+    const e1 = await idem.publish(db, topic, { payload: { n: 1 }, key: 'k' });
+    const e2 = await idem.publish(db, topic, { payload: { n: 2 }, tenant: null });
+    const e3 = await idem.publish(db, topic, { raw: Buffer.from([1]), tenant: 'acct-1' });
+    const e4 = await idem.publish(db, topic, { payload: { n: 4 }, tenant: 42 });
+    assert.deepEqual(db.sent, [
+      [`${PUBLISH})::text AS event_id`, [topic, '{"n":1}', 'k', null, null]],
+      [`${PUBLISH})::text AS event_id`, [topic, '{"n":2}', null, null, null]],
+      [`${PUBLISH}, $6::text)::text AS event_id`, [topic, null, null, null, Buffer.from([1]), 'acct-1']],
+      [`${PUBLISH}, $6::text)::text AS event_id`, [topic, '{"n":4}', null, null, null, '42']],
+    ]);
+    db.sent.length = 0;
+    const b = await idem.outboxNext(db, 'rel', topic, { maxEvents: 10 });
+    assert.deepEqual(b.events.map((e) => e.eventId), [e1, e2, e3, e4]);
+    // the node's own outbox: no tenant, no number (and no such fields
+    // without the option)
+    assert.ok(b.events.every((e) => !('tenant' in e) && !('seq' in e)));
+    assert.deepEqual(await idem.outboxNext(db, 'rel', topic, { maxEvents: 10, tenants: false }), b);
+    const all = await idem.outboxNext(db, 'rel', topic, { maxEvents: 10, tenants: true });
+    assert.deepEqual(all.events.map((e) => [e.eventId, e.tenant, e.seq]), [e1, e2, e3, e4].map((e) => [e, null, null]));
+    assert.equal(all.batch, b.batch);
+    const one = await idem.outboxNext(db, 'rel', topic, { maxEvents: 10, generation: 5, tenant: 'acct-1' });
+    assert.equal(one.events.length, 4);
+    await idem.outboxDeadLetter(db, 'rel', topic, e1, { reason: 'no', attempts: 1 });
+    await idem.outboxDeadLetter(db, 'rel', topic, e2, { reason: 'no', attempts: 2, tenants: true });
+    await idem.outboxDeadLetter(db, 'rel', topic, e3, { tenant: 7n });
+    assert.equal(await idem.outboxAck(db, 'rel', topic, b.batch, { generation: 5, tenants: true }), true);
+    assert.equal(await idem.outboxAck(db, 'rel', topic, b.batch, { generation: 5 }), false);
+    assert.equal(await idem.outboxAck(db, 'rel', topic, b.batch, { generation: 5, tenant: 'acct-1' }), false);
+    const FROM4 = '  FROM idem_outbox_next($1, $2, $3, $4::bigint)';
+    const FROM5 = '  FROM idem_outbox_next($1, $2, $3, $4::bigint, $5::text)';
+    assert.deepEqual(db.sent, [
+      [NEXT + FROM4, ['rel', topic, 10, null]],
+      [NEXT + FROM4, ['rel', topic, 10, null]],
+      [`${NEXT}, tenant, seq::text AS seq${FROM5}`, ['rel', topic, 10, null, null]],
+      [`${NEXT}, tenant, seq::text AS seq${FROM5}`, ['rel', topic, 10, '5', 'acct-1']],
+      [`${DEAD})`, ['rel', topic, e1, 'no', 1]],
+      [`${DEAD}, $6::text)`, ['rel', topic, e2, 'no', 2, null]],
+      [`${DEAD}, $6::text)`, ['rel', topic, e3, null, null, '7']],
+      [`${ACK}, $5::text) AS moved`, ['rel', topic, b.batch, '5', null]],
+      [`${ACK}) AS moved`, ['rel', topic, b.batch, '5']],
+      [`${ACK}, $5::text) AS moved`, ['rel', topic, b.batch, '5', 'acct-1']],
+    ]);
+    assert.deepEqual((await idem.outboxDeadLetters(plain, { relay: 'rel', topic })).map((d) => [d.eventId, d.attempts]),
+      [[e1, 1], [e2, 2], [e3, null]]);
+  });
+
+  it('publish, next, ack and dead letters reach the tenant forms', async () => {
+    const topic = uid('t');
+    const [e1, e2, e3] = await idem.transaction(pool, async (tx) => [
+      await idem.publish(tx, topic, { payload: { n: 1 }, key: 'k', tenant: 'acct-1' }),
+      await idem.publish(tx, topic, { payload: { n: 2 }, headers: { h: 'v' } }),
+      await idem.publish(tx, topic, { raw: Buffer.from([2]), tenant: 9 }),
+    ]);
+    const b = await idem.outboxNext(pool, 'rel', topic, { maxEvents: 10, generation: 3, tenants: true });
+    assert.deepEqual(b.events.map((e) => [e.eventId, e.key, e.payload, e.raw, e.headers, e.tenant, e.seq]), [
+      [e1, 'k', { n: 1 }, null, null, null, null],
+      [e2, null, { n: 2 }, null, { h: 'v' }, null, null],
+      [e3, null, null, Buffer.from([2]), null, null, null],
+    ]);
+    await idem.outboxDeadLetter(pool, 'rel', topic, e2, { reason: 'gone', attempts: 3, tenants: true });
+    assert.equal(await idem.outboxAck(pool, 'rel', topic, b.batch, { generation: 3, tenants: true }), true);
+    assert.equal((await idem.outboxNext(pool, 'rel', topic, { maxEvents: 10, generation: 3 })).batch, null);
+    assert.deepEqual(await calls(topic), [
+      ['idem_publish', 6, null, ['{"n": 1}', 'k', null, null], 'acct-1'],
+      ['idem_publish', 5, null, ['{"n": 2}', null, '{"h": "v"}', null], null],
+      ['idem_publish', 6, null, [null, null, null, '\\x02'], '9'],
+      ['idem_outbox_next', 5, 'rel', ['10', '3'], null],
+      ['idem_outbox_dead_letter', 6, 'rel', [e2, 'gone', '3'], null],
+      ['idem_outbox_ack', 5, 'rel', [b.batch, '3'], null],
+      ['idem_outbox_next', 4, 'rel', ['10', '3'], null],
+    ]);
+  });
+
+  it('a relay of every tenant: the tenant overloads with tenant NULL, delivered as before', async () => {
+    const topic = uid('t');
+    const ids = [];
+    for (let i = 0; i < 5; i++) {
+      ids.push(await idem.publish(pool, topic, { payload: { n: i }, tenant: i % 3 ? `acct-${i % 2}` : null }));
+    }
+    const got = [];
+    const endpoint = await listen((req, res) => {
+      const chunks = [];
+      req.on('data', (c) => chunks.push(c));
+      req.on('end', () => {
+        const id = req.headers['webhook-id'];
+        got.push([id, Buffer.concat(chunks).toString('utf8')]);
+        res.statusCode = id === ids[1] ? 503 : 204;
+        res.end();
+      });
+    });
+    try {
+      const relay = new idem.OutboxRelay({
+        pool, relay: 'all', topic, maxEvents: 3, generation: 2, tenants: true, maxAttempts: 2,
+        sleep: async () => undefined, sink: idem.webhookSink({ url: endpoint.url, secret: SECRET }),
+      });
+      assert.equal(relay.tenants, true);
+      const rounds = [];
+      for (;;) {
+        const r = await relay.runOnce();
+        if (r.batch === null) break;
+        rounds.push([r.events, r.delivered, r.deadLettered]);
+      }
+      assert.deepEqual(rounds, [[3, 2, 1], [2, 2, 0]]);
+    } finally {
+      await endpoint.close();
+    }
+    // each event's id is its webhook-id, as without the option
+    assert.deepEqual(got.map(([id]) => id), [ids[0], ids[1], ids[1], ids[2], ids[3], ids[4]]);
+    assert.deepEqual(got.filter(([id]) => id !== ids[1]).map(([, body]) => JSON.parse(body)),
+      [{ n: 0 }, { n: 2 }, { n: 3 }, { n: 4 }]);
+    assert.deepEqual((await idem.outboxDeadLetters(pool, { relay: 'all', topic })).map((d) => [d.eventId, d.attempts]),
+      [[ids[1], 2]]);
+    // the generation fences it as without the option
+    const zombie = new idem.OutboxRelay({
+      pool, relay: 'all', topic, generation: 1, tenants: true, sink: async () => undefined,
+    });
+    await assert.rejects(zombie.runOnce(), idem.StaleGenerationError);
+    const seen = await calls(topic);
+    assert.deepEqual(seen.slice(0, 5).map(([fn, nargs]) => [fn, nargs]),
+      [5, 6, 6, 5, 6].map((n) => ['idem_publish', n]));
+    assert.deepEqual(seen.slice(5).map(([fn, nargs, relay, , tenant]) => [fn, nargs, relay, tenant]), [
+      ['idem_outbox_next', 5, 'all', null],
+      ['idem_outbox_dead_letter', 6, 'all', null],
+      ['idem_outbox_ack', 5, 'all', null],
+      ['idem_outbox_next', 5, 'all', null],
+      ['idem_outbox_ack', 5, 'all', null],
+      ['idem_outbox_next', 5, 'all', null],
+    ]);
+  });
+
+  it('a relay without the option makes 0.4.0\'s calls; with it, a dead letter that stops it is a tenant form too', async () => {
+    const topic = uid('t');
+    const ids = [await idem.publish(pool, topic, { payload: { n: 0 } }), await idem.publish(pool, topic, { payload: { n: 1 } })];
+    const got = [];
+    const sink = async (event) => {
+      got.push([event.eventId, event.tenant, event.seq]);
+      if (event.eventId === ids[1]) throw new idem.DeliveryError('refused');
+    };
+    const relay = new idem.OutboxRelay({ pool, relay: 'own', topic, maxAttempts: 1, onDeadLetter: 'stop', sink });
+    assert.equal(relay.tenants, false);
+    await assert.rejects(relay.runOnce(), idem.DeadLetterError);
+    assert.deepEqual(got, [[ids[0], undefined, undefined], [ids[1], undefined, undefined]]);
+    const stop = new idem.OutboxRelay({
+      pool, relay: 'own-t', topic, maxAttempts: 1, onDeadLetter: 'stop', tenants: true, sink,
+    });
+    await assert.rejects(stop.runOnce(), idem.DeadLetterError);
+    assert.deepEqual(got.slice(2), [[ids[0], null, null], [ids[1], null, null]]);
+    assert.deepEqual((await calls(topic)).map(([fn, nargs, , , tenant]) => [fn, nargs, tenant]), [
+      ['idem_publish', 5, null], ['idem_publish', 5, null],
+      ['idem_outbox_next', 4, null], ['idem_outbox_dead_letter', 5, null],
+      ['idem_outbox_next', 5, null], ['idem_outbox_dead_letter', 6, null],
+    ]);
+  });
+
+  it('a tenant that is not text or an integer, or tenants that is not a boolean, sends nothing', async () => {
+    const topic = uid('t');
+    const id = crypto.randomUUID();
+    for (const bad of [true, 1.5, {}, ['acct'], Number.MAX_SAFE_INTEGER + 2, () => 'acct']) {
+      const db = recorder();
+      await assert.rejects(idem.publish(db, topic, { payload: { n: 1 }, tenant: bad }), TypeError);
+      await assert.rejects(idem.outboxNext(db, 'r', topic, { tenant: bad }), TypeError);
+      await assert.rejects(idem.outboxAck(db, 'r', topic, 1, { tenant: bad }), TypeError);
+      await assert.rejects(idem.outboxDeadLetter(db, 'r', topic, id, { tenant: bad }), TypeError);
+      assert.deepEqual(db.sent, []);
+    }
+    for (const bad of ['yes', 1, 0, {}, ['x']]) {
+      const db = recorder();
+      await assert.rejects(idem.outboxNext(db, 'r', topic, { tenants: bad }), TypeError);
+      await assert.rejects(idem.outboxAck(db, 'r', topic, 1, { tenants: bad }), TypeError);
+      await assert.rejects(idem.outboxDeadLetter(db, 'r', topic, id, { tenants: bad }), TypeError);
+      assert.throws(() => new idem.OutboxRelay({ pool, relay: 'r', topic, tenants: bad, sink: async () => undefined }),
+        TypeError);
+      assert.deepEqual(db.sent, []);
+    }
+    // one tenant or every tenant, not both
+    const db = recorder();
+    await assert.rejects(idem.outboxNext(db, 'r', topic, { tenant: 'acct-1', tenants: true }), TypeError);
+    assert.deepEqual(db.sent, []);
+    assert.deepEqual(await calls(topic), []);
   });
 });

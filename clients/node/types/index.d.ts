@@ -452,6 +452,13 @@ export interface PublishOptions {
   key?: string | null;
   headers?: Record<string, unknown> | null;
   raw?: Buffer | Uint8Array | null;
+  /**
+   * The event's tenant, for the tenant outbox distributed by Citus (extension
+   * 0.5.0; relayed by an OutboxRelay with `tenants: true`). Given, the
+   * overload with the tenant is called; a server without the tenant outbox
+   * does not use it (see Tenant).
+   */
+  tenant?: Tenant | null;
 }
 /** idem_publish in db's transaction; returns the event id (uuid text). */
 export function publish(db: Queryable, topic: string, options?: PublishOptions): Promise<string>;
@@ -465,18 +472,36 @@ export interface OutboxEvent {
   raw: Buffer | null;
   headers: Record<string, unknown> | null;
   publishedAt: Date;
+  /**
+   * Read through the tenant overload (a relay with `tenants: true`, or
+   * `tenant`): the event's tenant as text, null for an event of the node's
+   * own outbox; absent otherwise.
+   */
+  tenant?: string | null;
+  /** With tenant: the event's number in its (topic, tenant), 1, 2, 3... (decimal string), or null. */
+  seq?: string | null;
 }
+/**
+ * Which outbox a relay call reads (extension 0.5.0): neither option, the
+ * node's own (0.4.0's calls); `tenants: true`, every tenant's events of the
+ * tenant outbox distributed by Citus (on the coordinator; tenant NULL);
+ * `tenant`, one tenant's. Without Citus' tenant outbox the server reads its
+ * own outbox for these too.
+ */
+export type OutboxTenantOptions =
+  | { tenants?: false | null; tenant?: Tenant | null }
+  | { tenants: true; tenant?: null };
 export interface OutboxBatch {
   /** decimal string; null when there is nothing to relay */
   batch: string | null;
   events: OutboxEvent[];
 }
 export function outboxNext(db: Queryable, relay: string, topic: string,
-  options?: { maxEvents?: number; generation?: Int8 | null }): Promise<OutboxBatch>;
+  options?: OutboxTenantOptions & { maxEvents?: number; generation?: Int8 | null }): Promise<OutboxBatch>;
 export function outboxAck(db: Queryable, relay: string, topic: string, batch: Int8,
-  options?: { generation?: Int8 | null }): Promise<boolean>;
+  options?: OutboxTenantOptions & { generation?: Int8 | null }): Promise<boolean>;
 export function outboxDeadLetter(db: Queryable, relay: string, topic: string, eventId: string,
-  options?: { reason?: string | null; attempts?: number | null }): Promise<void>;
+  options?: OutboxTenantOptions & { reason?: string | null; attempts?: number | null }): Promise<void>;
 
 export interface DeadLetter extends OutboxEvent {
   relay: string;
@@ -527,6 +552,13 @@ export interface OutboxRelayOptions {
   onDeadLetter?: 'continue' | 'stop';
   pollInterval?: number;
   acknowledgeLoss?: boolean;
+  /**
+   * true: relay every tenant's events of the tenant outbox distributed by
+   * Citus (extension 0.5.0; connect to the coordinator): next, ack and dead
+   * letters through the tenant overloads with tenant NULL. Without Citus'
+   * tenant outbox the server relays its own outbox then.
+   */
+  tenants?: boolean;
   onEvent?: (kind: 'delivered' | 'attempt-failed' | 'dead-letter' | 'acked' | 'idle' | 'loss' | 'database-unavailable' | 'fenced',
     info: Record<string, unknown>) => void;
   random?: () => number;
@@ -543,6 +575,8 @@ export interface RelayRound {
 export class OutboxRelay {
   constructor(options: OutboxRelayOptions);
   readonly stopped: boolean;
+  /** Whether the relay reads the tenant outbox (the option tenants). */
+  readonly tenants: boolean;
   runOnce(): Promise<RelayRound>;
   run(): Promise<void>;
   stop(): void;

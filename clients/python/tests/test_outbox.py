@@ -566,7 +566,8 @@ def test_redis_dedup_seconds(fake, redis_client):
 def test_end_to_end_against_the_extension(receivers):
     with psycopg.connect("user=%s" % APP_USER, autocommit=True) as c:
         n = c.execute(
-            "SELECT count(*) FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid"
+            "SELECT count(DISTINCT p.proname) FROM pg_proc p JOIN pg_depend d"
+            " ON d.objid = p.oid"
             " JOIN pg_extension e ON d.refobjid = e.oid"
             " WHERE e.extname = 'idempotency' AND p.proname IN ("
             "'idem_publish', 'idem_outbox_next', 'idem_outbox_ack',"

@@ -6,7 +6,11 @@ four-argument form only when it is given; without it, the three-argument
 call of 0.4.0 is made, as before.  Likewise the ordered-stream calls
 (assign, advance, positions, sequence, StreamConsumer): with a tenant,
 the tenant overloads of idem_assign, idem_advance, idem_positions and
-idem_sequence; without, the very statements of 0.4.0.  The server here
+idem_sequence; without, the very statements of 0.4.0.  And the outbox:
+publish(..., tenant=) calls idem_publish's tenant overload, and
+OutboxRelay(..., tenants=True) the tenant overloads of idem_outbox_next,
+_ack and _dead_letter with tenant NULL; without them, 0.4.0's statements.
+The server here
 does not distribute anything, so the forms with a tenant ignore it and
 the answers cannot tell the forms apart: ../../conformance/tenant-spy.sql
 puts a logging stand-in of each form before pg_catalog in search_path,
@@ -28,7 +32,11 @@ import pytest
 import pg_idempotency as pi
 import pg_idempotency.aio as aio
 from conftest import APP_USER, CLIENT_DIR, Server, request, su_connect
+from pg_idempotency import StaleGeneration
 from pg_idempotency import _protocol as P
+from pg_idempotency import outbox as O
+from pg_idempotency._sql import runner_for
+from pg_idempotency.outbox import DeliveryError
 from pg_idempotency.webhooks import (generate_secret, receive_webhook,
                                      receive_webhook_async, webhook_headers)
 
@@ -549,3 +557,255 @@ def test_the_extensions_own_stream_tenant_forms():
         assert parts_of(sc.positions()) == [(0, 13, 3), (1, None, 2)]
         c.commit()
     assert stream_calls(consumer) == []
+
+
+# ---------------------------------------------------------------- outbox
+
+PUBLISH = ("SELECT idem_publish(%s::text, %s::jsonb, %s::text, %s::jsonb,"
+           " %s::bytea")
+NEXT = ("SELECT batch, event_id::text, key, payload::text, payload_raw,"
+        " headers, published_at FROM idem_outbox_next(%s::text, %s::text,"
+        " %s::int, %s::bigint")
+NEXT_T = ("SELECT batch, event_id::text, key, payload::text, payload_raw,"
+          " headers, published_at, tenant, seq FROM idem_outbox_next(%s::text,"
+          " %s::text, %s::int, %s::bigint")
+ACK = "SELECT idem_outbox_ack(%s::text, %s::text, %s::bigint, %s::bigint"
+DEAD = ("SELECT idem_outbox_dead_letter(%s::text, %s::text, %s::uuid,"
+        " %s::text, %s::int")
+
+
+class Recorder:
+    """A Runner that records each statement and its parameters and runs
+    them on a real connection."""
+
+    def __init__(self, conn):
+        self.inner = runner_for(conn)
+        self.sent = []
+
+    def execute(self, sql, params=()):
+        self.sent.append((sql, tuple(params)))
+        return self.inner.execute(sql, params)
+
+    def transaction(self):
+        return self.inner.transaction()
+
+    def in_transaction(self):
+        return self.inner.in_transaction()
+
+
+def outbox_calls(topic):
+    """(function, nargs, relay, other arguments as text, tenant) of each
+    outbox call the spies saw for TOPIC, in order."""
+    with su_connect() as c:
+        return [tuple(r) for r in c.execute(
+            "SELECT fn, nargs, consumer, args, tenant FROM tenant_spy.calls"
+            " WHERE stream = %s AND fn LIKE 'idem_%%' AND"
+            " (fn LIKE 'idem_outbox%%' OR fn = 'idem_publish') ORDER BY n",
+            (topic,))]
+
+
+def test_tenant_outbox_statements_without_a_tenant_are_04s():
+    """No tenant, no tenants (or None, False): the very SQL and parameters
+    the client sent before (a 0.4.0 server has no tenant overloads); with
+    one, the same and the tenant as text, last (NULL for every tenant)."""
+    topic = uid("t")
+    with psycopg.connect("user=%s" % APP_USER, autocommit=True) as c:
+        r = Recorder(c)
+        e1 = O.publish(r, topic, {"n": 1}, key="k")
+        e2 = O.publish(r, topic, {"n": 2}, tenant=None)
+        e3 = O.publish(r, topic, None, raw=b"\x01", tenant="acct-1")
+        e4 = O.publish(r, topic, {"n": 4}, tenant=42)
+        assert r.sent == [
+            (PUBLISH + ")::text", (topic, '{"n":1}', "k", None, None)),
+            (PUBLISH + ")::text", (topic, '{"n":2}', None, None, None)),
+            (PUBLISH + ", %s::text)::text",
+             (topic, None, None, None, b"\x01", "acct-1")),
+            (PUBLISH + ", %s::text)::text",
+             (topic, '{"n":4}', None, None, None, "42")),
+        ]
+        del r.sent[:]
+        b = O.outbox_next(r, "rel", topic, 10, None)
+        assert [e.event_id for e in b.events] == [e1, e2, e3, e4]
+        # the node's own outbox: no tenant, no number
+        assert [(e.tenant, e.seq) for e in b.events] == [(None, None)] * 4
+        assert O.outbox_next(r, "rel", topic, 10, tenants=False) == b
+        bt = O.outbox_next(r, "rel", topic, 10, tenants=True)
+        assert bt == b
+        assert O.outbox_next(r, "rel", topic, 10, 5, tenant="acct-1") == b
+        O.outbox_dead_letter(r, "rel", topic, e1, "no", 1)
+        O.outbox_dead_letter(r, "rel", topic, e2, "no", 2, tenants=True)
+        O.outbox_dead_letter(r, "rel", topic, e3, None, None, tenant=7)
+        assert O.outbox_ack(r, "rel", topic, b.batch, 5,
+                            tenants=True) is True
+        assert O.outbox_ack(r, "rel", topic, b.batch, 5) is False
+        assert O.outbox_ack(r, "rel", topic, b.batch, 5,
+                            tenant="acct-1") is False
+        assert r.sent == [
+            (NEXT + ")", ("rel", topic, 10, None)),
+            (NEXT + ")", ("rel", topic, 10, None)),
+            (NEXT_T + ", %s::text)", ("rel", topic, 10, None, None)),
+            (NEXT_T + ", %s::text)", ("rel", topic, 10, 5, "acct-1")),
+            (DEAD + ")", ("rel", topic, e1, "no", 1)),
+            (DEAD + ", %s::text)", ("rel", topic, e2, "no", 2, None)),
+            (DEAD + ", %s::text)", ("rel", topic, e3, None, None, "7")),
+            (ACK + ", %s::text)", ("rel", topic, b.batch, 5, None)),
+            (ACK + ")", ("rel", topic, b.batch, 5)),
+            (ACK + ", %s::text)", ("rel", topic, b.batch, 5, "acct-1")),
+        ]
+        assert [(d.event.event_id, d.attempts) for d in
+                O.outbox_dead_letters(c, "rel", topic)] == \
+            [(e1, 1), (e2, 2), (e3, None)]
+
+
+def test_tenant_outbox_calls_reach_the_tenant_forms(spyconn):
+    topic = uid("t")
+    with runner_for(spyconn).transaction():
+        e1 = O.publish(spyconn, topic, {"n": 1}, key="k", tenant="acct-1")
+        e2 = O.publish(spyconn, topic, {"n": 2}, headers={"h": "v"})
+        e3 = O.publish(spyconn, topic, None, raw=b"\x02", tenant=9)
+    b = O.outbox_next(spyconn, "rel", topic, 10, 3, tenants=True)
+    assert [(e.event_id, e.key, e.payload, e.raw, e.headers, e.tenant, e.seq)
+            for e in b.events] == [
+        (e1, "k", {"n": 1}, None, None, None, None),
+        (e2, None, {"n": 2}, None, {"h": "v"}, None, None),
+        (e3, None, None, b"\x02", None, None, None)]
+    O.outbox_dead_letter(spyconn, "rel", topic, e2, "gone", 3, tenants=True)
+    assert O.outbox_ack(spyconn, "rel", topic, b.batch, 3, tenants=True)
+    spyconn.commit()
+    assert O.outbox_next(spyconn, "rel", topic, 10, 3).batch is None
+    spyconn.commit()
+    assert outbox_calls(topic) == [
+        ("idem_publish", 6, None, ['{"n": 1}', "k", None, None], "acct-1"),
+        ("idem_publish", 5, None, ['{"n": 2}', None, '{"h": "v"}', None],
+         None),
+        ("idem_publish", 6, None, [None, None, None, "\\x02"], "9"),
+        ("idem_outbox_next", 5, "rel", ["10", "3"], None),
+        ("idem_outbox_dead_letter", 6, "rel", [e2, "gone", "3"], None),
+        ("idem_outbox_ack", 5, "rel", [str(b.batch), "3"], None),
+        ("idem_outbox_next", 4, "rel", ["10", "3"], None),
+    ]
+
+
+def test_tenant_outbox_relay_of_every_tenant(spyconn):
+    """OutboxRelay(..., tenants=True): the relay's every call is a tenant
+    overload with tenant NULL; without Citus' tenant outbox the server
+    relays its own outbox then, so it delivers the events published with
+    and without a tenant, each with its event id as webhook-id, dead-letters
+    as before, and its generation fences as before."""
+    from test_outbox import Endpoint
+    topic = uid("t")
+    ids = [O.publish(spyconn, topic, {"n": i},
+                     tenant=("acct-%d" % (i % 2)) if i % 3 else None)
+           for i in range(5)]
+    spyconn.commit()
+    endpoint = Endpoint()
+    try:
+        endpoint.script[ids[1]] = [503, 503]
+        relay = O.OutboxRelay(spyconn, relay="all", topic=topic,
+                              max_events=3, generation=2, tenants=True,
+                              max_attempts=2, sleep=lambda s: None,
+                              sink=O.WebhookSink(endpoint.url, SECRET))
+        assert relay.tenants is True
+        rounds = []
+        while True:
+            r = relay.run_once()
+            if r["batch"] is None:
+                break
+            rounds.append((r["events"], r["delivered"], r["dead_lettered"]))
+        assert rounds == [(3, 2, 1), (2, 2, 0)]
+        got = [h["webhook-id"] for h, _ in endpoint.got]
+        assert got == [ids[0], ids[1], ids[1], ids[2], ids[3], ids[4]]
+        assert [json.loads(body) for h, body in endpoint.got
+                if h["webhook-id"] != ids[1]] == [{"n": i} for i in
+                                                  (0, 2, 3, 4)]
+    finally:
+        endpoint.close()
+    assert [(d.event.event_id, d.attempts) for d in
+            O.outbox_dead_letters(spyconn, "all", topic)] == [(ids[1], 2)]
+    spyconn.commit()
+    # the generation fences the relay as without the option
+    zombie = O.OutboxRelay(spyconn, relay="all", topic=topic, generation=1,
+                           tenants=True, sink=lambda e, ctx=None: None)
+    with pytest.raises(StaleGeneration):
+        zombie.run_once()
+    spyconn.rollback()
+    seen = outbox_calls(topic)
+    assert [c[0] for c in seen[:5]] == ["idem_publish"] * 5
+    assert [c[1] for c in seen[:5]] == [5, 6, 6, 5, 6]
+    relay_calls = [(fn, nargs, tenant) for fn, nargs, rel, args, tenant
+                   in seen[5:]]
+    assert relay_calls == [
+        ("idem_outbox_next", 5, None),
+        ("idem_outbox_dead_letter", 6, None),
+        ("idem_outbox_ack", 5, None),
+        ("idem_outbox_next", 5, None),
+        ("idem_outbox_ack", 5, None),
+        ("idem_outbox_next", 5, None),
+    ]
+    assert all(rel == "all" for _, _, rel, _, _ in seen[5:])
+
+
+def test_tenant_outbox_relay_without_the_option_makes_04s_calls(spyconn):
+    topic = uid("t")
+    ids = [O.publish(spyconn, topic, {"n": i}) for i in range(2)]
+    spyconn.commit()
+    got = []
+
+    def sink(event, ctx=None):
+        got.append((event.event_id, event.tenant, event.seq))
+        if event.event_id == ids[1]:
+            raise DeliveryError("refused")
+    relay = O.OutboxRelay(spyconn, relay="own", topic=topic,
+                          max_attempts=1, on_dead_letter="stop", sink=sink)
+    assert relay.tenants is False
+    with pytest.raises(O.DeadLetter):
+        relay.run_once()
+    assert got == [(ids[0], None, None), (ids[1], None, None)]
+    spyconn.rollback()
+    assert [(fn, nargs, tenant) for fn, nargs, _, _, tenant in
+            outbox_calls(topic)] == [
+        ("idem_publish", 5, None), ("idem_publish", 5, None),
+        ("idem_outbox_next", 4, None), ("idem_outbox_dead_letter", 5, None)]
+    # a relay of every tenant stopping on a dead letter records it with
+    # the tenant overload
+    stop = O.OutboxRelay(spyconn, relay="own-t", topic=topic, max_attempts=1,
+                         on_dead_letter="stop", tenants=True, sink=sink)
+    with pytest.raises(O.DeadLetter):
+        stop.run_once()
+    spyconn.rollback()
+    assert [(fn, nargs, tenant) for fn, nargs, _, _, tenant in
+            outbox_calls(topic)][4:] == [
+        ("idem_outbox_next", 5, None), ("idem_outbox_dead_letter", 6, None)]
+
+
+BAD_TENANTS_FLAGS = ("yes", 1, 0, 1.0, ["x"])
+
+
+def test_tenant_outbox_bad_tenants_send_nothing(spyconn):
+    topic = uid("t")
+    for bad in BAD_TENANTS:
+        with pytest.raises(TypeError):
+            O.publish(spyconn, topic, {"n": 1}, tenant=bad)
+        with pytest.raises(TypeError):
+            O.outbox_next(spyconn, "r", topic, tenant=bad)
+        with pytest.raises(TypeError):
+            O.outbox_ack(spyconn, "r", topic, 1, tenant=bad)
+        with pytest.raises(TypeError):
+            O.outbox_dead_letter(spyconn, "r", topic, str(uuid.uuid4()),
+                                 tenant=bad)
+    for bad in BAD_TENANTS_FLAGS:
+        with pytest.raises(TypeError):
+            O.outbox_next(spyconn, "r", topic, tenants=bad)
+        with pytest.raises(TypeError):
+            O.outbox_ack(spyconn, "r", topic, 1, tenants=bad)
+        with pytest.raises(TypeError):
+            O.outbox_dead_letter(spyconn, "r", topic, str(uuid.uuid4()),
+                                 tenants=bad)
+        with pytest.raises(TypeError):
+            O.OutboxRelay(spyconn, relay="r", topic=topic, tenants=bad,
+                          sink=lambda e, ctx=None: None)
+    # one tenant or every tenant, not both
+    with pytest.raises(TypeError):
+        O.outbox_next(spyconn, "r", topic, tenant="acct-1", tenants=True)
+    spyconn.commit()
+    assert outbox_calls(topic) == []

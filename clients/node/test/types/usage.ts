@@ -16,6 +16,7 @@ import { fastifyIdempotency, webhookReceiver as fastifyWebhookReceiver } from 'p
 import {
   publish, OutboxRelay, webhookSink, redisStreamSink, verifyWebhook, receiveWebhook, generateSecret,
   DeadLetterError, OutboxLostError, WebhookVerificationError, RelayRound,
+  outboxNext, outboxAck, outboxDeadLetter, OutboxEvent,
 } from 'pg-idempotency';
 
 const pool = new Pool();
@@ -169,6 +170,27 @@ async function outbox(): Promise<void> {
   void round.batch;
   relay.stop();
   await relay.run().catch((e) => e instanceof DeadLetterError || e instanceof OutboxLostError);
+  // the tenant outbox distributed by Citus: published with the tenant, relayed
+  // on the coordinator for every tenant
+  await publish(pool, 'orders', { payload: { order: 2 }, tenant: 'acct-1' });
+  await publish(pool, 'orders', { payload: { order: 3 }, tenant: 42n });
+  const tenants = new OutboxRelay({
+    pool, relay: 'shipping', topic: 'orders', tenants: true,
+    sink: async (event: OutboxEvent) => { console.log(event.eventId, event.tenant, event.seq); },
+  });
+  const all: boolean = tenants.tenants;
+  void all;
+  const b = await outboxNext(pool, 'shipping', 'orders', { tenants: true, maxEvents: 10 });
+  const seq: string | null | undefined = b.events[0].seq;
+  void seq;
+  if (b.batch !== null) await outboxAck(pool, 'shipping', 'orders', b.batch, { tenants: true });
+  await outboxDeadLetter(pool, 'one', 'orders', 'x', { reason: 'gone', tenant: 'acct-1' });
+  // @ts-expect-error a tenant is a string or an integer
+  await publish(pool, 'orders', { tenant: true });
+  // @ts-expect-error tenants is a boolean
+  void new OutboxRelay({ pool, relay: 'r', topic: 'orders', sink: async () => undefined, tenants: 'acct-1' });
+  // @ts-expect-error one tenant or every tenant, not both
+  await outboxNext(pool, 'shipping', 'orders', { tenants: true, tenant: 'acct-1' });
   void redisStreamSink({ client: {}, stream: 'orders' });
   try {
     verifyWebhook([secret], { 'webhook-id': 'x' }, Buffer.from(''));

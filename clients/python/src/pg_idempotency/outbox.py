@@ -15,6 +15,12 @@ jitter, dead letters and a generation that fences a zombie relay.
                         sink=WebhookSink("https://shipping/hooks", SECRET))
     relay.run()             # until relay.stop()
 
+With extension 0.5.0 on Citus, publish(..., tenant=) writes the event
+into the tenant's shard of the tenant outbox, and OutboxRelay(...,
+tenants=True) relays every tenant's events from the coordinator (the
+extension's tenant overloads, called only when asked for; without Citus'
+tenant outbox the server does not use the tenant).
+
 The behaviour, the same in the Node.js library, is
 ../../outbox-behaviour.md's.
 """
@@ -31,7 +37,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
-from ._protocol import json_param
+from ._protocol import Tenant, json_param, tenant_param
 from ._sql import runner_for
 from .core import run_in_transaction
 from .errors import (IdempotencyError, RetryableConflict, StaleGeneration,
@@ -108,24 +114,35 @@ def _execute(conn: Any, sql: str, params: Tuple[Any, ...]) -> List[Any]:
 def publish(conn: Any, topic: str, payload: Any = None, *,
             key: Optional[str] = None,
             headers: Optional[Mapping[str, Any]] = None,
-            raw: Optional[bytes] = None) -> str:
+            raw: Optional[bytes] = None,
+            tenant: Optional[Tenant] = None) -> str:
     """
     idem_publish: one event in CONN's open transaction (it commits or
     rolls back with it; outside one, a transaction of its own).  Returns
-    the event id (uuid text), which every delivery carries.
+    the event id (uuid text), which every delivery carries.  TENANT (a
+    string or an integer; extension 0.5.0): the tenant outbox distributed
+    by Citus, relayed by OutboxRelay(..., tenants=True); not used by a
+    server without it.  Without a tenant, 0.4.0's call.
     """
     if not isinstance(topic, str):
         raise TypeError("publish needs a topic")
     if raw is not None and not isinstance(raw, (bytes, bytearray,
                                                 memoryview)):
         raise TypeError("raw must be bytes")
-    rows = _execute(conn, "SELECT idem_publish(%s::text, %s::jsonb, %s::text,"
-                    " %s::jsonb, %s::bytea)::text",
-                    (topic, json_param(payload),
-                     None if key is None else str(key),
-                     json_param(dict(headers)) if headers is not None
-                     else None,
-                     None if raw is None else bytes(raw)))
+    t = tenant_param(tenant)
+    params: Tuple[Any, ...] = (
+        topic, json_param(payload), None if key is None else str(key),
+        json_param(dict(headers)) if headers is not None else None,
+        None if raw is None else bytes(raw))
+    if t is None:
+        rows = _execute(conn, "SELECT idem_publish(%s::text, %s::jsonb,"
+                        " %s::text, %s::jsonb, %s::bytea)::text", params)
+    else:
+        # the overload with a tenant (0.5.0): the tenant's shard of the
+        # tenant outbox on Citus, the node's own outbox elsewhere
+        rows = _execute(conn, "SELECT idem_publish(%s::text, %s::jsonb,"
+                        " %s::text, %s::jsonb, %s::bytea, %s::text)::text",
+                        params + (t,))
     return str(rows[0][0])
 
 
@@ -139,6 +156,11 @@ class Event:
     raw: Optional[bytes]
     headers: Optional[Dict[str, Any]]
     published_at: Any
+    #: read from the tenant outbox (a relay with tenants=True or tenant=):
+    #: the event's tenant as text and its number in its (topic, tenant),
+    #: 1, 2, 3...; None for an event of the node's own outbox
+    tenant: Optional[str] = None
+    seq: Optional[int] = None
 
     @property
     def payload(self) -> Any:
@@ -160,42 +182,93 @@ def _headers(v: Any) -> Optional[Dict[str, Any]]:
     return json.loads(v)
 
 
+def _relay_tenant(tenant: Optional[Tenant] = None,
+                 tenants: bool = False) -> Tuple[bool, Optional[str]]:
+    """
+    Which relay calls to make: (False, None) for 0.4.0's (the node's own
+    outbox), (True, None) for the tenant overloads with tenant NULL (every
+    tenant's events of the tenant outbox, TENANTS=True), (True, text) for
+    one tenant's (TENANT).  A TypeError for anything else, before anything
+    is sent.
+    """
+    if not isinstance(tenants, bool):
+        raise TypeError("tenants is True (every tenant's events) or False, "
+                        "not %r; one tenant's events: tenant=" % (tenants,))
+    t = tenant_param(tenant)
+    if tenants and t is not None:
+        raise TypeError("give tenant= (one tenant's events) or tenants=True "
+                        "(every tenant's), not both")
+    return (tenants or t is not None), t
+
+
+def _tenant_form(sql: str, params: Tuple[Any, ...], tenant: Optional[Tenant],
+                 tenants: bool) -> Tuple[str, Tuple[Any, ...]]:
+    """SQL (a call ending in ")") and PARAMS as they are, or with the
+    tenant argument last: the tenant overload (extension 0.5.0)."""
+    form, t = _relay_tenant(tenant, tenants)
+    if not form:
+        return sql, params
+    return sql[:-1] + ", %s::text)", params + (t,)
+
+
 def outbox_next(conn: Any, relay: str, topic: str, max_events: int = 100,
-                generation: Optional[int] = None) -> Batch:
+                generation: Optional[int] = None, *,
+                tenant: Optional[Tenant] = None,
+                tenants: bool = False) -> Batch:
     """idem_outbox_next: the relay's current batch (the same one until it
-    is acknowledged)."""
+    is acknowledged).  TENANTS=True: every tenant's events of the tenant
+    outbox (extension 0.5.0, on the Citus coordinator), TENANT: one
+    tenant's; each event with its tenant and seq.  Without Citus' tenant
+    outbox, these read the node's own outbox (tenant and seq None)."""
+    form, _ = _relay_tenant(tenant, tenants)
+    sql, params = _tenant_form(
+        "FROM idem_outbox_next(%s::text, %s::text, %s::int, %s::bigint)",
+        (relay, topic, int(max_events),
+         None if generation is None else int(generation)), tenant, tenants)
     rows = _execute(conn, "SELECT batch, event_id::text, key, payload::text,"
-                    " payload_raw, headers, published_at"
-                    " FROM idem_outbox_next(%s::text, %s::text, %s::int,"
-                    " %s::bigint)",
-                    (relay, topic, int(max_events),
-                     None if generation is None else int(generation)))
+                    " payload_raw, headers, published_at" +
+                    (", tenant, seq " if form else " ") + sql, params)
     if not rows:
         return Batch(None, [])
-    return Batch(int(rows[0][0]), [
-        Event(r[1], r[2], r[3], None if r[4] is None else bytes(r[4]),
-              _headers(r[5]), r[6]) for r in rows])
+    events = []
+    for r in rows:
+        ev = Event(r[1], r[2], r[3], None if r[4] is None else bytes(r[4]),
+                   _headers(r[5]), r[6])
+        if form:
+            ev.tenant = r[7]
+            ev.seq = None if r[8] is None else int(r[8])
+        events.append(ev)
+    return Batch(int(rows[0][0]), events)
 
 
 def outbox_ack(conn: Any, relay: str, topic: str, batch: int,
-               generation: Optional[int] = None) -> bool:
+               generation: Optional[int] = None, *,
+               tenant: Optional[Tenant] = None,
+               tenants: bool = False) -> bool:
     """idem_outbox_ack: True if it moved the relay past BATCH, False if
-    BATCH was acknowledged before."""
-    rows = _execute(conn, "SELECT idem_outbox_ack(%s::text, %s::text,"
-                    " %s::bigint, %s::bigint)",
-                    (relay, topic, int(batch),
-                     None if generation is None else int(generation)))
+    BATCH was acknowledged before.  TENANT, TENANTS: as the batch was
+    taken (outbox_next)."""
+    sql, params = _tenant_form(
+        "SELECT idem_outbox_ack(%s::text, %s::text, %s::bigint, %s::bigint)",
+        (relay, topic, int(batch),
+         None if generation is None else int(generation)), tenant, tenants)
+    rows = _execute(conn, sql, params)
     return bool(rows[0][0])
 
 
 def outbox_dead_letter(conn: Any, relay: str, topic: str, event_id: str,
                        reason: Optional[str] = None,
-                       attempts: Optional[int] = None) -> None:
+                       attempts: Optional[int] = None, *,
+                       tenant: Optional[Tenant] = None,
+                       tenants: bool = False) -> None:
     """idem_outbox_dead_letter: the relay gave up on an event of its
-    current batch."""
-    _execute(conn, "SELECT idem_outbox_dead_letter(%s::text, %s::text,"
-             " %s::uuid, %s::text, %s::int)",
-             (relay, topic, event_id, reason, attempts))
+    current batch.  TENANT, TENANTS: as the batch was taken
+    (outbox_next)."""
+    sql, params = _tenant_form(
+        "SELECT idem_outbox_dead_letter(%s::text, %s::text, %s::uuid,"
+        " %s::text, %s::int)",
+        (relay, topic, event_id, reason, attempts), tenant, tenants)
+    _execute(conn, sql, params)
 
 
 @dataclass
@@ -428,7 +501,11 @@ class OutboxRelay:
     (100), generation (None: unfenced), max_attempts (8), initial_delay
     (1.0 s), max_delay (60.0 s), on_dead_letter ("continue" or "stop"),
     poll_interval (1.0 s), acknowledge_loss (False), on_event(kind, info)
-    for logging and metrics.
+    for logging and metrics, tenants (False): True relays every tenant's
+    events of the tenant outbox (publish(..., tenant=); extension 0.5.0,
+    connected to the Citus coordinator) through the tenant overloads of
+    idem_outbox_next, _ack and _dead_letter with tenant NULL; without
+    Citus' tenant outbox the server relays its own outbox then.
     """
 
     def __init__(self, connect: Any, *, relay: str, topic: str,
@@ -440,7 +517,8 @@ class OutboxRelay:
                  on_event: Optional[Callable[[str, Dict[str, Any]], None]]
                  = None,
                  random: Callable[[], float] = _random.random,
-                 sleep: Optional[Callable[[float], None]] = None) -> None:
+                 sleep: Optional[Callable[[float], None]] = None,
+                 tenants: bool = False) -> None:
         if not relay or not isinstance(relay, str):
             raise TypeError("OutboxRelay needs relay, its name")
         if not topic or not isinstance(topic, str):
@@ -459,6 +537,7 @@ class OutboxRelay:
                         ("poll_interval", poll_interval)):
             if not isinstance(v, (int, float)) or v < 0:
                 raise TypeError("%s must be a number of seconds" % name)
+        _relay_tenant(None, tenants)     # not a bool: a TypeError here
         if callable(connect) and not hasattr(connect, "cursor"):
             self._connect: Optional[Callable[[], Any]] = connect
             self._conn: Any = None
@@ -476,6 +555,7 @@ class OutboxRelay:
         self.on_dead_letter = on_dead_letter
         self.poll_interval = poll_interval
         self.acknowledge_loss = acknowledge_loss
+        self.tenants = tenants
         self.on_event = on_event or (lambda kind, info: None)
         self.random = random
         self._stop = threading.Event()
@@ -545,14 +625,16 @@ class OutboxRelay:
     def run_once(self) -> Dict[str, Any]:
         try:
             nxt = self._tx(lambda c: outbox_next(
-                c, self.relay, self.topic, self.max_events, self.generation))
+                c, self.relay, self.topic, self.max_events, self.generation,
+                tenants=self.tenants))
         except OutboxLost as e:
             if not (self.acknowledge_loss and e.batch is not None):
                 raise
             self.on_event("loss", {"error": e})
             batch = e.batch
             self._tx(lambda c: outbox_ack(c, self.relay, self.topic, batch,
-                                          self.generation))
+                                          self.generation,
+                                          tenants=self.tenants))
             return {"batch": batch, "delivered": 0, "dead_lettered": 0,
                     "events": 0, "lost": True}
         if nxt.batch is None:
@@ -580,7 +662,7 @@ class OutboxRelay:
                 ev = event
                 self._tx(lambda c: outbox_dead_letter(
                     c, self.relay, self.topic, ev.event_id, reason,
-                    r["attempts"]))
+                    r["attempts"], tenants=self.tenants))
                 self.on_event("dead-letter", {"event": event,
                                               "attempts": r["attempts"],
                                               "error": r["error"]})
@@ -594,8 +676,9 @@ class OutboxRelay:
             for d in dead:
                 outbox_dead_letter(c, self.relay, self.topic,
                                    d["event"].event_id, d["reason"],
-                                   d["attempts"])
-            outbox_ack(c, self.relay, self.topic, batch, self.generation)
+                                   d["attempts"], tenants=self.tenants)
+            outbox_ack(c, self.relay, self.topic, batch, self.generation,
+                       tenants=self.tenants)
         self._tx(ack)
         for d in dead:
             self.on_event("dead-letter", d)
