@@ -132,7 +132,7 @@ for d in orders shipping; do
 done
 cluster_psql "$DB" -q -d orders -U orders_app -f "$HERE/orders.sql" || exit 1
 cluster_psql "$DB" -q -d shipping -U shipping_app -f "$HERE/shipping.sql" || exit 1
-has_outbox=$(cluster_psql "$DB" -d orders -At -c "SELECT count(*) FROM pg_proc p
+has_outbox=$(cluster_psql "$DB" -d orders -At -c "SELECT count(DISTINCT p.proname) FROM pg_proc p
 	JOIN pg_depend d ON d.objid = p.oid JOIN pg_extension e ON d.refobjid = e.oid
 	WHERE e.extname = 'idempotency' AND p.proname IN
 	('idem_publish', 'idem_outbox_next', 'idem_outbox_ack', 'idem_outbox_dead_letter')")
