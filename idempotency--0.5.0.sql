@@ -1750,7 +1750,17 @@ $body$$fn$, tenant_type);
                 BEGIN
                     SET LOCAL citus.propagate_set_commands = 'local';
                     EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %s', p_lock_timeout);
-                    EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I PARTITION OF idempotency.tenant_events FOR VALUES FROM (%L) TO (%L)',
+                    -- made apart and attached: ATTACH PARTITION takes SHARE
+                    -- UPDATE EXCLUSIVE on idempotency.tenant_events, which a
+                    -- relay's transaction holding it (ACCESS SHARE, to its
+                    -- end: any role's, left open) does not block, where
+                    -- CREATE TABLE ... PARTITION OF waits for ACCESS
+                    -- EXCLUSIVE; the (LIKE ... INCLUDING ALL) copies the
+                    -- primary key, the partition's replica identity, and
+                    -- Citus distributes it co-located as it attaches it
+                    EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I (LIKE idempotency.tenant_events INCLUDING ALL)',
+                                              name);
+                    EXECUTE pg_catalog.format('ALTER TABLE idempotency.tenant_events ATTACH PARTITION idempotency.%I FOR VALUES FROM (%L) TO (%L)',
                                               name, lo, hi);
                     -- what default privileges gave it: taken back
                     FOR g IN

@@ -1204,6 +1204,37 @@ like($stderr, qr/ERROR:  ID003: relay "slow" of topic "ledger" lost 1 events tha
 is($ack->('ob_a', 'slow', 'ledger', 1), 't', 'the loss is acknowledged');
 $pub->('ob_a', 'ledger', qq{{"n": "l2"}}, 'beta');
 is($next->('ob_a', 'slow', 'ledger', 10), '2:beta:2:l2', 'and the relay goes on');
+
+# Another role's relay left in an open transaction on the coordinator
+# holds the tenant outbox's table (AccessShareLock, to its end): the
+# partitions ahead are still made (ATTACH PARTITION, which takes SHARE
+# UPDATE EXCLUSIVE on the table), so every role's publishes keep finding
+# one.  (CREATE TABLE ... PARTITION OF waited for the relay's lock and
+# gave up on every run: once the premade ones ran out, every publish with
+# a tenant failed.)
+my $ahead = q{SELECT max(upper_bound) FROM idempotency.tenant_event_partitions};
+my $ahead_before = $node->safe_psql('obx', $ahead);
+my $relay_holder = $node->background_psql('obx', on_error_stop => 0, extra_params => [ '-U', 'ob_b' ]);
+$relay_holder->query_safe(q{BEGIN; SELECT count(*) FROM idem_outbox_next('held', 'held', 10, NULL, NULL)});
+$node->safe_psql('obx', qq{
+$ob_fast
+SET idempotency.premake = 16;
+SELECT count(*) FROM idem_maintain();
+});
+my $ahead_after = $node->safe_psql('obx', $ahead);
+is($node->safe_psql('obx', qq{SELECT '$ahead_after'::timestamptz > '$ahead_before'::timestamptz}), 't',
+	'another role\'s relay left in an open transaction does not keep the tenant outbox\'s partitions from being made');
+is($node->safe_psql('obx', qq{
+SELECT count(*) FILTER (WHERE d.colocationid IS DISTINCT FROM e.colocationid) || ' '
+    || count(*) FILTER (WHERE c.relreplident <> 'd' OR NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)) || ' '
+    || count(*) FILTER (WHERE c.relacl::text LIKE '%ob_b%')
+  FROM idempotency.tenant_event_partitions t
+  JOIN pg_class c ON c.oid = format('idempotency.%I', t.partition)::regclass
+  LEFT JOIN pg_dist_partition d ON d.logicalrelid = c.oid
+  CROSS JOIN (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tenant_events'::regclass) e}),
+	'0 0 0', 'every partition is distributed co-located, with its primary key as replica identity, granted to nobody');
+$relay_holder->query_safe('COMMIT');
+$relay_holder->quit;
 $node2->stop;
 
 $node->stop;
