@@ -1261,6 +1261,46 @@ SELECT count(*) FILTER (WHERE d.colocationid IS DISTINCT FROM e.colocationid) ||
 	'0 0 0', 'every partition is distributed co-located, with its primary key as replica identity, granted to nobody');
 $relay_holder->query_safe('COMMIT');
 $relay_holder->quit;
+
+# The relay's statements on the tenant outbox run on the workers as the
+# text Citus deparsed on the coordinator, read there with the settings of
+# the caller's SET LOCAL commands, which Citus sends the workers with
+# citus.propagate_set_commands = 'local' (any role may set it): the
+# storage owner's statements are read there with the settings pinned
+# on the coordinator, not the caller's.  A caller's search_path found its
+# own type "text" (a domain whose check runs its function) for the text's
+# casts, run on the worker by the storage owner; its
+# standard_conforming_strings = off ended a literal at a backslash of the
+# topic, the rest of the topic read as SQL.
+$node->safe_psql('obx', 'CREATE SCHEMA ob_s AUTHORIZATION ob_a');
+$node->safe_psql('obx', q{
+CREATE FUNCTION ob_s.check_text(v pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    RAISE EXCEPTION 'ob_a''s function ran as %', current_user;
+END $f$;
+CREATE DOMAIN ob_s.text AS pg_catalog.text CHECK (ob_s.check_text(VALUE));
+}, extra_params => [ '-U', 'ob_a' ]);
+is($node2->safe_psql('obx', q{SELECT count(*) FROM pg_type WHERE typname = 'text' AND typnamespace = 'ob_s'::regnamespace}),
+	'1', 'ob_a\'s type "text" is on the second node too');
+$node->psql('obx', q{
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL search_path = ob_s, pg_catalog;
+SELECT count(*) FROM idem_outbox_next('sp', 'sp', 10, NULL, NULL);
+SHOW search_path;
+COMMIT;
+}, stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+is("$stdout|$stderr", "0\nob_s, pg_catalog|",
+	'a relay\'s statements on the workers do not read names by the caller\'s search_path (and the caller\'s is back after the call)');
+$node->psql('obx', q{
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL standard_conforming_strings = off;
+SELECT count(*) FROM idem_outbox_next('sp', 'a' || chr(92), 10, NULL, NULL);
+COMMIT;
+}, stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+is("$stdout|$stderr", "0|",
+	'nor literals by the caller\'s standard_conforming_strings');
 $node2->stop;
 
 $node->stop;
