@@ -1157,7 +1157,17 @@ $body$$fn$, tenant_type);
                 BEGIN
                     SET LOCAL citus.propagate_set_commands = 'local';
                     EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %s', p_lock_timeout);
-                    EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I PARTITION OF idempotency.tenant_events FOR VALUES FROM (%L) TO (%L)',
+                    -- made apart and attached: ATTACH PARTITION takes SHARE
+                    -- UPDATE EXCLUSIVE on idempotency.tenant_events, which a
+                    -- relay's transaction holding it (ACCESS SHARE, to its
+                    -- end: any role's, left open) does not block, where
+                    -- CREATE TABLE ... PARTITION OF waits for ACCESS
+                    -- EXCLUSIVE; the (LIKE ... INCLUDING ALL) copies the
+                    -- primary key, the partition's replica identity, and
+                    -- Citus distributes it co-located as it attaches it
+                    EXECUTE pg_catalog.format('CREATE TABLE idempotency.%I (LIKE idempotency.tenant_events INCLUDING ALL)',
+                                              name);
+                    EXECUTE pg_catalog.format('ALTER TABLE idempotency.tenant_events ATTACH PARTITION idempotency.%I FOR VALUES FROM (%L) TO (%L)',
                                               name, lo, hi);
                     -- what default privileges gave it: taken back
                     FOR g IN
@@ -1190,6 +1200,31 @@ $body$$fn$, tenant_type);
             past := part.upper_bound OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => p_max_age)
                     OPERATOR(pg_catalog.<=) now_at;
             BEGIN
+                -- kept while a relay of its events has not acknowledged
+                -- them: found first without the lock below (ACCESS
+                -- EXCLUSIVE on every shard of the partition, which every
+                -- role's relay reading the outbox waits for while the
+                -- partition's events are read), so that a partition kept
+                -- run after run, however many events another role put in
+                -- it, holds no relay up; found again under the lock before
+                -- a drop
+                IF NOT past THEN
+                    FOR g IN EXECUTE pg_catalog.format(
+                        'SELECT e.role, e.topic, e.tenant::pg_catalog.text AS tenant, pg_catalog.max(e.seq) AS hi
+                           FROM idempotency.%I AS e GROUP BY 1, 2, 3', part.partition)
+                    LOOP
+                        IF EXISTS (SELECT
+                                     FROM idempotency.tenant_relays AS x
+                                     LEFT JOIN idempotency.tenant_relay_positions AS p
+                                       ON p.role OPERATOR(pg_catalog.=) x.role AND p.relay OPERATOR(pg_catalog.=) x.relay
+                                      AND p.topic OPERATOR(pg_catalog.=) x.topic AND p.tenant OPERATOR(pg_catalog.=) g.tenant
+                                    WHERE x.role OPERATOR(pg_catalog.=) g.role AND x.topic OPERATOR(pg_catalog.=) g.topic
+                                      AND (x.every_tenant OR p.relay IS NOT NULL)
+                                      AND COALESCE(p.acked_seq, 0) OPERATOR(pg_catalog.<) g.hi) THEN
+                            RAISE EXCEPTION 'kept' USING ERRCODE = 'IDK01';
+                        END IF;
+                    END LOOP;
+                END IF;
                 SET LOCAL citus.propagate_set_commands = 'local';
                 EXECUTE pg_catalog.format('SET LOCAL lock_timeout = %s', p_lock_timeout);
                 -- the lock of every shard of the partition, from here to the

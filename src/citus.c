@@ -75,6 +75,7 @@
 #include "catalog/pg_collation.h"
 #include "catalog/pg_namespace.h"
 #include "catalog/pg_type.h"
+#include "executor/spi.h"
 #include "fmgr.h"
 #include "nodes/makefuncs.h"
 #include "parser/parse_func.h"
@@ -82,12 +83,14 @@
 #include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/fmgroids.h"
+#include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/inval.h"
 #include "utils/lsyscache.h"
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/varlena.h"
 
 /*
  * Citus' interface as this backend found it: its two functions, ready to
@@ -828,6 +831,88 @@ IdemCitusDistributed(Oid relid, bool *coordinator)
 	if (OidIsValid(local_group_rel))
 		*coordinator = (IdemCitusReadLocalGroup(local_group_rel) == 0);
 	return true;
+}
+
+/*
+ * IdemCitusPinRemoteSettings sends the settings pinned for privileged SQL
+ * (privilege.c, IdemPinOwnerSettings, which the caller has pinned here)
+ * to the Citus workers of the running transaction, as SET LOCAL commands
+ * in the caller's SPI connection, run by the storage owner;
+ * IdemCitusUnpinRemoteSettings sets them back to the workers' defaults
+ * once that SQL is done.  For the SQL functions of the tenant outbox
+ * (outbox_tenant.c), whose statements on idempotency.tenant_events Citus
+ * runs on the workers.
+ *
+ * Citus sends a worker the text of a statement it deparsed here, with
+ * this node's (pinned) settings, but the worker reads that text with the
+ * transaction's settings there: those of the caller's SET LOCAL commands,
+ * which Citus sends to the workers when citus.propagate_set_commands is
+ * 'local', a setting every role may make.  The caller's search_path there
+ * found the caller's own function or type for a name the text leaves
+ * unqualified (array_position(), the casts to text): the storage owner
+ * ran it on the worker.  The caller's standard_conforming_strings = off
+ * read the text's literals otherwise there (a backslash in a topic ended
+ * its literal: the rest of the topic was read as SQL).  Our own SET LOCAL
+ * commands, sent the same way, replace them for the statements that
+ * follow.  A caller's SET LOCAL of one of them is not on the workers after
+ * the call: they have their defaults until it sets it again.  Outside a
+ * transaction block Citus sends no SET LOCAL, ours nor the caller's.
+ */
+static void
+IdemCitusSetLocal(const char *name, const char *value)
+{
+	StringInfoData sql;
+	int			rc;
+
+	initStringInfo(&sql);
+	appendStringInfo(&sql, "SET LOCAL %s TO ", name);
+	if (value == NULL)
+		appendStringInfoString(&sql, "DEFAULT");
+	else if ((GetConfigOptionFlags(name, false) & GUC_LIST_QUOTE) && value[0] != '\0')
+	{
+		/* a list of names (search_path): each quoted, not the whole */
+		List	   *elems;
+		char	   *copy = pstrdup(value);
+		ListCell   *lc;
+
+		if (!SplitIdentifierString(copy, ',', &elems))
+			elog(ERROR, "invalid list of names for \"%s\": \"%s\"", name, value);
+		foreach(lc, elems)
+			appendStringInfo(&sql, "%s%s", foreach_current_index(lc) > 0 ? ", " : "",
+							 quote_identifier((char *) lfirst(lc)));
+	}
+	else
+		appendStringInfoString(&sql, quote_literal_cstr(value));
+	rc = SPI_execute(sql.data, false, 0);
+	if (rc != SPI_OK_UTILITY)
+		elog(ERROR, "SPI_execute failed for \"%s\": %s", sql.data,
+			 SPI_result_code_string(rc));
+	pfree(sql.data);
+}
+
+void
+IdemCitusPinRemoteSettings(void)
+{
+	const char *name;
+	const char *value;
+	int			i;
+
+	IdemCitusSetLocal("citus.propagate_set_commands", "local");
+	for (i = 0; IdemPinnedSettingAt(i, &name, &value); i++)
+		if (GetConfigOption(name, true, false) != NULL)
+			IdemCitusSetLocal(name, value);
+}
+
+void
+IdemCitusUnpinRemoteSettings(void)
+{
+	const char *name;
+	const char *value;
+	int			i;
+
+	for (i = 0; IdemPinnedSettingAt(i, &name, &value); i++)
+		if (GetConfigOption(name, true, false) != NULL)
+			IdemCitusSetLocal(name, NULL);
 }
 
 /*

@@ -39,6 +39,8 @@ extern bool IdemCitusCallTenant(IdemLedger ledger, Datum *value);
 extern void IdemCitusEndCall(void);
 extern bool IdemCitusDistributed(Oid relid, bool *coordinator);
 extern void IdemCitusExecDdl(const char *sql, int lock_timeout_ms);
+extern void IdemCitusPinRemoteSettings(void);
+extern void IdemCitusUnpinRemoteSettings(void);
 
 /* how long maintenance's DDL on a distributed ledger waits, on every node */
 #define IDEM_CITUS_DDL_LOCK_TIMEOUT_MS	1000

@@ -331,6 +331,7 @@ IdemTenantRelayNext(FunctionCallInfo fcinfo, Oid role, text *relay,
 
 	IdemOwnerSPIBegin(&save);
 	level = IdemPinOwnerSettings();
+	IdemCitusPinRemoteSettings();
 	rc = SPI_execute_with_args("SELECT * FROM idempotency.tenant_outbox_next($1, $2, $3, $4, $5, $6)",
 							   6, argtypes, values, nulls, false, 0);
 	if (rc != SPI_OK_SELECT)
@@ -349,6 +350,7 @@ IdemTenantRelayNext(FunctionCallInfo fcinfo, Oid role, text *relay,
 						  row, rownulls);
 		tuplestore_putvalues(rsinfo->setResult, rsinfo->setDesc, row, rownulls);
 	}
+	IdemCitusUnpinRemoteSettings();
 	AtEOXact_GUC(true, level);
 	IdemOwnerSPIEnd(&save);
 }
@@ -425,10 +427,12 @@ IdemTenantRelayDeadLetter(Oid role, text *relay, text *topic,
 
 	IdemOwnerSPIBegin(&save);
 	level = IdemPinOwnerSettings();
+	IdemCitusPinRemoteSettings();
 	rc = SPI_execute_with_args("SELECT idempotency.tenant_outbox_dead_letter($1, $2, $3, $4, $5, $6, $7)",
 							   7, argtypes, values, nulls, false, 0);
 	if (rc != SPI_OK_SELECT)
 		elog(ERROR, "SPI_execute_with_args failed: %s", SPI_result_code_string(rc));
+	IdemCitusUnpinRemoteSettings();
 	AtEOXact_GUC(true, level);
 	IdemOwnerSPIEnd(&save);
 }
@@ -481,6 +485,7 @@ IdemTenantOutboxMaintain(int *created, int *dropped)
 
 	IdemOwnerSPIBegin(&save);
 	level = IdemPinOwnerSettings();
+	IdemCitusPinRemoteSettings();
 	rc = SPI_execute_with_args("SELECT * FROM idempotency.tenant_outbox_maintain($1, $2, $3, $4, $5)",
 							   5, argtypes, values, NULL, false, 0);
 	if (rc != SPI_OK_SELECT || SPI_processed != 1)
@@ -489,6 +494,7 @@ IdemTenantOutboxMaintain(int *created, int *dropped)
 											SPI_tuptable->tupdesc, 1, &isnull));
 	*dropped += DatumGetInt32(SPI_getbinval(SPI_tuptable->vals[0],
 											SPI_tuptable->tupdesc, 2, &isnull));
+	IdemCitusUnpinRemoteSettings();
 	AtEOXact_GUC(true, level);
 	IdemOwnerSPIEnd(&save);
 }

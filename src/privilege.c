@@ -246,6 +246,22 @@ IdemPinOwnerSettings(void)
 }
 
 /*
+ * IdemPinnedSettingAt gives the i-th setting pinned for privileged SQL
+ * (IdemPinOwnerSettings) and its value; false past the last.  For a node
+ * that runs such SQL elsewhere too (citus.c sends them to the Citus
+ * workers a statement runs on).
+ */
+bool
+IdemPinnedSettingAt(int i, const char **name, const char **value)
+{
+	if (i < 0 || i >= lengthof(pinned_settings))
+		return false;
+	*name = pinned_settings[i].name;
+	*value = pinned_settings[i].value;
+	return true;
+}
+
+/*
  * IdemStorageOwner returns the owner of schema idempotency, who owns the
  * extension's tables.
  */

@@ -27,6 +27,7 @@ typedef struct IdemSavedUser
 extern void IdemPinWorkerSettings(void);
 extern uint64 IdemExecAsOwner(const char *sql, int lock_timeout_ms);
 extern int	IdemPinOwnerSettings(void);
+extern bool IdemPinnedSettingAt(int i, const char **name, const char **value);
 extern Oid	IdemStorageOwner(void);
 extern void IdemBecomeStorageOwner(IdemSavedUser *save);
 extern void IdemRestoreUser(const IdemSavedUser *save);

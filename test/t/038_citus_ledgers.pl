@@ -1184,6 +1184,32 @@ SELECT (SELECT count(*) FROM idempotency.tenant_event_partitions WHERE partition
     || (SELECT count(*) FROM idempotency.tenant_event_partitions WHERE partition = '$kept_part') || ' '
     || (SELECT count(*) FROM idempotency.tenant_events WHERE topic = 'ledger')}),
 	'0 1 1', 'maintenance drops the acknowledged partition and keeps the unacknowledged one');
+
+# A partition kept for a relay that has not acknowledged its events is
+# found so without locking it: maintenance's ACCESS EXCLUSIVE on its
+# shards (held while it reads all their events) would hold up every
+# role's relay reading the outbox, run after run.  A reader of beta's
+# shard of the kept partition, left open, is not waited for.
+my ($kept_shard, $kept_port) = split /\|/, $node->safe_psql('obx', qq{
+SELECT s.shardid || '|' || n.nodeport
+  FROM pg_dist_shard s JOIN pg_dist_placement p USING (shardid) JOIN pg_dist_node n USING (groupid)
+ WHERE s.shardid = get_shard_id_for_distribution_column('idempotency.$kept_part', 'beta')});
+my $kept_node = $kept_port == $port ? $node : $node2;
+my $shard_reader = $kept_node->background_psql('obx', on_error_stop => 0);
+$shard_reader->query_safe(qq{BEGIN; SELECT count(*) FROM idempotency.${kept_part}_$kept_shard});
+my $log_at = -s $node->logfile;
+$node->safe_psql('obx', qq{
+$ob_fast
+SET idempotency.outbox_retention = '1s';
+SELECT count(*) FROM idem_maintain();
+});
+unlike(slurp_file($node->logfile, $log_at), qr/could not drop partition "idempotency\.$kept_part"/,
+	'a partition kept for its relay is not locked: an open reader of its shard is not waited for');
+is($node->safe_psql('obx', qq{
+SELECT count(*) FROM idempotency.tenant_event_partitions WHERE partition = '$kept_part'}),
+	'1', 'and it is kept');
+$shard_reader->query_safe('COMMIT');
+$shard_reader->quit;
 $node->safe_psql('obx', qq{
 $ob_fast
 SET idempotency.outbox_retention = '1s';
@@ -1203,6 +1229,78 @@ like($stderr, qr/ERROR:  ID003: relay "slow" of topic "ledger" lost 1 events tha
 is($ack->('ob_a', 'slow', 'ledger', 1), 't', 'the loss is acknowledged');
 $pub->('ob_a', 'ledger', qq{{"n": "l2"}}, 'beta');
 is($next->('ob_a', 'slow', 'ledger', 10), '2:beta:2:l2', 'and the relay goes on');
+
+# Another role's relay left in an open transaction on the coordinator
+# holds the tenant outbox's table (AccessShareLock, to its end): the
+# partitions ahead are still made (ATTACH PARTITION, which takes SHARE
+# UPDATE EXCLUSIVE on the table), so every role's publishes keep finding
+# one.  (CREATE TABLE ... PARTITION OF waited for the relay's lock and
+# gave up on every run: once the premade ones ran out, every publish with
+# a tenant failed.)
+my $ahead = q{SELECT max(upper_bound) FROM idempotency.tenant_event_partitions};
+my $ahead_before = $node->safe_psql('obx', $ahead);
+my $relay_holder = $node->background_psql('obx', on_error_stop => 0, extra_params => [ '-U', 'ob_b' ]);
+$relay_holder->query_safe(q{BEGIN; SELECT count(*) FROM idem_outbox_next('held', 'held', 10, NULL, NULL)});
+$node->safe_psql('obx', qq{
+$ob_fast
+SET idempotency.premake = 16;
+SELECT count(*) FROM idem_maintain();
+});
+my $ahead_after = $node->safe_psql('obx', $ahead);
+is($node->safe_psql('obx', qq{SELECT '$ahead_after'::timestamptz > '$ahead_before'::timestamptz}), 't',
+	'another role\'s relay left in an open transaction does not keep the tenant outbox\'s partitions from being made');
+is($node->safe_psql('obx', qq{
+SELECT count(*) FILTER (WHERE d.colocationid IS DISTINCT FROM e.colocationid) || ' '
+    || count(*) FILTER (WHERE c.relreplident <> 'd' OR NOT EXISTS (SELECT FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary)) || ' '
+    || count(*) FILTER (WHERE c.relacl::text LIKE '%ob_b%')
+  FROM idempotency.tenant_event_partitions t
+  JOIN pg_class c ON c.oid = format('idempotency.%I', t.partition)::regclass
+  LEFT JOIN pg_dist_partition d ON d.logicalrelid = c.oid
+  CROSS JOIN (SELECT colocationid FROM pg_dist_partition WHERE logicalrelid = 'idempotency.tenant_events'::regclass) e}),
+	'0 0 0', 'every partition is distributed co-located, with its primary key as replica identity, granted to nobody');
+$relay_holder->query_safe('COMMIT');
+$relay_holder->quit;
+
+# The relay's statements on the tenant outbox run on the workers as the
+# text Citus deparsed on the coordinator, read there with the settings of
+# the caller's SET LOCAL commands, which Citus sends the workers with
+# citus.propagate_set_commands = 'local' (any role may set it): the
+# storage owner's statements are read there with the settings pinned
+# on the coordinator, not the caller's.  A caller's search_path found its
+# own type "text" (a domain whose check runs its function) for the text's
+# casts, run on the worker by the storage owner; its
+# standard_conforming_strings = off ended a literal at a backslash of the
+# topic, the rest of the topic read as SQL.
+$node->safe_psql('obx', 'CREATE SCHEMA ob_s AUTHORIZATION ob_a');
+$node->safe_psql('obx', q{
+CREATE FUNCTION ob_s.check_text(v pg_catalog.text) RETURNS boolean LANGUAGE plpgsql AS $f$
+BEGIN
+    RAISE EXCEPTION 'ob_a''s function ran as %', current_user;
+END $f$;
+CREATE DOMAIN ob_s.text AS pg_catalog.text CHECK (ob_s.check_text(VALUE));
+}, extra_params => [ '-U', 'ob_a' ]);
+is($node2->safe_psql('obx', q{SELECT count(*) FROM pg_type WHERE typname = 'text' AND typnamespace = 'ob_s'::regnamespace}),
+	'1', 'ob_a\'s type "text" is on the second node too');
+$node->psql('obx', q{
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL search_path = ob_s, pg_catalog;
+SELECT count(*) FROM idem_outbox_next('sp', 'sp', 10, NULL, NULL);
+SHOW search_path;
+COMMIT;
+}, stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+is("$stdout|$stderr", "0\nob_s, pg_catalog|",
+	'a relay\'s statements on the workers do not read names by the caller\'s search_path (and the caller\'s is back after the call)');
+$node->psql('obx', q{
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL standard_conforming_strings = off;
+SELECT count(*) FROM idem_outbox_next('sp', 'a' || chr(92), 10, NULL, NULL);
+COMMIT;
+}, stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+is("$stdout|$stderr", "0|",
+	'nor literals by the caller\'s standard_conforming_strings');
+
 # Roles across nodes (src/role_ref.c; doc/scale-out.md, "Roles across
 # nodes"): Citus makes a role on every node by its name, and each node
 # gives it an OID of its own; a shard move copies the rows.  The role
