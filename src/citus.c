@@ -859,15 +859,11 @@ IdemCitusDistributed(Oid relid, bool *coordinator)
  * transaction block Citus sends no SET LOCAL, ours nor the caller's.
  */
 static void
-IdemCitusSetLocal(const char *name, const char *value)
+IdemCitusAppendSetLocal(StringInfo sql, const char *name, const char *value)
 {
-	StringInfoData sql;
-	int			rc;
-
-	initStringInfo(&sql);
-	appendStringInfo(&sql, "SET LOCAL %s TO ", name);
+	appendStringInfo(sql, "SET LOCAL %s TO ", name);
 	if (value == NULL)
-		appendStringInfoString(&sql, "DEFAULT");
+		appendStringInfoString(sql, "DEFAULT");
 	else if ((GetConfigOptionFlags(name, false) & GUC_LIST_QUOTE) && value[0] != '\0')
 	{
 		/* a list of names (search_path): each quoted, not the whole */
@@ -878,11 +874,43 @@ IdemCitusSetLocal(const char *name, const char *value)
 		if (!SplitIdentifierString(copy, ',', &elems))
 			elog(ERROR, "invalid list of names for \"%s\": \"%s\"", name, value);
 		foreach(lc, elems)
-			appendStringInfo(&sql, "%s%s", foreach_current_index(lc) > 0 ? ", " : "",
+			appendStringInfo(sql, "%s%s", foreach_current_index(lc) > 0 ? ", " : "",
 							 quote_identifier((char *) lfirst(lc)));
 	}
 	else
-		appendStringInfoString(&sql, quote_literal_cstr(value));
+		appendStringInfoString(sql, quote_literal_cstr(value));
+}
+
+/*
+ * IdemCitusAppendPinnedSets appends to sql a SET LOCAL command (each ended
+ * by ";") for every pinned setting this server has: its pinned value, or
+ * its default (reset).
+ */
+static void
+IdemCitusAppendPinnedSets(StringInfo sql, bool reset)
+{
+	const char *name;
+	const char *value;
+	int			i;
+
+	for (i = 0; IdemPinnedSettingAt(i, &name, &value); i++)
+	{
+		if (GetConfigOption(name, true, false) == NULL)
+			continue;
+		appendStringInfoChar(sql, ' ');
+		IdemCitusAppendSetLocal(sql, name, reset ? NULL : value);
+		appendStringInfoChar(sql, ';');
+	}
+}
+
+static void
+IdemCitusSetLocal(const char *name, const char *value)
+{
+	StringInfoData sql;
+	int			rc;
+
+	initStringInfo(&sql);
+	IdemCitusAppendSetLocal(&sql, name, value);
 	rc = SPI_execute(sql.data, false, 0);
 	if (rc != SPI_OK_UTILITY)
 		elog(ERROR, "SPI_execute failed for \"%s\": %s", sql.data,
@@ -890,29 +918,35 @@ IdemCitusSetLocal(const char *name, const char *value)
 	pfree(sql.data);
 }
 
+static void
+IdemCitusExecPinnedSets(bool reset)
+{
+	StringInfoData sql;
+	int			rc;
+
+	initStringInfo(&sql);
+	IdemCitusAppendPinnedSets(&sql, reset);
+	if (sql.len > 0)
+	{
+		rc = SPI_execute(sql.data, false, 0);
+		if (rc != SPI_OK_UTILITY)
+			elog(ERROR, "SPI_execute failed for \"%s\": %s", sql.data,
+				 SPI_result_code_string(rc));
+	}
+	pfree(sql.data);
+}
+
 void
 IdemCitusPinRemoteSettings(void)
 {
-	const char *name;
-	const char *value;
-	int			i;
-
 	IdemCitusSetLocal("citus.propagate_set_commands", "local");
-	for (i = 0; IdemPinnedSettingAt(i, &name, &value); i++)
-		if (GetConfigOption(name, true, false) != NULL)
-			IdemCitusSetLocal(name, value);
+	IdemCitusExecPinnedSets(false);
 }
 
 void
 IdemCitusUnpinRemoteSettings(void)
 {
-	const char *name;
-	const char *value;
-	int			i;
-
-	for (i = 0; IdemPinnedSettingAt(i, &name, &value); i++)
-		if (GetConfigOption(name, true, false) != NULL)
-			IdemCitusSetLocal(name, NULL);
+	IdemCitusExecPinnedSets(true);
 }
 
 /*
@@ -931,7 +965,13 @@ IdemCitusUnpinRemoteSettings(void)
  * workers is not cut short by it.  On the coordinator, the SET LOCALs end
  * with IdemExecAsOwner's settings.  A lock not had in time fails the
  * statement with 55P03 on whichever node waited; the caller's
- * subtransaction rolls it back on every node.
+ * subtransaction rolls it back on every node.  The block also sends the
+ * pinned settings first and the workers' defaults last, as
+ * IdemCitusPinRemoteSettings does: Citus runs the DDL on the workers
+ * through worker_apply_shard_ddl_command(), named without its schema, and
+ * a caller of idem_maintain() who had sent its own search_path there (SET
+ * LOCAL with citus.propagate_set_commands = 'local') would otherwise have
+ * had its own function of that name run by the storage owner.
  */
 void
 IdemCitusExecDdl(const char *sql, int lock_timeout_ms)
@@ -945,14 +985,17 @@ IdemCitusExecDdl(const char *sql, int lock_timeout_ms)
 	while (len > 0 && (sql[len - 1] == ';' || sql[len - 1] == ' '))
 		len--;
 	initStringInfo(&block);
+	appendStringInfoString(&block,
+						   "DO $idem_ddl$ BEGIN"
+						   " SET LOCAL citus.propagate_set_commands = 'local';");
+	IdemCitusAppendPinnedSets(&block, false);
 	appendStringInfo(&block,
-					 "DO $idem_ddl$ BEGIN"
-					 " SET LOCAL citus.propagate_set_commands = 'local';"
 					 " SET LOCAL lock_timeout = %d;"
 					 " %.*s;"
-					 " SET LOCAL lock_timeout TO DEFAULT;"
-					 " END $idem_ddl$",
+					 " SET LOCAL lock_timeout TO DEFAULT;",
 					 lock_timeout_ms, len, sql);
+	IdemCitusAppendPinnedSets(&block, true);
+	appendStringInfoString(&block, " END $idem_ddl$");
 	IdemExecAsOwner(block.data, lock_timeout_ms);
 	pfree(block.data);
 }

@@ -735,6 +735,52 @@ $holder->quit;
 is($node->safe_psql('mem', qq{$fast SELECT partitions_created > 0 FROM idem_maintain()}), 't',
 	'the next run makes it, once the transaction has ended');
 
+# A role granted idem_maintain() that sends its own search_path to the
+# workers (SET LOCAL with citus.propagate_set_commands = 'local', which any
+# role may set) does not get its function run by the storage owner there:
+# Citus runs the DDL of a new partition on a worker through
+# worker_apply_shard_ddl_command(), named without its schema, and the
+# maintenance's DDL now sends the pinned settings first (citus.c,
+# IdemCitusExecDdl).  Before, this role's function of that name in its
+# schema ran on the second node as the superuser.
+$node2->safe_psql('mem', q{
+SET citus.enable_ddl_propagation = off;
+CREATE SCHEMA evil;
+GRANT USAGE ON SCHEMA evil TO PUBLIC;
+CREATE FUNCTION evil.worker_apply_shard_ddl_command(bigint, text, text) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the caller''s function ran as %', current_user; END $$;
+CREATE FUNCTION evil.worker_apply_shard_ddl_command(bigint, text) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the caller''s function ran as %', current_user; END $$;
+CREATE FUNCTION evil.worker_apply_inter_shard_ddl_command(bigint, text, bigint, text, text) RETURNS void
+LANGUAGE plpgsql AS $$ BEGIN RAISE EXCEPTION 'the caller''s function ran as %', current_user; END $$;
+});
+$node->safe_psql('mem', q{
+CREATE ROLE maint LOGIN;
+GRANT EXECUTE ON FUNCTION idem_maintain() TO maint;
+ALTER ROLE maint IN DATABASE mem SET idempotency.partition_interval = '1s';
+ALTER ROLE maint IN DATABASE mem SET idempotency.key_ttl = '1s';
+ALTER ROLE maint IN DATABASE mem SET idempotency.message_ttl = '1s';
+ALTER ROLE maint IN DATABASE mem SET idempotency.premake = 10;
+ALTER ROLE maint IN DATABASE mem SET idempotency.key_memory = '1h';
+});
+$t0 = $node->safe_psql('mem', qq{$fast SELECT count(*) FROM idem_maintain(); SELECT clock_timestamp()});
+$t0 = (split /\n/, $t0)[-1];
+ok( poll_until(
+		'a partition is due',
+		sub {
+			$node->safe_psql('mem', qq{SELECT clock_timestamp() > '$t0'::timestamptz + interval '1.5 seconds'}) eq 't';
+		}),
+	'the next maintenance run has partitions to make');
+$node->psql('mem', q{
+BEGIN;
+SET LOCAL citus.propagate_set_commands = 'local';
+SET LOCAL search_path = evil, pg_catalog;
+SELECT partitions_created > 0 FROM idem_maintain();
+COMMIT;
+}, stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'maint' ]);
+is("$stdout|$stderr", 't|',
+	'a role granted idem_maintain() with its own search_path sent to the workers: its function is not run there');
+
 # A backend keeps what it found of a shard's placement (citus.c,
 # IdemCitusShardIsLocal) only until the shard moves: a backend of the second
 # node whose calls on acme were routed there, with a transaction open
