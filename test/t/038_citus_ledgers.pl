@@ -1123,6 +1123,35 @@ like($p2->{stderr}, qr/could not serialize access due to concurrent update/,
 	'a REPEATABLE READ publisher fails (40001) after another committed since its snapshot');
 $p2->query('ROLLBACK');
 is($fresh->('fresh2'), '1:w1 2:w2 3:w3', 'and writes nothing');
+
+# A backend keeps the last shards of the heads it checked (columns, primary
+# key), each until an invalidation of it: a column's type a DBA changed on
+# a shard it checked, while it wrote another shard, is seen at its next
+# publish there (55000), and its change back lets the publishes go on.
+my ($ta, $tb) = split / /, $node->safe_psql('obx', q{
+SELECT string_agg(t, ' ' ORDER BY t) FROM (
+  SELECT DISTINCT ON (s) t FROM (
+    SELECT 'k' || i AS t,
+           get_shard_id_for_distribution_column('idempotency.tenant_outbox_heads', 'k' || i) AS s
+      FROM generate_series(1, 60) i) x
+   WHERE EXISTS (SELECT FROM pg_dist_placement p JOIN pg_dist_local_group l USING (groupid)
+                  WHERE p.shardid = x.s)
+   ORDER BY s, t LIMIT 2) y});
+ok(defined $tb, "two tenants of two local shards of the heads: $ta, $tb");
+my $sa = $node->safe_psql('obx', qq{
+SELECT 'idempotency.tenant_outbox_heads_' || get_shard_id_for_distribution_column('idempotency.tenant_outbox_heads', '$ta')});
+$p1->query_safe(qq{SELECT idem_publish('shards', '{}', NULL, NULL, NULL, '$_')}) for ($ta, $tb, $ta, $tb);
+$node->safe_psql('obx', "SET citus.enable_manual_changes_to_shards = on; ALTER TABLE $sa ALTER COLUMN topic TYPE varchar");
+$p1->query(qq{\\set VERBOSITY verbose
+SELECT idem_publish('shards', '{}', NULL, NULL, NULL, '$ta')});
+like($p1->{stderr}, qr/ERROR:  55000: table "idempotency.tenant_outbox_heads" does not have the columns and primary key the extension made/,
+	'a column type changed on a heads shard checked before is seen at the next publish there (55000)');
+$node->safe_psql('obx', "SET citus.enable_manual_changes_to_shards = on; ALTER TABLE $sa ALTER COLUMN topic TYPE text");
+$p1->{stderr} = '';
+$p1->query_safe(qq{SELECT idem_publish('shards', '{}', NULL, NULL, NULL, '$_')}) for ($ta, $tb);
+is($node->safe_psql('obx', q{
+SELECT string_agg(tenant || ':' || seq, ' ' ORDER BY tenant, seq) FROM idempotency.tenant_events WHERE topic = 'shards'}),
+	"$ta:1 $ta:2 $ta:3 $tb:1 $tb:2 $tb:3", 'and once it is changed back, the numbers go on');
 $p1->quit;
 $p2->quit;
 
