@@ -49,7 +49,12 @@
  * All of it runs once per transaction and tenant: the lock, held to the
  * end of the transaction, keeps the placement where step 3 found it, so a
  * second call of the transaction on the same tenant (idem_complete()
- * after idem_claim()) reuses the answer.  What is looked up once is
+ * after idem_claim()) reuses the answer.  The lock also keeps the tenant's
+ * shards of the other tables of the shard's co-location group where they
+ * are (Citus moves and splits a group's shards together), so the routing
+ * of such a table in the same transaction (the tenant outbox's heads and
+ * events after idem_claim()) skips steps 1 and 2: its shard is the one of
+ * the same hash range (IdemCitusColocatedLocked).  What is looked up once is
  * forgotten when Citus' catalogs, the distributed table or the shard's
  * table are invalidated (a placement changed, DROP EXTENSION citus, a
  * shard dropped).
@@ -90,6 +95,7 @@
 #include "utils/memutils.h"
 #include "utils/rel.h"
 #include "utils/snapmgr.h"
+#include "utils/syscache.h"
 #include "utils/varlena.h"
 
 /*
@@ -156,6 +162,8 @@ typedef struct IdemRouted
 	char		tenant[NAMEDATALEN * 4];
 	int			tenant_len;
 	Oid			relid;
+	Oid			dist_rel;		/* the distributed table of the shard */
+	int64		shard;
 } IdemRouted;
 
 /* one per ledger, and one per keyed table of IdemCitusRouteTable */
@@ -167,6 +175,56 @@ const char *const IdemCitusTableNames[IDEM_CITUS_NUM_TABLES] = {
 	[IDEM_CITUS_TENANT_OUTBOX_HEADS] = "tenant_outbox_heads",
 	[IDEM_CITUS_TENANT_EVENTS] = "tenant_events",
 };
+
+/*
+ * Which pairs of distributed tables are in one co-location group
+ * (IdemCitusColocated): the last pairs asked about, each until Citus'
+ * catalogs or either table are invalidated (Citus invalidates a table
+ * whose group changes: update_distributed_table_colocation(),
+ * alter_distributed_table()).
+ */
+#define IDEM_COLOCATED_PAIRS	4
+typedef struct IdemColocatedPair
+{
+	Oid			a;				/* the lower OID; InvalidOid: unused */
+	Oid			b;
+	bool		same;
+} IdemColocatedPair;
+static IdemColocatedPair colocated_pairs[IDEM_COLOCATED_PAIRS];
+static int	colocated_next = 0;
+
+/*
+ * The shard of distributed table dist_rel co-located with shard "src" (of
+ * src_dist_rel): the one of the same hash range (IdemCitusColocatedShard),
+ * kept per backend until Citus' catalogs or either table are invalidated
+ * (a split or an isolation makes new shards, and invalidates the tables).
+ */
+typedef struct IdemColocatedShardKey
+{
+	int64		src;
+	Oid			dist_rel;
+} IdemColocatedShardKey;
+typedef struct IdemColocatedShard
+{
+	IdemColocatedShardKey key;	/* hash key (zeroed padding) */
+	Oid			src_dist_rel;
+	int64		shard;
+} IdemColocatedShard;
+static HTAB *colocated_shards = NULL;
+
+/*
+ * The distributed tables of IdemCitusRouteTable, looked up by name: kept
+ * per table and backend once found with a tenant column, until an
+ * invalidation of the table (dropped, renamed, altered) or of the
+ * extension's schema.
+ */
+typedef struct IdemCitusTableLookup
+{
+	Oid			rel;			/* InvalidOid: look up */
+	AttrNumber	att;
+	Oid			type;
+} IdemCitusTableLookup;
+static IdemCitusTableLookup table_lookups[IDEM_CITUS_NUM_TABLES];
 
 /* the input function of the tenant column's type, for a type not text */
 static Oid	tenant_input_type = InvalidOid;
@@ -193,6 +251,15 @@ static bool IdemCitusShardIsLocal(int64 shard, Oid dist_rel);
 static int32 IdemCitusReadLocalGroup(Oid local_group_rel);
 static Oid	IdemCitusShardTable(const char *relname, int64 shard);
 static Datum IdemCitusTenantValue(Oid type, text *tenant);
+static const IdemRouted *IdemCitusColocatedLocked(const IdemRouted *r,
+												  Oid dist_rel, text *tenant);
+static int64 IdemCitusColocatedShard(int64 src, Oid src_dist_rel, Oid dist_rel);
+static int64 IdemCitusReadColocatedShard(int64 src, Oid dist_rel);
+static void IdemCitusNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue);
+static bool IdemCitusColocated(Oid a, Oid b);
+static int32 IdemCitusColocationId(Relation rel, Oid index, AttrNumber relid_att,
+								   AttrNumber group_att, Snapshot snapshot,
+								   Oid relid);
 
 /*
  * IdemCitusEndCall ends the routing of the call that returns: the ledgers'
@@ -317,23 +384,33 @@ IdemCitusRouteTable(IdemCitusTable table, text *tenant, const char *what,
 					Oid *tenant_type, Datum *tenant_value)
 {
 	const char *relname = IdemCitusTableNames[table];
-	Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
-	Oid			rel;
-	AttrNumber	att;
+	IdemCitusTableLookup *t = &table_lookups[table];
+	Oid			rel = t->rel;
+	AttrNumber	att = t->att;
 
-	rel = OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
-	if (!OidIsValid(rel))
-		return InvalidOid;
-	att = get_attnum(rel, IDEM_TENANT_COLUMN);
-	if (att == InvalidAttrNumber)
-		return InvalidOid;
+	if (!OidIsValid(rel) || !xact_callbacks_registered)
+	{
+		Oid			nsp = get_namespace_oid(IDEM_SCHEMA_NAME, true);
+
+		rel = OidIsValid(nsp) ? get_relname_relid(relname, nsp) : InvalidOid;
+		if (!OidIsValid(rel))
+			return InvalidOid;
+		att = get_attnum(rel, IDEM_TENANT_COLUMN);
+		if (att == InvalidAttrNumber)
+			return InvalidOid;
+		t->type = get_atttype(rel, att);
+		t->att = att;
+		/* kept only once the callback that forgets it is registered */
+		if (xact_callbacks_registered)
+			t->rel = rel;
+	}
 	if (tenant == NULL)
 		ereport(ERROR,
 				(errcode(ERRCODE_NULL_VALUE_NOT_ALLOWED),
 				 errmsg("%s must not be null when table \"%s.%s\" is distributed by Citus",
 						what, IDEM_SCHEMA_NAME, relname),
 				 errhint("Pass the tenant whose rows the call's transaction writes.")));
-	*tenant_type = get_atttype(rel, att);
+	*tenant_type = t->type;
 	*tenant_value = IdemCitusTenantValue(*tenant_type, tenant);
 	return IdemCitusRouteShard(&routed[IDEM_NUM_LEDGERS + table], rel, -1,
 							   relname, "Table", tenant);
@@ -352,9 +429,10 @@ IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger, const char *relname,
 					const char *kind, text *tenant)
 {
 	IdemSavedUser save;
-	int64		shard;
+	int64		shard = 0;
 	Oid			dist_rel;
 	Oid			relid;
+	const IdemRouted *from;
 
 	/*
 	 * Routed already in this (sub)transaction: the lock keeps the placement.
@@ -372,6 +450,8 @@ IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger, const char *relname,
 		RegisterXactCallback(IdemCitusXactCallback, NULL);
 		RegisterSubXactCallback(IdemCitusSubXactCallback, NULL);
 		IdemRegisterRelcacheCallback(IdemCitusRelcacheCallback);
+		CacheRegisterSyscacheCallback(NAMESPACEOID,
+									  IdemCitusNamespaceCallback, (Datum) 0);
 		xact_callbacks_registered = true;
 	}
 	if (!citus_api.valid)
@@ -379,11 +459,20 @@ IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger, const char *relname,
 
 	/*
 	 * 1 and 2: the shard, locked as Citus' own writes lock it, as the
-	 * ledgers' owner (lock_shard_metadata() wants the table's owner).
+	 * ledgers' owner (lock_shard_metadata() wants the table's owner),
+	 * unless this (sub)transaction holds the lock of a co-located shard of
+	 * the tenant already (IdemCitusColocatedLocked).
 	 */
 	IdemBecomeStorageOwner(&save);
-	shard = IdemCitusShard(rel, ledger, relname, tenant, &dist_rel);
-	IdemCitusLockShard(shard);
+	dist_rel = OidIsValid(rel) ? rel : IdemLedgerParent((IdemLedger) ledger, false);
+	from = OidIsValid(dist_rel) ?
+		IdemCitusColocatedLocked(r, dist_rel, tenant) : NULL;
+	if (from != NULL)
+		shard = IdemCitusColocatedShard(from->shard, from->dist_rel, dist_rel);
+	if (shard == 0)
+		shard = IdemCitusShard(rel, ledger, relname, tenant, &dist_rel);
+	if (from == NULL)
+		IdemCitusLockShard(shard);
 	IdemRestoreUser(&save);
 
 	/*
@@ -418,8 +507,257 @@ IdemCitusRouteShard(IdemRouted *r, Oid rel, int ledger, const char *relname,
 		r->tenant_len = VARSIZE_ANY_EXHDR(tenant);
 		memcpy(r->tenant, VARDATA_ANY(tenant), r->tenant_len);
 		r->relid = relid;
+		r->dist_rel = dist_rel;
+		r->shard = shard;
 	}
 	return relid;
+}
+
+/*
+ * IdemCitusColocatedLocked: has this (sub)transaction routed "tenant" to
+ * a shard of another table in the co-location group of dist_rel, whose
+ * metadata lock it holds (the tenant outbox's heads and events after the
+ * key ledger's claim, all co-located with the application's tables by
+ * citus_distribute())?  That lock keeps the shard of dist_rel where it is
+ * too: Citus moves, splits and isolates the shards of a co-location group
+ * together, and takes the metadata lock of every one of them (EXCLUSIVE)
+ * before it changes their placements; and the invalidations read after
+ * that lock was had are those of any such change that committed before.
+ * So the second lock, a call of Citus' lock_shard_metadata() (the most of
+ * a routing's cost), adds nothing; and the shard is the one of the same
+ * hash range as the locked one (IdemCitusColocatedShard), without a call
+ * of get_shard_id_for_distribution_column().  Same (sub)transaction only,
+ * as the routings kept in routed[].  Returns that routing, or NULL.
+ */
+static const IdemRouted *
+IdemCitusColocatedLocked(const IdemRouted *r, Oid dist_rel, text *tenant)
+{
+	SubTransactionId subxid = GetCurrentSubTransactionId();
+	int			len = VARSIZE_ANY_EXHDR(tenant);
+	int			i;
+
+	for (i = 0; i < lengthof(routed); i++)
+	{
+		const IdemRouted *e = &routed[i];
+
+		if (e != r && e->subxid == subxid && e->tenant_len == len &&
+			OidIsValid(e->dist_rel) && e->dist_rel != dist_rel &&
+			memcmp(e->tenant, VARDATA_ANY(tenant), len) == 0 &&
+			IdemCitusColocated(e->dist_rel, dist_rel))
+			return e;
+	}
+	return NULL;
+}
+
+/*
+ * IdemCitusColocatedShard returns the shard of distributed table dist_rel
+ * co-located with shard "src" of src_dist_rel (the two tables in one
+ * co-location group): the shard of the same hash range, as Citus pairs
+ * the shards of a group; 0 if there is none (a table not distributed by
+ * hash: the caller asks Citus).  Kept per backend (colocated_shards).
+ */
+static int64
+IdemCitusColocatedShard(int64 src, Oid src_dist_rel, Oid dist_rel)
+{
+	IdemColocatedShardKey key;
+	IdemColocatedShard *entry;
+	int64		shard;
+
+	if (colocated_shards == NULL)
+	{
+		HASHCTL		ctl;
+
+		ctl.keysize = sizeof(IdemColocatedShardKey);
+		ctl.entrysize = sizeof(IdemColocatedShard);
+		ctl.hcxt = CacheMemoryContext;
+		colocated_shards = hash_create("idempotency co-located shards", 64,
+									   &ctl, HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+	}
+	memset(&key, 0, sizeof(key));
+	key.src = src;
+	key.dist_rel = dist_rel;
+	entry = hash_search(colocated_shards, &key, HASH_FIND, NULL);
+	if (entry != NULL)
+		return entry->shard;
+	shard = IdemCitusReadColocatedShard(src, dist_rel);
+	if (shard == 0)
+		return 0;
+	/* entered once read (reading may have accepted invalidations) */
+	entry = hash_search(colocated_shards, &key, HASH_ENTER, NULL);
+	entry->src_dist_rel = src_dist_rel;
+	entry->shard = shard;
+	return shard;
+}
+
+/*
+ * IdemCitusReadColocatedShard reads pg_dist_shard under the latest
+ * snapshot: the hash range of shard "src", then the shard of dist_rel with
+ * that range; 0 if either is missing or has no range.
+ */
+static int64
+IdemCitusReadColocatedShard(int64 src, Oid dist_rel)
+{
+	Oid			shardid_idx = get_relname_relid("pg_dist_shard_shardid_index",
+												PG_CATALOG_NAMESPACE);
+	Oid			relid_idx = get_relname_relid("pg_dist_shard_logical_relid_index",
+											  PG_CATALOG_NAMESPACE);
+	AttrNumber	relid_att = get_attnum(citus_api.shard_rel, "logicalrelid");
+	AttrNumber	shardid_att = get_attnum(citus_api.shard_rel, "shardid");
+	AttrNumber	min_att = get_attnum(citus_api.shard_rel, "shardminvalue");
+	AttrNumber	max_att = get_attnum(citus_api.shard_rel, "shardmaxvalue");
+	Relation	rel;
+	TupleDesc	desc;
+	Snapshot	snapshot;
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	char	   *min = NULL;
+	char	   *max = NULL;
+	int64		shard = 0;
+
+	if (!OidIsValid(citus_api.shard_rel) || !OidIsValid(shardid_idx) ||
+		!OidIsValid(relid_idx) || relid_att == InvalidAttrNumber ||
+		shardid_att == InvalidAttrNumber || min_att == InvalidAttrNumber ||
+		max_att == InvalidAttrNumber)
+		return 0;
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	rel = table_open(citus_api.shard_rel, AccessShareLock);
+	desc = RelationGetDescr(rel);
+
+	ScanKeyInit(&key, shardid_att, BTEqualStrategyNumber, F_INT8EQ,
+				Int64GetDatum(src));
+	scan = systable_beginscan(rel, shardid_idx, true, snapshot, 1, &key);
+	if (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		bool		min_null;
+		bool		max_null;
+		Datum		mind = heap_getattr(tup, min_att, desc, &min_null);
+		Datum		maxd = heap_getattr(tup, max_att, desc, &max_null);
+
+		if (!min_null && !max_null)
+		{
+			min = TextDatumGetCString(mind);
+			max = TextDatumGetCString(maxd);
+		}
+	}
+	systable_endscan(scan);
+
+	if (min != NULL)
+	{
+		ScanKeyInit(&key, relid_att, BTEqualStrategyNumber, F_OIDEQ,
+					ObjectIdGetDatum(dist_rel));
+		scan = systable_beginscan(rel, relid_idx, true, snapshot, 1, &key);
+		while (HeapTupleIsValid(tup = systable_getnext(scan)))
+		{
+			bool		min_null;
+			bool		max_null;
+			Datum		mind = heap_getattr(tup, min_att, desc, &min_null);
+			Datum		maxd = heap_getattr(tup, max_att, desc, &max_null);
+			char	   *tmin;
+			char	   *tmax;
+			bool		same;
+
+			if (min_null || max_null)
+				continue;
+			tmin = TextDatumGetCString(mind);
+			tmax = TextDatumGetCString(maxd);
+			same = strcmp(tmin, min) == 0 && strcmp(tmax, max) == 0;
+			pfree(tmin);
+			pfree(tmax);
+			if (same)
+			{
+				bool		isnull;
+
+				shard = DatumGetInt64(heap_getattr(tup, shardid_att, desc,
+												   &isnull));
+				break;
+			}
+		}
+		systable_endscan(scan);
+		pfree(min);
+		pfree(max);
+	}
+	table_close(rel, AccessShareLock);
+	UnregisterSnapshot(snapshot);
+	return shard;
+}
+
+/*
+ * IdemCitusColocated: are distributed tables a and b in one co-location
+ * group (pg_dist_partition.colocationid, read under the latest snapshot)?
+ * The answers for the last pairs asked are kept (colocated_pairs).
+ */
+static bool
+IdemCitusColocated(Oid a, Oid b)
+{
+	Oid			index;
+	AttrNumber	relid_att;
+	AttrNumber	group_att;
+	Relation	rel;
+	Snapshot	snapshot;
+	int32		ga;
+	int32		gb;
+	bool		same;
+	int			i;
+
+	if (a > b)
+	{
+		Oid			t = a;
+
+		a = b;
+		b = t;
+	}
+	for (i = 0; i < IDEM_COLOCATED_PAIRS; i++)
+		if (colocated_pairs[i].a == a && colocated_pairs[i].b == b)
+			return colocated_pairs[i].same;
+	index = get_relname_relid("pg_dist_partition_logical_relid_index",
+							  PG_CATALOG_NAMESPACE);
+	if (!OidIsValid(a) || !OidIsValid(citus_api.partition_rel) ||
+		!OidIsValid(index))
+		return false;
+	relid_att = get_attnum(citus_api.partition_rel, "logicalrelid");
+	group_att = get_attnum(citus_api.partition_rel, "colocationid");
+	if (relid_att == InvalidAttrNumber || group_att == InvalidAttrNumber)
+		return false;
+	snapshot = RegisterSnapshot(GetLatestSnapshot());
+	rel = table_open(citus_api.partition_rel, AccessShareLock);
+	ga = IdemCitusColocationId(rel, index, relid_att, group_att, snapshot, a);
+	gb = IdemCitusColocationId(rel, index, relid_att, group_att, snapshot, b);
+	table_close(rel, AccessShareLock);
+	UnregisterSnapshot(snapshot);
+	same = ga != 0 && ga == gb;
+	/* kept once read (reading may have accepted invalidations) */
+	colocated_pairs[colocated_next].a = a;
+	colocated_pairs[colocated_next].b = b;
+	colocated_pairs[colocated_next].same = same;
+	colocated_next = (colocated_next + 1) % IDEM_COLOCATED_PAIRS;
+	return same;
+}
+
+/* the colocationid of distributed table relid in pg_dist_partition, or 0 */
+static int32
+IdemCitusColocationId(Relation rel, Oid index, AttrNumber relid_att,
+					  AttrNumber group_att, Snapshot snapshot, Oid relid)
+{
+	ScanKeyData key;
+	SysScanDesc scan;
+	HeapTuple	tup;
+	int32		group = 0;
+
+	ScanKeyInit(&key, relid_att, BTEqualStrategyNumber, F_OIDEQ,
+				ObjectIdGetDatum(relid));
+	scan = systable_beginscan(rel, index, true, snapshot, 1, &key);
+	if (HeapTupleIsValid(tup = systable_getnext(scan)))
+	{
+		bool		isnull;
+		Datum		d = heap_getattr(tup, group_att, RelationGetDescr(rel),
+									 &isnull);
+
+		if (!isnull)
+			group = DatumGetInt32(d);
+	}
+	systable_endscan(scan);
+	return group;
 }
 
 /*
@@ -457,6 +795,7 @@ static void
 IdemCitusRelcacheCallback(Datum arg, Oid relid)
 {
 	bool		catalog;
+	int			i;
 
 	catalog = (relid == InvalidOid || relid == citus_api.placement_rel ||
 			   relid == citus_api.local_group_rel ||
@@ -464,6 +803,25 @@ IdemCitusRelcacheCallback(Datum arg, Oid relid)
 			   relid == citus_api.partition_rel);
 	if (catalog)
 		citus_api.valid = false;
+	for (i = 0; i < IDEM_COLOCATED_PAIRS; i++)
+		if (catalog || relid == colocated_pairs[i].a ||
+			relid == colocated_pairs[i].b)
+			colocated_pairs[i].a = colocated_pairs[i].b = InvalidOid;
+	for (i = 0; i < IDEM_CITUS_NUM_TABLES; i++)
+		if (relid == InvalidOid || relid == table_lookups[i].rel)
+			table_lookups[i].rel = InvalidOid;
+	if (colocated_shards != NULL)
+	{
+		HASH_SEQ_STATUS status;
+		IdemColocatedShard *entry;
+
+		hash_seq_init(&status, colocated_shards);
+		while ((entry = hash_seq_search(&status)) != NULL)
+			if (catalog || relid == entry->key.dist_rel ||
+				relid == entry->src_dist_rel)
+				(void) hash_search(colocated_shards, &entry->key, HASH_REMOVE,
+								   NULL);
+	}
 	if (shard_tables != NULL)
 	{
 		HASH_SEQ_STATUS status;
@@ -481,6 +839,16 @@ IdemCitusRelcacheCallback(Datum arg, Oid relid)
 				entry->here = false;
 		}
 	}
+}
+
+/* the extension's schema renamed or dropped: the tables are looked up again */
+static void
+IdemCitusNamespaceCallback(Datum arg, int cacheid, uint32 hashvalue)
+{
+	int			i;
+
+	for (i = 0; i < IDEM_CITUS_NUM_TABLES; i++)
+		table_lookups[i].rel = InvalidOid;
 }
 
 /*

@@ -27,8 +27,10 @@
  * Indexes that take their entries straight from columns are written here
  * directly, and so are partial ones whose predicate is "column IS NOT
  * NULL" (the key ledger's recovery index, keys_recover_idx, is one: most
- * rows have no entry in it); when a partition has one with an expression,
- * another predicate, a uniqueness or an exclusion constraint, the
+ * rows have no entry in it), and unique btrees checked at once (not
+ * deferrable: btree checks the entry's uniqueness as it inserts it, as for
+ * the executor); when a partition has one with an expression, another
+ * predicate, a deferrable uniqueness or an exclusion constraint, the
  * executor's own ExecInsertIndexTuples() does the work for all of them.
  *
  * Copyright (c) 2026, the idempotency authors
@@ -292,8 +294,11 @@ IdemDigestIndexKindOf(Relation index)
 
 /*
  * IdemIsSimpleIndex: can this index's entries be made from the row's
- * columns alone, with no uniqueness or exclusion check, and no predicate
- * but a column's being not null?  The replica identity index of a
+ * columns alone, with no exclusion check, no uniqueness check but
+ * btree's own at insertion (UNIQUE_CHECK_YES: it waits for a transaction
+ * that wrote the same key, and raises 23505 if that one commits, as the
+ * executor's insert of a non-deferrable unique index does), and no
+ * predicate but a column's being not null?  The replica identity index of a
  * partition of a ledger distributed by Citus is unique, but needs no check:
  * it is on (role, digest, lane, expires_at, tenant), and the protocol keeps
  * one live row per key under the key lock (doc/scale-out.md, "Replica
@@ -304,7 +309,8 @@ IdemIsSimpleIndex(Relation index, int heap_natts)
 {
 	Form_pg_index form = index->rd_index;
 
-	return (!form->indisunique || IdemIsLedgerIdentityIndex(index, heap_natts)) &&
+	return (!form->indisunique || IdemIsLedgerIdentityIndex(index, heap_natts) ||
+			(form->indimmediate && index->rd_rel->relam == BTREE_AM_OID)) &&
 		!form->indisexclusion &&
 		heap_attisnull(index->rd_indextuple, Anum_pg_index_indexprs, NULL) &&
 		(heap_attisnull(index->rd_indextuple, Anum_pg_index_indpred, NULL) ||
@@ -477,7 +483,10 @@ IdemInsertIndexEntriesDirect(IdemOpenPartition *op, HeapTuple tuple,
 			values[k] = heap_getattr(tuple, form->indkey.values[k], tupdesc,
 									 &isnull[k]);
 		(void) index_insert(index, values, isnull, &tuple->t_self, op->heap,
-							UNIQUE_CHECK_NO, false, IdemIndexInfo(op, i));
+							form->indisunique &&
+							!IdemIsLedgerIdentityIndex(index, tupdesc->natts) ?
+							UNIQUE_CHECK_YES : UNIQUE_CHECK_NO,
+							false, IdemIndexInfo(op, i));
 	}
 }
 

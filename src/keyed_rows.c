@@ -343,11 +343,19 @@ IdemKeyedRelcacheCallback(Datum arg, Oid relid)
 	int			i;
 
 	for (i = 0; i < nkeyed_tables; i++)
-		if (!OidIsValid(relid) || keyed_tables[i]->relid == relid)
+	{
+		IdemKeyedTable *table = keyed_tables[i];
+		int			j;
+
+		if (!OidIsValid(relid) || table->relid == relid)
 		{
-			keyed_tables[i]->relid = InvalidOid;
-			keyed_tables[i]->checked = false;
+			table->relid = InvalidOid;
+			table->checked = false;
 		}
+		for (j = 0; j < IDEM_KEYED_CHECKED_SHARDS; j++)
+			if (!OidIsValid(relid) || table->shards[j] == relid)
+				table->shards[j] = InvalidOid;
+	}
 }
 
 /* makes the relcache callback forget the table's cached OID */
@@ -416,21 +424,39 @@ IdemKeyedOpen(IdemKeyedRows *rows, IdemKeyedTable *table)
  * IdemKeyedOpenRelid opens table "relid", of the shape "table" describes,
  * as IdemKeyedOpen does: a Citus shard of a distributed keyed table, whose
  * OID the caller found (citus.c) and whose shard lock it holds.  The
- * checks of the columns and the primary key are made again whenever the
- * OID differs from the one opened last with "table".
+ * checks of the columns and the primary key are made at its first open
+ * after a relcache invalidation of it: the last IDEM_KEYED_CHECKED_SHARDS
+ * shards checked are kept (a node holds several shards of a table, and
+ * the calls of its tenants alternate between them), each until an
+ * invalidation of it (the callback above; the lock below reads them).
  */
 void
 IdemKeyedOpenRelid(IdemKeyedRows *rows, IdemKeyedTable *table, Oid relid)
 {
+	int			i;
+
 	IdemKeyedRegister(table);
+	LockRelationOid(relid, RowExclusiveLock);
 	if (table->relid != relid)
 	{
 		table->relid = relid;
 		table->checked = false;
+		for (i = 0; i < IDEM_KEYED_CHECKED_SHARDS; i++)
+			if (table->shards[i] == relid)
+			{
+				table->checked = true;
+				table->relnatts = table->shard_natts[i];
+				break;
+			}
 	}
-	LockRelationOid(relid, RowExclusiveLock);
 	rows->heap = table_open(relid, NoLock);
-	IdemKeyedOpened(rows, table);
+	IdemKeyedOpened(rows, table);	/* checked now, if it was not */
+	for (i = 0; i < IDEM_KEYED_CHECKED_SHARDS; i++)
+		if (table->shards[i] == relid)
+			return;
+	table->shards[table->next_shard] = relid;
+	table->shard_natts[table->next_shard] = table->relnatts;
+	table->next_shard = (table->next_shard + 1) % IDEM_KEYED_CHECKED_SHARDS;
 }
 
 /* the rest of an open: the checks once, and the slot */

@@ -40,7 +40,9 @@
  *	  The IdemKeyedTable is static: relid caches the table's OID, forgotten
  *	  on any relcache invalidation of it.  IdemKeyedOpenRelid opens a table
  *	  of that shape by OID instead of by name (a Citus shard of it,
- *	  citus.c: relid then caches the shard opened last).
+ *	  citus.c: relid then caches the shard opened last, and shards[] the
+ *	  last IDEM_KEYED_CHECKED_SHARDS shards checked, each forgotten on a
+ *	  relcache invalidation of it).
  *	- the lock: every writer of a row takes the same keyed lock on the
  *	  row's identity first, and keeps it until its transaction ends
  *	  (IdemKeyedLockAcquire counts a transaction's keyed locks and refuses
@@ -96,6 +98,9 @@
 /* at most this many columns in a keyed table, and in its primary key */
 #define IDEM_KEYED_MAX_ATTS		32
 
+/* how many shards of a keyed table opened by OID a backend keeps checked */
+#define IDEM_KEYED_CHECKED_SHARDS	8
+
 /*
  * A condition on a keyed table's row (its first column "role", the role's
  * OID as regrole): the role no longer exists.  Maintenance deletes such
@@ -131,6 +136,10 @@ typedef struct IdemKeyedTable
 	Oid			relid;			/* cached; InvalidOid until looked up */
 	bool		checked;		/* relid's columns and primary key checked */
 	int			relnatts;		/* ... when it had this many (dropped ones too) */
+	/* the last shards checked (IdemKeyedOpenRelid), and their relnatts */
+	Oid			shards[IDEM_KEYED_CHECKED_SHARDS];
+	int			shard_natts[IDEM_KEYED_CHECKED_SHARDS];
+	int			next_shard;
 } IdemKeyedTable;
 
 /* A keyed table opened for one call */

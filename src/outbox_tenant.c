@@ -40,8 +40,30 @@
  * A publish routes like the other tenant calls (citus.c: the shard's
  * metadata lock, 40001 on a worker the tenant left, 0A000 on a
  * coordinator that does not hold it) and writes the local shards of both
- * tables with two statements run by the storage owner (SPI, names of the
- * shards qualified, prepared once per shard and backend).  The relay functions run the SQL
+ * tables directly, as the stream positions and the node's own outbox are
+ * written (no executor, no SPI):
+ *
+ *	- the head row is read by its primary key and locked FOR UPDATE
+ *	  (keyed_rows.c: a row another publisher holds is waited for, and its
+ *	  newest version read once that one commits; under a transaction
+ *	  snapshot, a head committed since the snapshot is a serialization
+ *	  failure, as for the statement's ON CONFLICT DO UPDATE), and updated
+ *	  (HOT).  A (role, topic, tenant)'s first publish, which finds no row,
+ *	  inserts it with a statement (INSERT ... ON CONFLICT DO UPDATE): it
+ *	  waits for another first publisher, where a direct insert would fail
+ *	  on the primary key;
+ *	- the event goes into the partition of the events' shard whose range
+ *	  holds its time of publication, found in the bounds the relcache keeps
+ *	  with the shard (invalidated by any partition made or dropped), with
+ *	  its primary key's entry (uniqueness checked).  Where the shard or
+ *	  the partition is not as citus_distribute() and maintenance make them
+ *	  (no partition for the time, a DBA's trigger, row security, CHECK
+ *	  constraint or column), the event is inserted with a statement, which
+ *	  does whatever SQL does there (the error of a missing partition
+ *	  included).
+ *
+ * The statements are run by the storage owner (SPI, names of the shards
+ * qualified, prepared once per shard and backend).  The relay functions run the SQL
  * functions as the storage owner with the calling role's OID: a role
  * reads and moves only its own relays and events.  A relay call on a
  * worker, which has the distributed tables but not the relays', is
@@ -59,24 +81,77 @@
  */
 #include "idempotency.h"
 #include "citus.h"
+#include "compat.h"
+#include "keyed_rows.h"
 #include "outbox.h"
 #include "privilege.h"
+#include "protocol.h"
 
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/sysattr.h"
+#include "access/table.h"
+#include "access/tableam.h"
+#include "access/xact.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_am.h"
+#include "catalog/pg_class.h"
 #include "catalog/pg_type.h"
+#include "commands/defrem.h"
+#include "common/int.h"
 #include "executor/spi.h"
 #include "funcapi.h"
 #include "lib/stringinfo.h"
 #include "miscadmin.h"
+#include "partitioning/partbounds.h"
+#include "partitioning/partdesc.h"
+#include "storage/lmgr.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/hsearch.h"
 #include "utils/lsyscache.h"
+#include "utils/partcache.h"
+#include "utils/rel.h"
+#include "utils/snapmgr.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 
 /* the columns of idem_outbox_next(..., tenant)'s result */
 #define Natts_tenant_next	9
+
+/*
+ * idempotency.tenant_outbox_heads (role, topic, tenant, last_seq,
+ * updated_at), its primary key the first three: the local shard of a
+ * tenant's head is read and written directly (keyed_rows.h), opened by its
+ * OID.  The tenant column's type is the tenant tables' distribution
+ * column's, set at the routing (IdemTenantHeadsTable).
+ */
+#define Natts_tenant_heads	5
+#define HEADS_TENANT		2
+#define HEADS_LAST_SEQ		3
+#define HEADS_UPDATED_AT	4
+
+static IdemKeyedTable heads_table = {
+	"tenant_outbox_heads", Natts_tenant_heads, 3,
+	{OIDOID, TEXTOID, InvalidOid},
+	{REGROLEOID, TEXTOID, InvalidOid, INT8OID, TIMESTAMPTZOID},
+	InvalidOid
+};
+
+/*
+ * The columns of idempotency.tenant_events (role, topic, tenant, seq,
+ * event_id, key, payload, payload_raw, headers, published_at), whose
+ * partitions an event is inserted into directly (IdemTenantEventWrite);
+ * the tenant's type is set at the routing.
+ */
+#define Natts_tenant_events	10
+#define EVENTS_TENANT		2
+#define EVENTS_PUBLISHED_AT	9
+
+static Oid	events_atttypes[Natts_tenant_events] = {
+	REGROLEOID, TEXTOID, InvalidOid, INT8OID, UUIDOID, TEXTOID, JSONBOID,
+	BYTEAOID, JSONBOID, TIMESTAMPTZOID
+};
 
 /*
  * A publish's statement on one local shard, prepared once per backend
@@ -96,6 +171,12 @@ static HTAB *shard_plans = NULL;
 static Oid	IdemTenantRelation(const char *relname);
 static SPIPlanPtr IdemShardPlanFor(Oid relid, const char *format, int nargs,
 								   Oid *argtypes);
+static IdemKeyedTable *IdemTenantHeadsTable(Oid tenant_type);
+static bool IdemTenantHeadNext(Oid heads, Oid role, text *topic,
+							   Oid tenant_type, Datum tenant,
+							   TimestampTz now, int64 *seq);
+static Oid	IdemTenantEventPartition(Oid events, Datum published_at);
+static bool IdemTenantEventWrite(Oid events, Datum *values, bool *nulls);
 
 /* the OID of idempotency.<relname>, or InvalidOid */
 static Oid
@@ -155,6 +236,206 @@ IdemShardPlanFor(Oid relid, const char *format, int nargs, Oid *argtypes)
 }
 
 /*
+ * IdemTenantHeadsTable returns the keyed table of the heads' shards with
+ * the tenant column of type tenant_type (the routing's): its key column
+ * compared with the type's default btree opclass, as the primary key was
+ * made with.
+ */
+static IdemKeyedTable *
+IdemTenantHeadsTable(Oid tenant_type)
+{
+	if (heads_table.atttypes[HEADS_TENANT] != tenant_type)
+	{
+		Oid			opclass = GetDefaultOpClass(tenant_type, BTREE_AM_OID);
+
+		if (!OidIsValid(opclass))
+			ereport(ERROR,
+					(errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+					 errmsg("the tenant column of \"%s.%s\" has no btree operator class",
+							IDEM_SCHEMA_NAME, "tenant_outbox_heads")));
+		heads_table.atttypes[HEADS_TENANT] = tenant_type;
+		heads_table.keytypes[HEADS_TENANT] = get_opclass_input_type(opclass);
+		heads_table.checked = false;
+	}
+	return &heads_table;
+}
+
+/*
+ * IdemTenantHeadNext takes the next number of (role, topic, tenant) from
+ * its head row in shard "heads", read and updated directly
+ * (keyed_rows.h): the row, locked FOR UPDATE to the end of the
+ * transaction, gets last_seq + 1 and updated_at "now".  Another
+ * publisher's lock is waited for, and its committed row followed to its
+ * newest version (READ COMMITTED; 40001 under a transaction snapshot, as
+ * the statement's ON CONFLICT DO UPDATE fails, also for a row committed
+ * since the snapshot).  False, with nothing written, if there is no row
+ * yet: the caller inserts it with the statement, whose ON CONFLICT waits
+ * for another first publisher, which a direct insert would not.
+ */
+static bool
+IdemTenantHeadNext(Oid heads, Oid role, text *topic, Oid tenant_type,
+				   Datum tenant, TimestampTz now, int64 *seq)
+{
+	IdemKeyedRows rows;
+	IdemKeyedRow row;
+	Datum		key[3];
+	Datum		values[Natts_tenant_heads];
+	bool		nulls[Natts_tenant_heads] = {false};
+	int64		last;
+
+	key[0] = ObjectIdGetDatum(role);
+	key[1] = PointerGetDatum(topic);
+	key[2] = tenant;
+	IdemKeyedOpenRelid(&rows, IdemTenantHeadsTable(tenant_type), heads);
+	if (!IdemKeyedFetch(&rows, key, &row))
+	{
+		IdemKeyedClose(&rows);
+		return false;
+	}
+
+	/*
+	 * ON CONFLICT DO UPDATE's check (ExecCheckTupleVisible): under a
+	 * transaction snapshot, a head another transaction committed after it
+	 * was taken is a serialization failure, not a number to go on from.
+	 */
+	if (IsolationUsesXactSnapshot() &&
+		!table_tuple_satisfies_snapshot(rows.heap, rows.slot,
+										GetTransactionSnapshot()))
+	{
+		bool		isnull;
+		TransactionId xmin;
+
+		xmin = DatumGetTransactionId(slot_getsysattr(rows.slot,
+													 MinTransactionIdAttributeNumber,
+													 &isnull));
+		if (!TransactionIdIsCurrentTransactionId(xmin))
+			ereport(ERROR,
+					(errcode(ERRCODE_T_R_SERIALIZATION_FAILURE),
+					 errmsg("could not serialize access due to concurrent update")));
+	}
+	if (row.nulls[HEADS_LAST_SEQ])
+		elog(ERROR, "null last_seq in \"%s.%s\"",
+			 IDEM_SCHEMA_NAME, RelationGetRelationName(rows.heap));
+	last = DatumGetInt64(row.values[HEADS_LAST_SEQ]);
+	if (pg_add_s64_overflow(last, 1, seq))
+		ereport(ERROR,
+				(errcode(ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE),
+				 errmsg("bigint out of range")));
+	values[0] = key[0];
+	values[1] = key[1];
+	values[HEADS_TENANT] = tenant;
+	values[HEADS_LAST_SEQ] = Int64GetDatum(*seq);
+	values[HEADS_UPDATED_AT] = TimestampTzGetDatum(now);
+	IdemKeyedWrite(&rows, &row, values, nulls);
+	IdemKeyedClose(&rows);
+	return true;
+}
+
+/*
+ * IdemTenantEventPartition returns the partition of the events' shard
+ * "events" (a partitioned table, locked here ROW EXCLUSIVE as an INSERT
+ * locks it) whose range holds published_at, found in the bounds the
+ * relcache keeps with the shard (kept true under the lock: a partition
+ * made or dropped since sends an invalidation), as the executor's tuple
+ * routing finds it; InvalidOid if there is none, or if the shard is not
+ * one of the shape citus_distribute() made (the caller then leaves the
+ * event to the statement: its error, or the executor's own routing).
+ */
+static Oid
+IdemTenantEventPartition(Oid events, Datum published_at)
+{
+	Relation	parent;
+	PartitionKey key;
+	PartitionDesc desc;
+	Oid			part = InvalidOid;
+
+	LockRelationOid(events, RowExclusiveLock);
+	parent = table_open(events, NoLock);
+	if (parent->rd_rel->relkind == RELKIND_PARTITIONED_TABLE &&
+		parent->trigdesc == NULL && !parent->rd_rel->relrowsecurity &&
+		(key = RelationGetPartitionKey(parent)) != NULL &&
+		key->strategy == PARTITION_STRATEGY_RANGE && key->partnatts == 1 &&
+		key->partattrs[0] == EVENTS_PUBLISHED_AT + 1 &&
+		key->parttypid[0] == TIMESTAMPTZOID)
+	{
+		desc = RelationGetPartitionDesc(parent, true);
+		if (desc->boundinfo != NULL)
+		{
+			bool		equal;
+			int			bound;
+			int			index;
+
+			bound = partition_range_datum_bsearch(key->partsupfunc,
+												  key->partcollation,
+												  desc->boundinfo, 1,
+												  &published_at, &equal);
+			index = desc->boundinfo->indexes[bound + 1];
+			if (index < 0)
+				index = desc->boundinfo->default_index;
+			if (index >= 0 && desc->is_leaf[index])
+				part = desc->oids[index];
+		}
+	}
+	table_close(parent, NoLock);
+	return part;
+}
+
+/*
+ * IdemTenantEventWrite inserts the event (values, nulls: the columns of
+ * idempotency.tenant_events) directly into the partition of shard
+ * "events" its time of publication falls into: the row, then its index
+ * entries through the executor's ExecInsertIndexTuples (the primary key's
+ * uniqueness checked, as an INSERT checks it).  False, with nothing
+ * written, if the shard or the partition is not as citus_distribute() and
+ * maintenance make them (no partition for the time; a partition of other
+ * columns, with triggers, row security, or a CHECK or NOT NULL constraint
+ * of a DBA's): the caller then runs the INSERT, which does what SQL does.
+ */
+static bool
+IdemTenantEventWrite(Oid events, Datum *values, bool *nulls)
+{
+	Oid			part;
+	IdemOpenPartition op;
+	TupleDesc	desc;
+	HeapTuple	tuple;
+	int			i;
+	bool		plain;
+
+	part = IdemTenantEventPartition(events,
+									values[EVENTS_PUBLISHED_AT]);
+	if (!OidIsValid(part))
+		return false;
+	LockRelationOid(part, RowExclusiveLock);
+	memset(&op, 0, sizeof(op));
+	op.heap = table_open(part, NoLock);
+	desc = RelationGetDescr(op.heap);
+	plain = op.heap->rd_rel->relkind == RELKIND_RELATION &&
+		op.heap->trigdesc == NULL && !op.heap->rd_rel->relrowsecurity &&
+		desc->natts == Natts_tenant_events &&
+		(desc->constr == NULL || desc->constr->num_check == 0);
+	for (i = 0; plain && i < Natts_tenant_events; i++)
+	{
+		Form_pg_attribute att = TupleDescAttr(desc, i);
+
+		plain = !att->attisdropped && att->atttypid == events_atttypes[i] &&
+			!(att->attnotnull && nulls[i]);
+	}
+	if (!plain)
+	{
+		table_close(op.heap, NoLock);
+		return false;
+	}
+	IdemOpenPartitionIndexes(&op, RowExclusiveLock, false);
+	tuple = heap_form_tuple(desc, values, nulls);
+	simple_heap_insert(op.heap, tuple);
+	IdemInsertIndexEntries(&op, tuple, IDEM_INDEX_UPDATE_ALL);
+	heap_freetuple(tuple);
+	IdemClosePartitionIndexes(&op);
+	table_close(op.heap, NoLock);
+	return true;
+}
+
+/*
  * IdemTenantPublish writes one checked event of "role"'s "topic" into the
  * tenant's outbox, if citus_distribute() made it, and sets *id to its
  * event id; false if not (the caller writes into the node's own outbox).
@@ -175,6 +456,8 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	Oid			argtypes[10];
 	Datum		values[10];
 	char		nulls[10];
+	Datum		row[Natts_tenant_events];
+	bool		rownulls[Natts_tenant_events];
 	bool		isnull;
 	int64		seq;
 	TimestampTz now;
@@ -193,47 +476,49 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 						IDEM_SCHEMA_NAME, "tenant_events", IDEM_SCHEMA_NAME,
 						"tenant_outbox_heads"),
 				 errhint("Both are made by idempotency.citus_distribute().")));
-
-	/*
-	 * As the storage owner; no setting is pinned (as for streams.c's kept
-	 * statements): the two statements name every table and operator with
-	 * its schema and take every value as a typed parameter, so no setting
-	 * changes what they do.
-	 */
-	IdemOwnerSPIBegin(&save);
+	events_atttypes[EVENTS_TENANT] = tenant_type;
 
 	/*
 	 * The next number of (role, topic, tenant), its row locked to the end
-	 * (waiting here for another publisher's commit or rollback)
+	 * (waiting here for another publisher's commit or rollback): directly
+	 * when the head row is there, with the statement when it is the
+	 * first.
 	 */
-	argtypes[0] = REGROLEOID;
-	argtypes[1] = TEXTOID;
-	argtypes[2] = tenant_type;
-	argtypes[3] = TIMESTAMPTZOID;
-	argtypes[4] = INT8OID;
-	argtypes[5] = UUIDOID;
-	argtypes[6] = TEXTOID;
-	argtypes[7] = JSONBOID;
-	argtypes[8] = BYTEAOID;
-	argtypes[9] = JSONBOID;
-	values[0] = ObjectIdGetDatum(role);
-	values[1] = PointerGetDatum(topic);
-	values[2] = tenant_value;
-	values[3] = TimestampTzGetDatum(GetCurrentTimestamp());
-	memset(nulls, ' ', sizeof(nulls));
-	rc = SPI_execute_plan(IdemShardPlanFor(heads,
-										   "INSERT INTO %s AS h (role, topic, tenant, last_seq, updated_at)"
-										   " VALUES ($1, $2, $3, 1, $4)"
-										   " ON CONFLICT (role, topic, tenant) DO UPDATE"
-										   " SET last_seq = h.last_seq OPERATOR(pg_catalog.+) 1,"
-										   " updated_at = EXCLUDED.updated_at"
-										   " RETURNING h.last_seq",
-										   4, argtypes),
-						  values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
-	seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
-									  SPI_tuptable->tupdesc, 1, &isnull));
+	now = GetCurrentTimestamp();
+	if (!IdemTenantHeadNext(heads, role, topic, tenant_type, tenant_value,
+							now, &seq))
+	{
+		/*
+		 * As the storage owner; no setting is pinned (as for streams.c's
+		 * kept statements): the statements name every table and operator
+		 * with its schema and take every value as a typed parameter, so no
+		 * setting changes what they do.
+		 */
+		IdemOwnerSPIBegin(&save);
+		argtypes[0] = REGROLEOID;
+		argtypes[1] = TEXTOID;
+		argtypes[2] = tenant_type;
+		argtypes[3] = TIMESTAMPTZOID;
+		values[0] = ObjectIdGetDatum(role);
+		values[1] = PointerGetDatum(topic);
+		values[2] = tenant_value;
+		values[3] = TimestampTzGetDatum(now);
+		memset(nulls, ' ', sizeof(nulls));
+		rc = SPI_execute_plan(IdemShardPlanFor(heads,
+											   "INSERT INTO %s AS h (role, topic, tenant, last_seq, updated_at)"
+											   " VALUES ($1, $2, $3, 1, $4)"
+											   " ON CONFLICT (role, topic, tenant) DO UPDATE"
+											   " SET last_seq = h.last_seq OPERATOR(pg_catalog.+) 1,"
+											   " updated_at = EXCLUDED.updated_at"
+											   " RETURNING h.last_seq",
+											   4, argtypes),
+							  values, nulls, false, 0);
+		if (rc != SPI_OK_INSERT_RETURNING || SPI_processed != 1)
+			elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+		seq = DatumGetInt64(SPI_getbinval(SPI_tuptable->vals[0],
+										  SPI_tuptable->tupdesc, 1, &isnull));
+		IdemOwnerSPIEnd(&save);
+	}
 
 	/*
 	 * The time of publication, and the partition the event goes to, once
@@ -242,31 +527,52 @@ IdemTenantPublish(Oid role, text *topic, text *key, Datum headers,
 	 * may drop it once it has ended and its events are acknowledged).
 	 */
 	now = GetCurrentTimestamp();
-	*id = SPI_palloc(sizeof(pg_uuid_t));	/* outlives SPI_finish */
+	*id = palloc(sizeof(pg_uuid_t));
 	IdemNewEventId(*id, now);
-	values[3] = TimestampTzGetDatum(now);
 
-	/* the event */
-	values[4] = Int64GetDatum(seq);
-	values[5] = UUIDPGetDatum(*id);
-	values[6] = PointerGetDatum(key);
-	nulls[6] = key == NULL ? 'n' : ' ';
-	values[7] = payload;
-	nulls[7] = payload_null ? 'n' : ' ';
-	values[8] = payload_raw;
-	nulls[8] = raw_null ? 'n' : ' ';
-	values[9] = headers;
-	nulls[9] = headers_null ? 'n' : ' ';
-	rc = SPI_execute_plan(IdemShardPlanFor(events,
-										   "INSERT INTO %s (role, topic, tenant, seq, event_id, key,"
-										   " payload, payload_raw, headers, published_at)"
-										   " VALUES ($1, $2, $3, $5, $6, $7, $8, $9, $10, $4)",
-										   10, argtypes),
-						  values, nulls, false, 0);
-	if (rc != SPI_OK_INSERT)
-		elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+	/* the event, directly into its partition, or with the statement */
+	row[0] = ObjectIdGetDatum(role);
+	row[1] = PointerGetDatum(topic);
+	row[EVENTS_TENANT] = tenant_value;
+	row[3] = Int64GetDatum(seq);
+	row[4] = UUIDPGetDatum(*id);
+	row[5] = PointerGetDatum(key);
+	row[6] = payload;
+	row[7] = payload_raw;
+	row[8] = headers;
+	row[EVENTS_PUBLISHED_AT] = TimestampTzGetDatum(now);
+	memset(rownulls, 0, sizeof(rownulls));
+	rownulls[5] = key == NULL;
+	rownulls[6] = payload_null;
+	rownulls[7] = raw_null;
+	rownulls[8] = headers_null;
+	if (!IdemTenantEventWrite(events, row, rownulls))
+	{
+		int			i;
 
-	IdemOwnerSPIEnd(&save);
+		IdemOwnerSPIBegin(&save);
+		argtypes[0] = REGROLEOID;
+		argtypes[1] = TEXTOID;
+		argtypes[2] = tenant_type;
+		argtypes[3] = INT8OID;
+		argtypes[4] = UUIDOID;
+		argtypes[5] = TEXTOID;
+		argtypes[6] = JSONBOID;
+		argtypes[7] = BYTEAOID;
+		argtypes[8] = JSONBOID;
+		argtypes[9] = TIMESTAMPTZOID;
+		for (i = 0; i < Natts_tenant_events; i++)
+			nulls[i] = rownulls[i] ? 'n' : ' ';
+		rc = SPI_execute_plan(IdemShardPlanFor(events,
+											   "INSERT INTO %s (role, topic, tenant, seq, event_id, key,"
+											   " payload, payload_raw, headers, published_at)"
+											   " VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+											   10, argtypes),
+							  row, nulls, false, 0);
+		if (rc != SPI_OK_INSERT)
+			elog(ERROR, "SPI_execute_plan failed: %s", SPI_result_code_string(rc));
+		IdemOwnerSPIEnd(&save);
+	}
 
 	/* with idempotency.outbox_logical: in this node's WAL too */
 	IdemOutboxTenantMessage(role, topic, *id, now, key, headers, headers_null,

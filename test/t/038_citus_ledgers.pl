@@ -1119,6 +1119,88 @@ my $id2 = $p2->query('SELECT 1');
 $id2 = (split /\n/, $id2)[0];
 is($seq_of->($id1) . ' ' . $seq_of->($id2), 'acme:6 acme:7',
 	'and takes the next number once the first committed');
+
+# The head row is updated directly once it exists, and made by a statement
+# the first time (outbox_tenant.c): a rolled back savepoint gives its number
+# back on both paths, and a publisher that waited for one that rolled back
+# takes the number it gave back, whether the head was new or not.
+my $fresh = sub {
+	my ($topic) = @_;
+	return $node->safe_psql('obx', qq{
+SELECT string_agg(seq || ':' || (payload->>'n'), ' ' ORDER BY seq)
+  FROM idempotency.tenant_events WHERE topic = '$topic'});
+};
+$node->safe_psql('obx', q{
+BEGIN;
+SAVEPOINT s;
+SELECT idem_publish('fresh', '{"n": "f0"}', NULL, NULL, NULL, 'acme');
+ROLLBACK TO s;
+SELECT idem_publish('fresh', '{"n": "f1"}', NULL, NULL, NULL, 'acme');
+SAVEPOINT s;
+SELECT idem_publish('fresh', '{"n": "f2"}', NULL, NULL, NULL, 'acme');
+ROLLBACK TO s;
+SELECT idem_publish('fresh', '{"n": "f3"}', NULL, NULL, NULL, 'acme');
+COMMIT;
+}, extra_params => [ '-U', 'ob_a' ]);
+is($fresh->('fresh'), '1:f1 2:f3',
+	'a rolled back savepoint gives its number back, on a new head and on an existing one');
+my $waits = sub {
+	my ($what) = @_;
+	return poll_until($what, sub {
+		$node->safe_psql('obx', qq{
+SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $p2_pid}) eq 't';
+	});
+};
+for my $round (1 .. 2)
+{
+	$p1->query_safe(qq{BEGIN; SELECT idem_publish('fresh2', '{"n": "gone$round"}', NULL, NULL, NULL, 'acme')});
+	$p2->query_until(qr/go\n/, "\\echo go\nSELECT idem_publish('fresh2', '{\"n\": \"w$round\"}', NULL, NULL, NULL, 'acme');\n");
+	ok($waits->("publisher $round waits"),
+		$round == 1 ? 'a second first publisher of a new head waits for the first'
+		  : 'a second publisher waits for the first');
+	$p1->query_safe('ROLLBACK');
+	$p2->query('SELECT 1');
+}
+is($fresh->('fresh2'), '1:w1 2:w2',
+	'and takes the number the first gave back by rolling back');
+# under REPEATABLE READ, a head committed since the snapshot is a
+# serialization failure, as INSERT ... ON CONFLICT DO UPDATE's
+$p2->query_safe('BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1');
+$pub->('ob_a', 'fresh2', qq{{"n": "w3"}}, 'acme');
+my $rr = $p2->query(q{SELECT idem_publish('fresh2', '{"n": "rr"}', NULL, NULL, NULL, 'acme')});
+like($p2->{stderr}, qr/could not serialize access due to concurrent update/,
+	'a REPEATABLE READ publisher fails (40001) after another committed since its snapshot');
+$p2->query('ROLLBACK');
+is($fresh->('fresh2'), '1:w1 2:w2 3:w3', 'and writes nothing');
+
+# A backend keeps the last shards of the heads it checked (columns, primary
+# key), each until an invalidation of it: a column's type a DBA changed on
+# a shard it checked, while it wrote another shard, is seen at its next
+# publish there (55000), and its change back lets the publishes go on.
+my ($ta, $tb) = split / /, $node->safe_psql('obx', q{
+SELECT string_agg(t, ' ' ORDER BY t) FROM (
+  SELECT DISTINCT ON (s) t FROM (
+    SELECT 'k' || i AS t,
+           get_shard_id_for_distribution_column('idempotency.tenant_outbox_heads', 'k' || i) AS s
+      FROM generate_series(1, 60) i) x
+   WHERE EXISTS (SELECT FROM pg_dist_placement p JOIN pg_dist_local_group l USING (groupid)
+                  WHERE p.shardid = x.s)
+   ORDER BY s, t LIMIT 2) y});
+ok(defined $tb, "two tenants of two local shards of the heads: $ta, $tb");
+my $sa = $node->safe_psql('obx', qq{
+SELECT 'idempotency.tenant_outbox_heads_' || get_shard_id_for_distribution_column('idempotency.tenant_outbox_heads', '$ta')});
+$p1->query_safe(qq{SELECT idem_publish('shards', '{}', NULL, NULL, NULL, '$_')}) for ($ta, $tb, $ta, $tb);
+$node->safe_psql('obx', "SET citus.enable_manual_changes_to_shards = on; ALTER TABLE $sa ALTER COLUMN topic TYPE varchar");
+$p1->query(qq{\\set VERBOSITY verbose
+SELECT idem_publish('shards', '{}', NULL, NULL, NULL, '$ta')});
+like($p1->{stderr}, qr/ERROR:  55000: table "idempotency.tenant_outbox_heads" does not have the columns and primary key the extension made/,
+	'a column type changed on a heads shard checked before is seen at the next publish there (55000)');
+$node->safe_psql('obx', "SET citus.enable_manual_changes_to_shards = on; ALTER TABLE $sa ALTER COLUMN topic TYPE text");
+$p1->{stderr} = '';
+$p1->query_safe(qq{SELECT idem_publish('shards', '{}', NULL, NULL, NULL, '$_')}) for ($ta, $tb);
+is($node->safe_psql('obx', q{
+SELECT string_agg(tenant || ':' || seq, ' ' ORDER BY tenant, seq) FROM idempotency.tenant_events WHERE topic = 'shards'}),
+	"$ta:1 $ta:2 $ta:3 $tb:1 $tb:2 $tb:3", 'and once it is changed back, the numbers go on');
 $p1->quit;
 $p2->quit;
 

@@ -202,5 +202,30 @@ is($node->safe_psql('postgres', q{
 	SELECT events_published || ' ' || events_relayed FROM idempotency.outbox_stats}),
 	'1 22', 'idempotency.outbox_stats counts events published and relayed');
 
+# A DBA's unique btree on a segment: its entries are written directly, and
+# their uniqueness checked as an INSERT checks it (23505, nothing written);
+# the index stays complete.  (A node of its own, without the background
+# worker: its one segment stays the newest.)
+my $unode = PostgreSQL::Test::Cluster->new('outbox_unique');
+$unode->init;
+$unode->start;
+$unode->safe_psql('postgres', 'CREATE EXTENSION idempotency');
+$unode->safe_psql('postgres', q{SELECT idem_publish('u-setup')});
+my $useg = $unode->safe_psql('postgres', q{
+	SELECT format('idempotency.outbox_%s', lpad(max(seg)::text, 6, '0')) FROM idempotency.outbox_segments});
+$unode->safe_psql('postgres', "CREATE UNIQUE INDEX dba_unique_topic ON $useg (topic)");
+$unode->safe_psql('postgres', q{SELECT idem_publish('u-a')});
+my ($uret, $uout, $uerr) = $unode->psql('postgres', q{
+\set VERBOSITY verbose
+SELECT idem_publish('u-a')});
+like($uerr, qr/ERROR:  23505: duplicate key value violates unique constraint "dba_unique_topic"/,
+	'a second event of a topic is refused by a DBA\'s unique index on its topic (23505)');
+$unode->safe_psql('postgres', q{SELECT idem_publish('u-b')});
+is($unode->safe_psql('postgres', qq{
+	SET enable_seqscan = off; SET enable_bitmapscan = off;
+	SELECT string_agg(topic, ' ' ORDER BY topic) FROM $useg WHERE topic >= 'u-'}),
+	'u-a u-b u-setup', 'the index has an entry for each event written, none for the one refused');
+$unode->stop;
+
 $node->stop;
 done_testing();
