@@ -85,6 +85,7 @@
 #include "keyed_rows.h"
 #include "outbox.h"
 #include "privilege.h"
+#include "role_ref.h"
 #include "protocol.h"
 
 #include "access/heapam.h"
@@ -417,7 +418,10 @@ IdemTenantEventWrite(Oid events, Datum *values, bool *nulls)
 	{
 		Form_pg_attribute att = TupleDescAttr(desc, i);
 
-		plain = !att->attisdropped && att->atttypid == events_atttypes[i] &&
+		/* the role column is an idempotency.role_ref (role_ref.c) */
+		plain = !att->attisdropped &&
+			(att->atttypid == events_atttypes[i] ||
+			 (i == 0 && IdemIsRoleRefType(att->atttypid))) &&
 			!(att->attnotnull && nulls[i]);
 	}
 	if (!plain)
