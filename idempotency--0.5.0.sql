@@ -1428,18 +1428,22 @@ DECLARE
     lvl_hi pg_catalog.int8;
     mid pg_catalog.int8;
     spare pg_catalog.int8;
-    -- The events of (role, topic) in ranges of numbers, one per tenant:
-    -- a nested loop over the ranges with an index scan of each partition
-    -- of the tenant's shard by role, topic, tenant and the range of seq
-    -- (the first columns of its primary key); the tenants' array lets
-    -- Citus send it only to the shards holding them.
+    -- The events of (role, topic) in ranges of numbers, one per tenant
+    -- ($3, $4, $5: (a, z] for tenant t), read by the index of each
+    -- partition of the tenants' shards (its primary key's first columns:
+    -- role, topic, tenant, seq): a nested loop over the ranges, or, for
+    -- a range of many tenants, one scan of the index for the tenants'
+    -- array between the lowest start and the highest end ($6, $7) joined
+    -- with the ranges; the tenants' array lets Citus send it only to the
+    -- shards holding them.
     in_ranges constant pg_catalog.text :=
         ' FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[])) AS b(t, a, z)
           JOIN idempotency.tenant_events AS e
             ON e.tenant OPERATOR(pg_catalog.=) b.t::%1$s
            AND e.seq OPERATOR(pg_catalog.>) b.a AND e.seq OPERATOR(pg_catalog.<=) b.z
          WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2
-           AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])';
+           AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])
+           AND e.seq OPERATOR(pg_catalog.>) $6 AND e.seq OPERATOR(pg_catalog.<=) $7';
 BEGIN
     IF p_tenant IS NOT NULL THEN
         filt := p_tenant::%1$s;
@@ -1509,7 +1513,8 @@ BEGIN
         IF rt IS NOT NULL THEN
             FOR g IN EXECUTE 'SELECT e.tenant::pg_catalog.text AS t, pg_catalog.min(e.seq) AS s'
                              OPERATOR(pg_catalog.||) in_ranges OPERATOR(pg_catalog.||) ' GROUP BY e.tenant'
-              USING p_role::pg_catalog.text, p_topic, rt, ra, rz
+              USING p_role::pg_catalog.text, p_topic, rt, ra, rz,
+                    (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v)
             LOOP
                 first_t := first_t OPERATOR(pg_catalog.||) g.t;
                 first_s := first_s OPERATOR(pg_catalog.||) g.s;
@@ -1576,10 +1581,12 @@ BEGIN
      WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
        AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
     RETURN QUERY EXECUTE
-        'SELECT $6, e.event_id, e.key, e.payload, e.payload_raw, e.headers, e.published_at,
+        'SELECT $8, e.event_id, e.key, e.payload, e.payload_raw, e.headers, e.published_at,
                 e.tenant::pg_catalog.text, e.seq' OPERATOR(pg_catalog.||) in_ranges OPERATOR(pg_catalog.||)
         ' ORDER BY e.seq OPERATOR(pg_catalog.-) b.a, e.tenant::pg_catalog.text'
-      USING p_role::pg_catalog.text, p_topic, COALESCE(rt, '{}'), COALESCE(ra, '{}'), COALESCE(rz, '{}'), r.batch;
+      USING p_role::pg_catalog.text, p_topic, COALESCE(rt, '{}'), COALESCE(ra, '{}'), COALESCE(rz, '{}'),
+            (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v),
+            r.batch;
     GET DIAGNOSTICS got = ROW_COUNT;
     IF fresh AND got OPERATOR(pg_catalog.<) expected THEN
         -- A number of the batch with no event: one of a loss the relay
@@ -1598,7 +1605,8 @@ BEGIN
         first_s := '{}';
         FOR g IN EXECUTE 'SELECT e.tenant::pg_catalog.text AS t, pg_catalog.count(*) AS n'
                          OPERATOR(pg_catalog.||) in_ranges OPERATOR(pg_catalog.||) ' GROUP BY e.tenant'
-          USING p_role::pg_catalog.text, p_topic, rt, ra, rz
+          USING p_role::pg_catalog.text, p_topic, rt, ra, rz,
+                (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v)
         LOOP
             first_t := first_t OPERATOR(pg_catalog.||) g.t;
             first_s := first_s OPERATOR(pg_catalog.||) g.n;
@@ -1807,9 +1815,11 @@ BEGIN
                     AND e.seq OPERATOR(pg_catalog.>) b.a AND e.seq OPERATOR(pg_catalog.<=) b.z
                   WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2
                     AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])
+                    AND e.seq OPERATOR(pg_catalog.>) $7 AND e.seq OPERATOR(pg_catalog.<=) $8
                     AND e.event_id OPERATOR(pg_catalog.=) $6'
           INTO e
-          USING p_role::pg_catalog.text, p_topic, COALESCE(rt, '{}'), COALESCE(ra, '{}'), COALESCE(rz, '{}'), p_event_id;
+          USING p_role::pg_catalog.text, p_topic, COALESCE(rt, '{}'), COALESCE(ra, '{}'), COALESCE(rz, '{}'), p_event_id,
+                (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v);
         IF e.event_id IS NOT NULL THEN
             -- with the node's own relays' dead letters (this node's
             -- idempotency.outbox_dead_letters): idem_outbox_dead_letters()
