@@ -777,6 +777,7 @@ BEGIN
         lost_events pg_catalog.int8,
         lost_from   pg_catalog.timestamptz,
         lost_to     pg_catalog.timestamptz,
+        lost_acked  pg_catalog.int8,
         PRIMARY KEY (role, relay, topic, tenant));
     CREATE TABLE idempotency.tenant_event_partitions (
         partition   pg_catalog.name        PRIMARY KEY,
@@ -801,12 +802,40 @@ AS $body$
 DECLARE
     r idempotency.tenant_relays;
     filt %1$s;
-    names pg_catalog.text[];
-    acked pg_catalog.int8[];
-    ends pg_catalog.int8[];
+    -- the heads read
+    names pg_catalog.text[] := '{}';
+    heads pg_catalog.int8[] := '{}';
+    -- ranges (a, z] of numbers, per tenant t: $3, $4, $5 of in_ranges
+    rt pg_catalog.text[];
+    ra pg_catalog.int8[];
+    rz pg_catalog.int8[];
+    first_t pg_catalog.text[] := '{}';
+    first_s pg_catalog.int8[] := '{}';
+    counts pg_catalog.int8[];
     g record;
-    prev pg_catalog.int8;
-    gap boolean := false;
+    fresh boolean := false;
+    expected pg_catalog.int8;
+    got pg_catalog.int8;
+    lvl pg_catalog.int8;
+    lvl_hi pg_catalog.int8;
+    mid pg_catalog.int8;
+    spare pg_catalog.int8;
+    -- The events of (role, topic) in ranges of numbers, one per tenant
+    -- ($3, $4, $5: (a, z] for tenant t), read by the index of each
+    -- partition of the tenants' shards (its primary key's first columns:
+    -- role, topic, tenant, seq): a nested loop over the ranges, or, for
+    -- a range of many tenants, one scan of the index for the tenants'
+    -- array between the lowest start and the highest end ($6, $7) joined
+    -- with the ranges; the tenants' array lets Citus send it only to the
+    -- shards holding them.
+    in_ranges constant pg_catalog.text :=
+        ' FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[])) AS b(t, a, z)
+          JOIN idempotency.tenant_events AS e
+            ON e.tenant OPERATOR(pg_catalog.=) b.t::%1$s
+           AND e.seq OPERATOR(pg_catalog.>) b.a AND e.seq OPERATOR(pg_catalog.<=) b.z
+         WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2
+           AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])
+           AND e.seq OPERATOR(pg_catalog.>) $6 AND e.seq OPERATOR(pg_catalog.<=) $7';
 BEGIN
     IF p_tenant IS NOT NULL THEN
         filt := p_tenant::%1$s;
@@ -836,85 +865,166 @@ BEGIN
     END IF;
     IF NOT r.handed_out THEN
         PERFORM idempotency.tenant_outbox_report_loss(r);
-        -- the events above each tenant's acknowledged number: for each
-        -- tenant a prefix, round robin (the n-th event of every tenant
-        -- before the n+1-th of any)
-        SELECT pg_catalog.array_agg(p.tenant), pg_catalog.array_agg(p.acked_seq)
-          INTO names, acked
-          FROM idempotency.tenant_relay_positions AS p
-         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
-           AND p.topic OPERATOR(pg_catalog.=) p_topic;
-        -- the role is sent to the workers by its name and resolved there
-        -- (to_regrole): a role has another OID on each node, and Citus
-        -- sends an oid compared with the role column as its number
-        -- (idempotency.role_ref)
+        -- The heads of the role's topic, one row per tenant (by the index
+        -- of their primary key).  A head's number visible means every
+        -- number up to it committed (a publisher holds its head row to its
+        -- commit), so the heads alone say which tenants have events past
+        -- the relay's acknowledged numbers, and how many: no event is read
+        -- to find out, and an empty poll reads none.  The role is sent to
+        -- the workers by its name and resolved there (to_regrole): a role
+        -- has another OID on each node, and Citus sends an oid compared
+        -- with the role column as its number (idempotency.role_ref).
         FOR g IN EXECUTE pg_catalog.format(
-            'WITH b AS (SELECT e.tenant::pg_catalog.text AS t, e.seq AS s
-                          FROM idempotency.tenant_events AS e
-                         WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2 %%s
-                           AND e.seq OPERATOR(pg_catalog.>) COALESCE(($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)], 0)
-                         ORDER BY e.seq OPERATOR(pg_catalog.-) COALESCE(($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)], 0),
-                                  e.tenant::pg_catalog.text
-                         LIMIT $6)
-             SELECT b.t, pg_catalog.min(b.s) AS lo, pg_catalog.max(b.s) AS hi FROM b GROUP BY b.t',
-            CASE WHEN p_tenant IS NULL THEN '' ELSE 'AND e.tenant OPERATOR(pg_catalog.=) $5' END)
-          USING p_role::pg_catalog.text, p_topic, COALESCE(names, '{}'), COALESCE(acked, '{}'), filt, p_max
+            'SELECT h.tenant::pg_catalog.text AS t, h.last_seq AS s
+               FROM idempotency.tenant_outbox_heads AS h
+              WHERE h.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND h.topic OPERATOR(pg_catalog.=) $2 %%s',
+            CASE WHEN p_tenant IS NULL THEN '' ELSE 'AND h.tenant OPERATOR(pg_catalog.=) $3' END)
+          USING p_role::pg_catalog.text, p_topic, filt
         LOOP
-            INSERT INTO idempotency.tenant_relay_positions AS p (role, relay, topic, tenant, acked_seq, batch_end)
-            VALUES (p_role, p_relay, p_topic, g.t, g.lo OPERATOR(pg_catalog.-) 1, g.hi)
-            ON CONFLICT (role, relay, topic, tenant) DO UPDATE
-               SET batch_end = EXCLUDED.batch_end,
-                   acked_seq = COALESCE(p.acked_seq, EXCLUDED.acked_seq)
-            RETURNING p.acked_seq INTO prev;
-            -- a gap above the acknowledged number that no loss accounts
-            -- for: recorded, and reported by the next call (a tenant the
-            -- relay starts reading starts at its first event kept)
-            IF prev OPERATOR(pg_catalog.<) (g.lo OPERATOR(pg_catalog.-) 1) THEN
-                UPDATE idempotency.tenant_relay_positions AS p
-                   SET lost_first = prev OPERATOR(pg_catalog.+) 1,
-                       lost_last = g.lo OPERATOR(pg_catalog.-) 1,
-                       lost_events = g.lo OPERATOR(pg_catalog.-) 1 OPERATOR(pg_catalog.-) prev,
-                       batch_end = NULL
-                 WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
-                   AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) g.t;
-                gap := true;
+            names := names OPERATOR(pg_catalog.||) g.t;
+            heads := heads OPERATOR(pg_catalog.||) g.s;
+        END LOOP;
+
+        -- Where the relay starts a tenant it has no number of, or goes on
+        -- after a loss it acknowledged: at the first event kept (up to the
+        -- head, or to the end of the loss; read by the index), or past
+        -- them when none is.  From here on, the number above a tenant's
+        -- acknowledged one is an event that exists; and an event whose
+        -- number is in an acknowledged loss (published with a clock behind
+        -- into a partition not dropped) is relayed, not skipped.
+        SELECT pg_catalog.array_agg(h.t), pg_catalog.array_agg(COALESCE(p.acked_seq, 0)),
+               pg_catalog.array_agg(CASE WHEN p.acked_seq IS NULL THEN h.s
+                                         ELSE LEAST(COALESCE(p.lost_acked, 0), h.s) END)
+          INTO rt, ra, rz
+          FROM ROWS FROM (pg_catalog.unnest(names), pg_catalog.unnest(heads)) AS h(t, s)
+          LEFT JOIN idempotency.tenant_relay_positions AS p
+            ON p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) h.t
+         WHERE p.acked_seq IS NULL
+            OR p.acked_seq OPERATOR(pg_catalog.<) LEAST(COALESCE(p.lost_acked, 0), h.s);
+        IF rt IS NOT NULL THEN
+            FOR g IN EXECUTE 'SELECT e.tenant::pg_catalog.text AS t, pg_catalog.min(e.seq) AS s'
+                             OPERATOR(pg_catalog.||) in_ranges OPERATOR(pg_catalog.||) ' GROUP BY e.tenant'
+              USING p_role::pg_catalog.text, p_topic, rt, ra, rz,
+                    (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v)
+            LOOP
+                first_t := first_t OPERATOR(pg_catalog.||) g.t;
+                first_s := first_s OPERATOR(pg_catalog.||) g.s;
+            END LOOP;
+            INSERT INTO idempotency.tenant_relay_positions AS p (role, relay, topic, tenant, acked_seq)
+            SELECT p_role, p_relay, p_topic, n.t, COALESCE(f.s OPERATOR(pg_catalog.-) 1, n.z)
+              FROM ROWS FROM (pg_catalog.unnest(rt), pg_catalog.unnest(rz)) AS n(t, z)
+              LEFT JOIN ROWS FROM (pg_catalog.unnest(first_t), pg_catalog.unnest(first_s)) AS f(t, s) ON f.t OPERATOR(pg_catalog.=) n.t
+            ON CONFLICT (role, relay, topic, tenant) DO UPDATE SET acked_seq = EXCLUDED.acked_seq;
+        END IF;
+
+        -- The batch, from the numbers alone: per tenant, a prefix of its
+        -- numbers above the acknowledged one, round robin (the n-th of
+        -- every tenant before the n+1-th of any, tenants in the order of
+        -- their text), max_events in all.  lvl: the most rounds every
+        -- tenant gets in full; spare: the tenants, in that order, that
+        -- get one more.
+        SELECT pg_catalog.array_agg(h.t ORDER BY h.t), pg_catalog.array_agg(h.s OPERATOR(pg_catalog.-) p.acked_seq ORDER BY h.t)
+          INTO rt, counts
+          FROM ROWS FROM (pg_catalog.unnest(names), pg_catalog.unnest(heads)) AS h(t, s)
+          JOIN idempotency.tenant_relay_positions AS p
+            ON p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) h.t
+         WHERE h.s OPERATOR(pg_catalog.>) p.acked_seq;
+        IF rt IS NULL THEN
+            RETURN;
+        END IF;
+        lvl := 0;
+        lvl_hi := LEAST(p_max, (SELECT pg_catalog.max(n) FROM pg_catalog.unnest(counts) AS n));
+        WHILE lvl OPERATOR(pg_catalog.<) lvl_hi LOOP
+            mid := (lvl OPERATOR(pg_catalog.+) lvl_hi OPERATOR(pg_catalog.+) 1) OPERATOR(pg_catalog./) 2;
+            IF (SELECT pg_catalog.sum(LEAST(n, mid)) FROM pg_catalog.unnest(counts) AS n) OPERATOR(pg_catalog.<=) p_max THEN
+                lvl := mid;
+            ELSE
+                lvl_hi := mid OPERATOR(pg_catalog.-) 1;
             END IF;
         END LOOP;
-        IF gap THEN
-            UPDATE idempotency.tenant_relay_positions AS p SET batch_end = NULL
-             WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
-               AND p.topic OPERATOR(pg_catalog.=) p_topic;
-            RETURN;
-        END IF;
-        IF NOT FOUND THEN
-            RETURN;
-        END IF;
+        spare := p_max OPERATOR(pg_catalog.-) (SELECT pg_catalog.sum(LEAST(n, lvl)) FROM pg_catalog.unnest(counts) AS n);
+        UPDATE idempotency.tenant_relay_positions AS p
+           SET batch_end = p.acked_seq OPERATOR(pg_catalog.+) c.take
+          FROM (SELECT q.t, LEAST(q.n, lvl) OPERATOR(pg_catalog.+)
+                       CASE WHEN q.n OPERATOR(pg_catalog.>) lvl
+                             AND pg_catalog.row_number() OVER (PARTITION BY q.n OPERATOR(pg_catalog.>) lvl ORDER BY q.i)
+                                 OPERATOR(pg_catalog.<=) spare
+                            THEN 1 ELSE 0 END AS take
+                  FROM ROWS FROM (pg_catalog.unnest(rt), pg_catalog.unnest(counts)) WITH ORDINALITY AS q(t, n, i)) AS c
+         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) c.t
+           AND c.take OPERATOR(pg_catalog.>) 0;
         UPDATE idempotency.tenant_relays AS x
            SET handed_out = true, tenant_filter = p_tenant, updated_at = pg_catalog.now()
          WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
            AND x.topic OPERATOR(pg_catalog.=) p_topic;
+        fresh := true;
     END IF;
 
     -- the batch: each tenant's events above its acknowledged number up to
-    -- the batch's end for it
-    SELECT pg_catalog.array_agg(p.tenant), pg_catalog.array_agg(p.acked_seq),
-           pg_catalog.array_agg(p.batch_end)
-      INTO names, acked, ends
+    -- the batch's end for it, by the index
+    SELECT pg_catalog.array_agg(p.tenant), pg_catalog.array_agg(COALESCE(p.acked_seq, 0)),
+           pg_catalog.array_agg(p.batch_end),
+           pg_catalog.sum(p.batch_end OPERATOR(pg_catalog.-) COALESCE(p.acked_seq, 0))
+      INTO rt, ra, rz, expected
       FROM idempotency.tenant_relay_positions AS p
      WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
        AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
     RETURN QUERY EXECUTE
-        'SELECT $5, e.event_id, e.key, e.payload, e.payload_raw, e.headers, e.published_at,
-                e.tenant::pg_catalog.text, e.seq
-           FROM idempotency.tenant_events AS e
-          WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2
-            AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])
-            AND e.seq OPERATOR(pg_catalog.>) ($6)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)]
-            AND e.seq OPERATOR(pg_catalog.<=) ($4)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)]
-          ORDER BY e.seq OPERATOR(pg_catalog.-) ($6)[pg_catalog.array_position($3, e.tenant::pg_catalog.text)],
-                   e.tenant::pg_catalog.text'
-      USING p_role::pg_catalog.text, p_topic, COALESCE(names, '{}'), COALESCE(ends, '{}'), r.batch, COALESCE(acked, '{}');
-    IF NOT FOUND AND r.handed_out THEN
+        'SELECT $8, e.event_id, e.key, e.payload, e.payload_raw, e.headers, e.published_at,
+                e.tenant::pg_catalog.text, e.seq' OPERATOR(pg_catalog.||) in_ranges OPERATOR(pg_catalog.||)
+        ' ORDER BY e.seq OPERATOR(pg_catalog.-) b.a, e.tenant::pg_catalog.text'
+      USING p_role::pg_catalog.text, p_topic, COALESCE(rt, '{}'), COALESCE(ra, '{}'), COALESCE(rz, '{}'),
+            (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v),
+            r.batch;
+    GET DIAGNOSTICS got = ROW_COUNT;
+    IF fresh AND got OPERATOR(pg_catalog.<) expected THEN
+        -- A number of the batch with no event: one of a loss the relay
+        -- acknowledged, or dropped before maintenance could tell this
+        -- relay (a race with it): the latter is recorded as a loss,
+        -- reported by the next call (numbers above the acknowledged loss
+        -- that have no event; the events of the batch are handed out)
+        SELECT pg_catalog.array_agg(p.tenant),
+               pg_catalog.array_agg(GREATEST(COALESCE(p.acked_seq, 0), LEAST(COALESCE(p.lost_acked, 0), p.batch_end))),
+               pg_catalog.array_agg(p.batch_end)
+          INTO rt, ra, rz
+          FROM idempotency.tenant_relay_positions AS p
+         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
+        first_t := '{}';
+        first_s := '{}';
+        FOR g IN EXECUTE 'SELECT e.tenant::pg_catalog.text AS t, pg_catalog.count(*) AS n'
+                         OPERATOR(pg_catalog.||) in_ranges OPERATOR(pg_catalog.||) ' GROUP BY e.tenant'
+          USING p_role::pg_catalog.text, p_topic, rt, ra, rz,
+                (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v)
+        LOOP
+            first_t := first_t OPERATOR(pg_catalog.||) g.t;
+            first_s := first_s OPERATOR(pg_catalog.||) g.n;
+        END LOOP;
+        UPDATE idempotency.tenant_relay_positions AS p
+           SET lost_first = LEAST(p.lost_first, m.a OPERATOR(pg_catalog.+) 1),
+               lost_last = GREATEST(p.lost_last, m.z),
+               lost_events = COALESCE(p.lost_events, 0) OPERATOR(pg_catalog.+) m.missing
+          FROM (SELECT b.t, b.a, b.z,
+                       b.z OPERATOR(pg_catalog.-) b.a OPERATOR(pg_catalog.-) COALESCE(f.n, 0) AS missing
+                  FROM ROWS FROM (pg_catalog.unnest(rt), pg_catalog.unnest(ra), pg_catalog.unnest(rz)) AS b(t, a, z)
+                  LEFT JOIN ROWS FROM (pg_catalog.unnest(first_t), pg_catalog.unnest(first_s)) AS f(t, n) ON f.t OPERATOR(pg_catalog.=) b.t) AS m
+         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) m.t
+           AND m.missing OPERATOR(pg_catalog.>) 0;
+        IF FOUND AND got OPERATOR(pg_catalog.=) 0 THEN
+            -- nothing to hand out: the loss is reported by the next call
+            UPDATE idempotency.tenant_relay_positions AS p SET batch_end = NULL
+             WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+               AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
+            UPDATE idempotency.tenant_relays AS x
+               SET handed_out = false, tenant_filter = NULL
+             WHERE x.role OPERATOR(pg_catalog.=) p_role AND x.relay OPERATOR(pg_catalog.=) p_relay
+               AND x.topic OPERATOR(pg_catalog.=) p_topic;
+        END IF;
+    ELSIF got OPERATOR(pg_catalog.=) 0 AND r.handed_out THEN
         -- every event of the batch went past the max age: the loss is
         -- reported as this batch (outbox_relay.c does the same)
         PERFORM idempotency.tenant_outbox_report_loss(r);
@@ -1032,9 +1142,16 @@ BEGIN
          WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
            AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
     ELSE
-        -- the loss reported as this batch
+        -- the loss reported as this batch: the acknowledged number stays,
+        -- and the loss's end is kept (lost_acked): the next call goes on
+        -- at the first event kept above the acknowledged number, so that
+        -- an event with a number inside the loss's range that was not in
+        -- the dropped partition (published with a clock behind) is still
+        -- relayed (tenant_outbox_next())
         UPDATE idempotency.tenant_relay_positions AS p
-           SET acked_seq = GREATEST(COALESCE(p.acked_seq, 0), p.lost_last), lost_first = NULL, lost_last = NULL,
+           SET acked_seq = COALESCE(p.acked_seq, 0),
+               lost_acked = GREATEST(COALESCE(p.lost_acked, 0), p.lost_last),
+               lost_first = NULL, lost_last = NULL,
                lost_events = NULL, lost_from = NULL, lost_to = NULL
          WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
            AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.lost_last IS NOT NULL;
@@ -1061,7 +1178,9 @@ AS $body$
 DECLARE
     r idempotency.tenant_relays;
     e record;
-    pos record;
+    rt pg_catalog.text[];
+    ra pg_catalog.int8[];
+    rz pg_catalog.int8[];
 BEGIN
     IF p_tenant IS NOT NULL THEN
         p_tenant := p_tenant::%1$s::pg_catalog.text;
@@ -1071,32 +1190,40 @@ BEGIN
        AND x.topic OPERATOR(pg_catalog.=) p_topic
        FOR UPDATE;
     IF FOUND AND r.handed_out AND r.tenant_filter IS NOT DISTINCT FROM p_tenant THEN
-        SELECT ev.tenant::pg_catalog.text AS tenant, ev.seq, ev.event_id, ev.key, ev.headers,
-               ev.payload, ev.payload_raw, ev.published_at
+        -- looked for in the ranges of the current batch only (by the
+        -- index: role, topic, tenant, seq), as tenant_outbox_next() reads
+        -- them
+        SELECT pg_catalog.array_agg(p.tenant), pg_catalog.array_agg(COALESCE(p.acked_seq, 0)),
+               pg_catalog.array_agg(p.batch_end)
+          INTO rt, ra, rz
+          FROM idempotency.tenant_relay_positions AS p
+         WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
+           AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.batch_end IS NOT NULL;
+        EXECUTE 'SELECT e.tenant::pg_catalog.text AS tenant, e.seq, e.event_id, e.key, e.headers,
+                        e.payload, e.payload_raw, e.published_at
+                   FROM ROWS FROM (pg_catalog.unnest($3::pg_catalog.text[]), pg_catalog.unnest($4::pg_catalog.int8[]), pg_catalog.unnest($5::pg_catalog.int8[])) AS b(t, a, z)
+                   JOIN idempotency.tenant_events AS e
+                     ON e.tenant OPERATOR(pg_catalog.=) b.t::%1$s
+                    AND e.seq OPERATOR(pg_catalog.>) b.a AND e.seq OPERATOR(pg_catalog.<=) b.z
+                  WHERE e.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole($1) AND e.topic OPERATOR(pg_catalog.=) $2
+                    AND e.tenant OPERATOR(pg_catalog.=) ANY ($3::%1$s[])
+                    AND e.seq OPERATOR(pg_catalog.>) $7 AND e.seq OPERATOR(pg_catalog.<=) $8
+                    AND e.event_id OPERATOR(pg_catalog.=) $6'
           INTO e
-          FROM idempotency.tenant_events AS ev
-         WHERE ev.role OPERATOR(pg_catalog.=) pg_catalog.to_regrole(p_role::pg_catalog.text) AND ev.topic OPERATOR(pg_catalog.=) p_topic
-           AND ev.event_id OPERATOR(pg_catalog.=) p_event_id;
-        IF FOUND THEN
-            SELECT p.acked_seq, p.batch_end INTO pos
-              FROM idempotency.tenant_relay_positions AS p
-             WHERE p.role OPERATOR(pg_catalog.=) p_role AND p.relay OPERATOR(pg_catalog.=) p_relay
-               AND p.topic OPERATOR(pg_catalog.=) p_topic AND p.tenant OPERATOR(pg_catalog.=) e.tenant
-               AND p.batch_end IS NOT NULL;
-            IF FOUND AND e.seq OPERATOR(pg_catalog.>) COALESCE(pos.acked_seq, 0)
-               AND e.seq OPERATOR(pg_catalog.<=) pos.batch_end THEN
-                -- with the node's own relays' dead letters (this node's
-                -- idempotency.outbox_dead_letters): idem_outbox_dead_letters()
-                -- lists them, and maintenance deletes them as those
-                INSERT INTO idempotency.outbox_dead_letters AS d (role, relay, topic, event_id, key,
-                       headers, payload, payload_raw, published_at, reason, attempts, failed_at)
-                VALUES (p_role, p_relay, p_topic, e.event_id, e.key, e.headers, e.payload,
-                        e.payload_raw, e.published_at, p_reason, p_attempts, pg_catalog.clock_timestamp())
-                ON CONFLICT (role, relay, topic, event_id) DO UPDATE
-                   SET reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,
-                       failed_at = EXCLUDED.failed_at;
-                RETURN;
-            END IF;
+          USING p_role::pg_catalog.text, p_topic, COALESCE(rt, '{}'), COALESCE(ra, '{}'), COALESCE(rz, '{}'), p_event_id,
+                (SELECT pg_catalog.min(v) FROM pg_catalog.unnest(ra) AS v), (SELECT pg_catalog.max(v) FROM pg_catalog.unnest(rz) AS v);
+        IF e.event_id IS NOT NULL THEN
+            -- with the node's own relays' dead letters (this node's
+            -- idempotency.outbox_dead_letters): idem_outbox_dead_letters()
+            -- lists them, and maintenance deletes them as those
+            INSERT INTO idempotency.outbox_dead_letters AS d (role, relay, topic, event_id, key,
+                   headers, payload, payload_raw, published_at, reason, attempts, failed_at)
+            VALUES (p_role, p_relay, p_topic, e.event_id, e.key, e.headers, e.payload,
+                    e.payload_raw, e.published_at, p_reason, p_attempts, pg_catalog.clock_timestamp())
+            ON CONFLICT (role, relay, topic, event_id) DO UPDATE
+               SET reason = EXCLUDED.reason, attempts = EXCLUDED.attempts,
+                   failed_at = EXCLUDED.failed_at;
+            RETURN;
         END IF;
     END IF;
     RAISE EXCEPTION 'event %% is not in the current batch of relay "%%" of topic "%%"', p_event_id, p_relay, p_topic
@@ -1234,7 +1361,7 @@ $body$$fn$, tenant_type);
                 SET LOCAL lock_timeout TO DEFAULT;
                 FOR g IN EXECUTE pg_catalog.format(
                     'SELECT e.role, e.topic, e.tenant::pg_catalog.text AS tenant,
-                            pg_catalog.min(e.seq) AS lo, pg_catalog.max(e.seq) AS hi,
+                            pg_catalog.min(e.seq) AS lo, pg_catalog.max(e.seq) AS hi, pg_catalog.count(*) AS n,
                             pg_catalog.min(e.published_at) AS first_at, pg_catalog.max(e.published_at) AS last_at
                        FROM idempotency.%I AS e GROUP BY 1, 2, 3', part.partition)
                 LOOP
@@ -1253,15 +1380,14 @@ $body$$fn$, tenant_type);
                         END IF;
                         INSERT INTO idempotency.tenant_relay_positions AS p
                                (role, relay, topic, tenant, acked_seq, lost_first, lost_last, lost_events, lost_from, lost_to)
-                        VALUES (g.role, rl.relay, g.topic, g.tenant, 0, g.lo, g.hi,
-                                g.hi OPERATOR(pg_catalog.-) g.lo OPERATOR(pg_catalog.+) 1, g.first_at, g.last_at)
+                        VALUES (g.role, rl.relay, g.topic, g.tenant, 0, g.lo, g.hi, g.n, g.first_at, g.last_at)
                         ON CONFLICT (role, relay, topic, tenant) DO UPDATE
                            SET acked_seq = COALESCE(p.acked_seq, 0),
                                lost_first = LEAST(p.lost_first, GREATEST(COALESCE(p.acked_seq, 0) OPERATOR(pg_catalog.+) 1, g.lo)),
                                lost_last = GREATEST(p.lost_last, g.hi),
                                lost_events = COALESCE(p.lost_events, 0) OPERATOR(pg_catalog.+)
-                                             (g.hi OPERATOR(pg_catalog.-) GREATEST(COALESCE(p.acked_seq, 0) OPERATOR(pg_catalog.+) 1, g.lo)
-                                              OPERATOR(pg_catalog.+) 1),
+                                             CASE WHEN COALESCE(p.acked_seq, 0) OPERATOR(pg_catalog.<) g.lo THEN g.n
+                                                  ELSE g.hi OPERATOR(pg_catalog.-) p.acked_seq END,
                                lost_from = LEAST(p.lost_from, g.first_at),
                                lost_to = GREATEST(p.lost_to, g.last_at);
                     END LOOP;

@@ -1358,6 +1358,57 @@ is($ack->('ob_a', 'slow', 'ledger', 1), 't', 'the loss is acknowledged');
 $pub->('ob_a', 'ledger', qq{{"n": "l2"}}, 'beta');
 is($next->('ob_a', 'slow', 'ledger', 10), '2:beta:2:l2', 'and the relay goes on');
 
+# A loss is recorded per tenant as the numbers from the lowest to the
+# highest of a dropped partition's events.  An event whose number is in
+# that range but which was in another partition (its publisher's clock
+# behind or ahead of the others': another node after a move, a clock
+# stepped back near a partition's end) still exists: once the loss is
+# acknowledged the relay goes on at the first event kept above its
+# acknowledged number, and relays it.  (It skipped it: the ack of the loss
+# moved the relay to the range's end.)  Such an event is made here by
+# moving the middle one of three into the last partition made ahead (its
+# published_at updated as the superuser: what such a clock would have
+# given it), not by changing a clock.
+is($next->('ob_a', 'skew', 'skewed', 10), '', 'a relay of topic "skewed" that will not acknowledge');
+my ($skew_part, $skew_end) = split / /, $part_of->($pub->('ob_a', 'skewed', qq{{"n": "s1"}}, 'beta')), 2;
+my $s2 = $pub->('ob_a', 'skewed', qq{{"n": "s2"}}, 'beta');
+$pub->('ob_a', 'skewed', qq{{"n": "s3"}}, 'beta');
+$node->safe_psql('obx', qq{
+UPDATE idempotency.tenant_events
+   SET published_at = (SELECT max(lower_bound) FROM idempotency.tenant_event_partitions)
+ WHERE event_id = '$s2'});
+isnt((split / /, $part_of->($s2))[0], $skew_part, 'the middle event is in a later partition');
+ok( poll_until(
+		'the partition of the first and third events ended, and 1 s more',
+		sub {
+			$node->safe_psql('obx', qq{SELECT clock_timestamp() > '$skew_end'::timestamptz + interval '1.1 s'}) eq 't';
+		}),
+	'the partition of the first and third events is past the max age');
+$node->safe_psql('obx', qq{
+$ob_fast
+SET idempotency.outbox_retention = '1s';
+SET idempotency.outbox_max_age = '1s';
+SELECT count(*) FROM idem_maintain();
+});
+is($node->safe_psql('obx', qq{
+SELECT (SELECT count(*) FROM idempotency.tenant_event_partitions WHERE partition = '$skew_part') || ' '
+    || (SELECT string_agg(payload->>'n', ' ') FROM idempotency.tenant_events WHERE topic = 'skewed')}),
+	'0 s2', 'past the max age, the partition of the first and third events is dropped');
+$node->psql('obx', q{
+\set VERBOSITY verbose
+SELECT * FROM idem_outbox_next('skew', 'skewed', 10, NULL, NULL)},
+	stdout => \$stdout, stderr => \$stderr, extra_params => [ '-U', 'ob_a' ]);
+like($stderr, qr/ERROR:  ID003: relay "skew" of topic "skewed" lost 2 events that expired before it acknowledged them\n.*tenant beta: 1 to 3.*the loss is batch 1/s,
+	'the loss is reported as the range of numbers, with the number of events dropped');
+is($ack->('ob_a', 'skew', 'skewed', 1), 't', 'the loss is acknowledged');
+is($next->('ob_a', 'skew', 'skewed', 10), '2:beta:2:s2',
+	'the event in the loss\'s range that was not dropped is relayed, not skipped');
+is($ack->('ob_a', 'skew', 'skewed', 2), 't', 'acknowledged');
+is($next->('ob_a', 'late', 'skewed', 10), '1:beta:2:s2',
+	'a relay that starts after the drop starts at the first event kept, with no loss');
+$pub->('ob_a', 'skewed', qq{{"n": "s4"}}, 'beta');
+is($next->('ob_a', 'skew', 'skewed', 10), '3:beta:4:s4', 'and the relay goes on');
+
 # Another role's relay left in an open transaction on the coordinator
 # holds the tenant outbox's table (AccessShareLock, to its end): the
 # partitions ahead are still made (ATTACH PARTITION, which takes SHARE
