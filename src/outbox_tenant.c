@@ -29,8 +29,8 @@
  *
  * and, on the coordinator only, the relays' positions
  * (idempotency.tenant_relays: batch, generation; tenant_relay_positions:
- * per relay and tenant, the acknowledged number, the current batch's end
- * and a loss not yet reported) with the SQL functions that read and
+ * per relay and tenant, the acknowledged number, the current batch's end,
+ * a loss not yet reported and the end of one acknowledged) with the SQL functions that read and
  * write them (idempotency.tenant_outbox_next, _ack, _dead_letter,
  * _maintain); a dead letter goes with the node's own relays' dead letters
  * (idempotency.outbox_dead_letters of the coordinator).  The
