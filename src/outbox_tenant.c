@@ -271,7 +271,10 @@ IdemTenantHeadsTable(Oid tenant_type)
  * the statement's ON CONFLICT DO UPDATE fails, also for a row committed
  * since the snapshot).  False, with nothing written, if there is no row
  * yet: the caller inserts it with the statement, whose ON CONFLICT waits
- * for another first publisher, which a direct insert would not.
+ * for another first publisher, which a direct insert would not.  False too
+ * if the shard has a DBA's trigger, row security or CHECK constraint: the
+ * statement fires, applies and checks them at every publish, as it does
+ * for the event (IdemTenantEventWrite), not only at a head's first one.
  */
 static bool
 IdemTenantHeadNext(Oid heads, Oid role, text *topic, Oid tenant_type,
@@ -288,7 +291,10 @@ IdemTenantHeadNext(Oid heads, Oid role, text *topic, Oid tenant_type,
 	key[1] = PointerGetDatum(topic);
 	key[2] = tenant;
 	IdemKeyedOpenRelid(&rows, IdemTenantHeadsTable(tenant_type), heads);
-	if (!IdemKeyedFetch(&rows, key, &row))
+	if (rows.heap->trigdesc != NULL || rows.heap->rd_rel->relrowsecurity ||
+		(RelationGetDescr(rows.heap)->constr != NULL &&
+		 RelationGetDescr(rows.heap)->constr->num_check > 0) ||
+		!IdemKeyedFetch(&rows, key, &row))
 	{
 		IdemKeyedClose(&rows);
 		return false;

@@ -1201,6 +1201,24 @@ $p1->query_safe(qq{SELECT idem_publish('shards', '{}', NULL, NULL, NULL, '$_')})
 is($node->safe_psql('obx', q{
 SELECT string_agg(tenant || ':' || seq, ' ' ORDER BY tenant, seq) FROM idempotency.tenant_events WHERE topic = 'shards'}),
 	"$ta:1 $ta:2 $ta:3 $tb:1 $tb:2 $tb:3", 'and once it is changed back, the numbers go on');
+
+# A DBA's trigger on a heads shard fires at every publish there, not only at
+# a head's first (the statement's insert): a shard with a trigger, row
+# security or CHECK constraint is written with the statement, as the
+# events' partitions are.
+$node->safe_psql('obx', qq{
+CREATE TABLE public.head_audit (op text, last_seq bigint);
+CREATE FUNCTION public.head_audit() RETURNS trigger LANGUAGE plpgsql
+  AS \$\$BEGIN INSERT INTO public.head_audit VALUES (TG_OP, NEW.last_seq); RETURN NEW; END\$\$;
+SET citus.enable_manual_changes_to_shards = on;
+CREATE TRIGGER head_audit AFTER INSERT OR UPDATE ON $sa
+  FOR EACH ROW EXECUTE FUNCTION public.head_audit();
+});
+$p1->query_safe(qq{SELECT idem_publish('audited', '{}', NULL, NULL, NULL, '$ta')}) for 1 .. 3;
+is($node->safe_psql('obx', q{
+SELECT string_agg(op || ':' || last_seq, ' ' ORDER BY last_seq) FROM public.head_audit}),
+	'INSERT:1 UPDATE:2 UPDATE:3', 'a DBA\'s trigger on a heads shard fires at every publish');
+$node->safe_psql('obx', "SET citus.enable_manual_changes_to_shards = on; DROP TRIGGER head_audit ON $sa");
 $p1->quit;
 $p2->quit;
 
