@@ -937,11 +937,13 @@ SELECT (to_regclass('idempotency.tenant_relays') IS NULL)::text || ' '
     || (to_regproc('idempotency.tenant_outbox_next') IS NULL)::text}), '0 true true',
 	'the relays\' positions and functions stay on the coordinator');
 is($node->safe_psql('obx', q{
-SELECT string_agg(c.relname || ':' || coalesce(array_to_string(c.relacl, ','), 'none'), ' ' ORDER BY c.relname)
+SELECT string_agg(c.relname || ':' || coalesce((SELECT string_agg(a.grantee::regrole::text || '=' || a.privilege_type, ',')
+                                                    FROM aclexplode(c.relacl) a
+                                                   WHERE a.grantee <> c.relowner), 'none'), ' ' ORDER BY c.relname)
   FROM pg_class c
  WHERE c.relnamespace = 'idempotency'::regnamespace
    AND c.relname IN ('tenant_outbox_heads', 'tenant_events', 'tenant_relays', 'tenant_relay_positions')}),
-	'tenant_events:postgres=arwdDxt/postgres tenant_outbox_heads:postgres=arwdDxt/postgres tenant_relay_positions:postgres=arwdDxt/postgres tenant_relays:postgres=arwdDxt/postgres',
+	'tenant_events:none tenant_outbox_heads:none tenant_relay_positions:none tenant_relays:none',
 	'the tenant outbox\'s tables are granted to nobody, whatever default privileges say');
 is($node->safe_psql('obx', q{
 SELECT count(*) FROM pg_inherits h JOIN pg_class c ON c.oid = h.inhrelid
