@@ -1678,58 +1678,6 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION pg_catalog.idem_sequence(text, text, bigint, bigint, boolean, text) IS
 'checks a producer''s sequence number in the caller''s transaction: new, duplicate, gap or fenced (tenant: the shard of producer sequences distributed by Citus)';
 
--- Each overload gets exactly the privileges of its sibling without the
--- tenant (what default privileges gave it is taken back first).
-DO $tenant_positions_privileges$
-DECLARE
-    o record;
-    item record;
-BEGIN
-    FOR o IN
-        SELECT n.oid::pg_catalog.regprocedure AS name, n.proacl AS newacl,
-               d.proacl AS oldacl, n.proowner AS owner
-          FROM (VALUES
-                ('pg_catalog.idem_assign(text,text,integer[],bigint,text)'::pg_catalog.regprocedure::pg_catalog.oid,
-                 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure::pg_catalog.oid),
-                ('pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure),
-                ('pg_catalog.idem_positions(text,text,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure),
-                ('pg_catalog.idem_sequence(text,text,bigint,bigint,boolean,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure))
-               AS f (newobj, oldobj)
-          JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
-          JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj
-    LOOP
-        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', o.name);
-        FOR item IN
-            SELECT a.grantee
-              FROM pg_catalog.aclexplode(o.newacl) AS a
-             WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
-               AND a.grantee OPERATOR(pg_catalog.<>) 0
-        LOOP
-            EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM %I CASCADE', o.name,
-                                      pg_catalog.pg_get_userbyid(item.grantee));
-        END LOOP;
-        IF o.oldacl IS NULL THEN
-            EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO PUBLIC', o.name);
-        ELSE
-            FOR item IN
-                SELECT a.grantee, a.privilege_type, a.is_grantable
-                  FROM pg_catalog.aclexplode(o.oldacl) AS a
-                 WHERE a.grantee OPERATOR(pg_catalog.<>) o.owner
-            LOOP
-                EXECUTE pg_catalog.format('GRANT %s ON FUNCTION %s TO %s%s',
-                                          item.privilege_type, o.name,
-                                          CASE WHEN item.grantee OPERATOR(pg_catalog.=) 0 THEN 'PUBLIC'
-                                               ELSE pg_catalog.quote_ident(pg_catalog.pg_get_userbyid(item.grantee)) END,
-                                          CASE WHEN item.is_grantable THEN ' WITH GRANT OPTION' ELSE '' END);
-            END LOOP;
-        END IF;
-    END LOOP;
-END
-$tenant_positions_privileges$;
-
 -- 0.5.0: a ledger that a publication carries keeps working.  0.5.0
 -- refuses an update or delete of a ledger row, as an UPDATE is, when a
 -- publication carries that change and the partition has no replica
@@ -1849,9 +1797,10 @@ LANGUAGE C VOLATILE PARALLEL UNSAFE;
 COMMENT ON FUNCTION pg_catalog.idem_outbox_dead_letter(text, text, uuid, text, integer, text) IS
 'records that the relay gave up on an event of its current batch, with a copy of the event (tenant: of the outbox distributed by Citus, as the batch was taken)';
 
--- Each overload gets exactly the privileges of its sibling without the
--- tenant (what default privileges gave it is taken back first).
-DO $tenant_outbox_privileges$
+-- Each tenant overload (the stream calls' and the outbox's) gets exactly
+-- the privileges of its sibling without the tenant (what default
+-- privileges gave it is taken back first).
+DO $tenant_overload_privileges$
 DECLARE
     o record;
     item record;
@@ -1867,7 +1816,15 @@ BEGIN
                 ('pg_catalog.idem_outbox_ack(text,text,bigint,bigint,text)'::pg_catalog.regprocedure,
                  'pg_catalog.idem_outbox_ack(text,text,bigint,bigint)'::pg_catalog.regprocedure),
                 ('pg_catalog.idem_outbox_dead_letter(text,text,uuid,text,integer,text)'::pg_catalog.regprocedure,
-                 'pg_catalog.idem_outbox_dead_letter(text,text,uuid,text,integer)'::pg_catalog.regprocedure))
+                 'pg_catalog.idem_outbox_dead_letter(text,text,uuid,text,integer)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_assign(text,text,integer[],bigint,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_assign(text,text,integer[],bigint)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_advance(text,text,integer,bigint,bigint,bigint)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_positions(text,text,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_positions(text,text)'::pg_catalog.regprocedure),
+                ('pg_catalog.idem_sequence(text,text,bigint,bigint,boolean,text)'::pg_catalog.regprocedure,
+                 'pg_catalog.idem_sequence(text,text,bigint,bigint,boolean)'::pg_catalog.regprocedure))
                AS f (newobj, oldobj)
           JOIN pg_catalog.pg_proc AS n ON n.oid OPERATOR(pg_catalog.=) f.newobj
           JOIN pg_catalog.pg_proc AS d ON d.oid OPERATOR(pg_catalog.=) f.oldobj
@@ -1899,7 +1856,7 @@ BEGIN
         END IF;
     END LOOP;
 END
-$tenant_outbox_privileges$;
+$tenant_overload_privileges$;
 
 -- 0.5.0: roles identified by name across Citus nodes (see src/role_ref.c,
 -- doc/scale-out.md, "Roles across nodes").  The role column of the tables
